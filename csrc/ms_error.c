@@ -1,0 +1,16 @@
+#include "moesim.h"
+
+/* One table for every code the core returns (tskit style). */
+const char *ms_strerror(int err)
+{
+    switch (err) {
+    case 0: return "no error";
+    case MS_ERR_NULL_ARGUMENT: return "a required pointer argument was NULL";
+    case MS_ERR_BAD_SIZE: return "a size (layers, batch, GPUs or experts) was out of range";
+    case MS_ERR_BAD_PLACEMENT: return "unknown placement or placement argument out of range";
+    case MS_ERR_BAD_CONTEXT: return "context must be at least 1 token";
+    case MS_ERR_BAD_CAPACITY: return "a capacity or bytes-per-element value was negative or not finite";
+    case MS_ERR_NO_MEMORY: return "out of memory";
+    default: return "unknown moesim error";
+    }
+}

@@ -1,0 +1,77 @@
+"""Build definition for the compiled kernel only; metadata lives in pyproject.toml.
+
+MOESIM_DEBUG=1 turns Cython's bounds/wraparound checks back on and compiles the C
+core with -O0 -g, for a debug build that catches indexing errors in the glue.
+OpenMP is used when the compiler accepts it and is never required.
+"""
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+DEBUG = os.environ.get("MOESIM_DEBUG", "") not in ("", "0")
+
+
+def _compiler_accepts(compiler, flag: str) -> bool:
+    """True when the compiler builds and links a tiny OpenMP program with *flag*."""
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "omp_probe.c"
+        src.write_text("#include <omp.h>\nint main(void){return omp_get_max_threads() > 0 ? 0 : 1;}\n")
+        try:
+            objs = compiler.compile([str(src)], output_dir=tmp, extra_postargs=[flag])
+            compiler.link_executable(objs, str(Path(tmp) / "omp_probe"), extra_postargs=[flag])
+        except Exception:
+            return False
+    return True
+
+
+class BuildExt(build_ext):
+    """Adds OpenMP flags only when the toolchain supports them."""
+
+    def build_extensions(self):
+        use_openmp = os.environ.get("MOESIM_NO_OPENMP", "") in ("", "0")
+        flag = "/openmp" if self.compiler.compiler_type == "msvc" else "-fopenmp"
+        if use_openmp and _compiler_accepts(self.compiler, flag):
+            for ext in self.extensions:
+                ext.extra_compile_args.append(flag)
+                ext.extra_link_args.append(flag)
+                ext.define_macros.append(("MOESIM_HAVE_OPENMP", "1"))
+        super().build_extensions()
+
+
+if sys.platform == "win32":
+    c_args = ["/O2"]
+elif DEBUG:
+    c_args = ["-O0", "-g", "-std=c99", "-Wall"]
+else:
+    c_args = ["-O3", "-std=c99"]
+
+extensions = [
+    Extension(
+        "moesim._kernel",
+        sources=["src/moesim/_kernel.pyx"] + sorted(str(p) for p in Path("csrc").glob("*.c")),
+        include_dirs=["csrc", np.get_include()],
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_22_API_VERSION")],
+        extra_compile_args=list(c_args),
+        extra_link_args=[],
+    )
+]
+
+setup(
+    ext_modules=cythonize(
+        extensions,
+        language_level=3,
+        compiler_directives={
+            "boundscheck": DEBUG,
+            "wraparound": DEBUG,
+            "cdivision": not DEBUG,
+            "initializedcheck": DEBUG,
+        },
+    ),
+    cmdclass={"build_ext": BuildExt},
+)

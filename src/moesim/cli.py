@@ -1,0 +1,209 @@
+"""The ``moesim`` command line (DESIGN §4 flag vocabulary).
+
+Errors in input print one line on stderr (``moesim: error: <field>: <message>``) and exit 2; never a
+traceback (set MOESIM_DEBUG=1 to see one for an internal error).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+
+from . import __version__
+from .errors import MoesimError
+
+GiB = 2**30
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports usage errors in moesim's one-line form."""
+
+    def error(self, message):
+        raise MoesimError(message, "usage")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    return v
+
+
+def _number(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return v
+
+
+def _add_machine_flags(p):
+    g = p.add_argument_group("machine (a catalog id, or composed from parts; parts override the id)")
+    g.add_argument("--machine", help="catalog machine id (moesim hardware)")
+    g.add_argument("--gpu", help="GPU id, or a unified-memory chip id such as m3-ultra or dgx-spark")
+    g.add_argument("--gpus", type=_positive_int, help="number of GPUs")
+    g.add_argument("--gpu-mem-gb", type=_number, help="memory per GPU in GB (e.g. 48 for a modded 4090)")
+    g.add_argument("--host", help="host memory part x channels, e.g. ddr5-4800x8")
+    g.add_argument("--sockets", type=_positive_int)
+    g.add_argument("--cores", type=_positive_int)
+    g.add_argument("--host-mem-gb", type=_number, help="host RAM in GB")
+    g.add_argument("--pcie", help="gen3x16 | gen4x16 | gen5x16 | ...")
+    g.add_argument("--storage", help="nvme-gen4 | nvme-gen5 | sata-ssd | none")
+    g.add_argument("--cpu", help="CPU id (sets channels/ISA defaults)")
+
+
+def _machine_from(args):
+    from .hardware import machine
+    return machine(args.machine, gpu=args.gpu, gpus=args.gpus, gpu_mem_gb=args.gpu_mem_gb, host=args.host,
+                   sockets=args.sockets, cores=args.cores, host_mem_gb=args.host_mem_gb, pcie=args.pcie,
+                   storage=args.storage, cpu=args.cpu)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="moesim", description="Will this MoE model run on this machine, and how fast?")
+    p.add_argument("--version", action="version", version=f"moesim {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name, help_ in (("models", "list catalog models"), ("hardware", "list catalog hardware"),
+                        ("quants", "list quantizations and KV cache dtypes")):
+        s = sub.add_parser(name, help=help_)
+        s.add_argument("--json", action="store_true")
+    f = sub.add_parser("fit", help="memory per tier, fit and limits for each quantization")
+    f.add_argument("model", help="catalog model id")
+    _add_machine_flags(f)
+    f.add_argument("--quant", action="append", help="quantization (repeatable); default: a GGUF ladder")
+    f.add_argument("--context", type=_positive_int, default=4096)
+    f.add_argument("--batch", type=_positive_int, default=1)
+    f.add_argument("--kv-dtype")
+    f.add_argument("--placement", help="all-gpu | experts-cpu | n-cpu-moe=N | gpu-experts=N | layers-gpu=N | "
+                                       "cpu-only | unified | offload-cache[=N]; default: as the runtime would fit")
+    f.add_argument("--runtime", help="llama.cpp | ik_llama.cpp | ollama | vllm | sglang | trtllm | ktransformers | mlx")
+    f.add_argument("--mtp", type=_positive_int, default=0, help="load the MTP modules (draft tokens)")
+    f.add_argument("--json", action="store_true")
+    return p
+
+
+def _cmd_models(args) -> int:
+    from .models import model, model_ids
+    rows = []
+    for mid in model_ids():
+        m = model(mid)
+        total, active = m.param_counts()
+        rows.append({"id": mid, "name": m.name, "family": m.family, "layers": m.n_layers,
+                     "experts": m.n_experts, "top_k": m.top_k, "total_params": total, "active_params": active,
+                     "max_context": m.max_context, "native_quant": m.native_quant})
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    print(f"{'id':24} {'total':>8} {'active':>8} {'layers':>6} {'experts':>9} {'context':>9}  native")
+    for r in rows:
+        ex = f"{r['experts']}/{r['top_k']}" if r["experts"] else "dense"
+        print(f"{r['id']:24} {r['total_params'] / 1e9:7.1f}B {r['active_params'] / 1e9:7.1f}B {r['layers']:6d} "
+              f"{ex:>9} {r['max_context']:9d}  {r['native_quant']}")
+    return 0
+
+
+def _cmd_hardware(args) -> int:
+    from .hardware import hardware_ids
+    from . import _catalog
+    ids = hardware_ids()
+    if args.json:
+        print(json.dumps(ids, indent=1))
+        return 0
+    hw = _catalog.load("hardware")
+    for section in ("machine", "gpu", "unified"):
+        print(f"{section}:")
+        for i in ids[section]:
+            e = hw[section][i]
+            extra = ""
+            if section == "gpu":
+                extra = f"{e['memory_bytes'] / GiB:6.0f} GiB {e['mem_bw_gbs']:7.0f} GB/s"
+            elif section == "unified":
+                extra = f"{e['default_memory_gb']:6.0f} GB  {e['mem_bw_gbs']:7.0f} GB/s"
+            print(f"  {i:26} {extra}  {e.get('name', '')}")
+    for section in ("cpu", "host_memory", "link", "storage"):
+        print(f"{section}: " + ", ".join(ids[section]))
+    return 0
+
+
+def _cmd_quants(args) -> int:
+    from . import quants as Q
+    data = {"gguf_ftypes": Q.ftype_ids(), "formats": Q.format_ids(), "kv_dtypes": Q.kv_dtype_ids(),
+            "ggml_types": {k: {"block": v["block"], "bytes": v["bytes"], "bpw": 8 * v["bytes"] / v["block"]}
+                           for k, v in Q.ggml_types().items()}}
+    if args.json:
+        print(json.dumps(data, indent=1))
+        return 0
+    print("GGUF file types: " + ", ".join(data["gguf_ftypes"]))
+    print("checkpoint formats: " + ", ".join(data["formats"]))
+    print("KV cache dtypes: " + ", ".join(data["kv_dtypes"]))
+    print("ggml tensor types (block, bytes, bits/weight):")
+    for k, v in sorted(data["ggml_types"].items(), key=lambda kv: kv[1]["bpw"]):
+        print(f"  {k:8} {v['block']:4d} {v['bytes']:4d} {v['bpw']:7.4f}")
+    return 0
+
+
+def _fmt_bytes(b: float) -> str:
+    return f"{b / GiB:7.1f} GiB" if b else "      -    "
+
+
+def _cmd_fit(args) -> int:
+    from .fit import fit
+    mach = _machine_from(args)
+    rows = fit(args.model, mach, quants=args.quant, context=args.context, batch=args.batch,
+               kv_dtype=args.kv_dtype, placement=args.placement, runtime=args.runtime, mtp=args.mtp)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    r0 = rows[0]
+    print(f"{r0['model']} on {r0['machine']}")
+    print(f"context {args.context}, batch {args.batch}; runtime {r0['runtime']}")
+    for a in r0["assumptions"]:
+        print(f"  assumed: {a}")
+    print(f"{'quant':10} {'weights':>11} {'placement':>15} {'GPU':>11} {'host':>11} {'storage':>11} "
+          f"{'fits':>17} {'max context':>11} {'max batch':>9}  KV")
+    for r in rows:
+        t = r["memory_by_tier"]
+        gpu_tier = t.get("gpu") or t.get("unified")
+        print(f"{r['quant']:10} {_fmt_bytes(r['weights_bytes'])} {r['placement']:>15} {_fmt_bytes(gpu_tier['total'])} "
+              f"{_fmt_bytes(t['host']['total'])} {_fmt_bytes(t['storage']['total'])} {r['fits']:>17} "
+              f"{r['max_context']:11d} {r['max_batch']:9d}  {r['kv_dtype']}")
+    print("runtime flags:")
+    for r in rows:
+        print(f"  {r['quant']:10} {r['flags']}")
+    return 0
+
+
+_COMMANDS = {"models": _cmd_models, "hardware": _cmd_hardware, "quants": _cmd_quants, "fit": _cmd_fit}
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if not args.command:
+            parser.print_help()
+            return 0
+        return _COMMANDS[args.command](args)
+    except MoesimError as exc:
+        print(f"moesim: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("moesim: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:  # an internal bug: one line unless debugging
+        if os.environ.get("MOESIM_DEBUG"):
+            raise
+        print(f"moesim: internal error: {type(exc).__name__}: {exc} (set MOESIM_DEBUG=1 for a traceback)",
+              file=sys.stderr)
+        return 3
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,253 @@
+"""Machines composed from catalog parts: GPUs (or a unified-memory chip), host DRAM, CPU, PCIe, storage.
+
+``machine("desktop-4090")`` takes a catalog machine; ``machine(gpu="rtx-4090", host="ddr5-6000x2",
+host_mem_gb=192)`` composes one, and flags given with a catalog id override its parts.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field, replace
+
+from . import _catalog
+from .errors import MoesimError, unknown_id
+
+GB = 1e9
+
+
+def _hw() -> dict:
+    return _catalog.load("hardware")
+
+
+def gpu_ids() -> list:
+    return sorted(_hw()["gpu"])
+
+
+def unified_ids() -> list:
+    return sorted(_hw()["unified"])
+
+
+def machine_ids() -> list:
+    return sorted(_hw()["machine"])
+
+
+def hardware_ids() -> dict:
+    h = _hw()
+    return {k: sorted(h[k]) for k in ("machine", "gpu", "unified", "cpu", "host_memory", "link", "storage")}
+
+
+@dataclass(frozen=True)
+class Machine:
+    """A concrete machine. Capacities in bytes, bandwidths in GB/s (1e9 B/s)."""
+
+    id: str
+    gpu: str | None                 # GPU or unified-chip id; None for CPU-only
+    n_gpus: int
+    gpu_mem_bytes: float            # per GPU (for unified: the whole pool)
+    gpu_bw_gbs: float
+    gpu_tflops: dict = field(default_factory=dict, compare=False)
+    compute_capability: str | None = None
+    flash_attention: object = True
+    unified: bool = False
+    gpu_working_set_fraction: float = 1.0
+    host_memory: str | None = None  # DRAM part id (ddr5-4800 ...)
+    channels: int = 0               # populated channels per socket
+    sockets: int = 1
+    cores: int = 0                  # physical cores used (0 = unknown)
+    cpu: str | None = None
+    cpu_isa: tuple = ()
+    host_mem_bytes: float = 0.0
+    host_bw_gbs: float = 0.0        # peak: MT/s x 8 B x channels x sockets
+    pcie: str | None = None
+    pcie_gbs: float = 0.0
+    pcie_pinned_gbs: float = 0.0
+    storage: str | None = None
+    storage_read_gbs: float = 0.0
+    storage_bytes: float = 0.0
+    assumptions: tuple = field(default=(), compare=False)
+
+    def describe(self) -> str:
+        if self.unified:
+            return (f"{self.gpu} unified {self.gpu_mem_bytes / GB:.0f} GB @ {self.gpu_bw_gbs:.0f} GB/s")
+        parts = []
+        if self.n_gpus:
+            parts.append(f"{self.n_gpus}x {self.gpu} ({self.gpu_mem_bytes / 2**30:.0f} GiB, {self.gpu_bw_gbs:.0f} GB/s)")
+        if self.host_memory:
+            parts.append(f"{self.host_mem_bytes / GB:.0f} GB {self.host_memory} x{self.channels}"
+                         f"{' x' + str(self.sockets) + ' sockets' if self.sockets > 1 else ''}"
+                         f" ({self.host_bw_gbs:.0f} GB/s)")
+        if self.pcie and self.n_gpus:
+            parts.append(f"PCIe {self.pcie}")
+        return ", ".join(parts)
+
+
+_HOST_RE = re.compile(r"^([a-z0-9]+(?:-[0-9]+)?)(?:x([0-9]+))?$")
+
+
+def _positive(value, field_name: str, integer: bool = False, allow_zero: bool = False):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        try:
+            value = float(value)
+        except (TypeError, ValueError):
+            raise MoesimError(f"must be a number, got {value!r}", field_name) from None
+    if value != value or math.isinf(value):
+        raise MoesimError(f"must be finite, got {value!r}", field_name)
+    if value < 0 or (value == 0 and not allow_zero):
+        raise MoesimError(f"must be {'>= 0' if allow_zero else 'positive'}, got {value!r}", field_name)
+    if integer:
+        if int(value) != value:
+            raise MoesimError(f"must be a whole number, got {value!r}", field_name)
+        return int(value)
+    return float(value)
+
+
+def parse_host(spec: str) -> tuple:
+    """``ddr5-4800x8`` -> (part id, channels or None)."""
+    if not isinstance(spec, str):
+        raise MoesimError(f"expected a memory part like ddr5-4800x8, got {spec!r}", "host")
+    m = _HOST_RE.match(spec.strip().lower())
+    parts = _hw()["host_memory"]
+    if not m or m.group(1) not in parts:
+        part = spec.strip().lower().split("x")[0] if spec else spec
+        raise unknown_id("host memory part", part, parts, "host")
+    ch = int(m.group(2)) if m.group(2) else None
+    if ch is not None and ch <= 0:
+        raise MoesimError("channel count must be positive", "host")
+    return m.group(1), ch
+
+
+def machine(id: str | None = None, *, gpu: str | None = None, gpus: int | None = None,
+            gpu_mem_gb: float | None = None, host: str | None = None, sockets: int | None = None,
+            cores: int | None = None, host_mem_gb: float | None = None, pcie: str | None = None,
+            storage: str | None = None, cpu: str | None = None) -> Machine:
+    """Build a machine from a catalog id and/or parts (the CLI's machine flags, same names)."""
+    h = _hw()
+    base: dict = {}
+    if id is not None:
+        key = str(id).strip().lower()
+        if key not in h["machine"]:
+            raise unknown_id("machine", id, h["machine"], "machine")
+        base = dict(h["machine"][key])
+    gpus = _positive(gpus, "gpus", integer=True, allow_zero=True)
+    gpu_mem_gb = _positive(gpu_mem_gb, "gpu_mem_gb")
+    sockets = _positive(sockets, "sockets", integer=True)
+    cores = _positive(cores, "cores", integer=True)
+    host_mem_gb = _positive(host_mem_gb, "host_mem_gb")
+    assumptions = []
+
+    gpu_id = (gpu if gpu is not None else base.get("gpu"))
+    gpu_id = None if gpu_id in (None, "none", "") else str(gpu_id).strip().lower()
+    if id is None and gpu_id is None and host is None:
+        raise MoesimError("give a catalog machine (--machine ID) or its parts (--gpu and/or --host)", "machine")
+    unified = gpu_id is not None and gpu_id in h["unified"]
+    if gpu_id is not None and not unified and gpu_id not in h["gpu"]:
+        raise unknown_id("GPU", gpu_id, list(h["gpu"]) + list(h["unified"]), "gpu")
+
+    if unified:
+        chip = h["unified"][gpu_id]
+        if host is not None:
+            raise MoesimError(f"{gpu_id} is a unified-memory chip: its memory is the pool, so --host "
+                              "does not apply (use --gpu-mem-gb or --host-mem-gb for the pool size)", "host")
+        if gpus not in (None, 1):
+            raise MoesimError(f"a unified-memory machine has one {gpu_id}, got --gpus {gpus}", "gpus")
+        if gpu_mem_gb is not None and host_mem_gb is not None and gpu_mem_gb != host_mem_gb:
+            raise MoesimError("on a unified-memory chip --gpu-mem-gb and --host-mem-gb name the same pool "
+                              "and disagree", "gpu_mem_gb")
+        pool_gb = gpu_mem_gb or host_mem_gb or base.get("host_mem_gb") or chip["default_memory_gb"]
+        if pool_gb not in chip.get("memory_options_gb", [pool_gb]):
+            assumptions.append(f"{pool_gb:g} GB is not a listed {gpu_id} option "
+                               f"({', '.join(str(x) for x in chip.get('memory_options_gb', []))})")
+        st = storage if storage is not None else base.get("storage")
+        st_info = _storage(st)
+        return Machine(
+            id=id or gpu_id, gpu=gpu_id, n_gpus=1, gpu_mem_bytes=pool_gb * GB, gpu_bw_gbs=float(chip["mem_bw_gbs"]),
+            gpu_tflops={"fp16": chip.get("gpu_tflops_fp16", 0.0)}, unified=True,
+            gpu_working_set_fraction=float(chip.get("gpu_working_set_fraction", 0.75)),
+            host_memory="unified", channels=0, sockets=1, cores=cores or chip.get("cpu_cores", 0),
+            cpu=gpu_id, cpu_isa=("neon",) if chip.get("vendor") == "apple" else (),
+            host_mem_bytes=pool_gb * GB, host_bw_gbs=float(chip["mem_bw_gbs"]),
+            storage=st, storage_read_gbs=st_info[0], storage_bytes=st_info[1],
+            assumptions=tuple(assumptions))
+
+    # discrete GPUs (or none) + host
+    n_gpus = gpus if gpus is not None else int(base.get("gpus", 1 if gpu_id else 0))
+    if gpu_id is None and n_gpus:
+        raise MoesimError(f"--gpus {n_gpus} without a GPU model (--gpu ID)", "gpus")
+    if gpu_id is not None and n_gpus == 0:
+        if gpu is not None or gpu_mem_gb is not None:
+            raise MoesimError(f"--gpus 0 contradicts --gpu {gpu_id}", "gpus")
+        gpu_id = None
+    if gpu_id is None and gpu_mem_gb is not None:
+        raise MoesimError("--gpu-mem-gb given for a machine without GPUs", "gpu_mem_gb")
+    g = h["gpu"][gpu_id] if gpu_id else {}
+    gpu_mem = gpu_mem_gb * GB if gpu_mem_gb is not None else float(g.get("memory_bytes", 0.0))
+
+    cpu_id = (cpu or base.get("cpu"))
+    cpu_info = {}
+    if cpu_id:
+        cpu_id = str(cpu_id).strip().lower()
+        if cpu_id not in h["cpu"]:
+            raise unknown_id("CPU", cpu_id, h["cpu"], "cpu")
+        cpu_info = h["cpu"][cpu_id]
+    if host is not None:
+        part, ch = parse_host(host)
+    else:
+        part, ch = base.get("host_memory"), None
+    if part is None:
+        part = cpu_info.get("memory") or "ddr5"
+        assumptions.append(f"host memory part not given: assumed {part}")
+    if part not in h["host_memory"]:
+        raise unknown_id("host memory part", part, h["host_memory"], "host")
+    channels = ch or base.get("channels") or cpu_info.get("channels")
+    if not channels:
+        channels = 2
+        assumptions.append("memory channels not given: assumed 2 (desktop platform, hardware.md §4)")
+    n_sockets = sockets or int(base.get("sockets", 1))
+    if cpu_info and n_sockets > int(cpu_info.get("max_sockets", n_sockets)):
+        raise MoesimError(f"{cpu_id} supports at most {cpu_info['max_sockets']} sockets", "sockets")
+    host_gb = host_mem_gb or base.get("host_mem_gb")
+    if not host_gb:
+        host_gb = 32.0 * channels * n_sockets
+        assumptions.append(f"host RAM not given: assumed one 32 GB DIMM per channel = {host_gb:g} GB")
+    n_cores = cores or (int(cpu_info.get("cores", 0)) * n_sockets)
+    link = pcie or base.get("pcie") or g.get("host_link")
+    link_info = {}
+    if link:
+        link = str(link).strip().lower()
+        if link not in h["link"]:
+            raise unknown_id("PCIe link", link, h["link"], "pcie")
+        link_info = h["link"][link]
+    st = storage if storage is not None else base.get("storage")
+    if st is None:
+        st = "nvme-gen4"
+        assumptions.append("storage not given: assumed the model file sits on a PCIe 4.0 NVMe SSD (nvme-gen4)")
+    st_info = _storage(st)
+    return Machine(
+        id=id or "+".join(x for x in (f"{n_gpus}x{gpu_id}" if gpu_id else None, f"{part}x{channels}") if x),
+        gpu=gpu_id, n_gpus=n_gpus, gpu_mem_bytes=gpu_mem, gpu_bw_gbs=float(g.get("mem_bw_gbs", 0.0)),
+        gpu_tflops=dict(g.get("tflops", {})), compute_capability=g.get("compute_capability"),
+        flash_attention=g.get("flash_attention", True), unified=False,
+        host_memory=part, channels=int(channels), sockets=n_sockets, cores=n_cores, cpu=cpu_id,
+        cpu_isa=tuple(cpu_info.get("isa", ())), host_mem_bytes=host_gb * GB,
+        host_bw_gbs=float(h["host_memory"][part]["channel_gbs"]) * channels * n_sockets,
+        pcie=link, pcie_gbs=float(link_info.get("gbs", 0.0)), pcie_pinned_gbs=float(link_info.get("pinned_h2d_gbs", 0.0)),
+        storage=st, storage_read_gbs=st_info[0], storage_bytes=st_info[1], assumptions=tuple(assumptions))
+
+
+def _storage(st) -> tuple:
+    """(read GB/s, capacity bytes) of a storage id; capacity is what mmap may page from."""
+    if st in (None, "", "none"):
+        return 0.0, 0.0
+    h = _hw()
+    key = str(st).strip().lower()
+    if key not in h["storage"]:
+        raise unknown_id("storage", st, h["storage"], "storage")
+    info = h["storage"][key]
+    # Capacity: consumer drives hold the model file; treat storage as large enough (4 TB default).
+    return float(info.get("rand_read_gbs", info.get("seq_read_gbs", 0.0))), float(info.get("capacity_bytes", 4e12))
+
+
+def with_overrides(m: Machine, **kw) -> Machine:
+    return replace(m, **kw)

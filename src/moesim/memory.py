@@ -1,0 +1,278 @@
+"""Memory accounting API: lower (model, quant) once, then evaluate configurations in the C kernel.
+
+``lower(model, quant)`` turns a model's tensor inventory into per-layer byte arrays (the C struct
+``ms_model_t``); ``configure(...)`` turns machine + runtime + placement + workload into the scalar
+fields of ``ms_mem_config_t``. :func:`memory` evaluates one configuration; ``engine="reference"``
+runs the pure-Python twin in :mod:`moesim.reference` instead of C.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import quants as Q
+from .errors import KernelError, MoesimError
+from .hardware import Machine
+from .models import Model
+from .placement import Placement, parse as parse_placement
+from .runtimes import MIB, Runtime, default_runtime, runtime as get_runtime
+
+CLASSES = ("attention", "router", "shared_experts", "routed_experts", "dense_ffn", "embeddings", "lm_head",
+           "mtp", "kv_cache", "state", "buffers")
+WEIGHT_CLASSES = CLASSES[:8]
+TIERS = ("gpu", "host", "storage")
+FITS_GPU, FITS_HOST, FITS_STORAGE = 1, 2, 4
+
+CONFIG_FIELDS = ("context", "batch", "kv_bytes_per_elem", "placement", "placement_arg", "mtp", "n_gpus",
+                 "gpu_capacity", "host_capacity", "storage_capacity", "storage_spill", "embed_on_gpu",
+                 "kv_granularity", "gpu_fixed", "gpu_buf0", "gpu_buf_ctx", "host_fixed", "host_buf0",
+                 "host_buf_ctx")
+INT_CONFIG_FIELDS = {"context", "batch", "placement", "placement_arg", "mtp", "n_gpus", "storage_spill",
+                     "embed_on_gpu", "kv_granularity"}
+
+
+@dataclass(frozen=True, eq=False)
+class LoweredModel:
+    """Per-layer byte arrays of one model under one quantization (ms_model_t)."""
+
+    model_id: str
+    quant: str
+    attn: np.ndarray
+    router: np.ndarray
+    shared: np.ndarray
+    expert_one: np.ndarray
+    n_experts: np.ndarray
+    dense: np.ndarray
+    kv_elems: np.ndarray
+    kv_fixed: np.ndarray
+    kv_cap: np.ndarray
+    kv_ratio: np.ndarray
+    kv_ratio_elems: np.ndarray
+    kv_ratio_fixed: np.ndarray
+    kv_state: np.ndarray
+    embed: float
+    head: float
+    mtp: float
+    mtp_layers: int
+    max_context: int
+    weights_by_class: dict = field(default_factory=dict)
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.attn)
+
+
+@functools.lru_cache(maxsize=256)
+def _lower_cached(model: Model, q: Q.Quant) -> LoweredModel:
+    n = model.n_layers
+    per = {k: np.zeros(n) for k in ("attention", "router", "shared_experts", "routed_experts", "dense_ffn")}
+    glob = {"embeddings": 0.0, "lm_head": 0.0, "mtp": 0.0}
+    by_class = {c: 0.0 for c in WEIGHT_CLASSES}
+    for t, _typ, nb in Q.assign(model, q, include_mtp=True):
+        by_class[t.cls] += nb
+        if t.cls in glob:
+            glob[t.cls] += nb
+        else:
+            per[t.cls][t.layer] += nb
+    n_exp = np.array([l.ffn.n_experts if l.ffn.kind == "moe" else 0 for l in model.layers], dtype=np.int32)
+    expert_one = np.divide(per["routed_experts"], np.maximum(n_exp, 1))
+    terms = [model.kv_terms(l) for l in model.layers]
+    by_class.pop("mtp")
+    return LoweredModel(
+        model_id=model.id, quant=q.id,
+        attn=per["attention"], router=per["router"], shared=per["shared_experts"], expert_one=expert_one,
+        n_experts=n_exp, dense=per["dense_ffn"],
+        kv_elems=np.array([t.elems for t in terms], dtype=np.float64),
+        kv_fixed=np.array([t.fixed_bytes for t in terms], dtype=np.float64),
+        kv_cap=np.array([t.cap for t in terms], dtype=np.int64),
+        kv_ratio=np.array([t.ratio for t in terms], dtype=np.int64),
+        kv_ratio_elems=np.array([t.ratio_elems for t in terms], dtype=np.float64),
+        kv_ratio_fixed=np.array([t.ratio_fixed_bytes for t in terms], dtype=np.float64),
+        kv_state=np.array([t.state_bytes for t in terms], dtype=np.float64),
+        embed=glob["embeddings"], head=glob["lm_head"], mtp=glob["mtp"], mtp_layers=model.mtp_layers,
+        max_context=model.max_context, weights_by_class=by_class,
+    )
+
+
+def lower(model: Model, quant) -> LoweredModel:
+    q = Q.resolve(quant, model)
+    Q.assign(model, q)  # applicability check
+    return _lower_cached(model, q)
+
+
+# --------------------------------------------------------------------------------- validation
+def check_count(value, name: str, minimum: int = 1) -> int:
+    """A whole number >= minimum, or a MoesimError naming the field (bools, NaN and floats refused)."""
+    if isinstance(value, bool) or value is None:
+        raise MoesimError(f"must be an integer >= {minimum}, got {value!r}", name)
+    if isinstance(value, (float, np.floating)):
+        if not math.isfinite(value) or int(value) != value:
+            raise MoesimError(f"must be an integer >= {minimum}, got {value!r}", name)
+        value = int(value)
+    try:
+        iv = int(value)
+    except (TypeError, ValueError):
+        raise MoesimError(f"must be an integer >= {minimum}, got {value!r}", name) from None
+    if iv < minimum:
+        raise MoesimError(f"must be >= {minimum}, got {iv}", name)
+    if iv > 2**40:
+        raise MoesimError(f"is implausibly large ({iv})", name)
+    return iv
+
+
+def configure(model: Model, low: LoweredModel, machine: Machine, runtime: Runtime, placement: Placement,
+              context: int, batch: int, kv_dtype: str, mtp: int = 0) -> dict:
+    """The ms_mem_config_t fields for one configuration (all inputs already validated)."""
+    kvb = Q.kv_dtype_bytes(kv_dtype)
+    gran = max(1, int(runtime.kv_granularity))
+    cpu_only = placement.kind == "cpu-only" or machine.n_gpus == 0
+    # Compute buffers (RT §1.6): llama.cpp reserves logits for a whole ubatch plus an attention
+    # workspace growing with context; served runtimes reserve an activation peak instead.
+    buf0 = buf_ctx = 0.0
+    if runtime.ubatch:
+        ub = runtime.ubatch
+        if runtime.logits_on_gpu:
+            buf0 += model.vocab * ub * 4.0
+        fa = machine.flash_attention if not cpu_only else True
+        if runtime.attention_buffer == "flash" and fa:
+            buf_ctx += ub * 2.0                       # f16 KQ mask [n_ctx, n_ubatch]
+        elif runtime.attention_buffer in ("flash", "full"):
+            heads = max(l.attention.n_heads for l in model.layers)
+            buf_ctx += heads * ub * 4.0 * 2           # f32 KQ scores and softmax [n_ctx, n_ubatch, n_head]
+    if runtime.activation_tokens:
+        widest = max(max(l.ffn.intermediate, l.ffn.expert_intermediate * max(1, l.ffn.top_k)) for l in model.layers)
+        buf0 += runtime.activation_tokens * (2 * model.hidden + 2 * widest) * 2.0 / max(1, machine.n_gpus)
+    if runtime.prefill_step:
+        widest = max(max(l.ffn.intermediate, l.ffn.expert_intermediate * max(1, l.ffn.top_k)) for l in model.layers)
+        buf0 += runtime.prefill_step * (2 * model.hidden + 2 * widest) * 2.0
+    gpu_fixed = (runtime.gpu_fixed_mib + runtime.cudagraph_mib) * MIB
+    if machine.unified:
+        pool = machine.gpu_mem_bytes
+        gpu_cap = pool * machine.gpu_working_set_fraction
+        host_cap = pool - gpu_cap
+    else:
+        gpu_cap = max(0.0, machine.gpu_mem_bytes * runtime.gpu_mem_fraction - runtime.gpu_margin_mib * MIB)
+        host_cap = machine.host_mem_bytes
+    if runtime.id in ("sglang", "ktransformers") and machine.n_gpus and not machine.unified:
+        gpu_cap = machine.gpu_mem_bytes * _sglang_mem_fraction(machine)
+    cfg = dict(
+        context=context, batch=batch, kv_bytes_per_elem=kvb, placement=placement.code,
+        placement_arg=max(0, placement.arg), mtp=1 if mtp else 0, n_gpus=0 if cpu_only else machine.n_gpus,
+        gpu_capacity=gpu_cap, host_capacity=host_cap,
+        storage_capacity=machine.storage_bytes, storage_spill=1 if (runtime.storage_spill and machine.storage_bytes) else 0,
+        embed_on_gpu=1 if runtime.embeddings_on_gpu else 0, kv_granularity=gran,
+        gpu_fixed=0.0 if cpu_only else gpu_fixed, gpu_buf0=0.0 if cpu_only else buf0,
+        gpu_buf_ctx=0.0 if cpu_only else buf_ctx,
+        host_fixed=runtime.host_fixed_mib * MIB, host_buf0=buf0 if cpu_only else 0.0,
+        host_buf_ctx=buf_ctx if cpu_only else 0.0,
+    )
+    return cfg
+
+
+def _sglang_mem_fraction(machine: Machine) -> float:
+    """SGLang's default mem_fraction_static: (gpu_mem - reserved) / gpu_mem with the tiered reserve (RT §3.1)."""
+    gib = machine.gpu_mem_bytes / 2**30
+    if gib < 20:
+        chunk, graph_bs = 2048, 8
+    elif gib < 35:
+        chunk, graph_bs = 2048, 24 if machine.n_gpus < 4 else 80
+    elif gib < 60:
+        chunk, graph_bs = 4096, 32 if machine.n_gpus < 4 else 160
+    elif gib < 160:
+        chunk, graph_bs = 8192, 256 if machine.n_gpus < 4 else 512
+    else:
+        chunk, graph_bs = 16384, 512
+    reserved = 512 + 1.5 * max(chunk, 2048) + 2 * graph_bs + machine.n_gpus / 8 * 1024
+    if gib > 60:
+        reserved = max(reserved, 10 * 1024)
+    return max(0.1, (gib * 1024 - reserved) / (gib * 1024))
+
+
+# --------------------------------------------------------------------------------- results
+@dataclass
+class MemoryResult:
+    """Memory of one configuration. Bytes are floats (exact integers below 2**53)."""
+
+    by_class: np.ndarray            # [len(CLASSES), len(TIERS)]
+    tier: np.ndarray                # [len(TIERS)]
+    weights: float
+    kv: float
+    state: float
+    kv_bytes_per_token: float
+    fits_bits: int
+    max_context: int
+    max_batch: int
+
+    @property
+    def fits(self) -> str:
+        if not self.fits_bits:
+            return "no"
+        return "+".join(t for t, bit in zip(TIERS, (FITS_GPU, FITS_HOST, FITS_STORAGE)) if self.fits_bits & bit)
+
+    def weights_by_class(self) -> dict:
+        return {c: float(self.by_class[i].sum()) for i, c in enumerate(WEIGHT_CLASSES)}
+
+    def memory_by_tier(self) -> dict:
+        out = {}
+        for j, tier in enumerate(TIERS):
+            classes = {c: float(self.by_class[i, j]) for i, c in enumerate(CLASSES) if self.by_class[i, j]}
+            if tier == "storage":
+                classes = {"spilled_weights": float(self.tier[j])} if self.tier[j] else {}
+            out[tier] = {"total": float(self.tier[j]), "by_class": classes}
+        return out
+
+
+def _result_from_arrays(res: dict, i: int) -> MemoryResult:
+    return MemoryResult(by_class=res["by_class"][i].copy(), tier=res["tier"][i].copy(), weights=float(res["weights"][i]),
+                        kv=float(res["kv"][i]), state=float(res["state"][i]),
+                        kv_bytes_per_token=float(res["kv_bytes_per_token"][i]), fits_bits=int(res["fits"][i]),
+                        max_context=int(res["max_context"][i]), max_batch=int(res["max_batch"][i]))
+
+
+def evaluate(low: LoweredModel, cfgs: dict, n_threads: int = 1, engine: str = "c") -> dict:
+    """Evaluate configurations given as equal-length arrays per CONFIG_FIELDS; returns result arrays."""
+    cols = {}
+    n = None
+    for f in CONFIG_FIELDS:
+        arr = np.atleast_1d(np.asarray(cfgs[f], dtype=np.int64 if f in INT_CONFIG_FIELDS else np.float64))
+        n = len(arr) if n is None else n
+        if len(arr) != n:
+            raise MoesimError(f"config column {f} has {len(arr)} rows, expected {n}", f)
+        cols[f] = np.ascontiguousarray(arr)
+    if engine == "reference":
+        from . import reference
+        return reference.memory_many(low, cols)
+    if engine != "c":
+        raise MoesimError(f"engine must be 'c' or 'reference', got {engine!r}", "engine")
+    from . import _kernel
+    code, bad, res = _kernel.memory_many(low, cols, int(n_threads))
+    if code != 0:
+        raise KernelError(f"C kernel error at configuration {bad}: {_kernel.strerror(code)}")
+    return res
+
+
+def memory(model, machine: Machine, quant="native", context: int = 4096, batch: int = 1, kv_dtype: str | None = None,
+           placement="all-gpu", runtime=None, mtp: int = 0, engine: str = "c") -> MemoryResult:
+    """Memory of one configuration (validated); see :func:`moesim.fit` for the automatic placement."""
+    from .models import model as get_model
+    m = get_model(model)
+    q = Q.resolve(quant, m)
+    rt = get_runtime(runtime) if runtime is not None else default_runtime(q, machine)
+    context = check_count(context, "context")
+    batch = check_count(batch, "batch")
+    mtp = check_count(mtp, "mtp", minimum=0)
+    if mtp and not m.mtp_layers:
+        raise MoesimError(f"{m.id} has no MTP modules", "mtp")
+    kv = Q.canonical_kv_dtype(kv_dtype or default_kv_dtype(q, rt, m))
+    p = parse_placement(placement, m, machine)
+    low = lower(m, q)
+    cfg = configure(m, low, machine, rt, p, context, batch, kv, mtp)
+    return _result_from_arrays(evaluate(low, cfg, engine=engine), 0)
+
+
+def default_kv_dtype(q: Q.Quant, rt: Runtime, m: Model) -> str:
+    """f16 for llama.cpp (its default -ctk/-ctv), bf16 for served checkpoints (vLLM 'auto')."""
+    return "f16" if rt.llama_cpp_family else "bf16"

@@ -1,0 +1,414 @@
+"""Weight formats: which storage type each tensor gets under a quantization, and its exact bytes.
+
+Two kinds of quantization:
+
+* llama.cpp GGUF file types (``Q4_K_M``, ``IQ2_XXS``, ``MXFP4_MOE``, ...): the per-tensor type
+  follows llama.cpp's ``llama_tensor_get_type`` (``src/llama-quant.cpp``, reference/quants.md §2),
+  including ``use_more_bits`` layer selection, the 8-expert and 70B special cases and the fallback
+  for rows not divisible by the block size. Bytes are ``n_elements / block * bytes_per_block``.
+* checkpoint formats (``fp8``, ``nvfp4``, ``mxfp4``, ``int4``, ``mlx-4bit``, ...): a format quantizes
+  a set of tensor classes and leaves the rest in bf16 (catalog/quants.toml says which and why).
+
+``native`` means the model's own checkpoint format (``Model.native_quant``).
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+from . import _catalog
+from .errors import MoesimError, unknown_id
+from .models import Model, Tensor
+
+_LINEAR_CLASSES = {"attention", "dense_ffn", "shared_experts", "routed_experts", "mtp"}
+_FFN_CLASSES = {"dense_ffn", "shared_experts", "routed_experts"}
+_EXPERT_CLASSES = {"shared_experts", "routed_experts"}
+
+
+@dataclass(frozen=True)
+class Quant:
+    """A resolved quantization: ``kind`` is ``"gguf"`` (llama.cpp file type) or ``"format"``."""
+
+    id: str
+    kind: str
+
+    @property
+    def is_gguf(self) -> bool:
+        return self.kind == "gguf"
+
+
+def _tables() -> dict:
+    return _catalog.load("quants")
+
+
+def ggml_types() -> dict:
+    return _tables()["ggml_types"]
+
+
+def ftype_ids() -> list:
+    return sorted(_tables()["ftypes"])
+
+
+def format_ids() -> list:
+    return sorted(_tables()["formats"])
+
+
+def kv_dtype_ids() -> list:
+    return sorted(_tables()["kv_dtypes"])
+
+
+def quant_ids() -> list:
+    """Every quantization name ``fit``/``simulate`` accept (aliases excluded)."""
+    return ftype_ids() + format_ids() + ["native"]
+
+
+def resolve(name: "str | Quant", model: Model | None = None) -> Quant:
+    """Canonical :class:`Quant` for a user spelling (case-insensitive for GGUF types)."""
+    if isinstance(name, Quant):
+        return name
+    if not isinstance(name, str) or not name.strip():
+        raise MoesimError(f"expected a quantization name, got {name!r}", "quant")
+    raw = name.strip()
+    t = _tables()
+    if raw.lower() == "native":
+        if model is None:
+            raise MoesimError("'native' needs a model to resolve against", "quant")
+        return resolve(model.native_quant, None)
+    up = raw.upper().replace("-", "_") if not raw.lower().startswith("mlx") else raw
+    up = t["ftype_aliases"].get(up, up)
+    if up in t["ftypes"]:
+        return Quant(up, "gguf")
+    low = raw.lower()
+    low = t["format_aliases"].get(low, low)
+    if low in t["formats"]:
+        return Quant(low, "format")
+    known = list(t["ftypes"]) + list(t["formats"]) + list(t["ftype_aliases"]) + ["native"]
+    raise unknown_id("quantization", raw, known, "quant")
+
+
+def kv_dtype_bytes(name: str) -> float:
+    """Bytes per cached element for a KV dtype name (``f16``, ``q8_0``, ``fp8`` ...)."""
+    if not isinstance(name, str):
+        raise MoesimError(f"expected a KV dtype name, got {name!r}", "kv_dtype")
+    t = _tables()
+    key = name.strip().lower()
+    key = t["kv_dtype_aliases"].get(key, key)
+    if key not in t["kv_dtypes"]:
+        raise unknown_id("KV cache dtype", name, t["kv_dtypes"], "kv_dtype")
+    return float(t["kv_dtypes"][key]["bytes"])
+
+
+def canonical_kv_dtype(name: str) -> str:
+    kv_dtype_bytes(name)
+    t = _tables()
+    key = name.strip().lower()
+    return t["kv_dtype_aliases"].get(key, key)
+
+
+# ------------------------------------------------------------------------------------- bytes
+def ggml_bytes(shape: tuple, type_name: str) -> int:
+    """Exact bytes of a ggml tensor: rows of ``ne0`` elements in blocks of the type."""
+    info = ggml_types()[type_name]
+    n = math.prod(shape)
+    return n // info["block"] * info["bytes"]
+
+
+def format_bytes(shape: tuple, spec: dict, bits: int | None = None) -> float:
+    """Bytes of one tensor stored in a checkpoint format (payload + scales/zeros + per-tensor extras)."""
+    n = math.prod(shape)
+    bits = spec["bits"] if bits is None else bits
+    total = n * bits / 8
+    ne0 = shape[0]
+    rows = n // ne0
+    if "block2d" in spec and len(shape) >= 2:
+        b = spec["block2d"]
+        blocks = math.ceil(shape[0] / b) * math.ceil(shape[1] / b) * (math.prod(shape[2:]) if len(shape) > 2 else 1)
+        total += blocks * spec["scale_bits"] / 8
+    elif "group" in spec:
+        groups = math.ceil(ne0 / spec["group"]) * rows
+        total += groups * (spec.get("scale_bits", 0) + spec.get("zero_bits", 0)) / 8
+    if "per_row_scale_bits" in spec:
+        total += rows * spec["per_row_scale_bits"] / 8
+    total += spec.get("tensor_bytes", 0)
+    return total
+
+
+# ------------------------------------------------------------------------------------- GGUF
+def _quantizable(t: Tensor) -> bool:
+    """llama.cpp quantizes tensors named '*weight' with >= 2 dims, except norms, routers, convs."""
+    name = t.name
+    if not name.endswith("weight") or len(t.shape) < 2:
+        return False
+    if "_norm.weight" in name or "ffn_gate_inp" in name or "ssm_conv1d" in name or "pos_embd" in name:
+        return False
+    return True
+
+
+def _use_more_bits(i: int, n: int) -> bool:
+    # Integer division as in C; (i - n/8) % 3 is only evaluated for i >= n/8, so no negative modulo.
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+_FALLBACK = {"TQ1_0": "Q4_0", "TQ2_0": "Q4_0", "IQ2_XXS": "IQ4_NL", "IQ2_XS": "IQ4_NL", "IQ2_S": "IQ4_NL",
+             "IQ3_XXS": "IQ4_NL", "IQ3_S": "IQ4_NL", "IQ1_S": "IQ4_NL", "IQ1_M": "IQ4_NL", "Q2_K": "IQ4_NL",
+             "Q3_K": "IQ4_NL", "IQ4_XS": "IQ4_NL", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+_VERY_LOW = {"IQ2_XXS", "IQ2_XS", "IQ1_S", "IQ2_S", "IQ2_M", "IQ1_M"}
+
+
+class _GGUFState:
+    """The counters llama.cpp's quantize_state_impl keeps while walking tensors in file order."""
+
+    def __init__(self, model: Model, tensors: list):
+        self.n_layer = model.n_layers
+        self.n_expert = max(1, model.n_experts)
+        a0 = model.layers[0].attention
+        self.n_gqa = a0.n_heads // a0.n_kv_heads if a0.kind == "gqa" and a0.n_kv_heads else 1
+        self.is_70b = model.family == "llama" and model.n_layers == 80
+        self.n_attention_wv = sum(1 for t in tensors if t.name.endswith("attn_v.weight"))
+        self.has_output = any(t.name == "output.weight" for t in tensors)
+        self.i_attention_wv = 0
+        self.i_ffn_down = 0
+
+
+def _gguf_type(ftype: str, base: str, t: Tensor, s: _GGUFState) -> str:
+    """llama_tensor_get_type, for one tensor that is being quantized."""
+    name, new = t.name, base
+    layer = t.layer if t.layer >= 0 else s.i_ffn_down
+    if ftype == "MXFP4_MOE":
+        # MXFP4 for stacked expert tensors (ne[2] > 1), Q8_0 for everything else (quants.md §2.4).
+        new = "MXFP4" if len(t.shape) > 2 and t.shape[2] > 1 else "Q8_0"
+    elif name == "output.weight" or (not s.has_output and name == "token_embd.weight"):
+        if t.shape[0] % ggml_types()[base]["block"] != 0:
+            new = "Q8_0"
+        elif ftype in ("IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ2_S", "IQ2_M", "IQ1_M"):
+            new = "Q5_K"
+        elif new != "Q8_0":
+            new = "Q6_K"
+    elif name == "token_embd.weight":
+        if ftype in ("IQ2_XXS", "IQ2_XS", "IQ1_S", "IQ1_M"):
+            new = "Q2_K"
+        elif ftype in ("IQ2_S", "IQ2_M", "IQ3_XXS"):
+            new = "IQ3_S"
+        elif ftype in ("TQ1_0", "TQ2_0"):
+            new = "Q4_K"
+    elif ftype in _VERY_LOW:
+        if "attn_v.weight" in name:
+            if s.n_gqa >= 4 or s.n_expert >= 4:
+                new = "Q4_K"
+            else:
+                new = "IQ3_S" if ftype in ("IQ2_S", "IQ2_M") else "Q2_K"
+            s.i_attention_wv += 1
+        elif s.n_expert == 8 and "attn_k.weight" in name:
+            new = "Q4_K"
+        elif "ffn_down" in name:
+            # This branch counts ffn_down tensors, not layers (LQ).
+            if s.i_ffn_down < s.n_layer // 8:
+                new = "IQ3_S" if ftype in ("IQ2_S", "IQ2_M") else "Q2_K"
+            s.i_ffn_down += 1
+        elif "attn_output.weight" in name:
+            if s.n_expert == 8:
+                new = "Q5_K"
+            elif ftype in ("IQ1_S", "IQ1_M"):
+                new = "IQ2_XXS"
+            elif ftype in ("IQ2_S", "IQ2_M"):
+                new = "IQ3_S"
+    elif "attn_v.weight" in name:
+        i, n = s.i_attention_wv, s.n_attention_wv
+        if ftype == "Q2_K":
+            new = "Q4_K" if s.n_gqa >= 4 else "Q3_K"
+        elif ftype == "Q2_K_S" and s.n_gqa >= 4:
+            new = "Q4_K"
+        elif ftype == "IQ3_XXS":
+            new = "Q4_K" if s.n_gqa >= 4 else "IQ3_S"   # no imatrix
+        elif ftype in ("IQ3_XS", "IQ3_S") and s.n_gqa >= 4:
+            new = "Q4_K"
+        elif ftype == "IQ3_M":
+            new = "Q4_K"
+        elif ftype == "Q3_K_M":
+            new = "Q5_K" if i < 2 else "Q4_K"
+        elif ftype == "Q3_K_L":
+            new = "Q5_K"
+        elif ftype in ("IQ4_NL", "IQ4_XS") and s.n_gqa >= 4:
+            new = "Q5_K"
+        elif ftype in ("Q4_K_M", "Q5_K_M") and _use_more_bits(i, n):
+            new = "Q6_K"
+        elif ftype == "Q4_K_S" and i < 4:
+            new = "Q5_K"
+        if s.is_70b and new in ("Q3_K", "Q4_K"):
+            new = "Q5_K"
+        if s.n_expert == 8:
+            new = "Q8_0"
+        s.i_attention_wv += 1
+    elif "attn_k.weight" in name:
+        if s.n_expert == 8:
+            new = "Q8_0"
+        elif ftype == "IQ3_XS":
+            new = "IQ3_XXS"
+        elif ftype == "IQ3_XXS":
+            new = "IQ2_S"
+    elif "attn_q.weight" in name:
+        if ftype == "IQ3_XS":
+            new = "IQ3_XXS"
+        elif ftype == "IQ3_XXS":
+            new = "IQ2_S"
+    elif "ffn_down" in name:
+        i, n = layer, s.n_layer
+        if ftype == "Q2_K":
+            new = "Q3_K"
+        elif ftype == "Q2_K_S":
+            if i < n // 8:
+                new = "Q4_K"
+        elif ftype == "IQ3_XXS":
+            new = "Q4_K" if i < n // 8 else "Q3_K"
+        elif ftype == "Q3_K_M":
+            new = "Q5_K" if i < n // 16 else "Q4_K"
+        elif ftype == "IQ3_M" and (i < n // 8 or (s.n_expert == 8 and _use_more_bits(i, n))):
+            new = "Q4_K"
+        elif ftype == "Q3_K_L":
+            new = "Q5_K"
+        elif ftype == "Q4_K_M":
+            if _use_more_bits(i, n):
+                new = "Q6_K"
+        elif i < n // 8 and ftype in ("IQ4_NL", "IQ4_XS"):
+            new = "Q5_K"
+        elif ftype == "Q5_K_M" and _use_more_bits(i, n):
+            new = "Q6_K"
+        elif ftype == "Q4_K_S" and i < n // 8:
+            new = "Q5_K"
+        s.i_ffn_down += 1
+    elif "attn_output.weight" in name:
+        if s.n_expert == 8:
+            if ftype in ("Q2_K", "IQ3_XS", "IQ3_XXS", "Q3_K_S", "Q3_K_M", "IQ4_NL", "Q4_K_S", "Q4_K_M",
+                         "IQ3_S", "IQ3_M", "IQ4_XS"):
+                new = "Q5_K"
+        elif ftype == "Q2_K":
+            new = "Q3_K"
+        elif ftype == "IQ3_XXS":
+            new = "IQ3_S"
+        elif ftype == "Q3_K_M":
+            new = "Q4_K"
+        elif ftype == "Q3_K_L":
+            new = "Q5_K"
+        elif ftype == "IQ3_M":
+            new = "Q4_K"
+    elif "attn_qkv.weight" in name:
+        if ftype in ("Q3_K_M", "Q3_K_L", "IQ3_M"):
+            new = "Q4_K"
+        elif ftype == "Q4_K_M":
+            new = "Q5_K"
+        elif ftype == "Q5_K_M":
+            new = "Q6_K"
+    elif ("ffn_gate" in name or "ffn_up" in name) and ftype == "IQ3_XS":
+        if s.n_layer // 8 <= layer < 7 * s.n_layer // 8:
+            new = "IQ3_XXS"
+
+    block = ggml_types()[new]["block"]
+    if t.shape[0] % block != 0:
+        new = _FALLBACK.get(new, new)
+        if t.shape[0] % ggml_types()[new]["block"] != 0:
+            new = "F16"
+    return new
+
+
+def _gguf_assign(model: Model, q: Quant, tensors: list) -> list:
+    ftype = q.id
+    base = _tables()["ftypes"][ftype]["base"]
+    s = _GGUFState(model, tensors)
+    out = []
+    mixture = ggml_types()[base]["block"] > 1  # llama.cpp applies its rules only to quantized ftypes
+    for t in tensors:
+        if _quantizable(t):
+            typ = _gguf_type(ftype, base, t, s) if mixture else base
+        else:
+            typ = "F32"
+        out.append((t, typ, ggml_bytes(t.shape, typ)))
+    return out
+
+
+# ------------------------------------------------------------------------------------- formats
+def _format_assign(model: Model, q: Quant, tensors: list) -> list:
+    formats = _tables()["formats"]
+    spec = formats[q.id]
+    targets = spec["targets"]
+    native = resolve(model.native_quant) if model.native_quant else Quant("bf16", "format")
+    bf16 = formats["bf16"]
+    others = formats.get(spec.get("others", ""), None)
+    n_layer = model.n_layers
+    out = []
+    for t in tensors:
+        linear = t.name.endswith("weight") and len(t.shape) >= 2 and "_norm" not in t.name
+        cls = t.cls if t.cls != "mtp" else _mtp_class(t.name)
+        chosen, label, bits = bf16, "bf16", None
+        if targets == "all":
+            chosen, label = spec, q.id
+        elif targets in ("mlx", "mlx-mixed"):
+            if linear and t.shape[0] % spec["group"] == 0:
+                chosen, label = spec, q.id
+                if cls == "router":
+                    bits = 8  # mlx-lm keeps MoE gates at 8 bits
+                if targets == "mlx-mixed":
+                    hi = (t.name == "output.weight"
+                          or (("attn_v." in t.name or "ffn_down" in t.name) and t.layer >= 0
+                              and _use_more_bits(t.layer, n_layer)))
+                    if hi:
+                        bits = spec["high_bits"]
+        elif linear and cls not in ("embeddings", "lm_head", "router"):
+            hit = ((targets == "linear" and cls in _LINEAR_CLASSES)
+                   or (targets == "ffn" and cls in _FFN_CLASSES)
+                   or (targets == "experts" and cls in _EXPERT_CLASSES)
+                   or (targets == "routed_experts" and cls == "routed_experts"))
+            if hit:
+                chosen, label = spec, q.id
+            elif cls == "attention" and spec.get("attention") == "native" and native.id != q.id \
+                    and native.kind == "format":
+                chosen, label = formats[native.id], native.id
+            elif others is not None:
+                chosen, label = others, spec["others"]
+        if chosen is bf16 and not linear:
+            # norms, biases, sinks: fp32 in GGUF conversions, bf16 in checkpoints; count as bf16.
+            label = "bf16"
+        out.append((t, label, format_bytes(t.shape, chosen, bits)))
+    return out
+
+
+def _mtp_class(name: str) -> str:
+    if "_exps" in name:
+        return "routed_experts"
+    if "_shexp" in name:
+        return "shared_experts"
+    return "attention"
+
+
+def _check_applicable(model: Model, q: Quant) -> None:
+    if model.n_experts:
+        return
+    if q.kind == "gguf" and q.id == "MXFP4_MOE":
+        raise MoesimError(f"MXFP4_MOE quantizes expert tensors and {model.id} has no experts "
+                          "(try Q8_0 or Q4_K_M)", "quant")
+    if q.kind == "format" and _tables()["formats"][q.id]["targets"] in ("experts", "routed_experts"):
+        raise MoesimError(f"format {q.id!r} quantizes only expert weights and {model.id} has no experts", "quant")
+
+
+def assign(model: Model, quant: "str | Quant", include_mtp: bool = False) -> list:
+    """[(Tensor, storage type, bytes)] for every weight of *model* under *quant*."""
+    q = resolve(quant, model)
+    _check_applicable(model, q)
+    return _assign_cached(model, q, include_mtp)
+
+
+@functools.lru_cache(maxsize=512)
+def _assign_cached(model: Model, q: Quant, include_mtp: bool) -> list:
+    tensors = model.tensors(include_mtp=include_mtp)
+    if q.kind == "gguf":
+        return _gguf_assign(model, q, tensors)
+    return _format_assign(model, q, tensors)
+
+
+def bytes_by_class(model: Model, quant: "str | Quant", include_mtp: bool = False) -> dict:
+    """Total weight bytes per tensor class."""
+    out = {c: 0.0 for c in ("attention", "router", "shared_experts", "routed_experts", "dense_ffn",
+                            "embeddings", "lm_head", "mtp")}
+    for t, _typ, nb in assign(model, quant, include_mtp):
+        out[t.cls] += nb
+    return out

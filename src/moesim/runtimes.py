@@ -1,0 +1,70 @@
+"""Runtime profiles (llama.cpp, vLLM, SGLang, TensorRT-LLM, ktransformers, MLX): memory budgeting rules."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import _catalog
+from .errors import MoesimError, unknown_id
+
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class Runtime:
+    id: str
+    gpu_fixed_mib: float
+    gpu_margin_mib: float
+    gpu_mem_fraction: float
+    ubatch: int
+    logits_on_gpu: bool
+    attention_buffer: str
+    kv_granularity: int
+    embeddings_on_gpu: bool
+    storage_spill: bool
+    host_fixed_mib: float
+    default_placement: str
+    cudagraph_mib: float = 0.0
+    activation_tokens: int = 0
+    prefill_step: int = 0
+    source: str = ""
+
+    @property
+    def llama_cpp_family(self) -> bool:
+        return self.id in ("llama.cpp", "ik_llama.cpp", "ollama")
+
+
+def runtime_ids() -> list:
+    return sorted(_catalog.load("runtimes")["runtimes"])
+
+
+def _entry(rid: str, table: dict, seen=()) -> dict:
+    e = dict(table[rid])
+    base = e.pop("base", None)
+    if base:
+        if base in seen:
+            raise MoesimError(f"runtime profile {rid!r} has a base cycle", "runtime")
+        merged = _entry(base, table, seen + (rid,))
+        merged.update(e)
+        return merged
+    return e
+
+
+def runtime(id_or_rt: "str | Runtime") -> Runtime:
+    if isinstance(id_or_rt, Runtime):
+        return id_or_rt
+    table = _catalog.load("runtimes")["runtimes"]
+    key = str(id_or_rt).strip().lower()
+    if key not in table:
+        raise unknown_id("runtime", id_or_rt, table, "runtime")
+    e = _entry(key, table)
+    fields = set(Runtime.__dataclass_fields__)
+    return Runtime(id=key, **{k: v for k, v in e.items() if k in fields and k != "id"})
+
+
+def default_runtime(quant, machine) -> Runtime:
+    """llama.cpp for GGUF files, MLX for mlx formats, vLLM for other checkpoint formats."""
+    if quant.is_gguf:
+        return runtime("llama.cpp")
+    if quant.id.startswith("mlx"):
+        return runtime("mlx")
+    return runtime("vllm")
