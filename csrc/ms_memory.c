@@ -161,7 +161,7 @@ static int32_t account(const ms_model_t *m, const ms_mem_config_t *c, int64_t ct
             r->weights += bc[k][MS_TIER_GPU] + bc[k][MS_TIER_HOST];
         if (gpu <= (double) c->n_gpus * c->gpu_capacity && host - spill <= c->host_capacity) {
             if (gpu > 0.0 && c->n_gpus > 0) fits |= MS_FITS_GPU;
-            if (host - spill - c->host_fixed - c->host_buf0 - c->host_buf_ctx * (double) cpad > 0.0) fits |= MS_FITS_HOST;
+            if (host - spill - bc[MS_CLASS_BUFFERS][MS_TIER_HOST] > 0.0) fits |= MS_FITS_HOST;
             if (spill > 0.0) fits |= MS_FITS_STORAGE;
             if (fits == 0) fits = MS_FITS_HOST;   /* nothing placed anywhere but buffers */
         }

@@ -139,7 +139,7 @@ class Model:
     """A model architecture. Build with :func:`model` (catalog id) or :meth:`from_hf_config`."""
 
     id: str
-    name: str
+    name: str = field(compare=False)
     family: str
     hidden: int
     vocab: int
@@ -483,6 +483,8 @@ def _mtp_layer(layers: list, hidden: int) -> Layer:
 
 
 def _native_quant_from_config(cfg: Mapping) -> str:
+    if str(cfg.get("expert_dtype", "")).lower() == "fp4":
+        return "fp4"  # DeepSeek-V4: fp4 experts, fp8 elsewhere
     q = cfg.get("quantization_config") or {}
     method = str(q.get("quant_method", "")).lower()
     if method == "fp8":

@@ -111,7 +111,7 @@ def account(low, cfg, context, batch):
     if gpu <= cfg["n_gpus"] * cfg["gpu_capacity"] and host - spill <= cfg["host_capacity"]:
         if gpu > 0 and cfg["n_gpus"] > 0:
             fits |= 1
-        if host - spill - host_buffers > 0:
+        if host - spill - bc[BUF][HOST] > 0:
             fits |= 2
         if spill > 0:
             fits |= 4
