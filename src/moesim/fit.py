@@ -7,6 +7,7 @@ GPU; ktransformers: as many experts per layer on the GPU as fit; served runtimes
 from __future__ import annotations
 
 from . import quants as Q
+from ._search import largest_true
 from .errors import MoesimError
 from .hardware import Machine
 from .memory import MemoryResult, check_count, configure, default_kv_dtype, evaluate, lower, _result_from_arrays
@@ -23,21 +24,6 @@ def _eval(m: Model, low, machine: Machine, rt: Runtime, p: Placement, context: i
     return _result_from_arrays(evaluate(low, cfg), 0)
 
 
-def _largest_count(ok, lo: int, hi: int) -> int | None:
-    """Largest n in [lo, hi] with ok(n), assuming ok is true up to a point; None if ok(lo) is false."""
-    if not ok(lo):
-        return None
-    if ok(hi):
-        return hi
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if ok(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
 def auto_placement(m: Model, low, machine: Machine, rt: Runtime, context: int, batch: int, kv: str,
                    mtp: int = 0) -> Placement:
     """The placement the runtime's own fitting would choose (see module docstring)."""
@@ -50,7 +36,7 @@ def auto_placement(m: Model, low, machine: Machine, rt: Runtime, context: int, b
         return _eval(m, low, machine, rt, p, context, batch, kv, mtp).fits_bits != 0
 
     if rt.id == "ktransformers" and m.n_experts:
-        n = _largest_count(lambda k: fits(Placement("gpu-experts", k)), 0, m.n_experts)
+        n = largest_true(lambda k: fits(Placement("gpu-experts", k)), 0, m.n_experts)
         return Placement("gpu-experts", n) if n else Placement("experts-cpu")
     if fits(Placement("all-gpu")):
         return Placement("all-gpu")
@@ -59,10 +45,10 @@ def auto_placement(m: Model, low, machine: Machine, rt: Runtime, context: int, b
     L = m.n_layers
     if m.n_experts:
         # fewest layers whose experts go to host RAM: largest k with experts of layers >= L-k... on GPU
-        n_gpu_layers = _largest_count(lambda k: fits(Placement("n-cpu-moe", L - k)), 0, L)
+        n_gpu_layers = largest_true(lambda k: fits(Placement("n-cpu-moe", L - k)), 0, L)
         if n_gpu_layers is not None:
             return Placement("n-cpu-moe", L - n_gpu_layers) if n_gpu_layers < L else Placement("all-gpu")
-    k = _largest_count(lambda k: fits(Placement("layers-gpu", k)), 0, L)
+    k = largest_true(lambda k: fits(Placement("layers-gpu", k)), 0, L)
     if k:
         return Placement("layers-gpu", k)
     if fits(Placement("cpu-only")):

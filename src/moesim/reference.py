@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._search import largest_true
+
 N_CLASSES, N_TIERS = 11, 3
 ATT, ROUTER, SHARED, ROUTED, DENSE, EMBED, HEAD, MTP, KV, STATE, BUF = range(11)
 GPU, HOST, STORAGE = range(3)
@@ -122,28 +124,13 @@ def account(low, cfg, context, batch):
     return bc, tier, weights, kv_total, state_total, slope, fits
 
 
-def _largest(pred, lo, hi):
-    """Largest x in [lo, hi] with pred(x), for pred true up to some point and false after; lo-1 if none."""
-    if not pred(lo):
-        return lo - 1
-    if pred(hi):
-        return hi
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if pred(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
 def memory_one(low, cfg):
     ctx, b = cfg["context"], cfg["batch"]
-    max_ctx = _largest(lambda x: account(low, cfg, x, b)[6] != 0, 1, low.max_context)
+    max_ctx = largest_true(lambda x: account(low, cfg, x, b)[6] != 0, 1, low.max_context) or 0
     hi = 1
     while hi < 2**30 and account(low, cfg, ctx, hi)[6]:
         hi *= 2
-    max_b = _largest(lambda x: account(low, cfg, ctx, x)[6] != 0, 1, min(hi, 2**30))
+    max_b = largest_true(lambda x: account(low, cfg, ctx, x)[6] != 0, 1, min(hi, 2**30)) or 0
     bc, tier, weights, kv, state, slope, fits = account(low, cfg, ctx, b)
     return dict(by_class=bc, tier=tier, weights=weights, kv=kv, state=state, kv_bytes_per_token=slope, fits=fits,
                 max_context=max(0, max_ctx), max_batch=max(0, max_b))
