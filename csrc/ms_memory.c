@@ -176,12 +176,36 @@ static int32_t fits_at(const ms_model_t *m, const ms_mem_config_t *c, int64_t ct
     return account(m, c, ctx, b, scratch);
 }
 
+/* Closed form where memory is linear in context (no windows, no compression, no padding, no
+ * storage spill): each tier is a + s*C, so the boundary is min over tiers of (cap - a) / s.
+ * Returns 0 when the form does not apply; the caller verifies the candidate either way. */
+static int64_t linear_context_candidate(const ms_model_t *m, const ms_mem_config_t *c, int64_t b, ms_mem_result_t *s)
+{
+    double g1, h1, g2, h2, best = 1e300;
+    if (c->kv_granularity > 1 || c->storage_spill) return 0;
+    for (int32_t l = 0; l < m->n_layers; l++)
+        if (m->kv_cap[l] != 0 || m->kv_ratio[l] != 0) return 0;
+    account(m, c, 1, b, s);
+    g1 = s->tier[MS_TIER_GPU]; h1 = s->tier[MS_TIER_HOST];
+    account(m, c, 2, b, s);
+    g2 = s->tier[MS_TIER_GPU]; h2 = s->tier[MS_TIER_HOST];
+    if (g2 > g1) best = 1.0 + ((double) c->n_gpus * c->gpu_capacity - g1) / (g2 - g1);
+    if (h2 > h1) {
+        double hb = 1.0 + (c->host_capacity - h1) / (h2 - h1);
+        if (hb < best) best = hb;
+    }
+    if (!(best >= 1.0) || best > (double) m->max_context) return 0;
+    return (int64_t) floor(best);
+}
+
 /* Largest x in [lo, hi] with pred(x) true, given pred monotone (true then false); lo-1 if none. */
 static int64_t max_context_search(const ms_model_t *m, const ms_mem_config_t *c, int64_t b, ms_mem_result_t *s)
 {
-    int64_t lo = 1, hi = m->max_context;
+    int64_t lo = 1, hi = m->max_context, cand;
     if (!fits_at(m, c, lo, b, s)) return 0;
     if (fits_at(m, c, hi, b, s)) return hi;
+    cand = linear_context_candidate(m, c, b, s);
+    if (cand >= 1 && cand < hi && fits_at(m, c, cand, b, s) && !fits_at(m, c, cand + 1, b, s)) return cand;
     /* invariant: fits(lo) && !fits(hi) */
     while (hi - lo > 1) {
         int64_t mid = lo + (hi - lo) / 2;
