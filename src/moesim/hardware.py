@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from . import _catalog
 from .errors import MoesimError, unknown_id
@@ -248,6 +248,3 @@ def _storage(st) -> tuple:
     # Capacity: consumer drives hold the model file; treat storage as large enough (4 TB default).
     return float(info.get("rand_read_gbs", info.get("seq_read_gbs", 0.0))), float(info.get("capacity_bytes", 4e12))
 
-
-def with_overrides(m: Machine, **kw) -> Machine:
-    return replace(m, **kw)

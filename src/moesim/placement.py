@@ -92,7 +92,9 @@ def runtime_flags(p: Placement, runtime, model, machine, context: int, kv_dtype:
         elif p.kind == "cpu-only":
             flags.append("-ngl 0")
         elif p.kind == "gpu-experts":
-            flags += ["-ngl 999", f"-ot \"blk\\.[0-9]+\\.ffn_.*_exps\\.=CPU\"  # keep {p.arg} experts/layer on GPU: not expressible in llama.cpp"]
+            # llama.cpp cannot split one layer's stacked expert tensor; ktransformers can
+            flags += ["-ngl 999", "--cpu-moe", f"(llama.cpp has no per-expert split: {p.arg} GPU experts/layer "
+                      "needs ktransformers --kt-num-gpu-experts)"]
         flags.append(f"-c {context}")
         if batch > 1:
             flags.append(f"-np {batch}")
