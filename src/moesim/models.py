@@ -13,7 +13,7 @@ import copy
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Mapping
 
 from . import _catalog
 from .errors import MoesimError, unknown_id
