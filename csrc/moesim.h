@@ -16,6 +16,11 @@
 #define MS_ERR_BAD_CONTEXT     (-4)
 #define MS_ERR_BAD_CAPACITY    (-5)
 #define MS_ERR_NO_MEMORY       (-6)
+#define MS_ERR_BAD_ROUTING     (-7)
+#define MS_ERR_BAD_POLICY      (-8)
+#define MS_ERR_BAD_TRACE       (-9)
+#define MS_ERR_BAD_WORKSPACE   (-10)
+#define MS_ERR_BAD_MACHINE     (-11)
 
 const char *ms_strerror(int err);
 
@@ -94,5 +99,153 @@ int ms_memory(const ms_model_t *model, const ms_mem_config_t *cfg, ms_mem_result
  * Returns the first error code met (its index in *err_index), else 0. */
 int ms_memory_many(const ms_model_t *model, const ms_mem_config_t *cfgs, int64_t n,
                    ms_mem_result_t *out, int n_threads, int64_t *err_index);
+
+
+/* ================================================================ decode simulation
+ *
+ * One configuration = a lowered model (per-layer bytes and FLOPs at the measured context, where
+ * each layer's attention and routed experts live), a machine (effective bandwidths and FLOP rates,
+ * fixed latencies), a routing profile or a recorded trace, and a workload (batch, tokens per step,
+ * policy, seed). Monte Carlo walks `steps` decode steps with real cache state; the analytic path
+ * evaluates the same cost function on expected counts. Both fill ms_decode_result_t.
+ */
+
+/* ---- random numbers: xoshiro256** seeded through splitmix64 from (seed, a, b) so every
+ * configuration and sequence owns its stream (numpy.random style: state passed in). */
+typedef struct { uint64_t s[4]; } ms_rng_t;
+void ms_rng_init(ms_rng_t *rng, uint64_t seed, uint64_t a, uint64_t b);
+uint64_t ms_rng_next(ms_rng_t *rng);
+double ms_rng_uniform(ms_rng_t *rng);      /* in (0, 1), never 0 or 1 */
+double ms_rng_gumbel(ms_rng_t *rng);
+double ms_rng_normal(ms_rng_t *rng);
+double ms_rng_gamma(ms_rng_t *rng, double shape);
+
+/* Where a layer's routed experts are served from. */
+enum {
+    MS_EXP_NONE = 0,      /* dense layer: no routed experts */
+    MS_EXP_GPU,           /* all resident in GPU memory (or the unified pool) */
+    MS_EXP_CPU,           /* host RAM, computed on the CPU (llama.cpp -ot exps=CPU, ktransformers) */
+    MS_EXP_SPLIT,         /* `slots` hottest experts pinned on the GPU, the rest computed on the CPU */
+    MS_EXP_FETCH,         /* host RAM, copied to a GPU expert cache of `slots` experts on a miss */
+    MS_N_EXP_MODES
+};
+enum { MS_POLICY_LRU = 0, MS_POLICY_LFU, MS_POLICY_STATIC, MS_POLICY_BELADY, MS_N_POLICIES };
+enum { MS_MODE_MONTECARLO = 0, MS_MODE_ANALYTIC };
+
+/* Resources a step's time is attributed to (the term that set each max), and byte counters. */
+enum {
+    MS_RES_GPU_MEM = 0, MS_RES_GPU_COMPUTE, MS_RES_HOST_MEM, MS_RES_CPU_COMPUTE, MS_RES_PCIE,
+    MS_RES_STORAGE, MS_RES_LATENCY, MS_RES_INTERCONNECT, MS_N_RES
+};
+enum { MS_BYTES_GPU_MEM = 0, MS_BYTES_HOST_MEM, MS_BYTES_PCIE, MS_BYTES_STORAGE, MS_N_BYTES };
+/* Phases of a step (breakdown by phase). */
+enum {
+    MS_PHASE_ATTENTION = 0, MS_PHASE_EXPERTS, MS_PHASE_TRANSFER, MS_PHASE_SYNC, MS_PHASE_HEAD,
+    MS_PHASE_OVERHEAD, MS_N_PHASES
+};
+
+typedef struct {
+    int32_t n_layers;
+    /* per layer, all per step and per token at the measured context */
+    const double *attn_bytes;        /* attention + router + norms weights read once per step */
+    const double *attn_flops;        /* FLOPs per token for those weights (2 x params) */
+    const double *kv_bytes;          /* KV / state bytes read per sequence per step */
+    const double *score_flops;       /* attention-score FLOPs per token at this context */
+    const double *shared_bytes;      /* shared experts + dense FFN weights, read once per step */
+    const double *shared_flops;      /* their FLOPs per token */
+    const double *expert_bytes;      /* ONE routed expert's weights */
+    const double *expert_flops;      /* FLOPs per token through one routed expert */
+    const int32_t *attn_on_gpu;      /* 1: attention, shared and dense parts run on the GPU */
+    const int32_t *expert_mode;      /* MS_EXP_* */
+    const int32_t *slots;            /* GPU slots for SPLIT / FETCH layers */
+    const int32_t *page_slots;       /* host page-cache slots (experts) when weights spill to storage; >= E = none */
+    const int32_t *moe_index;        /* row in the routing tables, -1 for dense layers */
+    double head_bytes, head_flops;   /* lm_head (+ final norm), per step / per token */
+    int32_t head_on_gpu;
+    double draft_bytes, draft_flops; /* one speculative draft pass (MTP module), per step / per token */
+    double act_bytes;                /* activations crossing PCIe per token per CPU-expert layer (both ways) */
+    double allreduce_bytes;          /* per token per layer under tensor parallelism (0 = none) */
+} ms_decode_model_t;
+
+typedef struct {
+    double gpu_bw, host_bw, pcie_bw, storage_bw;  /* effective bytes/s (peak x efficiency) */
+    double gpu_flops, cpu_flops;                  /* effective FLOP/s */
+    double interconnect_bw;                       /* GPU-GPU bytes/s for all-reduce */
+    int32_t unified;                              /* 1: GPU and CPU draw on one memory pool */
+    int32_t overlap;                              /* 1: GPU and CPU experts of a layer run concurrently */
+    double launch_s;                              /* per GPU layer per step (kernel launches) */
+    double sync_s;                                /* per CPU-expert layer per step (GPU<->CPU handoff) */
+    double dma_s;                                 /* per demand transfer (expert copy) */
+    double allreduce_s;                           /* per layer per step under tensor parallelism */
+    double step_s;                                /* per step host overhead (sampling, scheduling) */
+} ms_machine_t;
+
+typedef struct {
+    int32_t n_layers;            /* MoE layers (rows) */
+    int32_t n_experts, top_k;
+    int32_t n_group, topk_group; /* group-limited routing; n_group <= 1 = off */
+    const double *log_pop;       /* [n_layers][n_experts] log global popularity (any constant offset) */
+    const double *stickiness;    /* [n_layers] per-slot probability of re-picking the previous token's expert */
+    const double *recall;        /* [n_layers] prefetch predictor recall for this layer (0 = none) */
+    const int32_t *hot;          /* [n_layers][n_experts] expert ids by descending popularity (static pinning) */
+    double concentration;        /* per-request Dirichlet beta (x E x g); <= 0 = no per-request skew */
+    int64_t request_tokens;      /* tokens per request before a fresh request starts (0 = never) */
+    /* Analytic path: per-token inclusion probabilities for n_scenarios request draws. */
+    int32_t n_scenarios;
+    const double *q;             /* [n_scenarios][n_layers][n_experts] */
+    /* Trace replay (Monte Carlo only): [trace_tokens][trace_layers][top_k] expert ids. */
+    const int32_t *trace;
+    int64_t trace_tokens;
+    int32_t trace_layers;
+} ms_routing_t;
+
+typedef struct {
+    int32_t batch;               /* concurrent sequences B */
+    int32_t tokens_per_step;     /* 1 + speculative drafts verified per step */
+    int32_t drafts;              /* draft passes per step (0 = none) */
+    double accepted;             /* accepted tokens per sequence per step */
+    int64_t steps, warmup;       /* simulated steps; the first `warmup` are not counted */
+    int32_t policy;              /* MS_POLICY_* */
+    int32_t mode;                /* MS_MODE_* */
+    uint64_t seed;
+    uint64_t index;              /* configuration index: part of every stream's seed */
+} ms_decode_config_t;
+
+typedef struct {
+    double step_mean, step_p50, step_p99;   /* seconds per step */
+    double accepted;                        /* tokens per sequence per step */
+    double hit_rate;                        /* GPU expert hits / loads in SPLIT and FETCH layers (-1: none) */
+    double page_hit_rate;                   /* host page-cache hits / host expert loads (-1: none) */
+    double distinct;                        /* distinct experts per MoE layer per step */
+    double reuse;                           /* fraction of a token's experts re-picked by its next token */
+    double by_resource[MS_N_RES];           /* seconds per step attributed to each resource */
+    double by_phase[MS_N_PHASES];           /* seconds per step by phase */
+    double bytes[MS_N_BYTES];               /* bytes moved per step */
+    double selections;                      /* expert selections sampled or replayed */
+} ms_decode_result_t;
+
+/* Bytes of workspace one configuration needs (per thread). */
+int64_t ms_decode_workspace_size(const ms_decode_model_t *m, const ms_routing_t *r, const ms_decode_config_t *c);
+
+int ms_decode(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_routing_t *r,
+              const ms_decode_config_t *c, void *workspace, int64_t workspace_bytes, ms_decode_result_t *out);
+
+/* n configurations sharing model, machine and routing; per-thread workspace of ws_bytes each. */
+int ms_decode_many(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_routing_t *r,
+                   const ms_decode_config_t *cfgs, int64_t n, ms_decode_result_t *out, int n_threads,
+                   void *workspace, int64_t ws_bytes, int64_t *err_index);
+
+/* Sample the routing only (Monte Carlo config c): writes every token's picks to tokens_out
+ * [steps][batch][tokens_per_step][n_layers][top_k]. Workspace as ms_decode_workspace_size. */
+int ms_route_sample(const ms_routing_t *r, const ms_decode_config_t *c, int32_t *tokens_out, void *workspace,
+                    int64_t workspace_bytes);
+
+/* Replay a routing sequence through one per-layer cache: hits / accesses per layer. `sel` is
+ * [n_steps][n_layers][width] with `nsel` [n_steps][n_layers] valid entries (a step's distinct experts).
+ * Workspace: ms_cache_workspace_size(...) bytes. */
+int64_t ms_cache_workspace_size(int32_t n_experts, int32_t n_layers, int64_t n_steps, int32_t width);
+int ms_cache_replay(const int32_t *sel, const int32_t *nsel, int64_t n_steps, int32_t n_layers, int32_t width,
+                    int32_t n_experts, int32_t capacity, int32_t policy, const int32_t *hot, int64_t warmup,
+                    void *workspace, int64_t workspace_bytes, double *hits, double *accesses);
 
 #endif

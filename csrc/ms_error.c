@@ -11,6 +11,11 @@ const char *ms_strerror(int err)
     case MS_ERR_BAD_CONTEXT: return "context must be at least 1 token";
     case MS_ERR_BAD_CAPACITY: return "a capacity or bytes-per-element value was negative or not finite";
     case MS_ERR_NO_MEMORY: return "out of memory";
+    case MS_ERR_BAD_ROUTING: return "routing profile out of range (experts, top-k, groups or probabilities)";
+    case MS_ERR_BAD_POLICY: return "unknown cache policy, or a policy the analytic path cannot evaluate";
+    case MS_ERR_BAD_TRACE: return "trace expert id out of range or trace too short";
+    case MS_ERR_BAD_WORKSPACE: return "workspace smaller than ms_decode_workspace_size()";
+    case MS_ERR_BAD_MACHINE: return "a bandwidth or FLOP rate was not positive";
     default: return "unknown moesim error";
     }
 }

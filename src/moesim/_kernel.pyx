@@ -160,3 +160,210 @@ def memory_many(low, dict cols, int n_threads):
         free(res)
     return code, bad, dict(by_class=by_class, tier=tier, weights=weights, kv=kv, state=state,
                            kv_bytes_per_token=slope, fits=fits, max_context=max_context, max_batch=max_batch)
+
+
+# ------------------------------------------------------------------------------------ decode
+DECODE_MODEL_F64 = ("attn_bytes", "attn_flops", "kv_bytes", "score_flops", "shared_bytes", "shared_flops",
+                    "expert_bytes", "expert_flops")
+DECODE_MODEL_I32 = ("attn_on_gpu", "expert_mode", "slots", "page_slots", "moe_index")
+
+
+cdef void *_ptr(dict keep, str name, value, dtype):
+    """Contiguous copy of value kept alive in `keep`; returns its data pointer."""
+    arr = np.ascontiguousarray(value, dtype=dtype)
+    if arr.size == 0:
+        arr = np.zeros(1, dtype=dtype)
+    keep[name] = arr
+    return cnp.PyArray_DATA(arr)
+
+
+cdef void _fill_decode_model(ms_decode_model_t *m, dict dm, dict keep):
+    m.n_layers = <int32_t> len(dm["attn_bytes"])
+    m.attn_bytes = <double *> _ptr(keep, "attn_bytes", dm["attn_bytes"], np.float64)
+    m.attn_flops = <double *> _ptr(keep, "attn_flops", dm["attn_flops"], np.float64)
+    m.kv_bytes = <double *> _ptr(keep, "kv_bytes", dm["kv_bytes"], np.float64)
+    m.score_flops = <double *> _ptr(keep, "score_flops", dm["score_flops"], np.float64)
+    m.shared_bytes = <double *> _ptr(keep, "shared_bytes", dm["shared_bytes"], np.float64)
+    m.shared_flops = <double *> _ptr(keep, "shared_flops", dm["shared_flops"], np.float64)
+    m.expert_bytes = <double *> _ptr(keep, "expert_bytes", dm["expert_bytes"], np.float64)
+    m.expert_flops = <double *> _ptr(keep, "expert_flops", dm["expert_flops"], np.float64)
+    m.attn_on_gpu = <int32_t *> _ptr(keep, "attn_on_gpu", dm["attn_on_gpu"], np.int32)
+    m.expert_mode = <int32_t *> _ptr(keep, "expert_mode", dm["expert_mode"], np.int32)
+    m.slots = <int32_t *> _ptr(keep, "slots", dm["slots"], np.int32)
+    m.page_slots = <int32_t *> _ptr(keep, "page_slots", dm["page_slots"], np.int32)
+    m.moe_index = <int32_t *> _ptr(keep, "moe_index", dm["moe_index"], np.int32)
+    m.head_bytes = dm["head_bytes"]
+    m.head_flops = dm["head_flops"]
+    m.head_on_gpu = dm["head_on_gpu"]
+    m.draft_bytes = dm["draft_bytes"]
+    m.draft_flops = dm["draft_flops"]
+    m.act_bytes = dm["act_bytes"]
+    m.allreduce_bytes = dm["allreduce_bytes"]
+
+
+cdef void _fill_machine(ms_machine_t *h, dict hw):
+    h.gpu_bw = hw["gpu_bw"]; h.host_bw = hw["host_bw"]; h.pcie_bw = hw["pcie_bw"]
+    h.storage_bw = hw["storage_bw"]; h.gpu_flops = hw["gpu_flops"]; h.cpu_flops = hw["cpu_flops"]
+    h.interconnect_bw = hw["interconnect_bw"]; h.unified = hw["unified"]; h.overlap = hw["overlap"]
+    h.launch_s = hw["launch_s"]; h.sync_s = hw["sync_s"]; h.dma_s = hw["dma_s"]
+    h.allreduce_s = hw["allreduce_s"]; h.step_s = hw["step_s"]
+
+
+cdef void _fill_routing(ms_routing_t *r, dict rt, dict keep):
+    E = max(1, int(rt["n_experts"]))
+    L = max(1, int(rt["n_layers"]))
+    r.n_layers = rt["n_layers"]
+    r.n_experts = rt["n_experts"]
+    r.top_k = rt["top_k"]
+    r.n_group = rt.get("n_group", 0)
+    r.topk_group = rt.get("topk_group", 0)
+    r.log_pop = <double *> _ptr(keep, "log_pop", rt.get("log_pop", np.zeros((L, E))), np.float64)
+    r.stickiness = <double *> _ptr(keep, "stickiness", rt.get("stickiness", np.zeros(L)), np.float64)
+    r.recall = <double *> _ptr(keep, "recall", rt.get("recall", np.zeros(L)), np.float64)
+    r.hot = <int32_t *> _ptr(keep, "hot", rt.get("hot", np.tile(np.arange(E), (L, 1))), np.int32)
+    r.concentration = rt.get("concentration", 0.0)
+    r.request_tokens = rt.get("request_tokens", 0)
+    q = np.asarray(rt.get("q", np.zeros((1, L, E))))
+    r.n_scenarios = q.shape[0]
+    r.q = <double *> _ptr(keep, "q", q, np.float64)
+    r.trace = NULL
+    r.trace_tokens = 0
+    r.trace_layers = 0
+    trace = rt.get("trace")
+    if trace is not None:
+        r.trace = <int32_t *> _ptr(keep, "trace", trace, np.int32)
+        r.trace_tokens = trace.shape[0]
+        r.trace_layers = trace.shape[1]
+
+
+cdef void _fill_config(ms_decode_config_t *c, dict cols, Py_ssize_t i):
+    c.batch = int(cols["batch"][i])
+    c.tokens_per_step = int(cols["tokens_per_step"][i])
+    c.drafts = int(cols["drafts"][i])
+    c.accepted = float(cols["accepted"][i])
+    c.steps = int(cols["steps"][i])
+    c.warmup = int(cols["warmup"][i])
+    c.policy = int(cols["policy"][i])
+    c.mode = int(cols["mode"][i])
+    c.seed = int(cols["seed"][i]) & 0xFFFFFFFFFFFFFFFF
+    c.index = int(cols["index"][i]) & 0xFFFFFFFFFFFFFFFF
+
+
+def decode_many(dict dm, dict hw, dict rt, dict cols, int n_threads):
+    """Run len(cols['batch']) decode configurations; returns (code, bad_index, result arrays)."""
+    cdef ms_decode_model_t m
+    cdef ms_machine_t mach
+    cdef ms_routing_t r
+    keep = {}
+    _fill_decode_model(&m, dm, keep)
+    _fill_machine(&mach, hw)
+    _fill_routing(&r, rt, keep)
+    cdef Py_ssize_t n = len(cols["batch"]), i
+    cdef ms_decode_config_t *cfg = <ms_decode_config_t *> malloc(max(n, 1) * sizeof(ms_decode_config_t))
+    cdef ms_decode_result_t *res = <ms_decode_result_t *> malloc(max(n, 1) * sizeof(ms_decode_result_t))
+    if cfg == NULL or res == NULL:
+        free(cfg); free(res)
+        raise MemoryError()
+    cdef int64_t ws_bytes = 64, w
+    for i in range(n):
+        _fill_config(&cfg[i], cols, i)
+        w = ms_decode_workspace_size(&m, &r, &cfg[i])
+        if w > ws_bytes:
+            ws_bytes = w
+    cdef int nt = max(1, n_threads if _HAVE_OPENMP else 1)
+    ws_bytes = (ws_bytes + 63) // 64 * 64
+    cdef char *ws = <char *> malloc(ws_bytes * nt)
+    if ws == NULL:
+        free(cfg); free(res)
+        raise MemoryError()
+    cdef int code = 0, k
+    cdef int64_t bad = -1
+    names = ("step_mean", "step_p50", "step_p99", "accepted", "hit_rate", "page_hit_rate", "distinct", "reuse",
+             "selections")
+    out = {name: np.empty(n) for name in names}
+    by_res = np.empty((n, 8)); by_phase = np.empty((n, 6)); nbytes = np.empty((n, 4))
+    try:
+        with nogil:
+            code = ms_decode_many(&m, &mach, &r, cfg, n, res, nt, ws, ws_bytes, &bad)
+        if code == 0:
+            for i in range(n):
+                out["step_mean"][i] = res[i].step_mean
+                out["step_p50"][i] = res[i].step_p50
+                out["step_p99"][i] = res[i].step_p99
+                out["accepted"][i] = res[i].accepted
+                out["hit_rate"][i] = res[i].hit_rate
+                out["page_hit_rate"][i] = res[i].page_hit_rate
+                out["distinct"][i] = res[i].distinct
+                out["reuse"][i] = res[i].reuse
+                out["selections"][i] = res[i].selections
+                for k in range(8):
+                    by_res[i, k] = res[i].by_resource[k]
+                for k in range(6):
+                    by_phase[i, k] = res[i].by_phase[k]
+                for k in range(4):
+                    nbytes[i, k] = res[i].bytes[k]
+    finally:
+        free(cfg); free(res); free(ws)
+    out["by_resource"] = by_res
+    out["by_phase"] = by_phase
+    out["bytes"] = nbytes
+    return code, bad, out
+
+
+def route_sample(dict rt, dict cols):
+    """Token-level picks [steps, batch, tokens_per_step, layers, k] of one Monte Carlo configuration."""
+    cdef ms_routing_t r
+    cdef ms_decode_config_t c
+    cdef ms_decode_model_t m
+    keep = {}
+    _fill_routing(&r, rt, keep)
+    _fill_config(&c, cols, 0)
+    shape = (c.steps, c.batch, c.tokens_per_step, r.n_layers, r.top_k)
+    out = np.empty(shape, dtype=np.int32)
+    cdef int32_t[::1] v_out = out.reshape(-1)
+    # workspace as for a one-layer dense model (the sampler needs only the routing buffers)
+    dz = {"attn_bytes": [0.0], "attn_flops": [0.0], "kv_bytes": [0.0], "score_flops": [0.0],
+          "shared_bytes": [0.0], "shared_flops": [0.0], "expert_bytes": [0.0], "expert_flops": [0.0],
+          "attn_on_gpu": [0], "expert_mode": [0], "slots": [0], "page_slots": [0], "moe_index": [-1],
+          "head_bytes": 0.0, "head_flops": 0.0, "head_on_gpu": 0, "draft_bytes": 0.0, "draft_flops": 0.0,
+          "act_bytes": 0.0, "allreduce_bytes": 0.0}
+    _fill_decode_model(&m, dz, keep)
+    cdef int64_t wsb = ms_decode_workspace_size(&m, &r, &c)
+    cdef char *ws = <char *> malloc(max(wsb, 64))
+    cdef int code
+    if ws == NULL:
+        raise MemoryError()
+    try:
+        with nogil:
+            code = ms_route_sample(&r, &c, &v_out[0], ws, wsb)
+    finally:
+        free(ws)
+    return code, out
+
+
+def cache_replay(sel, nsel, int n_experts, int capacity, int policy, hot, long long warmup):
+    """Per-layer (hits, accesses) of one cache replaying step unions sel [T, L, W] / nsel [T, L]."""
+    s = np.ascontiguousarray(sel, dtype=np.int32)
+    ns = np.ascontiguousarray(nsel, dtype=np.int32)
+    cdef int64_t T = s.shape[0]
+    cdef int32_t L = s.shape[1], W = s.shape[2]
+    keep = {}
+    cdef int32_t *p_s = <int32_t *> _ptr(keep, "s", s, np.int32)
+    cdef int32_t *p_n = <int32_t *> _ptr(keep, "n", ns, np.int32)
+    cdef int32_t *p_h = <int32_t *> _ptr(keep, "h", hot if hot is not None else np.tile(np.arange(n_experts), (L, 1)),
+                                         np.int32)
+    hits = np.zeros(L)
+    acc = np.zeros(L)
+    cdef double[::1] v_hits = hits, v_acc = acc
+    cdef int64_t wsb = ms_cache_workspace_size(n_experts, L, T, W)
+    cdef char *ws = <char *> malloc(max(wsb, 64))
+    cdef int code
+    if ws == NULL:
+        raise MemoryError()
+    try:
+        with nogil:
+            code = ms_cache_replay(p_s, p_n, T, L, W, n_experts, capacity, policy, p_h, warmup, ws, wsb,
+                                   &v_hits[0], &v_acc[0])
+    finally:
+        free(ws)
+    return code, hits, acc

@@ -156,3 +156,559 @@ def memory_many(low, cols):
         "max_context": np.array(out["max_context"], dtype=np.int64),
         "max_batch": np.array(out["max_batch"], dtype=np.int64),
     }
+
+
+# ================================================================================ decode
+# Mirrors csrc/ms_rng.c, ms_cache.c and ms_decode.c: same streams, same order of draws, same cost.
+import math  # noqa: E402
+from functools import cmp_to_key  # noqa: E402
+
+M64 = (1 << 64) - 1
+EXP_NONE, EXP_GPU, EXP_CPU, EXP_SPLIT, EXP_FETCH = range(5)
+LRU, LFU, STATIC, BELADY = range(4)
+R_GPU_MEM, R_GPU_FLOPS, R_HOST_MEM, R_CPU_FLOPS, R_PCIE, R_STORAGE, R_LATENCY, R_NET = range(8)
+B_GPU, B_HOST, B_PCIE, B_STORAGE = range(4)
+P_ATT, P_EXP, P_XFER, P_SYNC, P_HEAD, P_OVER = range(6)
+
+
+class Rng:
+    """xoshiro256** seeded through splitmix64 from (seed, a, b)."""
+
+    def __init__(self, seed, a, b):
+        x = seed & M64
+        x, z = self._sm(x)
+        x = z ^ (a & M64)
+        x, z = self._sm(x)
+        x = z ^ (b & M64)
+        s = []
+        for _ in range(4):
+            x, z = self._sm(x)
+            s.append(z)
+        self.s = s
+
+    @staticmethod
+    def _sm(x):
+        x = (x + 0x9E3779B97F4A7C15) & M64
+        z = x
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
+        return x, z ^ (z >> 31)
+
+    def next(self):
+        s = self.s
+        rotl = lambda v, k: ((v << k) | (v >> (64 - k))) & M64  # noqa: E731
+        result = (rotl((s[1] * 5) & M64, 7) * 9) & M64
+        t = (s[1] << 17) & M64
+        s[2] ^= s[0]
+        s[3] ^= s[1]
+        s[1] ^= s[2]
+        s[0] ^= s[3]
+        s[2] ^= t
+        s[3] = rotl(s[3], 45)
+        return result
+
+    def uniform(self):
+        return ((self.next() >> 11) + 0.5) * (1.0 / 9007199254740992.0)
+
+    def gumbel(self):
+        return -math.log(-math.log(self.uniform()))
+
+    def normal(self):
+        u1 = self.uniform()
+        u2 = self.uniform()
+        return math.sqrt(-2.0 * math.log(u1)) * math.cos(6.283185307179586 * u2)
+
+    def gamma(self, shape):
+        boost = 1.0
+        if shape < 1.0:
+            boost = math.pow(self.uniform(), 1.0 / shape)
+            shape += 1.0
+        d = shape - 1.0 / 3.0
+        c = 1.0 / math.sqrt(9.0 * d)
+        while True:
+            x = self.normal()
+            v = 1.0 + c * x
+            if v <= 0.0:
+                continue
+            v = v * v * v
+            u = self.uniform()
+            if u < 1.0 - 0.0331 * x * x * x * x:
+                return d * v * boost
+            if math.log(u) < 0.5 * x * x + d * (1.0 - v + math.log(v)):
+                return d * v * boost
+
+
+class Cache:
+    """One per-layer expert cache (LRU, LFU, static pinning, Belady)."""
+
+    def __init__(self, n_experts, capacity, policy, hot):
+        self.capacity = min(capacity, n_experts)
+        self.policy = policy
+        self.slots = []              # expert per slot, in slot order
+        self.freq = [0.0] * n_experts
+        self.last = [-1.0] * n_experts
+        self.next_use = [0.0] * n_experts
+        if policy == STATIC:
+            self.slots = [int(e) for e in hot[:self.capacity]]
+        self.resident = set(self.slots)
+
+    def access(self, e, tick, next_use):
+        hit = e in self.resident
+        self.freq[e] += 1.0
+        self.last[e] = tick
+        self.next_use[e] = next_use
+        if hit or self.policy == STATIC or self.capacity == 0:
+            return hit
+        if len(self.slots) < self.capacity:
+            self.slots.append(e)
+        else:
+            best = 0
+            for i in range(1, len(self.slots)):
+                a, b = self.slots[i], self.slots[best]
+                if self.policy == LFU:
+                    if self.freq[a] < self.freq[b] or (self.freq[a] == self.freq[b] and self.last[a] < self.last[b]):
+                        best = i
+                elif self.policy == BELADY:
+                    if self.next_use[a] > self.next_use[b]:
+                        best = i
+                elif self.last[a] < self.last[b]:
+                    best = i
+            self.resident.discard(self.slots[best])
+            self.slots[best] = e
+        self.resident.add(e)
+        return False
+
+
+def next_use(sel, n_steps, n_layers):
+    """nu[t][l][j]: the step at which sel[t][l][j] is next used in layer l (n_steps if never)."""
+    nu = [[None] * n_layers for _ in range(n_steps)]
+    for l in range(n_layers):
+        last = {}
+        for t in range(n_steps - 1, -1, -1):
+            nu[t][l] = [last.get(e, n_steps) for e in sel[t][l]]
+            for e in sel[t][l]:
+                last[e] = t
+    return nu
+
+
+def _route_token(rt, lw, prev, p, rng, E, K):
+    """One token's top-k: kept experts of the previous token, then Gumbel-top-k (group-limited)."""
+    out = [e for e in prev if rng.uniform() < p]
+    score = [lw[e] + rng.gumbel() for e in range(E)]
+    allowed = [True] * E
+    G, TG = rt.get("n_group", 0), rt.get("topk_group", 0)
+    if G > 1 and TG < G:
+        per = E // G
+        gscore = []
+        for g in range(G):
+            top = sorted(score[g * per:(g + 1) * per], reverse=True)
+            gscore.append(top[0] + (top[1] if per > 1 else 0.0))
+        picked = []
+        for e in out:
+            if e // per not in picked:
+                picked.append(e // per)
+        while len(picked) < TG:
+            best = max((g for g in range(G) if g not in picked), key=lambda g: (gscore[g], -g))
+            picked.append(best)
+        allowed = [e // per in picked for e in range(E)]
+    chosen = set(out)
+    while len(out) < K:
+        best = -1
+        for e in range(E):
+            if not allowed[e] or e in chosen:
+                continue
+            if best < 0 or score[e] > score[best]:
+                best = e
+        out.append(best)
+        chosen.add(best)
+    overlap = sum(1 for e in prev if e in chosen) if prev else -1
+    return out, overlap
+
+
+def route(rt, c):
+    """(sel, cnt, reuse_num, reuse_den, selections, tokens): step unions [T][L] lists of the
+    Monte Carlo configuration c, and each token's picks [T][B][tps][L]."""
+    L, E, K, B, tps, T = rt["n_layers"], rt["n_experts"], rt["top_k"], c["batch"], c["tokens_per_step"], c["steps"]
+    trace = rt.get("trace")
+    conc = rt.get("concentration", 0.0)
+    req_tokens = rt.get("request_tokens", 0)
+    log_pop = rt.get("log_pop")
+    prev = [[[] for _ in range(L)] for _ in range(B)]
+    logw = [None] * B
+    tok_in_req = [0] * B
+    trace_pos = [(len(trace) * b) // B if trace is not None else 0 for b in range(B)]
+    sel = [[[] for _ in range(L)] for _ in range(T)]
+    cnt = [[[] for _ in range(L)] for _ in range(T)]
+    picks_all = [[[[None] * L for _ in range(tps)] for _ in range(B)] for _ in range(T)]
+    rnum = rden = selections = 0.0
+    if L == 0:
+        return sel, cnt, 0.0, 0.0, 0.0, picks_all
+    for t in range(T):
+        pos = [dict() for _ in range(L)]
+        for b in range(B):
+            rng = Rng(c["seed"], c["index"], (b << 32) ^ t)
+            for j in range(tps):
+                tp = 0
+                if trace is not None:
+                    tp = trace_pos[b] % len(trace)
+                    trace_pos[b] = tp + 1
+                elif tok_in_req[b] == 0 or (req_tokens > 0 and tok_in_req[b] >= req_tokens):
+                    rows = []
+                    for l in range(L):
+                        prev[b][l] = []
+                        lp = [float(x) for x in log_pop[l]]
+                        if conc <= 0.0:
+                            rows.append(lp)
+                            continue
+                        mx = max(lp)
+                        z = sum(math.exp(x - mx) for x in lp)
+                        row = []
+                        for e in range(E):
+                            x = rng.gamma(conc * E * (math.exp(lp[e] - mx) / z))
+                            row.append(math.log(x if x > 1e-300 else 1e-300))
+                        rows.append(row)
+                    logw[b] = rows
+                    tok_in_req[b] = 0
+                tok_in_req[b] += 1
+                for l in range(L):
+                    if trace is not None:
+                        picks = [int(e) for e in trace[tp][l % trace.shape[1]]]
+                        ov = sum(1 for e in prev[b][l] if e in set(picks)) if prev[b][l] else -1
+                    else:
+                        picks, ov = _route_token(rt, logw[b][l], prev[b][l], float(rt["stickiness"][l]), rng, E, K)
+                    prev[b][l] = picks
+                    picks_all[t][b][j][l] = picks
+                    if ov >= 0 and t >= c["warmup"]:
+                        rnum += ov
+                        rden += K
+                    selections += K
+                    for e in picks:
+                        if e in pos[l]:
+                            cnt[t][l][pos[l][e]] += 1
+                        else:
+                            pos[l][e] = len(sel[t][l])
+                            sel[t][l].append(e)
+                            cnt[t][l].append(1)
+    return sel, cnt, rnum, rden, selections, picks_all
+
+
+def _layer_time(dm, hw, l, w, seqs, toks, acc):
+    def put(r, ph, t):
+        acc["res"][r] += t
+        acc["phase"][ph] += t
+
+    def argmax(terms):
+        best = terms[0]
+        for t in terms[1:]:
+            if t[0] > best[0]:
+                best = t
+        return best
+
+    total = 0.0
+    nbytes = dm["attn_bytes"][l] + dm["shared_bytes"][l] + seqs * dm["kv_bytes"][l]
+    flops = toks * (dm["attn_flops"][l] + dm["score_flops"][l] + dm["shared_flops"][l])
+    if dm["attn_on_gpu"][l]:
+        ta, r = argmax([(nbytes / hw["gpu_bw"], R_GPU_MEM), (flops / hw["gpu_flops"], R_GPU_FLOPS)])
+        acc["bytes"][B_GPU] += nbytes
+    else:
+        ta, r = argmax([(nbytes / hw["host_bw"], R_HOST_MEM), (flops / hw["cpu_flops"], R_CPU_FLOPS)])
+        acc["bytes"][B_HOST] += nbytes
+    put(r, P_ATT, ta)
+    total += ta
+    if dm["attn_on_gpu"][l] and hw["launch_s"] > 0:
+        put(R_LATENCY, P_SYNC, hw["launch_s"])
+        total += hw["launch_s"]
+    if dm["allreduce_bytes"] > 0 and dm["attn_on_gpu"][l]:
+        tr = hw["allreduce_s"] + toks * dm["allreduce_bytes"] / hw["interconnect_bw"]
+        put(R_NET, P_XFER, tr)
+        total += tr
+    if dm["expert_mode"][l] == EXP_NONE:
+        return total
+    eb, ef = dm["expert_bytes"][l], dm["expert_flops"][l]
+    g_bytes, c_bytes = w["n_res"] * eb, w["n_cpu"] * eb
+    demand = (w["n_fetch"] - w["n_pref"]) * eb
+    tg_mem, tg_fl = g_bytes / hw["gpu_bw"], w["pairs_gpu"] * ef / hw["gpu_flops"]
+    t_g, r_g = max(tg_mem, tg_fl), (R_GPU_MEM if tg_mem >= tg_fl else R_GPU_FLOPS)
+    tc_mem, tc_fl = c_bytes / hw["host_bw"], w["pairs_cpu"] * ef / hw["cpu_flops"]
+    t_c, r_c = max(tc_mem, tc_fl), (R_HOST_MEM if tc_mem >= tc_fl else R_CPU_FLOPS)
+    t_p = demand / hw["pcie_bw"]
+    t_h = (c_bytes + demand) / hw["host_bw"]
+    t_s = w["n_disk"] * eb / hw["storage_bw"]
+    acc["bytes"][B_GPU] += g_bytes
+    acc["bytes"][B_HOST] += c_bytes + (w["n_fetch"] + w["n_waste"]) * eb
+    acc["bytes"][B_PCIE] += (w["n_fetch"] + w["n_waste"]) * eb
+    acc["bytes"][B_STORAGE] += w["n_disk"] * eb
+    if hw["overlap"]:
+        te, r = argmax([(t_g, r_g), (t_c, r_c), (t_p, R_PCIE), (t_h, R_HOST_MEM), (t_s, R_STORAGE),
+                        ((g_bytes + c_bytes) / hw["gpu_bw"] if hw["unified"] else 0.0, R_GPU_MEM)])
+        put(r, P_XFER if r == R_PCIE else P_EXP, te)
+    else:
+        tcpu, r = argmax([(t_c, r_c), (t_h, R_HOST_MEM), (t_s, R_STORAGE)])
+        put(r, P_EXP, tcpu)
+        put(r_g, P_EXP, t_g)
+        put(R_PCIE, P_XFER, t_p)
+        te = tcpu + t_g + t_p
+        if hw["unified"] and (g_bytes + c_bytes) / hw["gpu_bw"] > t_g + tcpu:
+            extra = (g_bytes + c_bytes) / hw["gpu_bw"] - (t_g + tcpu)
+            put(R_GPU_MEM, P_EXP, extra)
+            te += extra
+    total += te
+    if w["n_cpu"] > 0:
+        tact = toks * dm["act_bytes"] / hw["pcie_bw"]
+        put(R_LATENCY, P_SYNC, hw["sync_s"])
+        put(R_PCIE, P_XFER, tact)
+        acc["bytes"][B_PCIE] += toks * dm["act_bytes"]
+        total += hw["sync_s"] + tact
+    if w["n_fetch"] - w["n_pref"] > 0 and hw["dma_s"] > 0:
+        td = (w["n_fetch"] - w["n_pref"]) * hw["dma_s"]
+        put(R_LATENCY, P_SYNC, td)
+        total += td
+    return total
+
+
+def _step_time(dm, hw, c, work, acc):
+    seqs, toks = float(c["batch"]), float(c["batch"] * c["tokens_per_step"])
+    n = len(dm["attn_bytes"])
+    lt = [_layer_time(dm, hw, l, work[l], seqs, toks, acc) for l in range(n)]
+    for l in range(1, n):
+        w = work[l]
+        if w["n_pref"] + w["n_waste"] <= 0:
+            continue
+        bg = (w["n_pref"] + w["n_waste"]) * dm["expert_bytes"][l] / hw["pcie_bw"]
+        if bg > lt[l - 1]:
+            acc["res"][R_PCIE] += bg - lt[l - 1]
+            acc["phase"][P_XFER] += bg - lt[l - 1]
+            lt[l - 1] = bg
+    on_gpu = dm["head_on_gpu"]
+    bw = hw["gpu_bw"] if on_gpu else hw["host_bw"]
+    fl = hw["gpu_flops"] if on_gpu else hw["cpu_flops"]
+    rm, rf = (R_GPU_MEM, R_GPU_FLOPS) if on_gpu else (R_HOST_MEM, R_CPU_FLOPS)
+    th_m, th_f = dm["head_bytes"] / bw, toks * dm["head_flops"] / fl
+    fixed = th_m if th_m >= th_f else th_f
+    acc["res"][rm if th_m >= th_f else rf] += fixed
+    acc["phase"][P_HEAD] += fixed
+    acc["bytes"][B_GPU if on_gpu else B_HOST] += dm["head_bytes"]
+    if c["drafts"] > 0:
+        dm_t, df_t = dm["draft_bytes"] / bw, seqs * dm["draft_flops"] / fl
+        td = c["drafts"] * (dm_t if dm_t >= df_t else df_t)
+        acc["res"][rm if dm_t >= df_t else rf] += td
+        acc["phase"][P_HEAD] += td
+        acc["bytes"][B_GPU if on_gpu else B_HOST] += c["drafts"] * dm["draft_bytes"]
+        fixed += td
+    if hw["step_s"] > 0:
+        acc["res"][R_LATENCY] += hw["step_s"]
+        acc["phase"][P_OVER] += hw["step_s"]
+        fixed += hw["step_s"]
+    return fixed + sum(lt)
+
+
+def _new_acc():
+    return {"res": [0.0] * 8, "phase": [0.0] * 6, "bytes": [0.0] * 4}
+
+
+def _zero_work():
+    return dict(n_res=0.0, n_cpu=0.0, n_fetch=0.0, n_pref=0.0, n_waste=0.0, n_disk=0.0, pairs_gpu=0.0,
+                pairs_cpu=0.0)
+
+
+def decode_montecarlo(dm, hw, rt, c):
+    n = len(dm["attn_bytes"])
+    L, E = rt["n_layers"], max(1, rt["n_experts"])
+    sel, cnt, rnum, rden, selections, _ = route(rt, c)
+    T, warm, policy = c["steps"], c["warmup"], c["policy"]
+    nu = next_use(sel, T, L) if policy == BELADY else None
+    hot = rt.get("hot")
+    recall = rt.get("recall")
+    gpu_c, page_c = {}, {}
+    for i in range(n):
+        l, mode = int(dm["moe_index"][i]), int(dm["expert_mode"][i])
+        if l < 0:
+            continue
+        cap = int(dm["slots"][i]) if mode in (EXP_SPLIT, EXP_FETCH) else 0
+        gpu_c[l] = Cache(E, cap, STATIC if mode == EXP_SPLIT else policy, hot[l])
+        page_c[l] = Cache(E, int(dm["page_slots"][i]), LRU, hot[l])
+    prng = Rng(c["seed"], c["index"], M64)
+    acc = _new_acc()
+    times = []
+    hits = loads = phits = ploads = distinct = 0.0
+    for t in range(T):
+        step_acc = acc if t >= warm else _new_acc()
+        W = min(E, c["batch"] * c["tokens_per_step"] * rt["top_k"])
+        tick = float(t * W)
+        work = []
+        for i in range(n):
+            w = _zero_work()
+            work.append(w)
+            l, mode = int(dm["moe_index"][i]), int(dm["expert_mode"][i])
+            if l < 0 or mode == EXP_NONE:
+                continue
+            if t >= warm:
+                distinct += len(sel[t][l])
+            for j, e in enumerate(sel[t][l]):
+                pairs = float(cnt[t][l][j])
+                nxt = float(nu[t][l][j]) if nu is not None else 0.0
+                on_gpu = host_read = False
+                if mode == EXP_GPU:
+                    on_gpu = True
+                elif mode == EXP_CPU:
+                    host_read = True
+                else:
+                    hit = gpu_c[l].access(e, tick + j, nxt)
+                    if t >= warm:
+                        hits += hit
+                        loads += 1
+                    if hit:
+                        on_gpu = True
+                    elif mode == EXP_FETCH:
+                        on_gpu = host_read = True
+                        w["n_fetch"] += 1
+                        if recall[l] > 0 and i > 0 and prng.uniform() < recall[l]:
+                            w["n_pref"] += 1
+                    else:
+                        host_read = True
+                if on_gpu:
+                    w["n_res"] += 1
+                    w["pairs_gpu"] += pairs
+                if host_read and mode != EXP_FETCH:
+                    w["n_cpu"] += 1
+                    w["pairs_cpu"] += pairs
+                if host_read and dm["page_slots"][i] < E:
+                    ph = page_c[l].access(e, tick + j, 0.0)
+                    if t >= warm:
+                        phits += ph
+                        ploads += 1
+                    if not ph:
+                        w["n_disk"] += 1
+            if recall[l] > 0 and i > 0:
+                w["n_waste"] = w["n_fetch"] - w["n_pref"]
+        st = _step_time(dm, hw, c, work, step_acc)
+        if t >= warm:
+            times.append(st)
+    k = len(times)
+    srt = sorted(times)
+    n_moe = sum(1 for i in range(n) if dm["moe_index"][i] >= 0 and dm["expert_mode"][i] != EXP_NONE)
+    return dict(step_mean=sum(times) / k, step_p50=srt[(k - 1) // 2], step_p99=srt[math.ceil(0.99 * k) - 1],
+                accepted=c["accepted"], hit_rate=hits / loads if loads else -1.0,
+                page_hit_rate=phits / ploads if ploads else -1.0,
+                distinct=distinct / (k * n_moe) if n_moe else 0.0, reuse=rnum / rden if rden else 0.0,
+                selections=selections, by_resource=[x / k for x in acc["res"]],
+                by_phase=[x / k for x in acc["phase"]], bytes=[x / k for x in acc["bytes"]])
+
+
+def che_hits(p, capacity):
+    """Expected hits per step of an LRU cache under independent references (Che's approximation)."""
+    support = sum(1 for x in p if x > 0)
+    if support <= capacity:
+        return sum(p)
+    if capacity <= 0:
+        return 0.0
+    tau = 0.0
+    for _ in range(200):
+        f, df = -capacity, 0.0
+        for x in p:
+            ex = math.exp(-x * tau)
+            f += 1.0 - ex
+            df += x * ex
+        step = -f / df
+        tau += step
+        if not (step > 1e-14 * tau):
+            break
+    return sum(x * (1.0 - math.exp(-x * tau)) for x in p)
+
+
+def decode_analytic(dm, hw, rt, c):
+    if c["policy"] == BELADY:
+        raise ValueError("belady needs montecarlo")
+    n = len(dm["attn_bytes"])
+    E, K = rt["n_experts"], rt["top_k"]
+    q = rt["q"]
+    S = len(q)
+    B, tps = c["batch"], c["tokens_per_step"]
+    toks = float(B * tps)
+    hits = loads = phits = ploads = distinct = reuse = 0.0
+    n_moe = 0
+    work = []
+    for i in range(n):
+        w = _zero_work()
+        work.append(w)
+        l, mode = int(dm["moe_index"][i]), int(dm["expert_mode"][i])
+        if l < 0 or mode == EXP_NONE:
+            continue
+        n_moe += 1
+        qbar, sq = [], 0.0
+        for e in range(E):
+            s = 0.0
+            for k in range(S):
+                s += q[k][l][e]
+                sq += q[k][l][e] * q[k][l][e]
+            qbar.append(s / S)
+        p = [1.0 - math.pow(1.0 - x, toks) for x in qbar]
+        D = sum(p)
+        pinned = [int(e) for e in rt["hot"][l][:min(int(dm["slots"][i]), E)]]
+        pinned_q = sum(qbar[e] for e in pinned)
+        pinned_p = sum(p[e] for e in pinned)
+        distinct += D
+        stick = float(rt["stickiness"][l])
+        reuse += stick + (1.0 - stick) * sq / (S * K)
+        if mode == EXP_GPU:
+            w["n_res"], w["pairs_gpu"] = D, toks * K
+        elif mode == EXP_CPU:
+            w["n_cpu"], w["pairs_cpu"] = D, toks * K
+        elif mode == EXP_SPLIT:
+            w["n_res"], w["n_cpu"] = pinned_p, D - pinned_p
+            w["pairs_gpu"] = toks * pinned_q
+            w["pairs_cpu"] = toks * K - w["pairs_gpu"]
+            hits += pinned_p
+            loads += D
+        else:
+            C = float(dm["slots"][i])
+            if c["policy"] == LRU:
+                hsum = dsum = 0.0
+                for j in range(S):
+                    pc = []
+                    for e in range(E):
+                        lg = 0.0
+                        for b in range(min(B, S)):
+                            s = (j + b) % S
+                            reps = B // S + (1 if b < B % S else 0)
+                            lg += reps * math.log1p(-min(q[s][l][e], 1.0 - 1e-16))
+                        pc.append(1.0 - math.exp(tps * lg))
+                    hsum += che_hits(pc, C)
+                    dsum += sum(pc)
+                h = hsum / dsum if dsum > 0 else 0.0
+                sigma = stick * min(1.0, C / max(D, 1e-300))
+                h = sigma + (1.0 - sigma) * h
+            else:
+                h = pinned_p / D if D > 0 else 0.0
+            w["n_res"], w["pairs_gpu"] = D, toks * K
+            w["n_fetch"] = D * (1.0 - h)
+            rc = float(rt["recall"][l])
+            if rc > 0 and i > 0:
+                w["n_pref"] = rc * w["n_fetch"]
+                w["n_waste"] = w["n_fetch"] - w["n_pref"]
+            hits += D * h
+            loads += D
+        if dm["page_slots"][i] < E and mode in (EXP_CPU, EXP_SPLIT, EXP_FETCH):
+            host = w["n_fetch"] if mode == EXP_FETCH else w["n_cpu"]
+            ph = che_hits(p, float(dm["page_slots"][i])) / D if D > 0 else 0.0
+            w["n_disk"] = host * (1.0 - ph)
+            phits += host * ph
+            ploads += host
+    acc = _new_acc()
+    st = _step_time(dm, hw, c, work, acc)
+    return dict(step_mean=st, step_p50=st, step_p99=st, accepted=c["accepted"],
+                hit_rate=hits / loads if loads else -1.0, page_hit_rate=phits / ploads if ploads else -1.0,
+                distinct=distinct / n_moe if n_moe else 0.0, reuse=reuse / n_moe if n_moe else 0.0,
+                selections=0.0, by_resource=acc["res"], by_phase=acc["phase"], bytes=acc["bytes"])
+
+
+def decode_many(dm, hw, rt, cols):
+    """Reference twin of ms_decode_many: same columns in, same result arrays out."""
+    n = len(cols["batch"])
+    rows = []
+    for i in range(n):
+        c = {k: (float(cols[k][i]) if k == "accepted" else int(cols[k][i])) for k in cols}
+        r = decode_analytic(dm, hw, rt, c) if c["mode"] == 1 else decode_montecarlo(dm, hw, rt, c)
+        rows.append(r)
+    out = {k: np.array([r[k] for r in rows], dtype=np.float64) for k in rows[0]} if rows else {}
+    return out

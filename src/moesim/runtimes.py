@@ -27,10 +27,36 @@ class Runtime:
     activation_tokens: int = 0
     prefill_step: int = 0
     source: str = ""
+    decode: "DecodeParams" = None
 
     @property
     def llama_cpp_family(self) -> bool:
         return self.id in ("llama.cpp", "ik_llama.cpp", "ollama")
+
+
+@dataclass(frozen=True)
+class DecodeParams:
+    """Decode-speed parameters of a runtime ([decode] in runtimes.toml)."""
+
+    gpu_bw_eff: float
+    gpu_flops_eff: float
+    metal_bw_eff: float
+    host_bw_eff_desktop: float
+    host_bw_eff_server: float
+    cross_socket_eff: float
+    cpu_flops_eff: float
+    pcie_pageable: float
+    launch_us: float
+    launch_us_nograph: float
+    launch_us_metal: float
+    sync_us: float
+    dma_us: float
+    allreduce_us: float
+    step_us: float
+    overlap: bool
+    tensor_parallel: bool
+    op_offload_min_batch: int
+    pinned_experts: bool
 
 
 def runtime_ids() -> list:
@@ -44,7 +70,10 @@ def _entry(rid: str, table: dict, seen=()) -> dict:
         if base in seen:
             raise MoesimError(f"runtime profile {rid!r} has a base cycle", "runtime")
         merged = _entry(base, table, seen + (rid,))
+        decode = {**merged.get("decode", {}), **e.pop("decode", {})}
         merged.update(e)
+        if decode:
+            merged["decode"] = decode
         return merged
     return e
 
@@ -57,8 +86,11 @@ def runtime(id_or_rt: "str | Runtime") -> Runtime:
     if key not in table:
         raise unknown_id("runtime", id_or_rt, table, "runtime")
     e = _entry(key, table)
+    dec = dict(_catalog.load("runtimes")["decode"])
+    dec.update(e.pop("decode", {}))
     fields = set(Runtime.__dataclass_fields__)
-    return Runtime(id=key, **{k: v for k, v in e.items() if k in fields and k != "id"})
+    return Runtime(id=key, decode=DecodeParams(**dec),
+                   **{k: v for k, v in e.items() if k in fields and k not in ("id", "decode")})
 
 
 def default_runtime(quant, machine) -> Runtime:

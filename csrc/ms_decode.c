@@ -1,0 +1,779 @@
+/*
+ * Decode simulation: routing sampler (or trace replay), batch union, expert caches, and the
+ * per-step cost model of DESIGN §3 (each phase is the max over the resources it uses).
+ * Monte Carlo walks real cache state step by step; the analytic path evaluates the same cost
+ * function on expected counts. The pure-Python twin is moesim/reference.py (decode_reference).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ms_internal.h"
+
+#ifdef MOESIM_HAVE_OPENMP
+#include <omp.h>
+#endif
+
+#define MS_TINY 1e-300
+#define ALIGN8(x) (((x) + 7) & ~((int64_t) 7))
+
+/* Expected or sampled work of one MoE layer in one step. */
+typedef struct {
+    double n_res;       /* distinct experts read from GPU memory (resident, hits, fetched) */
+    double n_cpu;       /* distinct experts computed on the CPU from host RAM */
+    double n_fetch;     /* distinct experts copied host -> GPU this step */
+    double n_pref;      /* of those, prefetched during the previous layer */
+    double n_waste;     /* wrong prefetches (copied, not used) */
+    double n_disk;      /* experts read from storage into the page cache */
+    double pairs_gpu;   /* token-expert pairs computed on the GPU */
+    double pairs_cpu;   /* ... on the CPU */
+} layer_work_t;
+
+/* ------------------------------------------------------------------------- the cost model */
+
+/* Add `t` seconds to resource r and phase ph. */
+static void attribute(ms_decode_result_t *acc, int r, int ph, double t)
+{
+    acc->by_resource[r] += t;
+    acc->by_phase[ph] += t;
+}
+
+/* max over candidate terms; the winner's resource gets the time. */
+static double max_term(const double *t, const int *res, int n, int *winner)
+{
+    double best = t[0];
+    *winner = res[0];
+    for (int i = 1; i < n; i++)
+        if (t[i] > best) { best = t[i]; *winner = res[i]; }
+    return best;
+}
+
+/* Time of layer l in one step (without the prefetch of the next layer, added by the caller).
+ * acc receives the attribution and byte counts. */
+static double layer_time(const ms_decode_model_t *m, const ms_machine_t *hw, int32_t l, const layer_work_t *w,
+                         double seqs, double toks, ms_decode_result_t *acc)
+{
+    double total = 0.0;
+    int win;
+    {   /* attention, router, shared experts and dense FFN: weights once, KV per sequence */
+        double bytes = m->attn_bytes[l] + m->shared_bytes[l] + seqs * m->kv_bytes[l];
+        double flops = toks * (m->attn_flops[l] + m->score_flops[l] + m->shared_flops[l]);
+        double t[2];
+        int r[2];
+        if (m->attn_on_gpu[l]) {
+            t[0] = bytes / hw->gpu_bw; r[0] = MS_RES_GPU_MEM;
+            t[1] = flops / hw->gpu_flops; r[1] = MS_RES_GPU_COMPUTE;
+            acc->bytes[MS_BYTES_GPU_MEM] += bytes;
+        } else {
+            t[0] = bytes / hw->host_bw; r[0] = MS_RES_HOST_MEM;
+            t[1] = flops / hw->cpu_flops; r[1] = MS_RES_CPU_COMPUTE;
+            acc->bytes[MS_BYTES_HOST_MEM] += bytes;
+        }
+        double ta = max_term(t, r, 2, &win);
+        attribute(acc, win, MS_PHASE_ATTENTION, ta);
+        total += ta;
+        if (m->attn_on_gpu[l] && hw->launch_s > 0.0) {
+            attribute(acc, MS_RES_LATENCY, MS_PHASE_SYNC, hw->launch_s);
+            total += hw->launch_s;
+        }
+        if (m->allreduce_bytes > 0.0 && m->attn_on_gpu[l]) {
+            double tr = hw->allreduce_s + toks * m->allreduce_bytes / hw->interconnect_bw;
+            attribute(acc, MS_RES_INTERCONNECT, MS_PHASE_TRANSFER, tr);
+            total += tr;
+        }
+    }
+    if (m->expert_mode[l] != MS_EXP_NONE) {
+        double eb = m->expert_bytes[l], ef = m->expert_flops[l];
+        double g_bytes = w->n_res * eb, c_bytes = w->n_cpu * eb;
+        double demand = (w->n_fetch - w->n_pref) * eb;
+        double t_g = fmax(g_bytes / hw->gpu_bw, w->pairs_gpu * ef / hw->gpu_flops);
+        int r_g = g_bytes / hw->gpu_bw >= w->pairs_gpu * ef / hw->gpu_flops ? MS_RES_GPU_MEM : MS_RES_GPU_COMPUTE;
+        double t_c = fmax(c_bytes / hw->host_bw, w->pairs_cpu * ef / hw->cpu_flops);
+        int r_c = c_bytes / hw->host_bw >= w->pairs_cpu * ef / hw->cpu_flops ? MS_RES_HOST_MEM : MS_RES_CPU_COMPUTE;
+        double t_p = demand / hw->pcie_bw;
+        double t_h = (c_bytes + demand) / hw->host_bw;
+        double t_s = w->n_disk * eb / hw->storage_bw;
+        double te;
+        acc->bytes[MS_BYTES_GPU_MEM] += g_bytes;
+        acc->bytes[MS_BYTES_HOST_MEM] += c_bytes + (w->n_fetch + w->n_waste) * eb;
+        acc->bytes[MS_BYTES_PCIE] += (w->n_fetch + w->n_waste) * eb;
+        acc->bytes[MS_BYTES_STORAGE] += w->n_disk * eb;
+        if (hw->overlap) {
+            /* GPU experts, CPU experts, copies and page-ins proceed together */
+            double t[6] = {t_g, t_c, t_p, t_h, t_s, hw->unified ? (g_bytes + c_bytes) / hw->gpu_bw : 0.0};
+            int r[6] = {r_g, r_c, MS_RES_PCIE, MS_RES_HOST_MEM, MS_RES_STORAGE, MS_RES_GPU_MEM};
+            te = max_term(t, r, 6, &win);
+            attribute(acc, win, win == MS_RES_PCIE ? MS_PHASE_TRANSFER : MS_PHASE_EXPERTS, te);
+        } else {
+            /* one backend at a time (llama.cpp splits): copy, then GPU experts, then CPU experts */
+            double t[3] = {t_c, t_h, t_s};
+            int r[3] = {r_c, MS_RES_HOST_MEM, MS_RES_STORAGE};
+            double tcpu = max_term(t, r, 3, &win);
+            attribute(acc, win, MS_PHASE_EXPERTS, tcpu);
+            attribute(acc, r_g, MS_PHASE_EXPERTS, t_g);
+            attribute(acc, MS_RES_PCIE, MS_PHASE_TRANSFER, t_p);
+            te = tcpu + t_g + t_p;
+            if (hw->unified && (g_bytes + c_bytes) / hw->gpu_bw > t_g + tcpu) {
+                double extra = (g_bytes + c_bytes) / hw->gpu_bw - (t_g + tcpu);
+                attribute(acc, MS_RES_GPU_MEM, MS_PHASE_EXPERTS, extra);
+                te += extra;
+            }
+        }
+        total += te;
+        if (w->n_cpu > 0.0) {
+            /* hand-off to the CPU and back: synchronisation plus activations over PCIe */
+            double ta = toks * m->act_bytes / hw->pcie_bw;
+            attribute(acc, MS_RES_LATENCY, MS_PHASE_SYNC, hw->sync_s);
+            attribute(acc, MS_RES_PCIE, MS_PHASE_TRANSFER, ta);
+            acc->bytes[MS_BYTES_PCIE] += toks * m->act_bytes;
+            total += hw->sync_s + ta;
+        }
+        if (w->n_fetch - w->n_pref > 0.0 && hw->dma_s > 0.0) {
+            double td = (w->n_fetch - w->n_pref) * hw->dma_s;
+            attribute(acc, MS_RES_LATENCY, MS_PHASE_SYNC, td);
+            total += td;
+        }
+    }
+    return total;
+}
+
+/* Head, drafts and per-step overhead. */
+static double step_fixed(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_decode_config_t *c,
+                         double seqs, double toks, ms_decode_result_t *acc)
+{
+    double total = 0.0, t[2];
+    int r[2], win;
+    double bw = m->head_on_gpu ? hw->gpu_bw : hw->host_bw, fl = m->head_on_gpu ? hw->gpu_flops : hw->cpu_flops;
+    t[0] = m->head_bytes / bw; r[0] = m->head_on_gpu ? MS_RES_GPU_MEM : MS_RES_HOST_MEM;
+    t[1] = toks * m->head_flops / fl; r[1] = m->head_on_gpu ? MS_RES_GPU_COMPUTE : MS_RES_CPU_COMPUTE;
+    total += max_term(t, r, 2, &win);
+    attribute(acc, win, MS_PHASE_HEAD, total);
+    acc->bytes[m->head_on_gpu ? MS_BYTES_GPU_MEM : MS_BYTES_HOST_MEM] += m->head_bytes;
+    if (c->drafts > 0) {
+        double td;
+        t[0] = m->draft_bytes / bw;
+        t[1] = seqs * m->draft_flops / fl;
+        td = c->drafts * max_term(t, r, 2, &win);
+        attribute(acc, win, MS_PHASE_HEAD, td);
+        acc->bytes[m->head_on_gpu ? MS_BYTES_GPU_MEM : MS_BYTES_HOST_MEM] += c->drafts * m->draft_bytes;
+        total += td;
+    }
+    if (hw->step_s > 0.0) {
+        attribute(acc, MS_RES_LATENCY, MS_PHASE_OVERHEAD, hw->step_s);
+        total += hw->step_s;
+    }
+    return total;
+}
+
+/* Step time from per-layer work; prefetch of layer l's experts overlaps layer l-1. */
+static double step_time(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_decode_config_t *c,
+                        const layer_work_t *work, double *lt, ms_decode_result_t *acc)
+{
+    double seqs = (double) c->batch, toks = (double) c->batch * c->tokens_per_step, total;
+    for (int32_t l = 0; l < m->n_layers; l++) lt[l] = layer_time(m, hw, l, &work[l], seqs, toks, acc);
+    for (int32_t l = 1; l < m->n_layers; l++) {
+        const layer_work_t *w = &work[l];
+        double bg;
+        if (w->n_pref + w->n_waste <= 0.0) continue;
+        bg = (w->n_pref + w->n_waste) * m->expert_bytes[l] / hw->pcie_bw;
+        if (bg > lt[l - 1]) {
+            attribute(acc, MS_RES_PCIE, MS_PHASE_TRANSFER, bg - lt[l - 1]);
+            lt[l - 1] = bg;
+        }
+    }
+    total = step_fixed(m, hw, c, seqs, toks, acc);
+    for (int32_t l = 0; l < m->n_layers; l++) total += lt[l];
+    return total;
+}
+
+/* ------------------------------------------------------------------------- workspace */
+
+typedef struct {
+    int32_t E, K, L, B, W;      /* experts, top-k, routing layers, batch, union width */
+    int64_t T;                  /* steps */
+    int32_t *sel, *cnt, *nsel;  /* [T][L][W], [T][L][W], [T][L] */
+    int32_t *nu;                /* [T][L][W] Belady next use */
+    double *logw;               /* [B][L][E] request weights */
+    int32_t *prev, *nprev;      /* [B][L][K], [B] */
+    int64_t *tok_in_req, *trace_pos;  /* [B] */
+    double *score;              /* [E] */
+    int32_t *mark;              /* [L][E] union stamp */
+    int32_t *pos;               /* [L][E] position in the step's union */
+    int32_t *chosen;            /* [E] stamp of the current token's picks */
+    int32_t *allowed;           /* [E] group mask stamp */
+    double *gscore;             /* [n_group] */
+    int32_t *gpick;             /* [n_group] */
+    char *caches;               /* 2 x L caches (GPU, page) */
+    int32_t *last_seen;         /* [E] */
+    layer_work_t *work;         /* [n_layers of the model] */
+    double *lt;                 /* [n_layers] */
+    double *times;              /* [T] */
+    int32_t *tok_out;           /* optional [T][B][tokens_per_step][L][K] per-token picks */
+} ws_t;
+
+static int64_t union_width(const ms_routing_t *r, const ms_decode_config_t *c)
+{
+    int64_t w = (int64_t) c->batch * c->tokens_per_step * r->top_k;
+    return w < r->n_experts ? w : r->n_experts;
+}
+
+static int64_t ws_layout(const ms_decode_model_t *m, const ms_routing_t *r, const ms_decode_config_t *c, char *base,
+                         ws_t *ws)
+{
+    int64_t E = r->n_experts, L = r->n_layers > 0 ? r->n_layers : 1, K = r->top_k, B = c->batch;
+    int64_t W = union_width(r, c), T = c->steps, off = 0;
+    int64_t G = r->n_group > 1 ? r->n_group : 1;
+    int mc = c->mode == MS_MODE_MONTECARLO;
+#define TAKE(field, type, count) do { if (ws) ws->field = (type *) (base + off); off += ALIGN8((int64_t) (count) * (int64_t) sizeof(type)); } while (0)
+    if (W < 1) W = 1;
+    if (!mc) T = 0;
+    TAKE(work, layer_work_t, m->n_layers);
+    TAKE(lt, double, m->n_layers + E);          /* + E: analytic scratch */
+    TAKE(times, double, T > E ? T : E);
+    TAKE(logw, double, mc ? B * L * E : 0);
+    TAKE(score, double, E);
+    TAKE(gscore, double, G);
+    TAKE(tok_in_req, int64_t, B);
+    TAKE(trace_pos, int64_t, B);
+    TAKE(sel, int32_t, T * L * W);
+    TAKE(cnt, int32_t, T * L * W);
+    TAKE(nsel, int32_t, T * L);
+    TAKE(nu, int32_t, c->policy == MS_POLICY_BELADY ? T * L * W : 0);
+    TAKE(prev, int32_t, mc ? B * L * K : 0);
+    TAKE(nprev, int32_t, B * L);
+    TAKE(mark, int32_t, L * E);
+    TAKE(pos, int32_t, L * E);
+    TAKE(chosen, int32_t, E);
+    TAKE(allowed, int32_t, E);
+    TAKE(gpick, int32_t, G);
+    TAKE(last_seen, int32_t, E);
+    TAKE(caches, char, mc ? 2 * L * ms_cache_bytes((int32_t) E) : 0);
+#undef TAKE
+    if (ws) {
+        ws->E = (int32_t) E; ws->K = (int32_t) K; ws->L = (int32_t) L; ws->B = (int32_t) B;
+        ws->W = (int32_t) W; ws->T = T;
+    }
+    return off + 64;
+}
+
+int64_t ms_decode_workspace_size(const ms_decode_model_t *m, const ms_routing_t *r, const ms_decode_config_t *c)
+{
+    if (m == NULL || r == NULL || c == NULL) return 0;
+    return ws_layout(m, r, c, NULL, NULL);
+}
+
+/* ------------------------------------------------------------------------- routing */
+
+/* Fresh request for sequence b: per-layer weights w ~ Dirichlet(beta * E * g), kept as log w. */
+static void new_request(const ms_routing_t *r, ws_t *ws, int32_t b, ms_rng_t *rng)
+{
+    int32_t E = ws->E;
+    for (int32_t l = 0; l < ws->L; l++) {
+        const double *lp = r->log_pop + (int64_t) l * E;
+        double *lw = ws->logw + ((int64_t) b * ws->L + l) * E, mx = lp[0], z = 0.0;
+        ws->nprev[b * ws->L + l] = 0;
+        if (r->concentration <= 0.0) {
+            memcpy(lw, lp, (size_t) E * sizeof(double));
+            continue;
+        }
+        for (int32_t e = 1; e < E; e++) mx = fmax(mx, lp[e]);
+        for (int32_t e = 0; e < E; e++) z += exp(lp[e] - mx);
+        for (int32_t e = 0; e < E; e++) {
+            double g = exp(lp[e] - mx) / z;
+            double x = ms_rng_gamma(rng, r->concentration * E * g);
+            lw[e] = log(x > MS_TINY ? x : MS_TINY);
+        }
+    }
+}
+
+/* One token's top-k in routing layer l for sequence b; writes `out` (k ids), returns overlap with
+ * the previous token's picks. */
+static int32_t route_token(const ms_routing_t *r, ws_t *ws, int32_t b, int32_t l, ms_rng_t *rng, int32_t stamp,
+                           int32_t *out)
+{
+    int32_t E = ws->E, K = ws->K, n = 0, overlap = 0;
+    int32_t *prev = ws->prev + ((int64_t) b * ws->L + l) * K;
+    int32_t np = ws->nprev[b * ws->L + l];
+    const double *lw = ws->logw + ((int64_t) b * ws->L + l) * E;
+    double p = r->stickiness[l];
+    for (int32_t j = 0; j < np; j++) {
+        if (ms_rng_uniform(rng) < p) {
+            out[n++] = prev[j];
+            ws->chosen[prev[j]] = stamp;
+        }
+    }
+    for (int32_t e = 0; e < E; e++) ws->score[e] = lw[e] + ms_rng_gumbel(rng);
+    if (r->n_group > 1 && r->topk_group < r->n_group) {
+        /* group-limited: groups holding kept experts first, then the best by top-2 score sum */
+        int32_t G = r->n_group, per = E / G, picked = 0;
+        for (int32_t g = 0; g < G; g++) {
+            double a = -HUGE_VAL, bb = -HUGE_VAL;
+            for (int32_t e = g * per; e < (g + 1) * per; e++) {
+                double s = ws->score[e];
+                if (s > a) { bb = a; a = s; } else if (s > bb) bb = s;
+            }
+            ws->gscore[g] = a + (per > 1 ? bb : 0.0);
+            ws->gpick[g] = 0;
+        }
+        for (int32_t j = 0; j < n; j++) {
+            int32_t g = out[j] / per;
+            if (!ws->gpick[g]) { ws->gpick[g] = 1; picked++; }
+        }
+        while (picked < r->topk_group) {
+            int32_t best = -1;
+            for (int32_t g = 0; g < G; g++)
+                if (!ws->gpick[g] && (best < 0 || ws->gscore[g] > ws->gscore[best])) best = g;
+            ws->gpick[best] = 1;
+            picked++;
+        }
+        for (int32_t e = 0; e < E; e++) ws->allowed[e] = ws->gpick[e / per] ? stamp : 0;
+    } else {
+        for (int32_t e = 0; e < E; e++) ws->allowed[e] = stamp;
+    }
+    while (n < K) {
+        int32_t best = -1;
+        for (int32_t e = 0; e < E; e++) {
+            if (ws->allowed[e] != stamp || ws->chosen[e] == stamp) continue;
+            if (best < 0 || ws->score[e] > ws->score[best]) best = e;
+        }
+        out[n++] = best;
+        ws->chosen[best] = stamp;
+    }
+    for (int32_t j = 0; j < np; j++) overlap += ws->chosen[prev[j]] == stamp;
+    for (int32_t j = 0; j < K; j++) prev[j] = out[j];
+    ws->nprev[b * ws->L + l] = K;
+    return np > 0 ? overlap : -1;
+}
+
+/* Fill sel/cnt/nsel for all steps: B sequences x tokens_per_step tokens per step. */
+static int generate(const ms_routing_t *r, const ms_decode_config_t *c, ws_t *ws, double *reuse_num,
+                    double *reuse_den, double *selections)
+{
+    int32_t E = ws->E, K = ws->K, L = ws->L, W = ws->W, picks[512];
+    int32_t stamp = 0;
+    ms_rng_t rng;
+    if (r->n_layers == 0) return 0;
+    if (K > 512) return MS_ERR_BAD_ROUTING;
+    memset(ws->mark, 0, (size_t) L * E * sizeof(int32_t));
+    memset(ws->chosen, 0, (size_t) E * sizeof(int32_t));
+    memset(ws->allowed, 0, (size_t) E * sizeof(int32_t));
+    for (int32_t b = 0; b < ws->B; b++) {
+        ws->tok_in_req[b] = 0;
+        ws->trace_pos[b] = r->trace ? (r->trace_tokens * b) / ws->B : 0;
+        for (int32_t l = 0; l < L; l++) ws->nprev[b * L + l] = 0;
+    }
+    for (int64_t t = 0; t < ws->T; t++) {
+        int32_t *nsel = ws->nsel + t * L;
+        for (int32_t l = 0; l < L; l++) nsel[l] = 0;
+        for (int32_t b = 0; b < ws->B; b++) {
+            /* the sequence's own stream, re-seeded per step so steps are independent of batch order */
+            ms_rng_init(&rng, c->seed, c->index, ((uint64_t) b << 32) ^ (uint64_t) t);
+            for (int32_t j = 0; j < c->tokens_per_step; j++) {
+                int64_t tp = 0;
+                if (r->trace) {
+                    tp = ws->trace_pos[b] % r->trace_tokens;
+                    ws->trace_pos[b] = tp + 1;
+                } else if (ws->tok_in_req[b] == 0 || (r->request_tokens > 0 && ws->tok_in_req[b] >= r->request_tokens)) {
+                    new_request(r, ws, b, &rng);
+                    ws->tok_in_req[b] = 0;
+                }
+                ws->tok_in_req[b]++;
+                for (int32_t l = 0; l < L; l++) {
+                    int64_t row = (t * L + l) * (int64_t) W;
+                    int32_t ov;
+                    stamp++;
+                    if (r->trace) {
+                        const int32_t *src = r->trace + (tp * r->trace_layers + (l % r->trace_layers)) * K;
+                        int32_t *prev = ws->prev + ((int64_t) b * L + l) * K;
+                        int32_t np = ws->nprev[b * L + l];
+                        ov = 0;
+                        for (int32_t k = 0; k < K; k++) {
+                            if (src[k] < 0 || src[k] >= E) return MS_ERR_BAD_TRACE;
+                            picks[k] = src[k];
+                            ws->chosen[src[k]] = stamp;
+                        }
+                        for (int32_t k = 0; k < np; k++) ov += ws->chosen[prev[k]] == stamp;
+                        if (np == 0) ov = -1;
+                        for (int32_t k = 0; k < K; k++) prev[k] = picks[k];
+                        ws->nprev[b * L + l] = K;
+                    } else {
+                        ov = route_token(r, ws, b, l, &rng, stamp, picks);
+                    }
+                    if (ov >= 0 && t >= c->warmup) {
+                        *reuse_num += ov;
+                        *reuse_den += K;
+                    }
+                    *selections += K;
+                    if (ws->tok_out)
+                        memcpy(ws->tok_out + ((((int64_t) t * ws->B + b) * c->tokens_per_step + j) * L + l) * K,
+                               picks, (size_t) K * sizeof(int32_t));
+                    for (int32_t k = 0; k < K; k++) {
+                        int32_t e = picks[k];
+                        int32_t *mk = ws->mark + (int64_t) l * E;
+                        if (mk[e] != (int32_t) (t + 1)) {
+                            mk[e] = (int32_t) (t + 1);
+                            ws->pos[(int64_t) l * E + e] = nsel[l];
+                            ws->sel[row + nsel[l]] = e;
+                            ws->cnt[row + nsel[l]] = 1;
+                            nsel[l]++;
+                        } else {
+                            ws->cnt[row + ws->pos[(int64_t) l * E + e]]++;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------- Monte Carlo */
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *) a, y = *(const double *) b;
+    return (x > y) - (x < y);
+}
+
+static int montecarlo(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_routing_t *r,
+                      const ms_decode_config_t *c, ws_t *ws, ms_decode_result_t *out)
+{
+    int32_t E = ws->E, L = ws->L, W = ws->W;
+    double reuse_num = 0.0, reuse_den = 0.0, hits = 0.0, loads = 0.0, phits = 0.0, ploads = 0.0, distinct = 0.0;
+    int64_t counted = 0;
+    ms_cache_t *gpu_c = NULL, *page_c = NULL, caches[2 * 256];
+    ms_rng_t prng;
+    int rc;
+    if (L > 256) return MS_ERR_BAD_SIZE;
+    rc = generate(r, c, ws, &reuse_num, &reuse_den, &out->selections);
+    if (rc) return rc;
+    if (c->policy == MS_POLICY_BELADY)
+        ms_next_use(ws->sel, ws->nsel, ws->T, L, W, E, ws->nu, ws->last_seen);
+    {
+        char *p = ws->caches;
+        for (int32_t i = 0; i < 2 * L; i++) p = ms_cache_carve(&caches[i], p, E);
+        gpu_c = caches;
+        page_c = caches + L;
+    }
+    for (int32_t i = 0; i < m->n_layers; i++) {
+        int32_t l = m->moe_index[i];
+        if (l < 0) continue;
+        int32_t mode = m->expert_mode[i];
+        int32_t pol = mode == MS_EXP_SPLIT ? MS_POLICY_STATIC : c->policy;
+        ms_cache_reset(&gpu_c[l], E, mode == MS_EXP_SPLIT || mode == MS_EXP_FETCH ? m->slots[i] : 0, pol,
+                       r->hot + (int64_t) l * E);
+        ms_cache_reset(&page_c[l], E, m->page_slots[i], MS_POLICY_LRU, r->hot + (int64_t) l * E);
+    }
+    ms_rng_init(&prng, c->seed, c->index, 0xFFFFFFFFFFFFFFFFULL);
+    for (int64_t t = 0; t < ws->T; t++) {
+        ms_decode_result_t scratch;
+        ms_decode_result_t *acc = t >= c->warmup ? out : &scratch;
+        double tick = (double) t * W;
+        memset(&scratch, 0, sizeof(scratch));
+        for (int32_t i = 0; i < m->n_layers; i++) {
+            layer_work_t *w = &ws->work[i];
+            int32_t l = m->moe_index[i], mode = m->expert_mode[i], n;
+            int64_t row;
+            memset(w, 0, sizeof(*w));
+            if (l < 0 || mode == MS_EXP_NONE) continue;
+            row = (t * L + l) * (int64_t) W;
+            n = ws->nsel[t * L + l];
+            if (t >= c->warmup) distinct += n;
+            for (int32_t j = 0; j < n; j++) {
+                int32_t e = ws->sel[row + j];
+                double pairs = ws->cnt[row + j];
+                double nu = c->policy == MS_POLICY_BELADY ? (double) ws->nu[row + j] : 0.0;
+                int on_gpu = 0, host_read = 0;
+                if (mode == MS_EXP_GPU) {
+                    on_gpu = 1;
+                } else if (mode == MS_EXP_CPU) {
+                    host_read = 1;
+                } else {
+                    int hit = ms_cache_access(&gpu_c[l], e, tick + j, nu);
+                    if (t >= c->warmup) { hits += hit; loads += 1.0; }
+                    if (hit) {
+                        on_gpu = 1;
+                    } else if (mode == MS_EXP_FETCH) {
+                        on_gpu = 1;
+                        host_read = 1;
+                        w->n_fetch += 1.0;
+                        if (r->recall[l] > 0.0 && i > 0 && ms_rng_uniform(&prng) < r->recall[l]) w->n_pref += 1.0;
+                    } else {
+                        host_read = 1;
+                    }
+                }
+                if (on_gpu) { w->n_res += 1.0; w->pairs_gpu += pairs; }
+                if (host_read && mode != MS_EXP_FETCH) { w->n_cpu += 1.0; w->pairs_cpu += pairs; }
+                if (host_read && m->page_slots[i] < E) {
+                    int ph = ms_cache_access(&page_c[l], e, tick + j, 0.0);
+                    if (t >= c->warmup) { phits += ph; ploads += 1.0; }
+                    if (!ph) w->n_disk += 1.0;
+                }
+            }
+            if (r->recall[l] > 0.0 && i > 0) w->n_waste = w->n_fetch - w->n_pref;
+        }
+        {
+            double st = step_time(m, hw, c, ws->work, ws->lt, acc);
+            if (t >= c->warmup) ws->times[counted++] = st;
+        }
+    }
+    if (counted == 0) return MS_ERR_BAD_SIZE;
+    {
+        double sum = 0.0;
+        for (int64_t i = 0; i < counted; i++) sum += ws->times[i];
+        out->step_mean = sum / (double) counted;
+        qsort(ws->times, (size_t) counted, sizeof(double), cmp_double);
+        out->step_p50 = ws->times[(counted - 1) / 2];
+        out->step_p99 = ws->times[(int64_t) ceil(0.99 * (double) counted) - 1];
+    }
+    for (int i = 0; i < MS_N_RES; i++) out->by_resource[i] /= (double) counted;
+    for (int i = 0; i < MS_N_PHASES; i++) out->by_phase[i] /= (double) counted;
+    for (int i = 0; i < MS_N_BYTES; i++) out->bytes[i] /= (double) counted;
+    {
+        int32_t n_moe = 0;
+        for (int32_t i = 0; i < m->n_layers; i++) n_moe += m->moe_index[i] >= 0 && m->expert_mode[i] != MS_EXP_NONE;
+        out->distinct = n_moe ? distinct / ((double) counted * n_moe) : 0.0;
+    }
+    out->hit_rate = loads > 0.0 ? hits / loads : -1.0;
+    out->page_hit_rate = ploads > 0.0 ? phits / ploads : -1.0;
+    out->reuse = reuse_den > 0.0 ? reuse_num / reuse_den : 0.0;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------- analytic */
+
+/* Che's approximation: characteristic time tau with sum_e (1 - exp(-p_e tau)) = C, solved by
+ * Newton's method from tau = 0 (the left side is concave and increasing, so the iterates rise
+ * monotonically to the root); returns the expected hits per step sum_e p_e (1 - exp(-p_e tau)). */
+static double che_hits(const double *p, int32_t E, double capacity)
+{
+    double tau = 0.0, hits = 0.0;
+    int32_t support = 0;
+    for (int32_t e = 0; e < E; e++) support += p[e] > 0.0;
+    if ((double) support <= capacity) {
+        for (int32_t e = 0; e < E; e++) hits += p[e];
+        return hits;
+    }
+    if (capacity <= 0.0) return 0.0;
+    for (int it = 0; it < 200; it++) {
+        double f = -capacity, df = 0.0, step;
+        for (int32_t e = 0; e < E; e++) {
+            double x = exp(-p[e] * tau);
+            f += 1.0 - x;
+            df += p[e] * x;
+        }
+        step = -f / df;
+        tau += step;
+        if (!(step > 1e-14 * tau)) break;
+    }
+    for (int32_t e = 0; e < E; e++) hits += p[e] * (1.0 - exp(-p[e] * tau));
+    return hits;
+}
+
+static int analytic(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_routing_t *r,
+                    const ms_decode_config_t *c, ws_t *ws, ms_decode_result_t *out)
+{
+    int32_t E = r->n_experts, S = r->n_scenarios, K = r->top_k, n_moe = 0;
+    double toks = (double) c->batch * c->tokens_per_step;
+    double hits = 0.0, loads = 0.0, phits = 0.0, ploads = 0.0, distinct = 0.0, reuse = 0.0;
+    double *qbar = ws->score;          /* [E] scratch */
+    if (c->policy == MS_POLICY_BELADY) return MS_ERR_BAD_POLICY;
+    for (int32_t i = 0; i < m->n_layers; i++) {
+        layer_work_t *w = &ws->work[i];
+        int32_t l = m->moe_index[i], mode = m->expert_mode[i];
+        double D = 0.0, h = 0.0, pinned_q = 0.0, pinned_p = 0.0, sq = 0.0;
+        memset(w, 0, sizeof(*w));
+        if (l < 0 || mode == MS_EXP_NONE) continue;
+        n_moe++;
+        for (int32_t e = 0; e < E; e++) {
+            double s = 0.0;
+            for (int32_t k = 0; k < S; k++) {
+                double q = r->q[((int64_t) k * r->n_layers + l) * E + e];
+                s += q;
+                sq += q * q;
+            }
+            qbar[e] = s / S;
+        }
+        /* step inclusion p_e = 1 - (1 - qbar_e)^toks */
+        {
+            double *p = ws->times;   /* >= E doubles (ws_layout) */
+            for (int32_t e = 0; e < E; e++) {
+                p[e] = 1.0 - pow(1.0 - qbar[e], toks);
+                D += p[e];
+            }
+            for (int32_t j = 0; j < m->slots[i] && j < E; j++) {
+                int32_t e = r->hot[(int64_t) l * E + j];
+                pinned_q += qbar[e];
+                pinned_p += p[e];
+            }
+            distinct += D;
+            reuse += r->stickiness[l] + (1.0 - r->stickiness[l]) * sq / ((double) S * K);
+            if (mode == MS_EXP_GPU) {
+                w->n_res = D;
+                w->pairs_gpu = toks * K;
+            } else if (mode == MS_EXP_CPU) {
+                w->n_cpu = D;
+                w->pairs_cpu = toks * K;
+            } else if (mode == MS_EXP_SPLIT) {
+                w->n_res = pinned_p;
+                w->n_cpu = D - pinned_p;
+                w->pairs_gpu = toks * pinned_q;
+                w->pairs_cpu = toks * K - w->pairs_gpu;
+                hits += pinned_p;
+                loads += D;
+            } else {   /* FETCH */
+                double C = (double) m->slots[i];
+                if (c->policy == MS_POLICY_LRU) {
+                    /* superposed request streams: combination j gives sequence b scenario (j+b) mod S */
+                    double hsum = 0.0, dsum = 0.0, sigma;
+                    double *pc = ws->lt + m->n_layers;  /* E doubles after the per-layer times (ws_layout) */
+                    for (int32_t j = 0; j < S; j++) {
+                        double dj = 0.0;
+                        for (int32_t e = 0; e < E; e++) {
+                            double lg = 0.0;
+                            for (int32_t b = 0; b < c->batch && b < S; b++) {
+                                int32_t s = (j + b) % S;
+                                int64_t reps = c->batch / S + (b < c->batch % S ? 1 : 0);
+                                double q = r->q[((int64_t) s * r->n_layers + l) * E + e];
+                                lg += (double) reps * log1p(-fmin(q, 1.0 - 1e-16));
+                            }
+                            pc[e] = 1.0 - exp(c->tokens_per_step * lg);
+                            dj += pc[e];
+                        }
+                        hsum += che_hits(pc, E, C);
+                        dsum += dj;
+                    }
+                    h = dsum > 0.0 ? hsum / dsum : 0.0;
+                    /* a sticky expert was used by the previous token: resident while C covers a step's set */
+                    sigma = r->stickiness[l] * fmin(1.0, C / fmax(D, 1e-300));
+                    h = sigma + (1.0 - sigma) * h;
+                } else {
+                    h = D > 0.0 ? pinned_p / D : 0.0;   /* static; LFU converges to the same set */
+                }
+                w->n_res = D;
+                w->pairs_gpu = toks * K;
+                w->n_fetch = D * (1.0 - h);
+                if (r->recall[l] > 0.0 && i > 0) {
+                    w->n_pref = r->recall[l] * w->n_fetch;
+                    w->n_waste = w->n_fetch - w->n_pref;
+                }
+                hits += D * h;
+                loads += D;
+            }
+            if (m->page_slots[i] < E && (mode == MS_EXP_CPU || mode == MS_EXP_SPLIT || mode == MS_EXP_FETCH)) {
+                double host = mode == MS_EXP_FETCH ? w->n_fetch : w->n_cpu;
+                double ph = D > 0.0 ? che_hits(p, E, (double) m->page_slots[i]) / D : 0.0;
+                w->n_disk = host * (1.0 - ph);
+                phits += host * ph;
+                ploads += host;
+            }
+        }
+    }
+    out->step_mean = step_time(m, hw, c, ws->work, ws->lt, out);
+    out->step_p50 = out->step_p99 = out->step_mean;
+    out->distinct = n_moe ? distinct / n_moe : 0.0;
+    out->reuse = n_moe ? reuse / n_moe : 0.0;
+    out->hit_rate = loads > 0.0 ? hits / loads : -1.0;
+    out->page_hit_rate = ploads > 0.0 ? phits / ploads : -1.0;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------- entry points */
+
+static int check(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_routing_t *r,
+                 const ms_decode_config_t *c)
+{
+    if (m == NULL || hw == NULL || r == NULL || c == NULL) return MS_ERR_NULL_ARGUMENT;
+    if (m->n_layers <= 0 || c->batch <= 0 || c->tokens_per_step <= 0 || c->drafts < 0) return MS_ERR_BAD_SIZE;
+    if (c->mode == MS_MODE_MONTECARLO && (c->steps <= c->warmup || c->warmup < 0)) return MS_ERR_BAD_SIZE;
+    if (c->policy < 0 || c->policy >= MS_N_POLICIES) return MS_ERR_BAD_POLICY;
+    if (!(hw->gpu_bw > 0.0 && hw->host_bw > 0.0 && hw->pcie_bw > 0.0 && hw->storage_bw > 0.0
+          && hw->gpu_flops > 0.0 && hw->cpu_flops > 0.0 && hw->interconnect_bw > 0.0)) return MS_ERR_BAD_MACHINE;
+    if (r->n_layers > 0) {
+        if (r->n_experts <= 0 || r->top_k <= 0 || r->top_k > r->n_experts) return MS_ERR_BAD_ROUTING;
+        if (r->n_layers > 256) return MS_ERR_BAD_SIZE;
+        if (r->n_group > 1 && (r->n_experts % r->n_group != 0 || r->topk_group <= 0
+                               || (int64_t) r->topk_group * (r->n_experts / r->n_group) < r->top_k))
+            return MS_ERR_BAD_ROUTING;
+        if (c->mode == MS_MODE_ANALYTIC && (r->n_scenarios <= 0 || r->q == NULL)) return MS_ERR_BAD_ROUTING;
+        if (c->mode == MS_MODE_MONTECARLO && r->trace == NULL && r->log_pop == NULL) return MS_ERR_BAD_ROUTING;
+        if (r->trace && (r->trace_tokens <= 0 || r->trace_layers <= 0)) return MS_ERR_BAD_TRACE;
+    }
+    for (int32_t i = 0; i < m->n_layers; i++) {
+        if (m->expert_mode[i] < 0 || m->expert_mode[i] >= MS_N_EXP_MODES) return MS_ERR_BAD_PLACEMENT;
+        if (m->expert_mode[i] != MS_EXP_NONE && (m->moe_index[i] < 0 || m->moe_index[i] >= r->n_layers))
+            return MS_ERR_BAD_ROUTING;
+        if (m->slots[i] < 0 || m->page_slots[i] < 0) return MS_ERR_BAD_CAPACITY;
+    }
+    return 0;
+}
+
+int ms_decode(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_routing_t *r,
+              const ms_decode_config_t *c, void *workspace, int64_t workspace_bytes, ms_decode_result_t *out)
+{
+    ws_t ws;
+    int rc = check(m, hw, r, c);
+    if (rc) return rc;
+    if (workspace == NULL || out == NULL) return MS_ERR_NULL_ARGUMENT;
+    if (workspace_bytes < ms_decode_workspace_size(m, r, c)) return MS_ERR_BAD_WORKSPACE;
+    memset(out, 0, sizeof(*out));
+    ws_layout(m, r, c, (char *) workspace, &ws);
+    ws.tok_out = NULL;
+    out->accepted = c->accepted;
+    if (c->mode == MS_MODE_ANALYTIC) return analytic(m, hw, r, c, &ws, out);
+    return montecarlo(m, hw, r, c, &ws, out);
+}
+
+int ms_route_sample(const ms_routing_t *r, const ms_decode_config_t *c, int32_t *tokens_out, void *workspace,
+                    int64_t workspace_bytes)
+{
+    ws_t ws;
+    ms_decode_model_t m;
+    int32_t zero = 0, none = -1;
+    double dz = 0.0, reuse_num = 0.0, reuse_den = 0.0, selections = 0.0;
+    if (r == NULL || c == NULL || tokens_out == NULL || workspace == NULL) return MS_ERR_NULL_ARGUMENT;
+    if (r->n_layers <= 0 || r->n_experts <= 0 || r->top_k <= 0 || r->top_k > r->n_experts) return MS_ERR_BAD_ROUTING;
+    if (r->n_layers > 256) return MS_ERR_BAD_SIZE;
+    if (r->trace == NULL && r->log_pop == NULL) return MS_ERR_BAD_ROUTING;
+    if (c->batch <= 0 || c->tokens_per_step <= 0 || c->steps <= 0) return MS_ERR_BAD_SIZE;
+    memset(&m, 0, sizeof(m));
+    m.n_layers = 1;
+    m.attn_bytes = m.attn_flops = m.kv_bytes = m.score_flops = &dz;
+    m.shared_bytes = m.shared_flops = m.expert_bytes = m.expert_flops = &dz;
+    m.attn_on_gpu = m.expert_mode = m.slots = m.page_slots = &zero;
+    m.moe_index = &none;
+    if (workspace_bytes < ms_decode_workspace_size(&m, r, c)) return MS_ERR_BAD_WORKSPACE;
+    ws_layout(&m, r, c, (char *) workspace, &ws);
+    ws.tok_out = tokens_out;
+    return generate(r, c, &ws, &reuse_num, &reuse_den, &selections);
+}
+
+int ms_decode_many(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_routing_t *r,
+                   const ms_decode_config_t *cfgs, int64_t n, ms_decode_result_t *out, int n_threads,
+                   void *workspace, int64_t ws_bytes, int64_t *err_index)
+{
+    int first = 0;
+    int64_t bad = -1;
+    if (cfgs == NULL || out == NULL || workspace == NULL) return MS_ERR_NULL_ARGUMENT;
+    if (n_threads < 1) n_threads = 1;
+#ifdef MOESIM_HAVE_OPENMP
+    #pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads)
+#endif
+    for (int64_t i = 0; i < n; i++) {
+        int tid = 0;
+#ifdef MOESIM_HAVE_OPENMP
+        tid = omp_get_thread_num();
+#endif
+        int rc = ms_decode(m, hw, r, &cfgs[i], (char *) workspace + (int64_t) tid * ws_bytes, ws_bytes, &out[i]);
+        if (rc) {
+#ifdef MOESIM_HAVE_OPENMP
+            #pragma omp critical
+#endif
+            {
+                if (bad < 0 || i < bad) { bad = i; first = rc; }
+            }
+        }
+    }
+    if (err_index) *err_index = bad;
+    return first;
+}

@@ -1,0 +1,464 @@
+"""Decode simulation: ``moesim.simulate`` and its lowering to the C kernel (csrc/ms_decode.c).
+
+Lowering turns (model, quant, placement, machine, runtime, context) into per-layer bytes and FLOPs
+with the place each layer's attention and routed experts run (``ms_decode_model_t``), the machine
+into effective rates and latencies (``ms_machine_t``), and a routing profile or trace into tables
+(``ms_routing_t``, see :mod:`moesim.routing`). ``engine="reference"`` runs the pure-Python twin.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import __version__
+from . import quants as Q
+from . import routing as R
+from ._catalog import load as _load_catalog
+from .errors import KernelError, MoesimError, unknown_id
+from .hardware import GB, Machine
+from .memory import check_count, configure, default_kv_dtype, evaluate, lower, _result_from_arrays
+from .models import Model, model as get_model
+from .placement import Placement, parse as parse_placement
+from .runtimes import Runtime, default_runtime, runtime as get_runtime
+
+POLICIES = {"lru": 0, "lfu": 1, "static": 2, "belady": 3}
+MODES = {"montecarlo": 0, "analytic": 1}
+EXP_NONE, EXP_GPU, EXP_CPU, EXP_SPLIT, EXP_FETCH = range(5)
+RESOURCES = ("gpu_memory", "gpu_compute", "host_memory", "cpu_compute", "pcie", "storage", "latency",
+             "interconnect")
+PHASES = ("attention", "experts", "transfer", "sync_launch", "head_drafts", "step_overhead")
+LINKS = ("gpu_memory", "host_memory", "pcie", "storage")
+CONFIG_FIELDS = ("batch", "tokens_per_step", "drafts", "accepted", "steps", "warmup", "policy", "mode", "seed",
+                 "index")
+
+# SIMD FLOPs per cycle per core (fp32 FMA lanes x 2 x FMA units) by the widest ISA the catalog lists.
+_FLOPS_PER_CYCLE = (("amx", 64.0), ("avx512", 64.0), ("avx2", 32.0), ("neon", 32.0))
+_DEFAULT_CORES, _DEFAULT_GHZ = 8, 3.5   # when the catalog has no CPU part (assumed desktop)
+
+
+# ------------------------------------------------------------------------------- model lowering
+@functools.lru_cache(maxsize=128)
+def _params(model: Model) -> dict:
+    """Parameter counts per (class, layer) plus global ones; MTP modules under key 'mtp'."""
+    L = model.n_layers
+    per = {c: np.zeros(L) for c in ("attention", "router", "shared_experts", "routed_experts", "dense_ffn")}
+    glob = {"embeddings": 0.0, "lm_head": 0.0, "mtp": 0.0, "mtp_routed": 0.0}
+    for t in model.tensors(include_mtp=True):
+        n = float(t.n_elements)
+        if t.cls == "mtp":
+            glob["mtp"] += n
+            if "_exps" in t.name:
+                glob["mtp_routed"] += n
+        elif t.cls in glob:
+            glob[t.cls] += n
+        else:
+            per[t.cls][t.layer] += n
+    per.update(glob)
+    return per
+
+
+def _score_flops(layer, context: int) -> float:
+    """Attention-score FLOPs per token (QK^T and AV) at KV depth ``context``."""
+    a = layer.attention
+    if a.kind == "gqa":
+        span = min(context, a.window or a.chunk or context)
+        return 4.0 * a.n_heads * a.head_dim * span
+    if a.kind == "mla":
+        span = min(context, 2048) if a.index_heads else context   # DSA attends to the indexer's top 2048 (RT §2.2)
+        flops = 2.0 * a.n_heads * (2 * a.kv_lora_rank + a.qk_rope_head_dim) * span
+        if a.index_heads:
+            flops += 2.0 * a.index_heads * a.index_head_dim * context
+        return flops
+    if a.kind == "dsv4":
+        topk = {4: 512, 128: 8192}.get(a.compress_ratio, 0)        # c4a / c128a top-k (RT §2.2)
+        span = min(context, a.window) + (min(context // a.compress_ratio, topk) if a.compress_ratio else 0)
+        return 4.0 * a.n_heads * a.head_dim * span
+    # kda / gdn: read and update a fixed state per head
+    return 4.0 * a.lin_v_heads * a.lin_k_dim * a.lin_v_dim
+
+
+def _kv_read_bytes(model: Model, low, l: int, context: int, kvb: float) -> float:
+    """KV / state bytes one sequence reads in layer l per step."""
+    a = model.layers[l].attention
+    cap = int(low.kv_cap[l])
+    tokens = min(context, cap) if cap > 0 else context
+    if a.kind == "mla" and a.index_heads:
+        # DSA: indexer keys for every token, latents only for the selected 2048
+        return low.kv_fixed[l] * context + low.kv_elems[l] * kvb * min(context, 2048)
+    read = (low.kv_elems[l] * kvb + low.kv_fixed[l]) * tokens
+    ratio = int(low.kv_ratio[l])
+    if ratio > 0:
+        entries = context // ratio
+        topk = {4: 512, 128: 8192}.get(ratio, entries)
+        read += min(entries, topk) * low.kv_ratio_elems[l] * kvb + entries * low.kv_ratio_fixed[l]
+    return read + float(low.kv_state[l])
+
+
+def lower_model(m: Model, low, p: Placement, machine: Machine, rt: Runtime, context: int, kv_dtype: str,
+                tokens_per_step: int, mem_by_class=None, mem_tier=None, cache_slots: int | None = None) -> dict:
+    """The ms_decode_model_t arrays for one configuration."""
+    L = m.n_layers
+    par = _params(m)
+    kvb = Q.kv_dtype_bytes(kv_dtype)
+    cpu_only = p.kind == "cpu-only" or machine.n_gpus == 0
+    on_gpu = np.ones(L, dtype=np.int32)
+    if cpu_only:
+        on_gpu[:] = 0
+    elif p.kind == "layers-gpu":
+        on_gpu[:] = [1 if l >= L - p.arg else 0 for l in range(L)]
+    mode = np.zeros(L, dtype=np.int32)
+    slots = np.zeros(L, dtype=np.int32)
+    moe_index = np.full(L, -1, dtype=np.int32)
+    E = m.n_experts
+    op_offload = (rt.decode.op_offload_min_batch > 0 and not cpu_only
+                  and tokens_per_step >= rt.decode.op_offload_min_batch)
+    j = 0
+    for l, layer in enumerate(m.layers):
+        if layer.ffn.kind != "moe":
+            continue
+        moe_index[l] = j
+        j += 1
+        if cpu_only:
+            mode[l] = EXP_CPU
+        elif p.kind in ("all-gpu", "unified"):
+            mode[l] = EXP_GPU
+        elif p.kind == "experts-cpu":
+            mode[l] = EXP_CPU
+        elif p.kind == "n-cpu-moe":
+            mode[l] = EXP_CPU if l < p.arg else EXP_GPU
+        elif p.kind == "layers-gpu":
+            mode[l] = EXP_GPU if on_gpu[l] else EXP_CPU
+        elif p.kind == "gpu-experts":
+            mode[l] = EXP_GPU if p.arg >= E else (EXP_SPLIT if p.arg > 0 else EXP_CPU)
+            slots[l] = min(p.arg, E)
+        elif p.kind == "offload-cache":
+            mode[l] = EXP_FETCH
+            slots[l] = min(cache_slots if cache_slots is not None else p.arg, E)
+        if op_offload and mode[l] == EXP_CPU and on_gpu[l]:
+            # llama.cpp: >= 32 tokens in a step send CPU-resident expert matmuls to the GPU,
+            # copying the used experts each step (RT §1.1)
+            mode[l], slots[l] = EXP_FETCH, 0
+    # Host page cache: when mmap'd weights spill to storage, only part of the host experts stay in RAM.
+    page_slots = np.full(L, max(E, 1), dtype=np.int32)
+    if mem_tier is not None and mem_tier[2] > 0 and E:
+        host_routed = float(mem_by_class[3][1])
+        frac = max(0.0, 1.0 - mem_tier[2] / host_routed) if host_routed > 0 else 0.0
+        page_slots[:] = int(math.floor(E * frac))
+    n_exp = np.maximum(low.n_experts, 1)
+    expert_params = par["routed_experts"] / n_exp
+    tp = machine.n_gpus if (rt.decode.tensor_parallel and machine.n_gpus > 1 and not cpu_only) else 1
+    mtp_modules = max(1, m.mtp_layers)
+    draft_bytes = draft_flops = 0.0
+    if m.mtp_layers:
+        last = m.n_layers - 1
+        routed_one = low.expert_one[last] if low.n_experts[last] else 0.0
+        mtp_routed_bytes = routed_one * (m.mtp_layer.ffn.n_experts if m.mtp_layer.ffn.kind == "moe" else 0)
+        k_active = m.mtp_layer.ffn.top_k if m.mtp_layer.ffn.kind == "moe" else 0
+        draft_bytes = (low.mtp / mtp_modules - mtp_routed_bytes + k_active * routed_one) + low.head
+        draft_flops = 2.0 * ((par["mtp"] - par["mtp_routed"]) / mtp_modules
+                             + par["mtp_routed"] / mtp_modules * (k_active / max(1, m.mtp_layer.ffn.n_experts))
+                             + par["lm_head"])
+    return dict(
+        attn_bytes=low.attn + low.router,
+        attn_flops=2.0 * (par["attention"] + par["router"]),
+        kv_bytes=np.array([_kv_read_bytes(m, low, l, context, kvb) for l in range(L)]),
+        score_flops=np.array([_score_flops(layer, context) for layer in m.layers]),
+        shared_bytes=low.shared + low.dense,
+        shared_flops=2.0 * (par["shared_experts"] + par["dense_ffn"]),
+        expert_bytes=np.array(low.expert_one, dtype=np.float64),
+        expert_flops=2.0 * expert_params,
+        attn_on_gpu=on_gpu, expert_mode=mode, slots=slots, page_slots=page_slots, moe_index=moe_index,
+        head_bytes=float(low.head), head_flops=2.0 * par["lm_head"],
+        head_on_gpu=0 if (cpu_only or (p.kind == "layers-gpu" and p.arg == 0)) else 1,
+        draft_bytes=float(draft_bytes), draft_flops=float(draft_flops),
+        # f32 hidden state each way plus k ids and weights (RT §1.3)
+        act_bytes=0.0 if cpu_only else float(2 * m.hidden * 4 + 8 * max(1, m.top_k)),
+        allreduce_bytes=(2 * 2.0 * m.hidden * 2 * (tp - 1) / tp) if tp > 1 else 0.0,
+    )
+
+
+# ------------------------------------------------------------------------------- machine lowering
+def _cpu_flops(machine: Machine, eff: float) -> float:
+    hw = _load_catalog("hardware")
+    cpu = hw["cpu"].get(machine.cpu or "", {})
+    cores = machine.cores or _DEFAULT_CORES
+    ghz = float(cpu.get("boost_ghz", cpu.get("base_ghz", _DEFAULT_GHZ)))
+    isa = tuple(machine.cpu_isa) or ("avx2",)
+    per_cycle = next((v for key, v in _FLOPS_PER_CYCLE if key in isa), 16.0)
+    return cores * ghz * 1e9 * per_cycle * eff
+
+
+def lower_machine(machine: Machine, rt: Runtime, p: Placement) -> dict:
+    """Effective rates (bytes/s, FLOP/s) and latencies (s) of ms_machine_t."""
+    d = rt.decode
+    cpu_only = p.kind == "cpu-only" or machine.n_gpus == 0
+    if machine.unified:
+        eff = d.metal_bw_eff
+        pool = machine.gpu_bw_gbs * GB * eff
+        gpu_flops = machine.gpu_tflops.get("fp16", 0.0) * 1e12 * d.gpu_flops_eff
+        cpu_flops = _cpu_flops(machine, d.cpu_flops_eff)
+        return dict(gpu_bw=pool, host_bw=pool, pcie_bw=pool, storage_bw=max(machine.storage_read_gbs, 1e-3) * GB,
+                    gpu_flops=max(gpu_flops, cpu_flops), cpu_flops=cpu_flops, interconnect_bw=pool, unified=1,
+                    overlap=1 if d.overlap else 0, launch_s=0.0 if cpu_only else d.launch_us_metal * 1e-6,
+                    sync_s=0.0, dma_s=0.0, allreduce_s=0.0, step_s=d.step_us * 1e-6)
+    server = machine.channels > 4
+    host_eff = d.host_bw_eff_server if server else d.host_bw_eff_desktop
+    if machine.sockets > 1:
+        host_eff *= d.cross_socket_eff
+    host_bw = machine.host_bw_gbs * GB * host_eff
+    cpu_flops = _cpu_flops(machine, d.cpu_flops_eff)
+    storage_bw = max(machine.storage_read_gbs, 1e-3) * GB
+    if cpu_only:
+        return dict(gpu_bw=host_bw, host_bw=host_bw, pcie_bw=host_bw, storage_bw=storage_bw, gpu_flops=cpu_flops,
+                    cpu_flops=cpu_flops, interconnect_bw=host_bw, unified=0, overlap=0, launch_s=0.0, sync_s=0.0,
+                    dma_s=0.0, allreduce_s=0.0, step_s=d.step_us * 1e-6)
+    hw = _load_catalog("hardware")
+    g = hw["gpu"].get(machine.gpu, {})
+    tp = machine.n_gpus if (d.tensor_parallel and machine.n_gpus > 1) else 1
+    tf = machine.gpu_tflops
+    peak_tflops = max(tf.get("bf16", 0.0), tf.get("fp16", 0.0), tf.get("fp32", 0.0), 1.0)
+    pinned = machine.pcie_pinned_gbs or machine.pcie_gbs * 0.88 or 12.0
+    pcie = pinned * GB * (1.0 if (d.pinned_experts or p.kind == "offload-cache") else d.pcie_pageable)
+    graphs = g.get("cuda_graphs", True)
+    scale_up = g.get("scale_up", {}).get("gbs", 0.0) if isinstance(g.get("scale_up"), dict) else 0.0
+    return dict(gpu_bw=machine.gpu_bw_gbs * GB * d.gpu_bw_eff * tp, host_bw=host_bw, pcie_bw=pcie,
+                storage_bw=storage_bw, gpu_flops=peak_tflops * 1e12 * d.gpu_flops_eff * tp, cpu_flops=cpu_flops,
+                interconnect_bw=(scale_up or machine.pcie_gbs or 16.0) * GB, unified=0,
+                overlap=1 if d.overlap else 0,
+                launch_s=(d.launch_us if graphs else d.launch_us_nograph) * 1e-6, sync_s=d.sync_us * 1e-6,
+                dma_s=d.dma_us * 1e-6, allreduce_s=d.allreduce_us * 1e-6 if tp > 1 else 0.0,
+                step_s=d.step_us * 1e-6)
+
+
+# ------------------------------------------------------------------------------- running
+def run(dm: dict, hw: dict, rt: dict, cols: dict, n_threads: int = 1, engine: str = "c") -> dict:
+    """Evaluate configurations (columns of CONFIG_FIELDS) on lowered tables; returns result arrays."""
+    n = len(cols["batch"])
+    for f in CONFIG_FIELDS:
+        if len(cols[f]) != n:
+            raise MoesimError(f"config column {f} has {len(cols[f])} rows, expected {n}", f)
+    if engine == "reference":
+        from . import reference
+        return reference.decode_many(dm, hw, rt, cols)
+    if engine != "c":
+        raise MoesimError(f"engine must be 'c' or 'reference', got {engine!r}", "engine")
+    from . import _kernel
+    code, bad, res = _kernel.decode_many(dm, hw, rt, cols, int(n_threads))
+    if code:
+        raise KernelError(f"C kernel error at configuration {bad}: {_kernel.strerror(code)}")
+    return res
+
+
+def sample_routing(dims: R.RoutingDims, prof: R.RoutingProfile, n_requests: int, tokens: int, seed: int = 0) -> list:
+    """``n_requests`` independent requests of ``tokens`` tokens each ([tokens, layers, k] arrays),
+    drawn by the kernel's sampler (request i uses stream (seed, i))."""
+    from . import _kernel
+    rt = R.lower(dims, R.profile(prof, request_tokens=0), seed)
+    out = []
+    for i in range(n_requests):
+        cols = dict(batch=[1], tokens_per_step=[1], drafts=[0], accepted=[1.0], steps=[tokens], warmup=[0],
+                    policy=[0], mode=[0], seed=[seed], index=[i])
+        code, picks = _kernel.route_sample(rt, cols)
+        if code:
+            raise KernelError(f"routing sampler: {_kernel.strerror(code)}")
+        out.append(picks[:, 0, 0])
+    return out
+
+
+# ------------------------------------------------------------------------------- public API
+@dataclass
+class Result:
+    """Decode (and prefill) of one configuration. Times per token are per sequence."""
+
+    decode_tok_s: float
+    aggregate_tok_s: float
+    prefill_tok_s: float
+    ttft_s: float
+    tpot_ms: dict
+    breakdown: dict
+    bottleneck: str
+    expert_hit_rate: float | None
+    page_cache_hit_rate: float | None
+    distinct_experts_per_step: float
+    reuse: float
+    bytes_per_token: dict
+    memory: dict
+    mode: str
+    policy: str
+    tokens: int
+    seed: int
+    routing: str
+    provenance: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        out = dict(self.memory)
+        out.update({k: getattr(self, k) for k in (
+            "decode_tok_s", "aggregate_tok_s", "prefill_tok_s", "ttft_s", "tpot_ms", "breakdown", "bottleneck",
+            "expert_hit_rate", "page_cache_hit_rate", "distinct_experts_per_step", "reuse", "bytes_per_token",
+            "mode", "policy", "tokens", "seed", "routing", "provenance")})
+        return out
+
+
+def _check_fraction(value, name: str, lo: float = 0.0, hi: float = 1.0) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)) or not math.isfinite(value) \
+            or not (lo <= value <= hi):
+        raise MoesimError(f"must be a number in [{lo:g}, {hi:g}], got {value!r}", name)
+    return float(value)
+
+
+def accepted_per_step(drafts: int, acceptance: float) -> float:
+    """Expected tokens per verify step with a chain of ``drafts`` drafts, each accepted with
+    probability ``acceptance`` given its predecessor was: 1 + a + a^2 + ... + a^n."""
+    return 1.0 + sum(acceptance ** i for i in range(1, drafts + 1))
+
+
+def simulate(model, machine: Machine, quant="native", context: int = 4096, batch: int = 1, placement=None,
+             runtime=None, kv_dtype: str | None = None, policy: str = "lru", cache_experts: int | None = None,
+             prefetch_recall: float | None = None, tokens: int = 256, warmup: int | None = None, seed: int = 0,
+             mode: str = "montecarlo", trace=None, routing=None, mtp: int = 0, mtp_acceptance: float = 0.8,
+             prompt: int = 512, engine: str = "c") -> Result:
+    """Simulate decoding ``tokens`` steps of ``batch`` sequences at KV depth ``context`` (see DESIGN §3)."""
+    from .fit import auto_placement, record
+    from . import traces as T
+    m = get_model(model)
+    if not isinstance(machine, Machine):
+        raise MoesimError("expected a moesim.machine(...)", "machine")
+    context = check_count(context, "context")
+    batch = check_count(batch, "batch")
+    tokens = check_count(tokens, "tokens")
+    prompt = check_count(prompt, "prompt")
+    seed = check_count(seed, "seed", minimum=0)
+    mtp = check_count(mtp, "mtp", minimum=0)
+    if mtp and not m.mtp_layers:
+        raise MoesimError(f"{m.id} has no MTP modules", "mtp")
+    mtp_acceptance = _check_fraction(mtp_acceptance, "mtp_acceptance")
+    if not isinstance(policy, str) or policy.lower() not in POLICIES:
+        raise unknown_id("cache policy", policy, POLICIES, "policy")
+    policy = policy.lower()
+    if not isinstance(mode, str) or mode.lower() not in MODES:
+        raise unknown_id("mode", mode, MODES, "mode")
+    mode = mode.lower()
+    if mode == "analytic" and policy == "belady":
+        raise MoesimError("belady is an offline bound that needs the future: use mode='montecarlo'", "policy")
+    if cache_experts is not None:
+        cache_experts = check_count(cache_experts, "cache_experts", minimum=0)
+    if prefetch_recall is not None:
+        prefetch_recall = _check_fraction(prefetch_recall, "prefetch_recall")
+    if warmup is None:
+        warmup = 0 if trace is not None else min(32, tokens // 4)
+    warmup = check_count(warmup, "warmup", minimum=0)
+    if warmup >= tokens:
+        raise MoesimError(f"must be smaller than tokens ({tokens}), got {warmup}", "warmup")
+
+    q = Q.resolve(quant, m)
+    rt = get_runtime(runtime) if runtime is not None else default_runtime(q, machine)
+    kv = Q.canonical_kv_dtype(kv_dtype or default_kv_dtype(q, rt, m))
+    low = lower(m, q)
+    if placement in (None, "auto"):
+        p = auto_placement(m, low, machine, rt, context, batch, kv, mtp)
+    else:
+        p = parse_placement(placement, m, machine)
+    if cache_experts is not None and p.kind != "offload-cache":
+        if placement not in (None, "auto"):
+            raise MoesimError(f"cache_experts applies to the offload-cache placement, not {p}", "cache_experts")
+        p = Placement("offload-cache", min(cache_experts, m.n_experts))
+    elif cache_experts is not None:
+        p = Placement("offload-cache", min(cache_experts, m.n_experts))
+    cfg = configure(m, low, machine, rt, p, context, batch, kv, mtp)
+    mem = _result_from_arrays(evaluate(low, cfg), 0)
+    memory = record(m, q, kv, context, batch, p, rt, machine, mem, mtp)
+
+    dims = R.RoutingDims.of(m)
+    prefetch = prefetch_recall is not None and prefetch_recall > 0
+    if trace is not None:
+        tr = trace if isinstance(trace, T.Trace) else T.load(trace)
+        if dims.n_layers == 0:
+            raise MoesimError(f"{m.id} is dense: a routing trace does not apply", "trace")
+        rtab = R.lower_trace(dims, tr, prefetch_recall or 0.0)
+        routing_name = f"trace {getattr(tr, 'source', '') or 'replay'}"
+    else:
+        prof = R.profile(routing, family=m.family) if not isinstance(routing, R.RoutingProfile) else routing
+        if prefetch:
+            prof = R.profile(prof, recall=prefetch_recall)
+        rtab = R.lower(dims, prof, seed, prefetch=prefetch)
+        routing_name = prof.id
+    drafts = mtp
+    tps = 1 + drafts
+    dm = lower_model(m, low, p, machine, rt, context, kv, batch * tps, mem.by_class, mem.tier)
+    hw = lower_machine(machine, rt, p)
+    accepted = accepted_per_step(drafts, mtp_acceptance)
+    cols = dict(batch=[batch], tokens_per_step=[tps], drafts=[drafts], accepted=[accepted], steps=[tokens],
+                warmup=[warmup], policy=[POLICIES[policy]], mode=[MODES[mode]], seed=[seed], index=[0])
+    res = run(dm, hw, rtab, cols, engine=engine)
+    pf_tok_s, ttft = prefill(m, dm, hw, rtab, rt, prompt, batch)
+    return _result(res, 0, batch, memory, mode, policy, tokens, seed, routing_name, pf_tok_s, ttft)
+
+
+def _result(res: dict, i: int, batch: int, memory: dict, mode: str, policy: str, tokens: int, seed: int,
+            routing_name: str, pf_tok_s: float, ttft: float) -> Result:
+    acc = float(res["accepted"][i])
+    step = float(res["step_mean"][i])
+    by_res = {name: float(res["by_resource"][i][k]) / acc for k, name in enumerate(RESOURCES)}
+    by_phase = {name: float(res["by_phase"][i][k]) / acc for k, name in enumerate(PHASES)}
+    per_token = batch * acc
+    hit = float(res["hit_rate"][i])
+    page = float(res["page_hit_rate"][i])
+    return Result(
+        decode_tok_s=acc / step, aggregate_tok_s=batch * acc / step, prefill_tok_s=pf_tok_s, ttft_s=ttft,
+        tpot_ms={"mean": 1e3 * step / acc, "p50": 1e3 * float(res["step_p50"][i]) / acc,
+                 "p99": 1e3 * float(res["step_p99"][i]) / acc},
+        breakdown={"by_phase": by_phase, "by_resource": by_res, "seconds_per_token": step / acc},
+        bottleneck=max(by_res, key=by_res.get),
+        expert_hit_rate=None if hit < 0 else hit, page_cache_hit_rate=None if page < 0 else page,
+        distinct_experts_per_step=float(res["distinct"][i]), reuse=float(res["reuse"][i]),
+        bytes_per_token={name: float(res["bytes"][i][k]) / per_token for k, name in enumerate(LINKS)},
+        memory=memory, mode=mode, policy=policy, tokens=tokens, seed=seed, routing=routing_name,
+        provenance={"moesim": __version__, "catalog": _load_catalog("models").get("catalog_version", ""),
+                    "seed": seed})
+
+
+# ------------------------------------------------------------------------------- prefill
+def prefill(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, prompt: int, batch: int = 1) -> tuple:
+    """(prefill tokens/s, time to first token) for a ``prompt``-token prompt, per ubatch (DESIGN §3).
+
+    Each ubatch reads the GPU-resident weights once and is compute-bound on the GPU; CPU experts are
+    either computed on the CPU or, under llama.cpp's op offload (ubatch >= 32), the used experts are
+    copied over PCIe each ubatch (RT §1.1-1.2)."""
+    ub = rt.ubatch or rt.prefill_step or 2048
+    ub = max(1, min(prompt, ub))
+    n_ub = math.ceil(prompt / ub)
+    qbar = np.asarray(rtab["q"]).mean(axis=0) if rtab.get("n_layers") else None
+    k = rtab.get("top_k", 0)
+    offload = rt.decode.op_offload_min_batch > 0 and ub >= rt.decode.op_offload_min_batch
+    total = 0.0
+    for n_tok in [ub] * (n_ub - 1) + [prompt - ub * (n_ub - 1)]:
+        t_step = 0.0
+        for l in range(len(dm["attn_bytes"])):
+            span = min(prompt, max(1, prompt // 2))
+            flops = n_tok * (dm["attn_flops"][l] + dm["shared_flops"][l]
+                             + dm["score_flops"][l] * span / max(1, prompt))
+            bw, fl = (hw["gpu_bw"], hw["gpu_flops"]) if dm["attn_on_gpu"][l] else (hw["host_bw"], hw["cpu_flops"])
+            t = max((dm["attn_bytes"][l] + dm["shared_bytes"][l]) / bw, flops / fl)
+            mode = dm["expert_mode"][l]
+            if mode != EXP_NONE and qbar is not None:
+                j = dm["moe_index"][l]
+                distinct = float(np.sum(1.0 - (1.0 - qbar[j]) ** n_tok))
+                eb, ef = dm["expert_bytes"][l], dm["expert_flops"][l]
+                eflops = n_tok * k * ef
+                if mode == EXP_GPU:
+                    t += max(distinct * eb / hw["gpu_bw"], eflops / hw["gpu_flops"])
+                elif offload or mode == EXP_FETCH:
+                    t_copy = distinct * eb / hw["pcie_bw"]
+                    t_gpu = max(distinct * eb / hw["gpu_bw"], eflops / hw["gpu_flops"])
+                    t += max(t_copy, t_gpu) if hw["overlap"] else t_copy + t_gpu
+                else:
+                    t_cpu = max(distinct * eb / hw["host_bw"], eflops / hw["cpu_flops"])
+                    t += t_cpu + hw["sync_s"]
+            t_step += t + hw["launch_s"]
+        t_step += max(dm["head_bytes"] / hw["gpu_bw"], dm["head_flops"] / hw["gpu_flops"])
+        total += t_step
+    ttft = total * batch
+    return prompt * batch / ttft, ttft
