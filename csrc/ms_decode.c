@@ -570,6 +570,33 @@ static double che_hits(const double *p, int32_t E, double capacity)
     return hits;
 }
 
+/* Expected LRU hits per step when a step's D distinct experts are accessed one after another:
+ * the access at position j finds the j experts already touched this step in the cache, so it
+ * competes for C - j slots with earlier steps (Che on step-level references, capacity C - j),
+ * and cannot be one of those j (factor support / (support - j)). Positions beyond 16 are
+ * sampled on an even grid (midpoint rule). */
+#define MS_LRU_POSITIONS 16
+static double lru_step_hits(const double *p, int32_t E, double D, double capacity)
+{
+    int32_t support = 0;
+    double n_pos = fmin(ceil(D), capacity), hits = 0.0;
+    for (int32_t e = 0; e < E; e++) support += p[e] > 0.0;
+    if (D <= 0.0 || n_pos <= 0.0) return 0.0;
+    if (n_pos <= MS_LRU_POSITIONS) {
+        for (int32_t j = 0; j < (int32_t) n_pos; j++) {
+            double w = fmin(1.0, D - j);
+            hits += w * che_hits(p, E, capacity - j) / D * support / (support - j);
+        }
+    } else {
+        double width = n_pos / MS_LRU_POSITIONS;
+        for (int32_t i = 0; i < MS_LRU_POSITIONS; i++) {
+            double j = (i + 0.5) * width;
+            hits += width * fmin(1.0, D - j) * che_hits(p, E, capacity - j) / D * support / (support - j);
+        }
+    }
+    return hits;
+}
+
 static int analytic(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_routing_t *r,
                     const ms_decode_config_t *c, ws_t *ws, ms_decode_result_t *out)
 {
@@ -640,7 +667,7 @@ static int analytic(const ms_decode_model_t *m, const ms_machine_t *hw, const ms
                             pc[e] = 1.0 - exp(c->tokens_per_step * lg);
                             dj += pc[e];
                         }
-                        hsum += che_hits(pc, E, C);
+                        hsum += lru_step_hits(pc, E, dj, C);
                         dsum += dj;
                     }
                     h = dsum > 0.0 ? hsum / dsum : 0.0;

@@ -616,6 +616,24 @@ def che_hits(p, capacity):
     return sum(x * (1.0 - math.exp(-x * tau)) for x in p)
 
 
+def lru_step_hits(p, D, capacity):
+    """Expected LRU hits per step with the step's D experts accessed one after another (ms_decode.c)."""
+    support = sum(1 for x in p if x > 0)
+    n_pos = min(math.ceil(D), capacity)
+    if D <= 0 or n_pos <= 0:
+        return 0.0
+    hits = 0.0
+    if n_pos <= 16:
+        for j in range(int(n_pos)):
+            hits += min(1.0, D - j) * che_hits(p, capacity - j) / D * support / (support - j)
+    else:
+        width = n_pos / 16
+        for i in range(16):
+            j = (i + 0.5) * width
+            hits += width * min(1.0, D - j) * che_hits(p, capacity - j) / D * support / (support - j)
+    return hits
+
+
 def decode_analytic(dm, hw, rt, c):
     if c["policy"] == BELADY:
         raise ValueError("belady needs montecarlo")
@@ -673,8 +691,9 @@ def decode_analytic(dm, hw, rt, c):
                             reps = B // S + (1 if b < B % S else 0)
                             lg += reps * math.log1p(-min(q[s][l][e], 1.0 - 1e-16))
                         pc.append(1.0 - math.exp(tps * lg))
-                    hsum += che_hits(pc, C)
-                    dsum += sum(pc)
+                    dj = sum(pc)
+                    hsum += lru_step_hits(pc, dj, C)
+                    dsum += dj
                 h = hsum / dsum if dsum > 0 else 0.0
                 sigma = stick * min(1.0, C / max(D, 1e-300))
                 h = sigma + (1.0 - sigma) * h

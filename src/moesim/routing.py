@@ -265,7 +265,7 @@ def fit_profile(trace, n_requests: int = 24, seed: int = 0, grid=None) -> tuple:
     target = trace_stats(trace.requests, E, k)
     lengths = [len(r) for r in trace.requests]
     tokens = int(np.clip(np.median(lengths), 64, 512))
-    L = min(trace.layers, 8)
+    L = min(len(trace.layers), 8)
     dims = RoutingDims(L, E, k)
     grid = grid or dict(zipf_s=(0.2, 0.4, 0.6, 0.8), concentration=(0.5, 1.0, 2.0, 4.0),
                         stickiness=(0.0, 0.1, 0.2, 0.3, 0.4))

@@ -1,0 +1,411 @@
+"""Decode simulation: the C kernel against the pure-Python reference (both paths), analytic vs
+Monte Carlo, invariants, physics sanity and input validation."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from moesim import MoesimError, decode as D, hardware, routing as R, traces
+from moesim.errors import KernelError
+from moesim.decode import simulate
+
+RESULT_SCALARS = ("step_mean", "step_p50", "step_p99", "accepted", "hit_rate", "page_hit_rate", "distinct", "reuse",
+                  "selections")
+RESULT_ARRAYS = ("by_resource", "by_phase", "bytes")
+
+
+def rel_close(a, b, tol=1e-9):
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    return np.all(np.abs(a - b) <= tol * np.maximum(1.0, np.maximum(np.abs(a), np.abs(b))))
+
+
+# ------------------------------------------------------------------------------ random tables
+@st.composite
+def decode_case(draw):
+    """A random lowered model + machine + routing + one configuration (small enough for Python)."""
+    n = draw(st.integers(1, 5))
+    E = draw(st.integers(2, 24))
+    k = draw(st.integers(1, min(4, E)))
+    moe = [draw(st.booleans()) for _ in range(n)]
+    if not any(moe):
+        moe[draw(st.integers(0, n - 1))] = True
+    L = sum(moe)
+    pos = st.floats(1e3, 1e9, allow_nan=False)
+    modes = [draw(st.integers(1, 4)) if m else 0 for m in moe]
+    moe_index, j = [], 0
+    for m in moe:
+        moe_index.append(j if m else -1)
+        j += m
+    dm = dict(
+        attn_bytes=[draw(pos) for _ in range(n)], attn_flops=[draw(pos) for _ in range(n)],
+        kv_bytes=[draw(pos) for _ in range(n)], score_flops=[draw(pos) for _ in range(n)],
+        shared_bytes=[draw(st.sampled_from([0.0, 1e6, 3e7])) for _ in range(n)],
+        shared_flops=[draw(st.sampled_from([0.0, 2e6])) for _ in range(n)],
+        expert_bytes=[draw(pos) for _ in range(n)], expert_flops=[draw(pos) for _ in range(n)],
+        attn_on_gpu=[draw(st.integers(0, 1)) for _ in range(n)], expert_mode=modes,
+        slots=[draw(st.integers(0, E)) for _ in range(n)],
+        page_slots=[draw(st.sampled_from([E, draw(st.integers(0, E))])) for _ in range(n)],
+        moe_index=moe_index, head_bytes=draw(pos), head_flops=draw(pos), head_on_gpu=draw(st.integers(0, 1)),
+        draft_bytes=draw(pos), draft_flops=draw(pos), act_bytes=draw(st.sampled_from([0.0, 6e4])),
+        allreduce_bytes=draw(st.sampled_from([0.0, 2e4])))
+    bw = st.floats(1e9, 5e12, allow_nan=False)
+    lat = st.sampled_from([0.0, 3e-6, 2e-5])
+    hw = dict(gpu_bw=draw(bw), host_bw=draw(bw), pcie_bw=draw(bw), storage_bw=draw(bw),
+              gpu_flops=draw(st.floats(1e12, 1e15)), cpu_flops=draw(st.floats(1e10, 1e13)),
+              interconnect_bw=draw(bw), unified=draw(st.integers(0, 1)), overlap=draw(st.integers(0, 1)),
+              launch_s=draw(lat), sync_s=draw(lat), dma_s=draw(lat), allreduce_s=draw(lat), step_s=draw(lat))
+    mode = draw(st.integers(0, 1))
+    grouped = draw(st.booleans()) and E % 4 == 0 and E >= 8
+    prof = R.RoutingProfile(
+        id="t", zipf_s=draw(st.floats(0.0, 1.2)), jitter=0.2,
+        concentration=draw(st.sampled_from([0.0, 0.5, 2.0])), stickiness=draw(st.floats(0.0, 0.6)),
+        first_stickiness=draw(st.floats(0.0, 0.6)), last_stickiness=draw(st.floats(0.0, 0.6)),
+        request_tokens=draw(st.sampled_from([0, 3, 7])), recall=draw(st.floats(0.0, 1.0)))
+    dims = R.RoutingDims(L, E, k, 4 if grouped else 0, draw(st.integers(max(1, -(-k // (E // 4))), 3)) if grouped else 0)
+    seed = draw(st.integers(0, 2**32))
+    rt = R.lower(dims, prof, seed, prefetch=draw(st.booleans()), scenarios=draw(st.integers(1, 3)))
+    use_trace = mode == 0 and draw(st.booleans())
+    if use_trace:
+        tl = draw(st.integers(1, L))
+        ntok = draw(st.integers(2, 12))
+        rng = np.random.default_rng(seed)
+        rt["trace"] = np.stack([np.stack([rng.choice(E, size=k, replace=False) for _ in range(tl)])
+                                for _ in range(ntok)]).astype(np.int32)
+    policy = draw(st.integers(0, 2 if mode == 1 else 3))
+    steps = draw(st.integers(2, 10))
+    tps = draw(st.integers(1, 2))
+    cols = dict(batch=[draw(st.integers(1, 4))], tokens_per_step=[tps], drafts=[tps - 1],
+                accepted=[draw(st.floats(1.0, 2.0))], steps=[steps], warmup=[draw(st.integers(0, steps - 1))],
+                policy=[policy], mode=[mode], seed=[seed], index=[draw(st.integers(0, 1000))])
+    return dm, hw, rt, cols
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(decode_case())
+def test_kernel_matches_reference(case):
+    """C and pure Python agree to 1e-9 on random configurations, Monte Carlo and analytic."""
+    dm, hw, rt, cols = case
+    c = D.run(dm, hw, rt, cols)
+    p = D.run(dm, hw, rt, cols, engine="reference")
+    for key in RESULT_SCALARS + RESULT_ARRAYS:
+        assert rel_close(c[key], p[key]), (key, c[key], p[key])
+
+
+def test_both_paths_covered_by_differential_test():
+    """The strategy draws both modes and every cache policy (guards against a degenerate generator)."""
+    seen = set()
+
+    @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(decode_case())
+    def collect(case):
+        seen.add((case[3]["mode"][0], case[3]["policy"][0]))
+
+    collect()
+    assert {m for m, _ in seen} == {0, 1}
+    assert {p for _, p in seen} >= {0, 1, 2, 3}
+
+
+# ------------------------------------------------------------------------------ helpers
+def synthetic(L, E, k, mode=D.EXP_FETCH, slots=0, page=None, **hw_over):
+    dm = dict(attn_bytes=np.full(L, 1e6), attn_flops=np.full(L, 1e6), kv_bytes=np.full(L, 1e5),
+              score_flops=np.full(L, 1e4), shared_bytes=np.zeros(L), shared_flops=np.zeros(L),
+              expert_bytes=np.full(L, 5e6), expert_flops=np.full(L, 1e7), attn_on_gpu=np.ones(L, np.int32),
+              expert_mode=np.full(L, mode, np.int32), slots=np.full(L, slots, np.int32),
+              page_slots=np.full(L, E if page is None else page, np.int32), moe_index=np.arange(L, dtype=np.int32),
+              head_bytes=1e6, head_flops=1e6, head_on_gpu=1, draft_bytes=0.0, draft_flops=0.0, act_bytes=1e4,
+              allreduce_bytes=0.0)
+    hw = dict(gpu_bw=1e12, host_bw=5e10, pcie_bw=2.5e10, storage_bw=5e9, gpu_flops=1e14, cpu_flops=1e12,
+              interconnect_bw=1e11, unified=0, overlap=1, launch_s=3e-6, sync_s=2e-5, dma_s=6e-6, allreduce_s=0.0,
+              step_s=3e-4)
+    hw.update(hw_over)
+    return dm, hw
+
+
+def cols(batch=1, steps=200, warmup=20, policy="lru", mode="montecarlo", seed=1, tps=1, n=1):
+    return dict(batch=[batch] * n, tokens_per_step=[tps] * n, drafts=[tps - 1] * n, accepted=[1.0] * n,
+                steps=[steps] * n, warmup=[warmup] * n, policy=[D.POLICIES[policy]] * n, mode=[D.MODES[mode]] * n,
+                seed=[seed] * n, index=list(range(n)))
+
+
+def independent(s):
+    return R.profile("generic", zipf_s=s, concentration=0.0, stickiness=0.0, first_stickiness=0.0,
+                     last_stickiness=0.0)
+
+
+# ------------------------------------------------------------------------------ analytic vs Monte Carlo
+@pytest.mark.parametrize("E,k,s", [(64, 6, 0.2), (64, 8, 0.4), (32, 4, 0.6), (128, 8, 0.6)])
+@pytest.mark.parametrize("batch", [1, 4, 16])
+def test_analytic_agrees_with_montecarlo_under_independent_routing(E, k, s, batch):
+    rt = R.lower(R.RoutingDims(4, E, k), independent(s), seed=1)
+    for C in (2 * k, 3 * k):
+        dm, hw = synthetic(4, E, k, slots=C)
+        mc = D.run(dm, hw, rt, cols(batch, steps=3000, warmup=100))
+        an = D.run(dm, hw, rt, cols(batch, mode="analytic"))
+        assert abs(mc["hit_rate"][0] - an["hit_rate"][0]) <= 0.02, (C, mc["hit_rate"], an["hit_rate"])
+        assert abs(an["distinct"][0] / mc["distinct"][0] - 1) <= 0.02
+    # static pinning and CPU-served layers too
+    dm, hw = synthetic(4, E, k, mode=D.EXP_SPLIT, slots=2 * k)
+    mc = D.run(dm, hw, rt, cols(batch, steps=3000, warmup=100))
+    an = D.run(dm, hw, rt, cols(batch, mode="analytic"))
+    assert abs(mc["hit_rate"][0] - an["hit_rate"][0]) <= 0.02
+    assert abs(an["step_mean"][0] / mc["step_mean"][0] - 1) <= 0.03
+
+
+def test_analytic_distinct_matches_formula_for_uniform_routing():
+    """Uniform popularity: expected distinct experts = E (1 - (1 - k/E)^B) (routing.md §4.1)."""
+    E, k = 64, 6
+    rt = R.lower(R.RoutingDims(2, E, k), R.profile("generic", zipf_s=0.0, jitter=0.0, concentration=0.0), seed=0)
+    dm, hw = synthetic(2, E, k, mode=D.EXP_GPU)
+    for B in (1, 4, 8, 16, 64):
+        an = D.run(dm, hw, rt, cols(B, mode="analytic"))
+        assert an["distinct"][0] == pytest.approx(E * (1 - (1 - k / E) ** B), rel=1e-9)
+
+
+# ------------------------------------------------------------------------------ invariants
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(["gpu_bw", "host_bw", "pcie_bw", "storage_bw", "gpu_flops", "cpu_flops", "interconnect_bw"]),
+       st.floats(1.01, 20.0), st.integers(0, 3), st.integers(1, 8), st.sampled_from(["montecarlo", "analytic"]),
+       st.integers(0, 10**6))
+def test_more_bandwidth_never_slower(resource, factor, mode_i, batch, mode, seed):
+    E, k = 32, 4
+    rt = R.lower(R.RoutingDims(3, E, k), R.profile("generic"), seed=seed, prefetch=True)
+    modes = [D.EXP_GPU, D.EXP_CPU, D.EXP_SPLIT, D.EXP_FETCH]
+    dm, hw = synthetic(3, E, k, mode=modes[mode_i], slots=8, page=20)
+    dm["allreduce_bytes"] = 1e4
+    base = D.run(dm, hw, rt, cols(batch, steps=40, warmup=5, mode=mode, seed=seed))
+    hw2 = dict(hw)
+    hw2[resource] *= factor
+    faster = D.run(dm, hw2, rt, cols(batch, steps=40, warmup=5, mode=mode, seed=seed))
+    assert faster["step_mean"][0] <= base["step_mean"][0] * (1 + 1e-12)
+    assert faster["step_p99"][0] <= base["step_p99"][0] * (1 + 1e-12)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 6), st.sampled_from(["generic", "gpt-oss", "deepseek-v2"]), st.integers(0, 10**6))
+def test_larger_cache_never_lowers_hit_rate_and_belady_bounds_lru(batch, prof, seed):
+    E, k = 32, 4
+    rt = R.lower(R.RoutingDims(2, E, k), R.profile(prof), seed=seed)
+    prev = {"lru": -1.0, "belady": -1.0}
+    for C in range(0, E + 1, 4):
+        dm, hw = synthetic(2, E, k, slots=C)
+        rates = {}
+        for pol in ("lru", "belady", "lfu", "static"):
+            r = D.run(dm, hw, rt, cols(batch, steps=60, warmup=0, policy=pol, seed=seed))
+            rates[pol] = r["hit_rate"][0]
+            assert 0.0 <= rates[pol] <= 1.0
+        assert rates["belady"] >= rates["lru"] - 1e-12
+        assert rates["belady"] >= rates["lfu"] - 1e-12
+        for pol in prev:
+            assert rates[pol] >= prev[pol] - 1e-12, (pol, C)
+            prev[pol] = rates[pol]
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(2, 12), st.sampled_from(["generic", "deepseek", "llama4"]), st.integers(0, 10**6),
+       st.integers(1, 2))
+def test_batch_never_reads_fewer_experts(batch, prof, seed, tps):
+    E, k = 64, 4
+    rt = R.lower(R.RoutingDims(3, E, k), R.profile(prof), seed=seed)
+    dm, hw = synthetic(3, E, k, mode=D.EXP_GPU)
+    smaller = D.run(dm, hw, rt, cols(batch - 1, steps=30, warmup=0, seed=seed, tps=tps))
+    larger = D.run(dm, hw, rt, cols(batch, steps=30, warmup=0, seed=seed, tps=tps))
+    assert larger["distinct"][0] >= smaller["distinct"][0]
+
+
+def test_group_limited_routing_stays_in_groups():
+    """DeepSeek-V3 style: every token's experts lie in at most topk_group of n_group groups."""
+    dims = R.RoutingDims(2, 64, 8, n_group=8, topk_group=4)
+    reqs = D.sample_routing(dims, R.profile("deepseek"), 3, 50, seed=5)
+    for r in reqs:
+        groups = r // 8
+        for tok in groups.reshape(-1, 8):
+            assert len(set(tok.tolist())) <= 4
+        assert all(len(set(t.tolist())) == 8 for t in r.reshape(-1, 8))
+
+
+def test_same_seed_same_result_on_any_thread_count():
+    E, k = 64, 6
+    rt = R.lower(R.RoutingDims(4, E, k), R.profile("deepseek-v2"), seed=3, prefetch=True)
+    dm, hw = synthetic(4, E, k, slots=12, page=40)
+    c = cols(batch=3, steps=80, warmup=10, seed=11, n=6)
+    one = D.run(dm, hw, rt, c, n_threads=1)
+    two = D.run(dm, hw, rt, c, n_threads=2)
+    four = D.run(dm, hw, rt, c, n_threads=4)
+    for key in RESULT_SCALARS + RESULT_ARRAYS:
+        assert np.array_equal(one[key], two[key]) and np.array_equal(one[key], four[key])
+    # each configuration index owns its stream: rows differ, reruns repeat
+    assert len(set(one["step_mean"].tolist())) > 1
+    assert np.array_equal(D.run(dm, hw, rt, c)["step_mean"], one["step_mean"])
+
+
+def test_trace_replay_through_kernel_matches_cache_replay():
+    """Trace replay in the decode kernel (batch 1) gives the same LRU hit rate as the cache kernel."""
+    rng = np.random.default_rng(0)
+    E, k, L, T = 16, 2, 3, 300
+    tokens = np.stack([np.stack([rng.choice(E, size=k, replace=False, p=None) for _ in range(L)])
+                       for _ in range(T)]).astype(np.int32)
+    tr = traces.Trace(requests=[tokens], layers=list(range(L)), top_k=k, n_experts=E, source="test")
+    rt = R.lower_trace(R.RoutingDims(L, E, k), tr)
+    for C in (2, 4, 8):
+        dm, hw = synthetic(L, E, k, slots=C)
+        sim = D.run(dm, hw, rt, cols(1, steps=T, warmup=0))
+        direct = R.cache_hit_rates([tokens], E, C)
+        assert sim["hit_rate"][0] == pytest.approx(direct.mean(), abs=1e-12)
+
+
+# ------------------------------------------------------------------------------ end to end
+DESKTOP = dict(gpu="rtx-4090", host="ddr5-6000x2", host_mem_gb=192)
+
+
+@pytest.mark.parametrize("mid,quant", [("llama-3-8b", "Q4_K_M"), ("llama-3-8b", "Q8_0"), ("llama-2-7b", "F16")])
+def test_dense_model_on_one_gpu_obeys_bandwidth_roofline(mid, quant):
+    mach = hardware.machine(gpu="rtx-4090")
+    r = simulate(mid, mach, quant=quant, context=2048, placement="all-gpu", tokens=32)
+    weights = r.memory["weights_bytes"]
+    assert r.decode_tok_s <= mach.gpu_bw_gbs * 1e9 / weights
+    assert r.decode_tok_s > 0.3 * mach.gpu_bw_gbs * 1e9 / weights   # and not absurdly slow
+    assert r.bottleneck == "gpu_memory"
+
+
+def test_simulate_reports_every_contract_field():
+    r = simulate("qwen3-30b-a3b", hardware.machine(**DESKTOP), quant="Q4_K_M", placement="experts-cpu", tokens=64)
+    d = r.to_dict()
+    for key in ("decode_tok_s", "aggregate_tok_s", "prefill_tok_s", "ttft_s", "tpot_ms", "breakdown", "bottleneck",
+                "expert_hit_rate", "distinct_experts_per_step", "bytes_per_token", "model", "quant", "fits",
+                "max_context", "memory_by_tier", "weights_bytes"):
+        assert key in d
+    assert set(d["tpot_ms"]) == {"mean", "p50", "p99"}
+    assert d["tpot_ms"]["p99"] >= d["tpot_ms"]["p50"] > 0
+    assert d["bottleneck"] == "host_memory"             # CPU experts on dual-channel DDR5
+    per_phase = sum(d["breakdown"]["by_phase"].values())
+    assert per_phase == pytest.approx(d["breakdown"]["seconds_per_token"], rel=1e-9)
+    assert sum(d["breakdown"]["by_resource"].values()) == pytest.approx(per_phase, rel=1e-9)
+    assert d["decode_tok_s"] == pytest.approx(1e3 / d["tpot_ms"]["mean"], rel=1e-9)
+    assert 6 <= d["distinct_experts_per_step"] <= 8 + 1e-9
+
+
+def test_offloading_more_experts_is_slower_and_hybrid_is_between():
+    mach = hardware.machine(**DESKTOP)
+    common = dict(quant="Q4_K_M", context=4096, mode="analytic")
+    gpu = simulate("qwen3-30b-a3b", mach, placement="all-gpu", **common).decode_tok_s
+    part = simulate("qwen3-30b-a3b", mach, placement="n-cpu-moe=24", **common).decode_tok_s
+    cpu = simulate("qwen3-30b-a3b", mach, placement="experts-cpu", **common).decode_tok_s
+    assert gpu > part > cpu
+
+
+def test_expert_cache_prefetch_and_policies_end_to_end():
+    mach = hardware.machine(**DESKTOP)
+    kw = dict(quant="Q4_K_M", placement="offload-cache=32", tokens=128)
+    lru = simulate("qwen3-30b-a3b", mach, policy="lru", **kw)
+    bel = simulate("qwen3-30b-a3b", mach, policy="belady", **kw)
+    pre = simulate("qwen3-30b-a3b", mach, policy="lru", prefetch_recall=0.9, **kw)
+    assert 0 < lru.expert_hit_rate <= bel.expert_hit_rate <= 1
+    assert bel.decode_tok_s >= lru.decode_tok_s
+    assert pre.decode_tok_s >= lru.decode_tok_s
+    assert pre.expert_hit_rate == lru.expert_hit_rate    # prefetch hides latency, saves no bytes
+
+
+def test_speculative_decoding_raises_tokens_per_step():
+    mach = hardware.machine(gpu="h200", gpus=8)
+    base = simulate("deepseek-v3", mach, quant="fp8", runtime="vllm", tokens=32, mode="analytic")
+    spec = simulate("deepseek-v3", mach, quant="fp8", runtime="vllm", tokens=32, mode="analytic", mtp=1,
+                    mtp_acceptance=0.85)
+    assert spec.decode_tok_s > base.decode_tok_s
+    assert spec.tpot_ms["mean"] < base.tpot_ms["mean"]
+
+
+def test_storage_spill_pages_experts_from_nvme():
+    mach = hardware.machine(gpu="rtx-4090", host="ddr5-6000x2", host_mem_gb=64)
+    r = simulate("qwen3-235b-a22b", mach, quant="Q4_K_M", placement="experts-cpu", tokens=48)
+    assert "storage" in r.memory["fits"]
+    assert r.page_cache_hit_rate is not None and r.page_cache_hit_rate < 1
+    assert r.bytes_per_token["storage"] > 0
+    assert r.bottleneck == "storage"
+
+
+def test_unified_memory_machine():
+    r = simulate("qwen3-30b-a3b", hardware.machine(gpu="m3-ultra"), quant="mlx-4bit", tokens=32)
+    assert r.memory["placement"] == "unified"
+    assert r.decode_tok_s > 0
+
+
+def test_trace_replay_end_to_end(tmp_path):
+    rng = np.random.default_rng(1)
+    path = tmp_path / "t.jsonl"
+    with open(path, "w") as fh:
+        for tok in range(40):
+            for layer in range(24):
+                ids = rng.choice(32, size=4, replace=False).tolist()
+                fh.write(f'{{"problem_id": 0, "layer": {layer}, "token_idx": {tok}, "experts": {ids}, '
+                         f'"gating_probs": [0.4, 0.3, 0.2, 0.1]}}\n')
+    r = simulate("gpt-oss-20b", hardware.machine(**DESKTOP), quant="MXFP4_MOE", placement="offload-cache=8",
+                 trace=str(path), tokens=40)
+    assert r.routing.startswith("trace")
+    assert 0 <= r.expert_hit_rate <= 1
+
+
+# ------------------------------------------------------------------------------ bad input
+@pytest.mark.parametrize("kwargs,field", [
+    (dict(context=-1), "context"),
+    (dict(batch=0), "batch"),
+    (dict(tokens=0), "tokens"),
+    (dict(policy="fifo"), "policy"),
+    (dict(mode="exact"), "mode"),
+    (dict(mode="analytic", policy="belady"), "policy"),
+    (dict(prefetch_recall=1.5), "prefetch_recall"),
+    (dict(mtp_acceptance=-0.1), "mtp_acceptance"),
+    (dict(mtp=2), "mtp"),
+    (dict(tokens=10, warmup=10), "warmup"),
+    (dict(cache_experts=-3), "cache_experts"),
+    (dict(routing="nope"), "routing"),
+    (dict(placement="all-gpu", cache_experts=4), "cache_experts"),
+])
+def test_bad_input_names_the_field(kwargs, field):
+    with pytest.raises(MoesimError) as exc:
+        simulate("qwen3-30b-a3b", hardware.machine(**DESKTOP), quant="Q4_K_M", **kwargs)
+    assert exc.value.field == field
+
+
+def test_bad_routing_profile_values_rejected():
+    with pytest.raises(MoesimError) as exc:
+        R.profile("generic", stickiness=1.5)
+    assert exc.value.field == "stickiness"
+    with pytest.raises(MoesimError) as exc:
+        R.profile("generic", zipf_s=float("nan"))
+    assert exc.value.field == "zipf_s"
+
+
+def test_bad_trace_rejected_before_the_kernel(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"problem_id": 0, "layer": 0, "token_idx": 0, "experts": [1, 99], "gating_probs": [1, 0]}\n')
+    with pytest.raises(MoesimError) as exc:
+        simulate("mixtral-8x7b", hardware.machine(**DESKTOP), quant="Q4_K_M", trace=str(bad))
+    assert exc.value.field == "trace"
+    wrong_k = traces.Trace(requests=[np.zeros((3, 2, 3), np.int32)], layers=[0, 1], top_k=3, n_experts=8, source="t")
+    with pytest.raises(MoesimError) as exc:
+        simulate("mixtral-8x7b", hardware.machine(**DESKTOP), quant="Q4_K_M", trace=wrong_k)
+    assert exc.value.field == "trace"
+    with pytest.raises(MoesimError) as exc:
+        simulate("llama-3-8b", hardware.machine(**DESKTOP), quant="Q4_K_M", trace=wrong_k)
+    assert exc.value.field == "trace"
+
+
+def test_kernel_rejects_inconsistent_tables_without_crashing():
+    """Raw tables bypass validation: the kernel returns an error code (KernelError), never crashes."""
+    dm, hw = synthetic(2, 8, 2, slots=4)
+    rt = R.lower(R.RoutingDims(2, 8, 2), R.profile("generic"), seed=0)
+    bad_hw = dict(hw, gpu_bw=0.0)
+    with pytest.raises(KernelError, match="bandwidth"):
+        D.run(dm, bad_hw, rt, cols())
+    bad_rt = dict(rt, top_k=9)
+    with pytest.raises(KernelError, match="routing"):
+        D.run(dm, hw, bad_rt, cols())
+    bad_dm = dict(dm, moe_index=np.array([0, 5], np.int32))
+    with pytest.raises(KernelError):
+        D.run(bad_dm, hw, rt, cols())
+    bad_trace = dict(rt, trace=np.full((4, 2, 2), 8, np.int32))
+    with pytest.raises(KernelError, match="trace"):
+        D.run(dm, hw, bad_trace, cols())
