@@ -31,8 +31,9 @@ def test_fit_json_fields(capsys):
         assert r["fits"] == "gpu+host+storage"     # 377 GiB of Q4_K_M cannot sit in 24 GB + 192 GB
         assert r["placement"].startswith("n-cpu-moe=")
         assert "--n-cpu-moe" in r["flags"]
-        assert "decode_tok_s" not in r          # no speed before the simulator exists
+        assert r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0
     assert rows[1]["weights_bytes"] < rows[0]["weights_bytes"]
+    assert rows[1]["decode_tok_s"] > rows[0]["decode_tok_s"]     # fewer bytes per token, less spilled to NVMe
 
 
 def test_fit_small_model_all_gpu(capsys):
@@ -93,3 +94,43 @@ def test_python_dash_m_entry_point():
     proc = subprocess.run([sys.executable, "-m", "moesim", "fit", "nope-model", "--gpu", "rtx-4090"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.startswith("moesim: error: model:")
+
+
+SIM_FIELDS = {"decode_tok_s", "aggregate_tok_s", "prefill_tok_s", "ttft_s", "tpot_ms", "breakdown", "bottleneck",
+              "expert_hit_rate", "distinct_experts_per_step", "bytes_per_token"} | FIT_FIELDS
+
+
+def test_simulate_json_fields(capsys):
+    code, out, err = run(capsys, "simulate", "qwen3-30b-a3b", *MACHINE, "--quant", "Q4_K_M", "--placement",
+                         "offload-cache", "--cache-experts", "16", "--batch", "2", "--tokens", "64", "--seed", "7",
+                         "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    assert SIM_FIELDS <= set(d)
+    assert d["placement"] == "offload-cache=16" and d["batch"] == 2 and d["seed"] == 7
+    assert 0 <= d["expert_hit_rate"] <= 1
+    assert d["aggregate_tok_s"] == pytest.approx(2 * d["decode_tok_s"])
+    code2, out2, _ = run(capsys, "simulate", "qwen3-30b-a3b", *MACHINE, "--quant", "Q4_K_M", "--placement",
+                         "offload-cache", "--cache-experts", "16", "--batch", "2", "--tokens", "64", "--seed", "7",
+                         "--json")
+    assert json.loads(out2) == d                  # same seed, same result
+
+
+def test_simulate_text_and_analytic(capsys):
+    code, out, err = run(capsys, "simulate", "gpt-oss-20b", *MACHINE, "--quant", "MXFP4_MOE", "--mode", "analytic")
+    assert code == 0, err
+    assert "tok/s per sequence" in out and "bottleneck" in out
+
+
+@pytest.mark.parametrize("argv,field", [
+    (["--policy", "fifo"], "policy"),
+    (["--mode", "exact"], "mode"),
+    (["--prefetch-recall", "2"], "prefetch_recall"),
+    (["--tokens", "0"], "tokens"),
+    (["--mode", "analytic", "--policy", "belady"], "policy"),
+    (["--trace", "/nonexistent/trace.jsonl"], "trace"),
+])
+def test_simulate_bad_input_one_line(capsys, argv, field):
+    code, out, err = run(capsys, "simulate", "qwen3-30b-a3b", *MACHINE, "--quant", "Q4_K_M", *argv)
+    assert code == 2
+    assert err.count("\n") == 1 and field in err and "Traceback" not in err

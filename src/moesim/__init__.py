@@ -1,7 +1,10 @@
 """moesim: will this mixture-of-experts model run on this machine, and how fast will it decode?"""
-from .errors import MoesimError
-from .models import Model, model, model_ids
-
 __version__ = "0.1.0"
 
-__all__ = ["MoesimError", "Model", "model", "model_ids", "__version__"]
+from .errors import MoesimError  # noqa: E402
+from .models import Model, model, model_ids  # noqa: E402
+from .hardware import machine  # noqa: E402
+from .fit import fit  # noqa: E402
+from .decode import Result, simulate  # noqa: E402
+
+__all__ = ["MoesimError", "Model", "model", "model_ids", "machine", "fit", "simulate", "Result", "__version__"]

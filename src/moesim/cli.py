@@ -84,6 +84,29 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--runtime", help="llama.cpp | ik_llama.cpp | ollama | vllm | sglang | trtllm | ktransformers | mlx")
     f.add_argument("--mtp", type=_positive_int, default=0, help="load the MTP modules (draft tokens)")
     f.add_argument("--json", action="store_true")
+
+    s = sub.add_parser("simulate", help="token-level decode simulation: tok/s, p50/p99, breakdown, hit rates")
+    s.add_argument("model", help="catalog model id")
+    _add_machine_flags(s)
+    s.add_argument("--quant", default="native")
+    s.add_argument("--context", type=_positive_int, default=4096, help="KV depth at which decode is measured")
+    s.add_argument("--prompt", type=_positive_int, default=512, help="prompt length for prefill / TTFT")
+    s.add_argument("--batch", type=_positive_int, default=1, help="concurrent sequences")
+    s.add_argument("--kv-dtype")
+    s.add_argument("--placement", help="as for fit; default: as the runtime would fit")
+    s.add_argument("--runtime")
+    s.add_argument("--policy", default="lru", help="GPU expert cache policy: lru | lfu | static | belady")
+    s.add_argument("--cache-experts", type=_positive_int, help="GPU expert-cache slots per MoE layer (offload-cache)")
+    s.add_argument("--prefetch-recall", type=_number, help="next-layer predictor recall in [0, 1] (enables prefetch)")
+    s.add_argument("--routing", help="routing profile id (default: the model family's)")
+    s.add_argument("--mtp", type=_positive_int, default=0, help="speculative draft tokens per step (MTP)")
+    s.add_argument("--mtp-acceptance", type=_number, default=0.8, help="per-draft acceptance probability")
+    s.add_argument("--tokens", type=_positive_int, default=256, help="simulated decode steps")
+    s.add_argument("--warmup", type=_positive_int, help="steps excluded from statistics (default min(32, T/4))")
+    s.add_argument("--seed", type=_positive_int, default=0)
+    s.add_argument("--mode", default="montecarlo", help="montecarlo | analytic")
+    s.add_argument("--trace", help="replay a recorded routing trace (see moesim.traces)")
+    s.add_argument("--json", action="store_true")
     return p
 
 
@@ -165,20 +188,61 @@ def _cmd_fit(args) -> int:
     for a in r0["assumptions"]:
         print(f"  assumed: {a}")
     print(f"{'quant':10} {'weights':>11} {'placement':>15} {'GPU':>11} {'host':>11} {'storage':>11} "
-          f"{'fits':>17} {'max context':>11} {'max batch':>9}  KV")
+          f"{'fits':>17} {'max context':>11} {'max batch':>9} {'tok/s':>8}  KV")
     for r in rows:
         t = r["memory_by_tier"]
         gpu_tier = t.get("gpu") or t.get("unified")
+        tok_s = f"{r['decode_tok_s']:8.1f}" if r.get("decode_tok_s") else "       -"
         print(f"{r['quant']:10} {_fmt_bytes(r['weights_bytes'])} {r['placement']:>15} {_fmt_bytes(gpu_tier['total'])} "
               f"{_fmt_bytes(t['host']['total'])} {_fmt_bytes(t['storage']['total'])} {r['fits']:>17} "
-              f"{r['max_context']:11d} {r['max_batch']:9d}  {r['kv_dtype']}")
+              f"{r['max_context']:11d} {r['max_batch']:9d} {tok_s}  {r['kv_dtype']}")
     print("runtime flags:")
     for r in rows:
         print(f"  {r['quant']:10} {r['flags']}")
     return 0
 
 
-_COMMANDS = {"models": _cmd_models, "hardware": _cmd_hardware, "quants": _cmd_quants, "fit": _cmd_fit}
+def _cmd_simulate(args) -> int:
+    from .decode import simulate
+    mach = _machine_from(args)
+    r = simulate(args.model, mach, quant=args.quant, context=args.context, batch=args.batch, placement=args.placement,
+                 runtime=args.runtime, kv_dtype=args.kv_dtype, policy=args.policy, cache_experts=args.cache_experts,
+                 prefetch_recall=args.prefetch_recall, tokens=args.tokens, warmup=args.warmup, seed=args.seed,
+                 mode=args.mode, trace=args.trace, routing=args.routing, mtp=args.mtp,
+                 mtp_acceptance=args.mtp_acceptance, prompt=args.prompt)
+    d = r.to_dict()
+    if args.json:
+        print(json.dumps(d, indent=1))
+        return 0
+    print(f"{d['model']} {d['quant']} on {d['machine']}")
+    print(f"runtime {d['runtime']}, placement {d['placement']} ({d['flags']}); fits: {d['fits']}")
+    print(f"context {d['context']}, batch {d['batch']}, {d['mode']} over {d['tokens']} steps, routing {d['routing']}, "
+          f"seed {d['seed']}")
+    print(f"decode   {d['decode_tok_s']:9.2f} tok/s per sequence, {d['aggregate_tok_s']:9.2f} tok/s aggregate")
+    t = d["tpot_ms"]
+    print(f"TPOT     mean {t['mean']:.2f} ms, p50 {t['p50']:.2f} ms, p99 {t['p99']:.2f} ms")
+    print(f"prefill  {d['prefill_tok_s']:9.1f} tok/s, TTFT {d['ttft_s']:.2f} s for a {args.prompt}-token prompt")
+    print(f"bottleneck: {d['bottleneck']}")
+    if d["expert_hit_rate"] is not None:
+        print(f"GPU expert hit rate {d['expert_hit_rate']:.3f} ({d['policy']})")
+    if d["page_cache_hit_rate"] is not None:
+        print(f"host page-cache hit rate {d['page_cache_hit_rate']:.3f}")
+    print(f"distinct experts per MoE layer per step {d['distinct_experts_per_step']:.2f}, "
+          f"consecutive-token reuse {d['reuse']:.3f}")
+    per = d["breakdown"]["seconds_per_token"]
+    print("time per token by resource:")
+    for k, v in sorted(d["breakdown"]["by_resource"].items(), key=lambda kv: -kv[1]):
+        if v > 0:
+            print(f"  {k:14} {v * 1e3:9.3f} ms  {100 * v / per:5.1f} %")
+    print("bytes per token:")
+    for k, v in d["bytes_per_token"].items():
+        if v > 0:
+            print(f"  {k:14} {v / 1e9:9.3f} GB")
+    return 0
+
+
+_COMMANDS = {"models": _cmd_models, "hardware": _cmd_hardware, "quants": _cmd_quants, "fit": _cmd_fit,
+             "simulate": _cmd_simulate}
 
 
 def main(argv=None) -> int:

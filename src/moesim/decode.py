@@ -397,6 +397,22 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
     return _result(res, 0, batch, memory, mode, policy, tokens, seed, routing_name, pf_tok_s, ttft)
 
 
+def estimate(m: Model, low, machine: Machine, rt: Runtime, p: Placement, context: int, batch: int, kv: str,
+             mem, mtp: int = 0, mtp_acceptance: float = 0.8, prompt: int = 512) -> tuple:
+    """(decode tok/s per sequence, prefill tok/s) on the analytic path with the family's routing
+    profile: what ``moesim fit`` reports next to the memory view."""
+    dims = R.RoutingDims.of(m)
+    rtab = R.lower(dims, R.profile(None, family=m.family), 0)
+    tps = 1 + mtp
+    dm = lower_model(m, low, p, machine, rt, context, kv, batch * tps, mem.by_class, mem.tier)
+    hw = lower_machine(machine, rt, p)
+    cols = dict(batch=[batch], tokens_per_step=[tps], drafts=[mtp], accepted=[accepted_per_step(mtp, mtp_acceptance)],
+                steps=[1], warmup=[0], policy=[POLICIES["lru"]], mode=[MODES["analytic"]], seed=[0], index=[0])
+    res = run(dm, hw, rtab, cols)
+    pf, _ = prefill(m, dm, hw, rtab, rt, prompt, batch)
+    return float(res["accepted"][0] / res["step_mean"][0]), pf
+
+
 def _result(res: dict, i: int, batch: int, memory: dict, mode: str, policy: str, tokens: int, seed: int,
             routing_name: str, pf_tok_s: float, ttft: float) -> Result:
     acc = float(res["accepted"][i])

@@ -81,7 +81,12 @@ def fit(model, machine: Machine, quants=None, context: int = 4096, batch: int = 
         else:
             p = parse_placement(placement, m, machine)
         r = _eval(m, low, machine, rt, p, context, batch, kv, mtp)
-        out.append(record(m, q, kv, context, batch, p, rt, machine, r, mtp))
+        rec = record(m, q, kv, context, batch, p, rt, machine, r, mtp)
+        rec["decode_tok_s"] = rec["prefill_tok_s"] = None
+        if r.fits_bits:
+            from .decode import estimate
+            rec["decode_tok_s"], rec["prefill_tok_s"] = estimate(m, low, machine, rt, p, context, batch, kv, r, mtp)
+        out.append(rec)
     return out
 
 
