@@ -3,6 +3,7 @@
  * Belady (MIN) offline optimum. A cache is a view over caller-owned arrays; nothing is allocated.
  * moesim/reference.py has the same policies in plain Python.
  */
+#include <stdint.h>
 #include <string.h>
 
 #include "ms_internal.h"
@@ -13,8 +14,10 @@ void ms_cache_reset(ms_cache_t *c, int32_t n_experts, int32_t capacity, int32_t 
     c->capacity = capacity < n_experts ? capacity : n_experts;
     c->policy = policy;
     c->used = 0;
+    c->stamp = 0;
     for (int32_t e = 0; e < n_experts; e++) {
         c->where[e] = -1;
+        c->need[e] = 0;
         c->freq[e] = 0.0;
         c->last[e] = -1.0;
         c->next_use[e] = 0.0;
@@ -29,13 +32,24 @@ void ms_cache_reset(ms_cache_t *c, int32_t n_experts, int32_t capacity, int32_t 
     }
 }
 
+void ms_cache_begin_step(ms_cache_t *c, const int32_t *sel, int32_t n)
+{
+    c->stamp++;
+    for (int32_t j = 0; j < n; j++) c->need[sel[j]] = c->stamp;
+}
+
 /* The slot to evict: least recent (LRU), least frequent then least recent (LFU), or the one
- * used furthest in the future (Belady). Ties go to the lowest slot. */
+ * used furthest in the future (Belady), among experts the current step no longer needs; only when
+ * every resident expert is still needed does it fall back to all slots. Ties go to the lowest slot. */
 static int32_t victim(const ms_cache_t *c)
 {
-    int32_t best = 0;
-    for (int32_t i = 1; i < c->used; i++) {
-        int32_t e = c->slot[i], b = c->slot[best];
+    int32_t best = -1, pass;
+    for (pass = 0; pass < 2 && best < 0; pass++) {
+    for (int32_t i = 0; i < c->used; i++) {
+        int32_t e = c->slot[i], b;
+        if (pass == 0 && c->need[e] == c->stamp) continue;
+        if (best < 0) { best = i; continue; }
+        b = c->slot[best];
         switch (c->policy) {
         case MS_POLICY_LFU:
             if (c->freq[e] < c->freq[b] || (c->freq[e] == c->freq[b] && c->last[e] < c->last[b])) best = i;
@@ -48,12 +62,14 @@ static int32_t victim(const ms_cache_t *c)
             break;
         }
     }
+    }
     return best;
 }
 
 int ms_cache_access(ms_cache_t *c, int32_t e, double tick, double next_use)
 {
     int hit = c->where[e] >= 0;
+    c->need[e] = 0;
     c->freq[e] += 1.0;
     c->last[e] = tick;
     c->next_use[e] = next_use;
@@ -70,17 +86,18 @@ int ms_cache_access(ms_cache_t *c, int32_t e, double tick, double next_use)
     return 0;
 }
 
-/* next_use[t][l][j]: the step at which expert sel[t][l][j] is next used in layer l (steps if never). */
+/* next_use[t][l][j]: the position (step x width + slot) at which expert sel[t][l][j] is next used
+ * in layer l (n_steps x width if never), so MIN evicts the expert needed furthest ahead. */
 void ms_next_use(const int32_t *sel, const int32_t *nsel, int64_t n_steps, int32_t n_layers, int32_t width,
                  int32_t n_experts, int32_t *next_use, int32_t *last_seen)
 {
     for (int32_t l = 0; l < n_layers; l++) {
-        for (int32_t e = 0; e < n_experts; e++) last_seen[e] = (int32_t) n_steps;
+        for (int32_t e = 0; e < n_experts; e++) last_seen[e] = (int32_t) (n_steps * width);
         for (int64_t t = n_steps - 1; t >= 0; t--) {
             int64_t row = (t * n_layers + l) * (int64_t) width;
             int32_t n = nsel[t * n_layers + l];
             for (int32_t j = 0; j < n; j++) next_use[row + j] = last_seen[sel[row + j]];
-            for (int32_t j = 0; j < n; j++) last_seen[sel[row + j]] = (int32_t) t;
+            for (int32_t j = 0; j < n; j++) last_seen[sel[row + j]] = (int32_t) (t * width + j);
         }
     }
 }
@@ -101,6 +118,7 @@ int ms_cache_replay(const int32_t *sel, const int32_t *nsel, int64_t n_steps, in
     int32_t *nu, *last_seen;
     if (sel == NULL || nsel == NULL || workspace == NULL || hits == NULL || accesses == NULL) return MS_ERR_NULL_ARGUMENT;
     if (n_experts <= 0 || n_layers <= 0 || width <= 0 || n_steps < 0 || capacity < 0) return MS_ERR_BAD_SIZE;
+    if (n_steps * (int64_t) width >= INT32_MAX) return MS_ERR_BAD_SIZE;
     if (policy < 0 || policy >= MS_N_POLICIES) return MS_ERR_BAD_POLICY;
     if (policy == MS_POLICY_STATIC && hot == NULL) return MS_ERR_NULL_ARGUMENT;
     if (workspace_bytes < ms_cache_workspace_size(n_experts, n_layers, n_steps, width)) return MS_ERR_BAD_WORKSPACE;
@@ -123,6 +141,7 @@ int ms_cache_replay(const int32_t *sel, const int32_t *nsel, int64_t n_steps, in
         for (int64_t t = 0; t < n_steps; t++) {
             int64_t row = (t * n_layers + l) * (int64_t) width;
             int32_t n = nsel[t * n_layers + l];
+            ms_cache_begin_step(&c, sel + row, n);
             for (int32_t j = 0; j < n; j++) {
                 double next = policy == MS_POLICY_BELADY ? (double) nu[row + j] : 0.0;
                 int hit = ms_cache_access(&c, sel[row + j], tick, next);

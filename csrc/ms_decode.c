@@ -203,6 +203,7 @@ typedef struct {
     int32_t *allowed;           /* [E] group mask stamp */
     double *gscore;             /* [n_group] */
     int32_t *gpick;             /* [n_group] */
+    int32_t *usel, *ucnt;       /* [E] scratch: a step's union re-ordered by expert id */
     char *caches;               /* 2 x L caches (GPU, page) */
     int32_t *last_seen;         /* [E] */
     layer_work_t *work;         /* [n_layers of the model] */
@@ -246,6 +247,8 @@ static int64_t ws_layout(const ms_decode_model_t *m, const ms_routing_t *r, cons
     TAKE(chosen, int32_t, E);
     TAKE(allowed, int32_t, E);
     TAKE(gpick, int32_t, G);
+    TAKE(usel, int32_t, E);
+    TAKE(ucnt, int32_t, E);
     TAKE(last_seen, int32_t, E);
     TAKE(caches, char, mc ? 2 * L * ms_cache_bytes((int32_t) E) : 0);
 #undef TAKE
@@ -423,6 +426,20 @@ static int generate(const ms_routing_t *r, const ms_decode_config_t *c, ws_t *ws
                 }
             }
         }
+        /* The step serves its experts in expert-id order (as fused MoE kernels walk them), so the
+         * order a cache sees does not favour the first sequence's picks. */
+        for (int32_t l = 0; l < L; l++) {
+            int64_t row = (t * L + l) * (int64_t) W;
+            const int32_t *mk = ws->mark + (int64_t) l * E;
+            int32_t n = 0;
+            for (int32_t e = 0; e < E; e++) {
+                if (mk[e] != (int32_t) (t + 1)) continue;
+                ws->usel[n] = e;
+                ws->ucnt[n++] = ws->cnt[row + ws->pos[(int64_t) l * E + e]];
+            }
+            memcpy(ws->sel + row, ws->usel, (size_t) n * sizeof(int32_t));
+            memcpy(ws->cnt + row, ws->ucnt, (size_t) n * sizeof(int32_t));
+        }
     }
     return 0;
 }
@@ -479,6 +496,8 @@ static int montecarlo(const ms_decode_model_t *m, const ms_machine_t *hw, const 
             row = (t * L + l) * (int64_t) W;
             n = ws->nsel[t * L + l];
             if (t >= c->warmup) distinct += n;
+            ms_cache_begin_step(&gpu_c[l], ws->sel + row, n);
+            ms_cache_begin_step(&page_c[l], ws->sel + row, n);
             for (int32_t j = 0; j < n; j++) {
                 int32_t e = ws->sel[row + j];
                 double pairs = ws->cnt[row + j];
@@ -542,58 +561,40 @@ static int montecarlo(const ms_decode_model_t *m, const ms_machine_t *hw, const 
 
 /* ------------------------------------------------------------------------- analytic */
 
-/* Che's approximation: characteristic time tau with sum_e (1 - exp(-p_e tau)) = C, solved by
- * Newton's method from tau = 0 (the left side is concave and increasing, so the iterates rise
- * monotonically to the root); returns the expected hits per step sum_e p_e (1 - exp(-p_e tau)). */
+/* Che's approximation at step level: an expert the step needs is resident iff it was used within
+ * the last tau steps, where tau makes the expected number of distinct experts used in tau steps
+ * equal the capacity: sum_e (1 - (1 - p_e)^tau) = C (the cache never evicts an expert the current
+ * step still needs, so a step's hits are exactly its experts already resident when it starts).
+ * tau >= 1 when a step's D = sum_e p_e experts fit; Newton's method from tau = 1 (the left side is
+ * concave and increasing, so the iterates rise monotonically to the root). When D > C the cache
+ * holds C of the previous step's D experts, an id-ordered and so popularity-blind subset:
+ * hits = (C / D) sum_e p_e^2. Returns the expected hits per step. */
 static double che_hits(const double *p, int32_t E, double capacity)
 {
-    double tau = 0.0, hits = 0.0;
+    double tau = 1.0, hits = 0.0, D = 0.0;
     int32_t support = 0;
-    for (int32_t e = 0; e < E; e++) support += p[e] > 0.0;
-    if ((double) support <= capacity) {
-        for (int32_t e = 0; e < E; e++) hits += p[e];
-        return hits;
+    for (int32_t e = 0; e < E; e++) {
+        support += p[e] > 0.0;
+        D += p[e];
     }
+    if ((double) support <= capacity) return D;
     if (capacity <= 0.0) return 0.0;
+    if (D >= capacity) {
+        for (int32_t e = 0; e < E; e++) hits += p[e] * p[e];
+        return hits * capacity / D;
+    }
     for (int it = 0; it < 200; it++) {
         double f = -capacity, df = 0.0, step;
         for (int32_t e = 0; e < E; e++) {
-            double x = exp(-p[e] * tau);
+            double a = -log1p(-fmin(p[e], 1.0 - 1e-15)), x = exp(-a * tau);
             f += 1.0 - x;
-            df += p[e] * x;
+            df += a * x;
         }
         step = -f / df;
         tau += step;
         if (!(step > 1e-14 * tau)) break;
     }
-    for (int32_t e = 0; e < E; e++) hits += p[e] * (1.0 - exp(-p[e] * tau));
-    return hits;
-}
-
-/* Expected LRU hits per step when a step's D distinct experts are accessed one after another:
- * the access at position j finds the j experts already touched this step in the cache, so it
- * competes for C - j slots with earlier steps (Che on step-level references, capacity C - j),
- * and cannot be one of those j (factor support / (support - j)). Positions beyond 16 are
- * sampled on an even grid (midpoint rule). */
-#define MS_LRU_POSITIONS 16
-static double lru_step_hits(const double *p, int32_t E, double D, double capacity)
-{
-    int32_t support = 0;
-    double n_pos = fmin(ceil(D), capacity), hits = 0.0;
-    for (int32_t e = 0; e < E; e++) support += p[e] > 0.0;
-    if (D <= 0.0 || n_pos <= 0.0) return 0.0;
-    if (n_pos <= MS_LRU_POSITIONS) {
-        for (int32_t j = 0; j < (int32_t) n_pos; j++) {
-            double w = fmin(1.0, D - j);
-            hits += w * che_hits(p, E, capacity - j) / D * support / (support - j);
-        }
-    } else {
-        double width = n_pos / MS_LRU_POSITIONS;
-        for (int32_t i = 0; i < MS_LRU_POSITIONS; i++) {
-            double j = (i + 0.5) * width;
-            hits += width * fmin(1.0, D - j) * che_hits(p, E, capacity - j) / D * support / (support - j);
-        }
-    }
+    for (int32_t e = 0; e < E; e++) hits += p[e] * (1.0 - exp(log1p(-fmin(p[e], 1.0 - 1e-15)) * tau));
     return hits;
 }
 
@@ -667,7 +668,7 @@ static int analytic(const ms_decode_model_t *m, const ms_machine_t *hw, const ms
                             pc[e] = 1.0 - exp(c->tokens_per_step * lg);
                             dj += pc[e];
                         }
-                        hsum += lru_step_hits(pc, E, dj, C);
+                        hsum += che_hits(pc, E, C);
                         dsum += dj;
                     }
                     h = dsum > 0.0 ? hsum / dsum : 0.0;
@@ -713,6 +714,7 @@ static int check(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_ro
     if (m == NULL || hw == NULL || r == NULL || c == NULL) return MS_ERR_NULL_ARGUMENT;
     if (m->n_layers <= 0 || c->batch <= 0 || c->tokens_per_step <= 0 || c->drafts < 0) return MS_ERR_BAD_SIZE;
     if (c->mode == MS_MODE_MONTECARLO && (c->steps <= c->warmup || c->warmup < 0)) return MS_ERR_BAD_SIZE;
+    if (c->mode == MS_MODE_MONTECARLO && c->steps * (int64_t) r->n_experts >= INT32_MAX) return MS_ERR_BAD_SIZE;
     if (c->policy < 0 || c->policy >= MS_N_POLICIES) return MS_ERR_BAD_POLICY;
     if (!(hw->gpu_bw > 0.0 && hw->host_bw > 0.0 && hw->pcie_bw > 0.0 && hw->storage_bw > 0.0
           && hw->gpu_flops > 0.0 && hw->cpu_flops > 0.0 && hw->interconnect_bw > 0.0)) return MS_ERR_BAD_MACHINE;

@@ -6,18 +6,19 @@
 
 /* One per-layer cache over caller-owned arrays. */
 typedef struct {
-    int32_t n_experts, capacity, policy, used;
+    int32_t n_experts, capacity, policy, used, stamp;
     int32_t *where;      /* [E] slot holding expert e, or -1 */
+    int32_t *need;       /* [E] == stamp: the current step still needs expert e (not evicted first) */
     int32_t *slot;       /* [E] expert in slot i (first `used` valid) */
     double *freq;        /* [E] accesses so far (LFU) */
     double *last;        /* [E] tick of last access (LRU, LFU ties) */
-    double *next_use;    /* [E] step of next use (Belady) */
+    double *next_use;    /* [E] position (step x width + slot) of next use (Belady) */
 } ms_cache_t;
 
 /* Bytes one cache needs; carve its arrays from p and return the advanced pointer. */
 static inline int64_t ms_cache_bytes(int32_t n_experts)
 {
-    return (int64_t) n_experts * (3 * (int64_t) sizeof(double) + 2 * (int64_t) sizeof(int32_t));
+    return (int64_t) n_experts * (3 * (int64_t) sizeof(double) + 4 * (int64_t) sizeof(int32_t));
 }
 
 static inline char *ms_cache_carve(ms_cache_t *c, char *p, int32_t n_experts)
@@ -27,10 +28,13 @@ static inline char *ms_cache_carve(ms_cache_t *c, char *p, int32_t n_experts)
     c->next_use = (double *) p; p += n_experts * sizeof(double);
     c->where = (int32_t *) p; p += n_experts * sizeof(int32_t);
     c->slot = (int32_t *) p; p += n_experts * sizeof(int32_t);
+    c->need = (int32_t *) p; p += 2 * n_experts * sizeof(int32_t);   /* one array + padding to 8 bytes */
     return p;
 }
 
 void ms_cache_reset(ms_cache_t *c, int32_t n_experts, int32_t capacity, int32_t policy, const int32_t *hot);
+/* A new step will access the n distinct experts in sel: they are evicted only when nothing else can be. */
+void ms_cache_begin_step(ms_cache_t *c, const int32_t *sel, int32_t n);
 /* Access expert e at `tick` (its next use at step `next_use` for Belady). Returns 1 on a hit;
  * a miss inserts e (evicting per policy) unless the policy is static. */
 int ms_cache_access(ms_cache_t *c, int32_t e, double tick, double next_use);

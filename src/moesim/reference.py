@@ -251,9 +251,15 @@ class Cache:
         if policy == STATIC:
             self.slots = [int(e) for e in hot[:self.capacity]]
         self.resident = set(self.slots)
+        self.need = set()
+
+    def begin_step(self, sel):
+        """The step's experts are evicted only when nothing else can be."""
+        self.need = set(sel)
 
     def access(self, e, tick, next_use):
         hit = e in self.resident
+        self.need.discard(e)
         self.freq[e] += 1.0
         self.last[e] = tick
         self.next_use[e] = next_use
@@ -262,8 +268,12 @@ class Cache:
         if len(self.slots) < self.capacity:
             self.slots.append(e)
         else:
-            best = 0
-            for i in range(1, len(self.slots)):
+            candidates = [i for i, x in enumerate(self.slots) if x not in self.need] or range(len(self.slots))
+            best = None
+            for i in candidates:
+                if best is None:
+                    best = i
+                    continue
                 a, b = self.slots[i], self.slots[best]
                 if self.policy == LFU:
                     if self.freq[a] < self.freq[b] or (self.freq[a] == self.freq[b] and self.last[a] < self.last[b]):
@@ -279,15 +289,15 @@ class Cache:
         return False
 
 
-def next_use(sel, n_steps, n_layers):
-    """nu[t][l][j]: the step at which sel[t][l][j] is next used in layer l (n_steps if never)."""
+def next_use(sel, n_steps, n_layers, width):
+    """nu[t][l][j]: position (t' x width + j') of the next use of sel[t][l][j] in layer l (n_steps x width if never)."""
     nu = [[None] * n_layers for _ in range(n_steps)]
     for l in range(n_layers):
         last = {}
         for t in range(n_steps - 1, -1, -1):
-            nu[t][l] = [last.get(e, n_steps) for e in sel[t][l]]
-            for e in sel[t][l]:
-                last[e] = t
+            nu[t][l] = [last.get(e, n_steps * width) for e in sel[t][l]]
+            for j, e in enumerate(sel[t][l]):
+                last[e] = t * width + j
     return nu
 
 
@@ -389,6 +399,10 @@ def route(rt, c):
                             pos[l][e] = len(sel[t][l])
                             sel[t][l].append(e)
                             cnt[t][l].append(1)
+        for l in range(L):   # served in expert-id order
+            order = sorted(range(len(sel[t][l])), key=lambda j: sel[t][l][j])
+            sel[t][l] = [sel[t][l][j] for j in order]
+            cnt[t][l] = [cnt[t][l][j] for j in order]
     return sel, cnt, rnum, rden, selections, picks_all
 
 
@@ -516,7 +530,8 @@ def decode_montecarlo(dm, hw, rt, c):
     L, E = rt["n_layers"], max(1, rt["n_experts"])
     sel, cnt, rnum, rden, selections, _ = route(rt, c)
     T, warm, policy = c["steps"], c["warmup"], c["policy"]
-    nu = next_use(sel, T, L) if policy == BELADY else None
+    W = min(E, c["batch"] * c["tokens_per_step"] * rt["top_k"])
+    nu = next_use(sel, T, L, max(W, 1)) if policy == BELADY else None
     hot = rt.get("hot")
     recall = rt.get("recall")
     gpu_c, page_c = {}, {}
@@ -544,6 +559,8 @@ def decode_montecarlo(dm, hw, rt, c):
                 continue
             if t >= warm:
                 distinct += len(sel[t][l])
+            gpu_c[l].begin_step(sel[t][l])
+            page_c[l].begin_step(sel[t][l])
             for j, e in enumerate(sel[t][l]):
                 pairs = float(cnt[t][l][j])
                 nxt = float(nu[t][l][j]) if nu is not None else 0.0
@@ -596,42 +613,29 @@ def decode_montecarlo(dm, hw, rt, c):
 
 
 def che_hits(p, capacity):
-    """Expected hits per step of an LRU cache under independent references (Che's approximation)."""
+    """Expected hits per step of a step-aware LRU cache (Che's approximation at step level; when a
+    step's D experts exceed the capacity, an id-ordered C-subset of the last step: (C/D) sum p^2)."""
     support = sum(1 for x in p if x > 0)
+    D = sum(p)
     if support <= capacity:
-        return sum(p)
+        return D
     if capacity <= 0:
         return 0.0
-    tau = 0.0
+    if D >= capacity:
+        return sum(x * x for x in p) * capacity / D
+    tau = 1.0
     for _ in range(200):
         f, df = -capacity, 0.0
         for x in p:
-            ex = math.exp(-x * tau)
+            a = -math.log1p(-min(x, 1.0 - 1e-15))
+            ex = math.exp(-a * tau)
             f += 1.0 - ex
-            df += x * ex
+            df += a * ex
         step = -f / df
         tau += step
         if not (step > 1e-14 * tau):
             break
-    return sum(x * (1.0 - math.exp(-x * tau)) for x in p)
-
-
-def lru_step_hits(p, D, capacity):
-    """Expected LRU hits per step with the step's D experts accessed one after another (ms_decode.c)."""
-    support = sum(1 for x in p if x > 0)
-    n_pos = min(math.ceil(D), capacity)
-    if D <= 0 or n_pos <= 0:
-        return 0.0
-    hits = 0.0
-    if n_pos <= 16:
-        for j in range(int(n_pos)):
-            hits += min(1.0, D - j) * che_hits(p, capacity - j) / D * support / (support - j)
-    else:
-        width = n_pos / 16
-        for i in range(16):
-            j = (i + 0.5) * width
-            hits += width * min(1.0, D - j) * che_hits(p, capacity - j) / D * support / (support - j)
-    return hits
+    return sum(x * (1.0 - math.exp(math.log1p(-min(x, 1.0 - 1e-15)) * tau)) for x in p)
 
 
 def decode_analytic(dm, hw, rt, c):
@@ -691,9 +695,8 @@ def decode_analytic(dm, hw, rt, c):
                             reps = B // S + (1 if b < B % S else 0)
                             lg += reps * math.log1p(-min(q[s][l][e], 1.0 - 1e-16))
                         pc.append(1.0 - math.exp(tps * lg))
-                    dj = sum(pc)
-                    hsum += lru_step_hits(pc, dj, C)
-                    dsum += dj
+                    hsum += che_hits(pc, C)
+                    dsum += sum(pc)
                 h = hsum / dsum if dsum > 0 else 0.0
                 sigma = stick * min(1.0, C / max(D, 1e-300))
                 h = sigma + (1.0 - sigma) * h

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 import math
 import sys
@@ -202,14 +203,16 @@ def lower_trace(dims: RoutingDims, trace, prefetch_recall: float = 0.0) -> dict:
 
 # ------------------------------------------------------------------------------- statistics
 def step_unions(tokens: np.ndarray) -> tuple:
-    """Batch-1 step unions of a [T, L, k] token array: (sel [T, L, k], nsel [T, L]) with duplicates removed."""
+    """Batch-1 step unions of a [T, L, k] token array: (sel [T, L, k], nsel [T, L]), each token's
+    distinct experts in expert-id order (the order the decode kernel serves a step in)."""
     T, L, k = tokens.shape
-    sel = np.array(tokens, dtype=np.int32, copy=True)
+    srt = np.sort(np.asarray(tokens, dtype=np.int32), axis=2)
     nsel = np.full((T, L), k, dtype=np.int32)
-    srt = np.sort(sel, axis=2)
-    if k > 1 and np.any(srt[:, :, 1:] == srt[:, :, :-1]):
-        for t, l in zip(*np.nonzero(np.any(srt[:, :, 1:] == srt[:, :, :-1], axis=2))):
-            u = list(dict.fromkeys(tokens[t, l].tolist()))
+    sel = srt.copy()
+    if k > 1:
+        dup = srt[:, :, 1:] == srt[:, :, :-1]
+        for t, l in zip(*np.nonzero(np.any(dup, axis=2))):
+            u = np.unique(srt[t, l])
             sel[t, l, :len(u)] = u
             nsel[t, l] = len(u)
     return sel, nsel
@@ -258,29 +261,56 @@ def trace_stats(requests, n_experts: int, top_k: int) -> dict:
             "lru_3k": float(np.mean(cache_hit_rates(requests, n_experts, min(n_experts, 3 * top_k))))}
 
 
-def fit_profile(trace, n_requests: int = 24, seed: int = 0, grid=None) -> tuple:
+FIT_GRID = dict(zipf_s=(0.2, 0.4, 0.6, 0.8), concentration=(0.5, 1.0, 2.0, 4.0, 8.0),
+                stickiness=(0.0, 0.1, 0.2, 0.3, 0.4))
+_FIT_KEYS = ("zipf_s", "concentration", "stickiness")
+
+
+def fit_profile(trace, n_requests: int = 24, seed: int = 0, grid=None, refine: int = 2) -> tuple:
     """Grid-search (s, concentration, stickiness) so sampled requests match the trace's reuse and
-    LRU hit rates at 2k and 3k. Returns (profile, model stats, trace stats, squared error)."""
+    LRU hit rates at 2k and 3k, then ``refine`` rounds of bisection around the best point (each
+    round tries the midpoints between the best value and its neighbours on every axis). Every
+    candidate is sampled with the same ``seed`` (common random numbers), ``n_requests`` requests
+    of the trace's median request length (clipped to 64..512 tokens) over min(layers, 8) layers.
+    Returns (profile, model stats, trace stats, squared error)."""
     E, k = trace.n_experts, trace.top_k
     target = trace_stats(trace.requests, E, k)
     lengths = [len(r) for r in trace.requests]
     tokens = int(np.clip(np.median(lengths), 64, 512))
     L = min(len(trace.layers), 8)
     dims = RoutingDims(L, E, k)
-    grid = grid or dict(zipf_s=(0.2, 0.4, 0.6, 0.8), concentration=(0.5, 1.0, 2.0, 4.0),
-                        stickiness=(0.0, 0.1, 0.2, 0.3, 0.4))
-    best = None
-    for s in grid["zipf_s"]:
-        for beta in grid["concentration"]:
-            for p in grid["stickiness"]:
-                prof = RoutingProfile(id="fit", zipf_s=s, jitter=0.2, concentration=beta, stickiness=p,
-                                      first_stickiness=p, last_stickiness=p, request_tokens=tokens, recall=0.8,
-                                      source="fit")
-                reqs = sample_requests(dims, prof, n_requests, tokens, seed)
-                st = trace_stats(reqs, E, k)
-                err = sum((st[key] - target[key]) ** 2 for key in target)
-                if best is None or err < best[3]:
-                    best = (prof, st, target, err)
+    grid = {**FIT_GRID, **(grid or {})}
+    axes = {key: sorted({float(v) for v in grid[key]}) for key in _FIT_KEYS}
+    if any(not a for a in axes.values()):
+        raise MoesimError(f"fit grid needs values for each of {', '.join(_FIT_KEYS)}", "grid")
+    seen = {}
+
+    def evaluate(point):
+        if point not in seen:
+            s, beta, p = point
+            prof = RoutingProfile(id="fit", zipf_s=s, jitter=0.2, concentration=beta, stickiness=p,
+                                  first_stickiness=p, last_stickiness=p, request_tokens=tokens, recall=0.8,
+                                  source="fit")
+            _check(prof)
+            st = trace_stats(sample_requests(dims, prof, n_requests, tokens, seed), E, k)
+            seen[point] = (prof, st, target, sum((st[key] - target[key]) ** 2 for key in target))
+        return seen[point]
+
+    def search(candidates):
+        for point in candidates:
+            evaluate(point)
+        return min(seen.values(), key=lambda b: (b[3], [getattr(b[0], key) for key in _FIT_KEYS]))
+
+    best = search(itertools.product(*(axes[key] for key in _FIT_KEYS)))
+    for _ in range(max(0, int(refine))):
+        local = []
+        for key in _FIT_KEYS:
+            a, v = axes[key], getattr(best[0], key)
+            i = a.index(v)
+            mids = [round(0.5 * (v + a[j]), 6) for j in (i - 1, i + 1) if 0 <= j < len(a)]
+            axes[key] = sorted(set(a) | set(mids))
+            local.append([v] + mids)
+        best = search(itertools.product(*local))
     return best
 
 
@@ -291,11 +321,12 @@ def _main(argv=None) -> int:
     f.add_argument("trace")
     f.add_argument("--requests", type=int, default=24)
     f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--refine", type=int, default=2, help="bisection rounds after the grid (default 2)")
     args = ap.parse_args(argv)
     from . import traces
     try:
         tr = traces.load(args.trace)
-        prof, st, target, err = fit_profile(tr, args.requests, args.seed)
+        prof, st, target, err = fit_profile(tr, args.requests, args.seed, refine=args.refine)
     except MoesimError as exc:
         print(f"moesim: error: {exc}", file=sys.stderr)
         return 2
@@ -306,4 +337,7 @@ def _main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_main())
+    # `python -m moesim.routing` runs this file as __main__, a second copy of the module whose
+    # RoutingProfile is not the class moesim.decode checks against: run the package's copy.
+    from moesim import routing as _routing
+    sys.exit(_routing._main())
