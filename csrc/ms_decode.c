@@ -193,7 +193,7 @@ typedef struct {
     int64_t T;                  /* steps */
     int32_t *sel, *cnt, *nsel;  /* [T][L][W], [T][L][W], [T][L] */
     int32_t *nu;                /* [T][L][W] Belady next use */
-    double *logw;               /* [B][L][E] request weights */
+    double *w;                  /* [B][L][E] request weights (linear, > 0) */
     int32_t *prev, *nprev;      /* [B][L][K], [B] */
     int64_t *tok_in_req, *trace_pos;  /* [B] */
     double *score;              /* [E] */
@@ -204,6 +204,7 @@ typedef struct {
     double *gscore;             /* [n_group] */
     int32_t *gpick;             /* [n_group] */
     int32_t *usel, *ucnt;       /* [E] scratch: a step's union re-ordered by expert id */
+    double *che, *lq;           /* analytic scratch: [E] Che rates, [n_scenarios][E] log(1 - q) */
     char *caches;               /* 2 x L caches (GPU, page) */
     int32_t *last_seen;         /* [E] */
     layer_work_t *work;         /* [n_layers of the model] */
@@ -231,7 +232,7 @@ static int64_t ws_layout(const ms_decode_model_t *m, const ms_routing_t *r, cons
     TAKE(work, layer_work_t, m->n_layers);
     TAKE(lt, double, m->n_layers + E);          /* + E: analytic scratch */
     TAKE(times, double, T > E ? T : E);
-    TAKE(logw, double, mc ? B * L * E : 0);
+    TAKE(w, double, mc ? B * L * E : 0);
     TAKE(score, double, E);
     TAKE(gscore, double, G);
     TAKE(tok_in_req, int64_t, B);
@@ -247,6 +248,8 @@ static int64_t ws_layout(const ms_decode_model_t *m, const ms_routing_t *r, cons
     TAKE(chosen, int32_t, E);
     TAKE(allowed, int32_t, E);
     TAKE(gpick, int32_t, G);
+    TAKE(che, double, E);
+    TAKE(lq, double, mc ? 0 : (int64_t) (r->n_scenarios > 0 ? r->n_scenarios : 1) * E);
     TAKE(usel, int32_t, E);
     TAKE(ucnt, int32_t, E);
     TAKE(last_seen, int32_t, E);
@@ -267,55 +270,55 @@ int64_t ms_decode_workspace_size(const ms_decode_model_t *m, const ms_routing_t 
 
 /* ------------------------------------------------------------------------- routing */
 
-/* Fresh request for sequence b: per-layer weights w ~ Dirichlet(beta * E * g), kept as log w. */
+/* Fresh request for sequence b: per-layer weights w ~ Dirichlet(beta * E * g) (unnormalised: the
+ * race below only compares ratios), or w = g without per-request skew. */
 static void new_request(const ms_routing_t *r, ws_t *ws, int32_t b, ms_rng_t *rng)
 {
     int32_t E = ws->E;
     for (int32_t l = 0; l < ws->L; l++) {
         const double *lp = r->log_pop + (int64_t) l * E;
-        double *lw = ws->logw + ((int64_t) b * ws->L + l) * E, mx = lp[0], z = 0.0;
+        double *w = ws->w + ((int64_t) b * ws->L + l) * E, mx = lp[0], z = 0.0;
         ws->nprev[b * ws->L + l] = 0;
-        if (r->concentration <= 0.0) {
-            memcpy(lw, lp, (size_t) E * sizeof(double));
-            continue;
-        }
         for (int32_t e = 1; e < E; e++) mx = fmax(mx, lp[e]);
         for (int32_t e = 0; e < E; e++) z += exp(lp[e] - mx);
         for (int32_t e = 0; e < E; e++) {
             double g = exp(lp[e] - mx) / z;
-            double x = ms_rng_gamma(rng, r->concentration * E * g);
-            lw[e] = log(x > MS_TINY ? x : MS_TINY);
+            double x = r->concentration > 0.0 ? ms_rng_gamma(rng, r->concentration * E * g) : g;
+            w[e] = x > MS_TINY ? x : MS_TINY;
         }
     }
 }
 
 /* One token's top-k in routing layer l for sequence b; writes `out` (k ids), returns overlap with
- * the previous token's picks. */
+ * the previous token's picks (-1 for a request's first token). Each kept expert of the previous
+ * token stays with probability p; the other slots go to the smallest race keys Exp(1) / w_e, which
+ * is Gumbel-top-k on log w (Plackett-Luce sampling without replacement) at one log per expert.
+ * Group-limited routing ranks groups by their two best keys (sum of the two best Gumbel scores). */
 static int32_t route_token(const ms_routing_t *r, ws_t *ws, int32_t b, int32_t l, ms_rng_t *rng, int32_t stamp,
                            int32_t *out)
 {
     int32_t E = ws->E, K = ws->K, n = 0, overlap = 0;
     int32_t *prev = ws->prev + ((int64_t) b * ws->L + l) * K;
     int32_t np = ws->nprev[b * ws->L + l];
-    const double *lw = ws->logw + ((int64_t) b * ws->L + l) * E;
-    double p = r->stickiness[l];
+    const double *w = ws->w + ((int64_t) b * ws->L + l) * E;
+    double *key = ws->score, p = r->stickiness[l];
     for (int32_t j = 0; j < np; j++) {
         if (ms_rng_uniform(rng) < p) {
             out[n++] = prev[j];
             ws->chosen[prev[j]] = stamp;
         }
     }
-    for (int32_t e = 0; e < E; e++) ws->score[e] = lw[e] + ms_rng_gumbel(rng);
+    for (int32_t e = 0; e < E; e++) key[e] = -log(ms_rng_uniform(rng)) / w[e];
     if (r->n_group > 1 && r->topk_group < r->n_group) {
-        /* group-limited: groups holding kept experts first, then the best by top-2 score sum */
+        /* group-limited: groups holding kept experts first, then the best by their two best keys */
         int32_t G = r->n_group, per = E / G, picked = 0;
         for (int32_t g = 0; g < G; g++) {
-            double a = -HUGE_VAL, bb = -HUGE_VAL;
+            double a = HUGE_VAL, bb = HUGE_VAL;
             for (int32_t e = g * per; e < (g + 1) * per; e++) {
-                double s = ws->score[e];
-                if (s > a) { bb = a; a = s; } else if (s > bb) bb = s;
+                double k = key[e];
+                if (k < a) { bb = a; a = k; } else if (k < bb) bb = k;
             }
-            ws->gscore[g] = a + (per > 1 ? bb : 0.0);
+            ws->gscore[g] = log(a) + (per > 1 ? log(bb) : 0.0);
             ws->gpick[g] = 0;
         }
         for (int32_t j = 0; j < n; j++) {
@@ -325,7 +328,7 @@ static int32_t route_token(const ms_routing_t *r, ws_t *ws, int32_t b, int32_t l
         while (picked < r->topk_group) {
             int32_t best = -1;
             for (int32_t g = 0; g < G; g++)
-                if (!ws->gpick[g] && (best < 0 || ws->gscore[g] > ws->gscore[best])) best = g;
+                if (!ws->gpick[g] && (best < 0 || ws->gscore[g] < ws->gscore[best])) best = g;
             ws->gpick[best] = 1;
             picked++;
         }
@@ -333,14 +336,21 @@ static int32_t route_token(const ms_routing_t *r, ws_t *ws, int32_t b, int32_t l
     } else {
         for (int32_t e = 0; e < E; e++) ws->allowed[e] = stamp;
     }
-    while (n < K) {
-        int32_t best = -1;
-        for (int32_t e = 0; e < E; e++) {
+    {   /* the K - n smallest keys in one pass (insertion into a short sorted list) */
+        int32_t need = K - n, have = 0, *top = out + n;
+        for (int32_t e = 0; e < E && need > 0; e++) {
+            int32_t i;
             if (ws->allowed[e] != stamp || ws->chosen[e] == stamp) continue;
-            if (best < 0 || ws->score[e] > ws->score[best]) best = e;
+            if (have == need && !(key[e] < key[top[have - 1]])) continue;
+            i = have < need ? have++ : have - 1;
+            while (i > 0 && key[e] < key[top[i - 1]]) {
+                top[i] = top[i - 1];
+                i--;
+            }
+            top[i] = e;
         }
-        out[n++] = best;
-        ws->chosen[best] = stamp;
+        for (int32_t j = 0; j < need; j++) ws->chosen[top[j]] = stamp;
+        n = K;
     }
     for (int32_t j = 0; j < np; j++) overlap += ws->chosen[prev[j]] == stamp;
     for (int32_t j = 0; j < K; j++) prev[j] = out[j];
@@ -569,7 +579,7 @@ static int montecarlo(const ms_decode_model_t *m, const ms_machine_t *hw, const 
  * concave and increasing, so the iterates rise monotonically to the root). When D > C the cache
  * holds C of the previous step's D experts, an id-ordered and so popularity-blind subset:
  * hits = (C / D) sum_e p_e^2. Returns the expected hits per step. */
-static double che_hits(const double *p, int32_t E, double capacity)
+static double che_hits(const double *p, int32_t E, double capacity, double *a)
 {
     double tau = 1.0, hits = 0.0, D = 0.0;
     int32_t support = 0;
@@ -583,18 +593,19 @@ static double che_hits(const double *p, int32_t E, double capacity)
         for (int32_t e = 0; e < E; e++) hits += p[e] * p[e];
         return hits * capacity / D;
     }
+    for (int32_t e = 0; e < E; e++) a[e] = -log1p(-fmin(p[e], 1.0 - 1e-15));
     for (int it = 0; it < 200; it++) {
         double f = -capacity, df = 0.0, step;
         for (int32_t e = 0; e < E; e++) {
-            double a = -log1p(-fmin(p[e], 1.0 - 1e-15)), x = exp(-a * tau);
+            double x = exp(-a[e] * tau);
             f += 1.0 - x;
-            df += a * x;
+            df += a[e] * x;
         }
         step = -f / df;
         tau += step;
         if (!(step > 1e-14 * tau)) break;
     }
-    for (int32_t e = 0; e < E; e++) hits += p[e] * (1.0 - exp(log1p(-fmin(p[e], 1.0 - 1e-15)) * tau));
+    for (int32_t e = 0; e < E; e++) hits += p[e] * (1.0 - exp(-a[e] * tau));
     return hits;
 }
 
@@ -644,7 +655,7 @@ static int analytic(const ms_decode_model_t *m, const ms_machine_t *hw, const ms
                 w->pairs_cpu = toks * K;
             } else if (mode == MS_EXP_SPLIT) {
                 w->n_res = pinned_p;
-                w->n_cpu = D - pinned_p;
+                w->n_cpu = fmax(0.0, D - pinned_p);
                 w->pairs_gpu = toks * pinned_q;
                 w->pairs_cpu = toks * K - w->pairs_gpu;
                 hits += pinned_p;
@@ -655,20 +666,22 @@ static int analytic(const ms_decode_model_t *m, const ms_machine_t *hw, const ms
                     /* superposed request streams: combination j gives sequence b scenario (j+b) mod S */
                     double hsum = 0.0, dsum = 0.0, sigma;
                     double *pc = ws->lt + m->n_layers;  /* E doubles after the per-layer times (ws_layout) */
+                    for (int32_t k = 0; k < S; k++)
+                        for (int32_t e = 0; e < E; e++)
+                            ws->lq[(int64_t) k * E + e] = log1p(-fmin(r->q[((int64_t) k * r->n_layers + l) * E + e],
+                                                                      1.0 - 1e-16));
                     for (int32_t j = 0; j < S; j++) {
                         double dj = 0.0;
                         for (int32_t e = 0; e < E; e++) {
                             double lg = 0.0;
                             for (int32_t b = 0; b < c->batch && b < S; b++) {
-                                int32_t s = (j + b) % S;
                                 int64_t reps = c->batch / S + (b < c->batch % S ? 1 : 0);
-                                double q = r->q[((int64_t) s * r->n_layers + l) * E + e];
-                                lg += (double) reps * log1p(-fmin(q, 1.0 - 1e-16));
+                                lg += (double) reps * ws->lq[(int64_t) ((j + b) % S) * E + e];
                             }
                             pc[e] = 1.0 - exp(c->tokens_per_step * lg);
                             dj += pc[e];
                         }
-                        hsum += che_hits(pc, E, C);
+                        hsum += che_hits(pc, E, C, ws->che);
                         dsum += dj;
                     }
                     h = dsum > 0.0 ? hsum / dsum : 0.0;
@@ -690,7 +703,7 @@ static int analytic(const ms_decode_model_t *m, const ms_machine_t *hw, const ms
             }
             if (m->page_slots[i] < E && (mode == MS_EXP_CPU || mode == MS_EXP_SPLIT || mode == MS_EXP_FETCH)) {
                 double host = mode == MS_EXP_FETCH ? w->n_fetch : w->n_cpu;
-                double ph = D > 0.0 ? che_hits(p, E, (double) m->page_slots[i]) / D : 0.0;
+                double ph = D > 0.0 ? che_hits(p, E, (double) m->page_slots[i], ws->che) / D : 0.0;
                 w->n_disk = host * (1.0 - ph);
                 phits += host * ph;
                 ploads += host;

@@ -24,7 +24,7 @@ def rel_close(a, b, tol=1e-9):
 
 # ------------------------------------------------------------------------------ random tables
 @st.composite
-def decode_case(draw):
+def decode_case(draw, mode=None, policy=None):
     """A random lowered model + machine + routing + one configuration (small enough for Python)."""
     n = draw(st.integers(1, 5))
     E = draw(st.integers(2, 24))
@@ -57,7 +57,7 @@ def decode_case(draw):
               gpu_flops=draw(st.floats(1e12, 1e15)), cpu_flops=draw(st.floats(1e10, 1e13)),
               interconnect_bw=draw(bw), unified=draw(st.integers(0, 1)), overlap=draw(st.integers(0, 1)),
               launch_s=draw(lat), sync_s=draw(lat), dma_s=draw(lat), allreduce_s=draw(lat), step_s=draw(lat))
-    mode = draw(st.integers(0, 1))
+    mode = draw(st.integers(0, 1)) if mode is None else mode
     grouped = draw(st.booleans()) and E % 4 == 0 and E >= 8
     prof = R.RoutingProfile(
         id="t", zipf_s=draw(st.floats(0.0, 1.2)), jitter=0.2,
@@ -74,7 +74,7 @@ def decode_case(draw):
         rng = np.random.default_rng(seed)
         rt["trace"] = np.stack([np.stack([rng.choice(E, size=k, replace=False) for _ in range(tl)])
                                 for _ in range(ntok)]).astype(np.int32)
-    policy = draw(st.integers(0, 2 if mode == 1 else 3))
+    policy = draw(st.integers(0, 2 if mode == 1 else 3)) if policy is None else policy
     steps = draw(st.integers(2, 10))
     tps = draw(st.integers(1, 2))
     cols = dict(batch=[draw(st.integers(1, 4))], tokens_per_step=[tps], drafts=[tps - 1],
@@ -83,29 +83,26 @@ def decode_case(draw):
     return dm, hw, rt, cols
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(decode_case())
-def test_kernel_matches_reference(case):
-    """C and pure Python agree to 1e-9 on random configurations, Monte Carlo and analytic."""
-    dm, hw, rt, cols = case
-    c = D.run(dm, hw, rt, cols)
-    p = D.run(dm, hw, rt, cols, engine="reference")
-    for key in RESULT_SCALARS + RESULT_ARRAYS:
-        assert rel_close(c[key], p[key]), (key, c[key], p[key])
+PATHS = [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 1), (1, 2)]   # (mode, policy): Monte Carlo x 4, analytic x 3
 
 
-def test_both_paths_covered_by_differential_test():
-    """The strategy draws both modes and every cache policy (guards against a degenerate generator)."""
-    seen = set()
+@pytest.mark.parametrize("mode,policy", PATHS)
+def test_kernel_matches_reference(mode, policy):
+    """C and pure Python agree to 1e-9 on random configurations: 7 x 60 = 420 hypothesis cases
+    covering both paths and every cache policy."""
 
-    @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(decode_case())
-    def collect(case):
-        seen.add((case[3]["mode"][0], case[3]["policy"][0]))
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                     HealthCheck.data_too_large])
+    @given(decode_case(mode, policy))
+    def check(case):
+        dm, hw, rt, cols = case
+        assert cols["mode"][0] == mode and cols["policy"][0] == policy
+        c = D.run(dm, hw, rt, cols)
+        p = D.run(dm, hw, rt, cols, engine="reference")
+        for key in RESULT_SCALARS + RESULT_ARRAYS:
+            assert rel_close(c[key], p[key]), (key, c[key], p[key])
 
-    collect()
-    assert {m for m, _ in seen} == {0, 1}
-    assert {p for _, p in seen} >= {0, 1, 2, 3}
+    check()
 
 
 # ------------------------------------------------------------------------------ helpers

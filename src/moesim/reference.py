@@ -301,24 +301,25 @@ def next_use(sel, n_steps, n_layers, width):
     return nu
 
 
-def _route_token(rt, lw, prev, p, rng, E, K):
-    """One token's top-k: kept experts of the previous token, then Gumbel-top-k (group-limited)."""
+def _route_token(rt, w, prev, p, rng, E, K):
+    """One token's top-k: kept experts of the previous token, then the smallest race keys
+    Exp(1)/w_e (Gumbel-top-k on log w); group-limited by each group's two best keys."""
     out = [e for e in prev if rng.uniform() < p]
-    score = [lw[e] + rng.gumbel() for e in range(E)]
+    key = [-math.log(rng.uniform()) / w[e] for e in range(E)]
     allowed = [True] * E
     G, TG = rt.get("n_group", 0), rt.get("topk_group", 0)
     if G > 1 and TG < G:
         per = E // G
         gscore = []
         for g in range(G):
-            top = sorted(score[g * per:(g + 1) * per], reverse=True)
-            gscore.append(top[0] + (top[1] if per > 1 else 0.0))
+            best2 = sorted(key[g * per:(g + 1) * per])[:2]
+            gscore.append(math.log(best2[0]) + (math.log(best2[1]) if per > 1 else 0.0))
         picked = []
         for e in out:
             if e // per not in picked:
                 picked.append(e // per)
         while len(picked) < TG:
-            best = max((g for g in range(G) if g not in picked), key=lambda g: (gscore[g], -g))
+            best = min((g for g in range(G) if g not in picked), key=lambda g: (gscore[g], g))
             picked.append(best)
         allowed = [e // per in picked for e in range(E)]
     chosen = set(out)
@@ -327,7 +328,7 @@ def _route_token(rt, lw, prev, p, rng, E, K):
         for e in range(E):
             if not allowed[e] or e in chosen:
                 continue
-            if best < 0 or score[e] > score[best]:
+            if best < 0 or key[e] < key[best]:
                 best = e
         out.append(best)
         chosen.add(best)
@@ -344,7 +345,7 @@ def route(rt, c):
     req_tokens = rt.get("request_tokens", 0)
     log_pop = rt.get("log_pop")
     prev = [[[] for _ in range(L)] for _ in range(B)]
-    logw = [None] * B
+    weights = [None] * B
     tok_in_req = [0] * B
     trace_pos = [(len(trace) * b) // B if trace is not None else 0 for b in range(B)]
     sel = [[[] for _ in range(L)] for _ in range(T)]
@@ -367,17 +368,15 @@ def route(rt, c):
                     for l in range(L):
                         prev[b][l] = []
                         lp = [float(x) for x in log_pop[l]]
-                        if conc <= 0.0:
-                            rows.append(lp)
-                            continue
                         mx = max(lp)
                         z = sum(math.exp(x - mx) for x in lp)
                         row = []
                         for e in range(E):
-                            x = rng.gamma(conc * E * (math.exp(lp[e] - mx) / z))
-                            row.append(math.log(x if x > 1e-300 else 1e-300))
+                            g = math.exp(lp[e] - mx) / z
+                            x = rng.gamma(conc * E * g) if conc > 0.0 else g
+                            row.append(x if x > 1e-300 else 1e-300)
                         rows.append(row)
-                    logw[b] = rows
+                    weights[b] = rows
                     tok_in_req[b] = 0
                 tok_in_req[b] += 1
                 for l in range(L):
@@ -385,7 +384,7 @@ def route(rt, c):
                         picks = [int(e) for e in trace[tp][l % trace.shape[1]]]
                         ov = sum(1 for e in prev[b][l] if e in set(picks)) if prev[b][l] else -1
                     else:
-                        picks, ov = _route_token(rt, logw[b][l], prev[b][l], float(rt["stickiness"][l]), rng, E, K)
+                        picks, ov = _route_token(rt, weights[b][l], prev[b][l], float(rt["stickiness"][l]), rng, E, K)
                     prev[b][l] = picks
                     picks_all[t][b][j][l] = picks
                     if ov >= 0 and t >= c["warmup"]:
@@ -605,8 +604,8 @@ def decode_montecarlo(dm, hw, rt, c):
     srt = sorted(times)
     n_moe = sum(1 for i in range(n) if dm["moe_index"][i] >= 0 and dm["expert_mode"][i] != EXP_NONE)
     return dict(step_mean=sum(times) / k, step_p50=srt[(k - 1) // 2], step_p99=srt[math.ceil(0.99 * k) - 1],
-                accepted=c["accepted"], hit_rate=hits / loads if loads else -1.0,
-                page_hit_rate=phits / ploads if ploads else -1.0,
+                accepted=c["accepted"], hit_rate=hits / loads if loads > 0 else -1.0,
+                page_hit_rate=phits / ploads if ploads > 0 else -1.0,
                 distinct=distinct / (k * n_moe) if n_moe else 0.0, reuse=rnum / rden if rden else 0.0,
                 selections=selections, by_resource=[x / k for x in acc["res"]],
                 by_phase=[x / k for x in acc["phase"]], bytes=[x / k for x in acc["bytes"]])
@@ -677,7 +676,7 @@ def decode_analytic(dm, hw, rt, c):
         elif mode == EXP_CPU:
             w["n_cpu"], w["pairs_cpu"] = D, toks * K
         elif mode == EXP_SPLIT:
-            w["n_res"], w["n_cpu"] = pinned_p, D - pinned_p
+            w["n_res"], w["n_cpu"] = pinned_p, max(0.0, D - pinned_p)
             w["pairs_gpu"] = toks * pinned_q
             w["pairs_cpu"] = toks * K - w["pairs_gpu"]
             hits += pinned_p
@@ -719,7 +718,7 @@ def decode_analytic(dm, hw, rt, c):
     acc = _new_acc()
     st = _step_time(dm, hw, c, work, acc)
     return dict(step_mean=st, step_p50=st, step_p99=st, accepted=c["accepted"],
-                hit_rate=hits / loads if loads else -1.0, page_hit_rate=phits / ploads if ploads else -1.0,
+                hit_rate=hits / loads if loads > 0 else -1.0, page_hit_rate=phits / ploads if ploads > 0 else -1.0,
                 distinct=distinct / n_moe if n_moe else 0.0, reuse=reuse / n_moe if n_moe else 0.0,
                 selections=0.0, by_resource=acc["res"], by_phase=acc["phase"], bytes=acc["bytes"])
 
