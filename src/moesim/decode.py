@@ -196,13 +196,16 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement) -> dict:
     d = rt.decode
     cpu_only = p.kind == "cpu-only" or machine.n_gpus == 0
     if machine.unified:
-        eff = d.metal_bw_eff
+        # Apple chips run Metal (RT §1.9, §6); NVIDIA's GB10 (DGX Spark) runs CUDA with graphs
+        metal = _load_catalog("hardware")["unified"].get(machine.gpu, {}).get("vendor") == "apple"
+        eff = d.metal_bw_eff if metal else d.gpu_bw_eff
         pool = machine.gpu_bw_gbs * GB * eff
         gpu_flops = machine.gpu_tflops.get("fp16", 0.0) * 1e12 * d.gpu_flops_eff
         cpu_flops = _cpu_flops(machine, d.cpu_flops_eff)
+        launch = d.launch_us_metal if metal else d.launch_us
         return dict(gpu_bw=pool, host_bw=pool, pcie_bw=pool, storage_bw=max(machine.storage_read_gbs, 1e-3) * GB,
                     gpu_flops=max(gpu_flops, cpu_flops), cpu_flops=cpu_flops, interconnect_bw=pool, unified=1,
-                    overlap=1 if d.overlap else 0, launch_s=0.0 if cpu_only else d.launch_us_metal * 1e-6,
+                    overlap=1 if d.overlap else 0, launch_s=0.0 if cpu_only else launch * 1e-6,
                     sync_s=0.0, dma_s=0.0, allreduce_s=0.0, step_s=d.step_us * 1e-6)
     server = machine.channels > 4
     host_eff = d.host_bw_eff_server if server else d.host_bw_eff_desktop
