@@ -23,10 +23,10 @@ from moesim.placement import parse
 from moesim.runtimes import runtime
 
 
-def tables(mid: str, quant: str, placement: str, batch_tokens: int):
+def tables(mid: str, quant: str, placement: str, batch_tokens: int, host_mem_gb: float = 512):
     m = model(mid)
     low = lower(m, quant)
-    mach = machine(gpu="rtx-4090", host="ddr5-6000x2", host_mem_gb=192)
+    mach = machine(gpu="rtx-4090", host="ddr5-6000x2", host_mem_gb=host_mem_gb)
     rt = runtime("llama.cpp")
     p = parse(placement, m, mach)
     mem = _result_from_arrays(evaluate(low, configure(m, low, mach, rt, p, 4096, 1, "f16")), 0)
@@ -58,10 +58,13 @@ def main():
     ap.add_argument("--mc-configs", type=int, default=16)
     ap.add_argument("--analytic-configs", type=int, default=20000)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--host-mem-gb", type=float, default=512,
+                    help="host RAM (below the model's host share, experts page from NVMe: slower analytic path)")
     args = ap.parse_args()
-    m, dm, hw, rtab = tables(args.model, args.quant, args.placement, args.batch)
-    print(f"{args.model} {args.quant}, {args.placement}, batch {args.batch}: {rtab['n_layers']} MoE layers, "
-          f"{rtab['n_experts']} experts, top-{rtab['top_k']}")
+    m, dm, hw, rtab = tables(args.model, args.quant, args.placement, args.batch, args.host_mem_gb)
+    print(f"{args.model} {args.quant}, {args.placement}, batch {args.batch}, {args.host_mem_gb:g} GB host: "
+          f"{rtab['n_layers']} MoE layers, {rtab['n_experts']} experts, top-{rtab['top_k']}"
+          f"{', experts paged from NVMe' if min(dm['page_slots']) < rtab['n_experts'] else ''}")
 
     # ---- Monte Carlo: selections per second
     ref_steps = max(4, args.steps // 16)

@@ -193,6 +193,9 @@ typedef struct {
     /* Analytic path: per-token inclusion probabilities for n_scenarios request draws. */
     int32_t n_scenarios;
     const double *q;             /* [n_scenarios][n_layers][n_experts] */
+    const double *qbar;          /* [n_layers][n_experts] mean of q over scenarios */
+    const double *lqbar;         /* [n_layers][n_experts] log(1 - qbar) (qbar capped below 1) */
+    const double *qsq;           /* [n_layers] sum of q^2 over scenarios and experts */
     /* Trace replay (Monte Carlo only): [trace_tokens][trace_layers][top_k] expert ids. */
     const int32_t *trace;
     int64_t trace_tokens;

@@ -594,6 +594,9 @@ static double che_hits(const double *p, int32_t E, double capacity, double *a)
         return hits * capacity / D;
     }
     for (int32_t e = 0; e < E; e++) a[e] = -log1p(-fmin(p[e], 1.0 - 1e-15));
+    /* start at the root for equal p (exact when popularity is flat); Newton's first step from
+     * the right of a concave root lands left of it, then the iterates rise monotonically */
+    tau = fmax(1.0, log1p(-capacity / support) / log1p(-D / support));
     for (int it = 0; it < 200; it++) {
         double f = -capacity, df = 0.0, step;
         for (int32_t e = 0; e < E; e++) {
@@ -602,8 +605,8 @@ static double che_hits(const double *p, int32_t E, double capacity, double *a)
             df += a[e] * x;
         }
         step = -f / df;
-        tau += step;
-        if (!(step > 1e-14 * tau)) break;
+        tau = fmax(1.0, tau + step);
+        if (!(fabs(step) > 1e-14 * tau)) break;
     }
     for (int32_t e = 0; e < E; e++) hits += p[e] * (1.0 - exp(-a[e] * tau));
     return hits;
@@ -615,7 +618,7 @@ static int analytic(const ms_decode_model_t *m, const ms_machine_t *hw, const ms
     int32_t E = r->n_experts, S = r->n_scenarios, K = r->top_k, n_moe = 0;
     double toks = (double) c->batch * c->tokens_per_step;
     double hits = 0.0, loads = 0.0, phits = 0.0, ploads = 0.0, distinct = 0.0, reuse = 0.0;
-    double *qbar = ws->score;          /* [E] scratch */
+    const double *qbar;
     if (c->policy == MS_POLICY_BELADY) return MS_ERR_BAD_POLICY;
     for (int32_t i = 0; i < m->n_layers; i++) {
         layer_work_t *w = &ws->work[i];
@@ -624,21 +627,22 @@ static int analytic(const ms_decode_model_t *m, const ms_machine_t *hw, const ms
         memset(w, 0, sizeof(*w));
         if (l < 0 || mode == MS_EXP_NONE) continue;
         n_moe++;
-        for (int32_t e = 0; e < E; e++) {
-            double s = 0.0;
-            for (int32_t k = 0; k < S; k++) {
-                double q = r->q[((int64_t) k * r->n_layers + l) * E + e];
-                s += q;
-                sq += q * q;
-            }
-            qbar[e] = s / S;
-        }
-        /* step inclusion p_e = 1 - (1 - qbar_e)^toks */
+        /* step inclusion p_e = 1 - (1 - qbar_e)^toks (per-routing tables precomputed once) */
+        qbar = r->qbar + (int64_t) l * E;
+        sq = r->qsq[l];
         {
             double *p = ws->times;   /* >= E doubles (ws_layout) */
-            for (int32_t e = 0; e < E; e++) {
-                p[e] = 1.0 - pow(1.0 - qbar[e], toks);
-                D += p[e];
+            const double *lq = r->lqbar + (int64_t) l * E;
+            if (toks == 1.0) {
+                for (int32_t e = 0; e < E; e++) {
+                    p[e] = qbar[e];
+                    D += p[e];
+                }
+            } else {
+                for (int32_t e = 0; e < E; e++) {
+                    p[e] = 1.0 - exp(toks * lq[e]);
+                    D += p[e];
+                }
             }
             for (int32_t j = 0; j < m->slots[i] && j < E; j++) {
                 int32_t e = r->hot[(int64_t) l * E + j];
@@ -737,7 +741,8 @@ static int check(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_ro
         if (r->n_group > 1 && (r->n_experts % r->n_group != 0 || r->topk_group <= 0
                                || (int64_t) r->topk_group * (r->n_experts / r->n_group) < r->top_k))
             return MS_ERR_BAD_ROUTING;
-        if (c->mode == MS_MODE_ANALYTIC && (r->n_scenarios <= 0 || r->q == NULL)) return MS_ERR_BAD_ROUTING;
+        if (c->mode == MS_MODE_ANALYTIC && (r->n_scenarios <= 0 || r->q == NULL || r->qbar == NULL
+                                            || r->lqbar == NULL || r->qsq == NULL)) return MS_ERR_BAD_ROUTING;
         if (c->mode == MS_MODE_MONTECARLO && r->trace == NULL && r->log_pop == NULL) return MS_ERR_BAD_ROUTING;
         if (r->trace && (r->trace_tokens <= 0 || r->trace_layers <= 0)) return MS_ERR_BAD_TRACE;
     }

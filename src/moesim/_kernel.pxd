@@ -106,6 +106,9 @@ cdef extern from "moesim.h" nogil:
         int64_t request_tokens
         int32_t n_scenarios
         const double *q
+        const double *qbar
+        const double *lqbar
+        const double *qsq
         const int32_t *trace
         int64_t trace_tokens
         int32_t trace_layers

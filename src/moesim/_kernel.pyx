@@ -209,6 +209,14 @@ cdef void _fill_machine(ms_machine_t *h, dict hw):
     h.allreduce_s = hw["allreduce_s"]; h.step_s = hw["step_s"]
 
 
+def q_tables(q, int top_k):
+    """Per-routing tables the analytic path shares across configurations: mean inclusion
+    probability over scenarios, log(1 - mean) and the per-layer sum of squares."""
+    q = np.asarray(q, dtype=np.float64)
+    qbar = q.mean(axis=0)
+    return {"qbar": qbar, "lqbar": np.log1p(-np.minimum(qbar, 1.0 - 1e-16)), "qsq": (q * q).sum(axis=(0, 2))}
+
+
 cdef void _fill_routing(ms_routing_t *r, dict rt, dict keep):
     E = max(1, int(rt["n_experts"]))
     L = max(1, int(rt["n_layers"]))
@@ -223,9 +231,13 @@ cdef void _fill_routing(ms_routing_t *r, dict rt, dict keep):
     r.hot = <int32_t *> _ptr(keep, "hot", rt.get("hot", np.tile(np.arange(E), (L, 1))), np.int32)
     r.concentration = rt.get("concentration", 0.0)
     r.request_tokens = rt.get("request_tokens", 0)
-    q = np.asarray(rt.get("q", np.zeros((1, L, E))))
+    q = np.asarray(rt.get("q", np.zeros((1, L, E))), dtype=np.float64)
     r.n_scenarios = q.shape[0]
     r.q = <double *> _ptr(keep, "q", q, np.float64)
+    tabs = rt.get("q_tables") or q_tables(q, int(rt["top_k"]))
+    r.qbar = <double *> _ptr(keep, "qbar", tabs["qbar"], np.float64)
+    r.lqbar = <double *> _ptr(keep, "lqbar", tabs["lqbar"], np.float64)
+    r.qsq = <double *> _ptr(keep, "qsq", tabs["qsq"], np.float64)
     r.trace = NULL
     r.trace_tokens = 0
     r.trace_layers = 0

@@ -622,7 +622,7 @@ def che_hits(p, capacity):
         return 0.0
     if D >= capacity:
         return sum(x * x for x in p) * capacity / D
-    tau = 1.0
+    tau = max(1.0, math.log1p(-capacity / support) / math.log1p(-D / support))
     for _ in range(200):
         f, df = -capacity, 0.0
         for x in p:
@@ -631,8 +631,8 @@ def che_hits(p, capacity):
             f += 1.0 - ex
             df += a * ex
         step = -f / df
-        tau += step
-        if not (step > 1e-14 * tau):
+        tau = max(1.0, tau + step)
+        if not (abs(step) > 1e-14 * tau):
             break
     return sum(x * (1.0 - math.exp(math.log1p(-min(x, 1.0 - 1e-15)) * tau)) for x in p)
 

@@ -174,7 +174,8 @@ def _lower_cached(dims: RoutingDims, prof: RoutingProfile, seed: int, prefetch: 
             q[s] = inclusion_probabilities(np.maximum(w, 1e-300), k)
     else:
         q = inclusion_probabilities(g, k)[None]
-    rt.update(log_pop=log_pop, stickiness=prof.layer_stickiness(L),
+    from ._kernel import q_tables
+    rt.update(q_tables=q_tables(q, k), log_pop=log_pop, stickiness=prof.layer_stickiness(L),
               recall=np.full(L, prof.recall if prefetch else 0.0),
               hot=np.argsort(-log_pop, axis=1, kind="stable").astype(np.int32), q=q)
     return rt
@@ -196,7 +197,8 @@ def lower_trace(dims: RoutingDims, trace, prefetch_recall: float = 0.0) -> dict:
     for l in range(L):
         freq[l] = np.bincount(tokens[:, l % TL, :].ravel(), minlength=E)
     q = freq / tokens.shape[0]
-    return dict(n_layers=L, n_experts=E, top_k=k, n_group=0, topk_group=0, concentration=0.0, request_tokens=0,
+    from ._kernel import q_tables
+    return dict(q_tables=q_tables(q[None], k), n_layers=L, n_experts=E, top_k=k, n_group=0, topk_group=0, concentration=0.0, request_tokens=0,
                 log_pop=np.log(freq + 0.5), stickiness=np.zeros(L), recall=np.full(L, float(prefetch_recall)),
                 hot=np.argsort(-freq, axis=1, kind="stable").astype(np.int32), q=q[None], trace=tokens)
 
