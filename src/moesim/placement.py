@@ -91,6 +91,9 @@ def runtime_flags(p: Placement, runtime, model, machine, context: int, kv_dtype:
             flags.append(f"-ngl {p.arg}")
         elif p.kind == "cpu-only":
             flags.append("-ngl 0")
+        elif p.kind == "offload-cache":
+            flags += ["-ngl 999", f"(llama.cpp has no expert cache: {p.arg} cached experts/layer is the "
+                      "MoE-Infinity / Mixtral-offloading style of serving)"]
         elif p.kind == "gpu-experts":
             # llama.cpp cannot split one layer's stacked expert tensor; ktransformers can
             flags += ["-ngl 999", "--cpu-moe", f"(llama.cpp has no per-expert split: {p.arg} GPU experts/layer "
