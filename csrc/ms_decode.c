@@ -623,7 +623,7 @@ static int analytic(const ms_decode_model_t *m, const ms_machine_t *hw, const ms
     for (int32_t i = 0; i < m->n_layers; i++) {
         layer_work_t *w = &ws->work[i];
         int32_t l = m->moe_index[i], mode = m->expert_mode[i];
-        double D = 0.0, h = 0.0, pinned_q = 0.0, pinned_p = 0.0, sq = 0.0;
+        double D = 0.0, h = 0.0, pinned_q = 0.0, pinned_p = 0.0, free_q = 0.0, free_p = 0.0, sq = 0.0;
         memset(w, 0, sizeof(*w));
         if (l < 0 || mode == MS_EXP_NONE) continue;
         n_moe++;
@@ -644,10 +644,17 @@ static int analytic(const ms_decode_model_t *m, const ms_machine_t *hw, const ms
                     D += p[e];
                 }
             }
-            for (int32_t j = 0; j < m->slots[i] && j < E; j++) {
-                int32_t e = r->hot[(int64_t) l * E + j];
-                pinned_q += qbar[e];
-                pinned_p += p[e];
+            /* pinned = the `slots` most popular experts; sum both sides so "all pinned" is exact */
+            for (int32_t e = 0; e < E; e++) ws->usel[e] = 0;
+            for (int32_t j = 0; j < m->slots[i] && j < E; j++) ws->usel[r->hot[(int64_t) l * E + j]] = 1;
+            for (int32_t e = 0; e < E; e++) {
+                if (ws->usel[e]) {
+                    pinned_q += qbar[e];
+                    pinned_p += p[e];
+                } else {
+                    free_q += qbar[e];
+                    free_p += p[e];
+                }
             }
             distinct += D;
             reuse += r->stickiness[l] + (1.0 - r->stickiness[l]) * sq / ((double) S * K);
@@ -659,9 +666,9 @@ static int analytic(const ms_decode_model_t *m, const ms_machine_t *hw, const ms
                 w->pairs_cpu = toks * K;
             } else if (mode == MS_EXP_SPLIT) {
                 w->n_res = pinned_p;
-                w->n_cpu = fmax(0.0, D - pinned_p);
+                w->n_cpu = free_p;
                 w->pairs_gpu = toks * pinned_q;
-                w->pairs_cpu = toks * K - w->pairs_gpu;
+                w->pairs_cpu = toks * free_q;
                 hits += pinned_p;
                 loads += D;
             } else {   /* FETCH */
@@ -692,12 +699,13 @@ static int analytic(const ms_decode_model_t *m, const ms_machine_t *hw, const ms
                     /* a sticky expert was used by the previous token: resident while C covers a step's set */
                     sigma = r->stickiness[l] * fmin(1.0, C / fmax(D, 1e-300));
                     h = sigma + (1.0 - sigma) * h;
+                    w->n_fetch = D * (1.0 - h);
                 } else {
                     h = D > 0.0 ? pinned_p / D : 0.0;   /* static; LFU converges to the same set */
+                    w->n_fetch = free_p;
                 }
                 w->n_res = D;
                 w->pairs_gpu = toks * K;
-                w->n_fetch = D * (1.0 - h);
                 if (r->recall[l] > 0.0 && i > 0) {
                     w->n_pref = r->recall[l] * w->n_fetch;
                     w->n_waste = w->n_fetch - w->n_pref;

@@ -663,11 +663,15 @@ def decode_analytic(dm, hw, rt, c):
                 s += q[k][l][e]
                 sq += q[k][l][e] * q[k][l][e]
             qbar.append(s / S)
-        p = [1.0 - math.pow(1.0 - x, toks) for x in qbar]
+        # step inclusion 1 - (1 - qbar)^toks, written as the kernel evaluates it (exp of toks x log1p)
+        p = list(qbar) if toks == 1.0 else [1.0 - math.exp(toks * math.log1p(-min(x, 1.0 - 1e-16))) for x in qbar]
         D = sum(p)
         pinned = [int(e) for e in rt["hot"][l][:min(int(dm["slots"][i]), E)]]
-        pinned_q = sum(qbar[e] for e in pinned)
-        pinned_p = sum(p[e] for e in pinned)
+        pinned_set = set(pinned)
+        pinned_q = sum(qbar[e] for e in range(E) if e in pinned_set)
+        pinned_p = sum(p[e] for e in range(E) if e in pinned_set)
+        free_q = sum(qbar[e] for e in range(E) if e not in pinned_set)
+        free_p = sum(p[e] for e in range(E) if e not in pinned_set)
         distinct += D
         stick = float(rt["stickiness"][l])
         reuse += stick + (1.0 - stick) * sq / (S * K)
@@ -676,9 +680,9 @@ def decode_analytic(dm, hw, rt, c):
         elif mode == EXP_CPU:
             w["n_cpu"], w["pairs_cpu"] = D, toks * K
         elif mode == EXP_SPLIT:
-            w["n_res"], w["n_cpu"] = pinned_p, max(0.0, D - pinned_p)
+            w["n_res"], w["n_cpu"] = pinned_p, free_p
             w["pairs_gpu"] = toks * pinned_q
-            w["pairs_cpu"] = toks * K - w["pairs_gpu"]
+            w["pairs_cpu"] = toks * free_q
             hits += pinned_p
             loads += D
         else:
@@ -699,10 +703,11 @@ def decode_analytic(dm, hw, rt, c):
                 h = hsum / dsum if dsum > 0 else 0.0
                 sigma = stick * min(1.0, C / max(D, 1e-300))
                 h = sigma + (1.0 - sigma) * h
+                w["n_fetch"] = D * (1.0 - h)
             else:
                 h = pinned_p / D if D > 0 else 0.0
+                w["n_fetch"] = free_p
             w["n_res"], w["pairs_gpu"] = D, toks * K
-            w["n_fetch"] = D * (1.0 - h)
             rc = float(rt["recall"][l])
             if rc > 0 and i > 0:
                 w["n_pref"] = rc * w["n_fetch"]
