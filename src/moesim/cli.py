@@ -95,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--kv-dtype")
     s.add_argument("--placement", help="as for fit; default: as the runtime would fit")
     s.add_argument("--runtime")
+    s.add_argument("--parallel", help="multi-GPU layout: tp8, ep8, tp4-ep4, tp8-ep8-attn-dp, layer-split, pipeline")
     s.add_argument("--policy", default="lru", help="GPU expert cache policy: lru | lfu | static | belady")
     s.add_argument("--cache-experts", type=_positive_int, help="GPU expert-cache slots per MoE layer (offload-cache)")
     s.add_argument("--prefetch-recall", type=_number, help="next-layer predictor recall in [0, 1] (enables prefetch)")
@@ -209,7 +210,7 @@ def _cmd_simulate(args) -> int:
                  runtime=args.runtime, kv_dtype=args.kv_dtype, policy=args.policy, cache_experts=args.cache_experts,
                  prefetch_recall=args.prefetch_recall, tokens=args.tokens, warmup=args.warmup, seed=args.seed,
                  mode=args.mode, trace=args.trace, routing=args.routing, mtp=args.mtp,
-                 mtp_acceptance=args.mtp_acceptance, prompt=args.prompt)
+                 mtp_acceptance=args.mtp_acceptance, prompt=args.prompt, parallel=args.parallel)
     d = r.to_dict()
     if args.json:
         print(json.dumps(d, indent=1))

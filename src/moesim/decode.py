@@ -7,8 +7,10 @@ into effective rates and latencies (``ms_machine_t``), and a routing profile or 
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -198,7 +200,7 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement) -> dict:
     if machine.unified:
         # Apple chips run Metal (RT §1.9, §6); NVIDIA's GB10 (DGX Spark) runs CUDA with graphs
         metal = _load_catalog("hardware")["unified"].get(machine.gpu, {}).get("vendor") == "apple"
-        eff = d.metal_bw_eff if metal else d.gpu_bw_eff
+        eff = d.metal_bw_eff if metal else d.gddr_bw_eff      # GB10: LPDDR5X through CUDA
         pool = machine.gpu_bw_gbs * GB * eff
         gpu_flops = machine.gpu_tflops.get("fp16", 0.0) * 1e12 * d.gpu_flops_eff
         cpu_flops = _cpu_flops(machine, d.cpu_flops_eff)
@@ -227,7 +229,8 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement) -> dict:
     pcie = pinned * GB * (1.0 if (d.pinned_experts or p.kind == "offload-cache") else d.pcie_pageable)
     graphs = g.get("cuda_graphs", True)
     scale_up = g.get("scale_up", {}).get("gbs", 0.0) if isinstance(g.get("scale_up"), dict) else 0.0
-    return dict(gpu_bw=machine.gpu_bw_gbs * GB * d.gpu_bw_eff * tp, host_bw=host_bw, pcie_bw=pcie,
+    bw_eff = d.gpu_bw_eff if str(g.get("memory_type", "")).startswith("hbm") else d.gddr_bw_eff
+    return dict(gpu_bw=machine.gpu_bw_gbs * GB * bw_eff * tp, host_bw=host_bw, pcie_bw=pcie,
                 storage_bw=storage_bw, gpu_flops=peak_tflops * 1e12 * d.gpu_flops_eff * tp, cpu_flops=cpu_flops,
                 interconnect_bw=(scale_up or machine.pcie_gbs or 16.0) * GB, unified=0,
                 overlap=1 if d.overlap else 0,
@@ -322,7 +325,7 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
              runtime=None, kv_dtype: str | None = None, policy: str = "lru", cache_experts: int | None = None,
              prefetch_recall: float | None = None, tokens: int = 256, warmup: int | None = None, seed: int = 0,
              mode: str = "montecarlo", trace=None, routing=None, mtp: int = 0, mtp_acceptance: float = 0.8,
-             prompt: int = 512, engine: str = "c") -> Result:
+             prompt: int = 512, parallel: str | None = None, engine: str = "c") -> Result:
     """Simulate decoding ``tokens`` steps of ``batch`` sequences at KV depth ``context`` (see DESIGN §3)."""
     from .fit import auto_placement, record
     from . import traces as T
@@ -358,6 +361,7 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
 
     q = Q.resolve(quant, m)
     rt = get_runtime(runtime) if runtime is not None else default_runtime(q, machine)
+    rt = with_parallel(rt, parallel, machine)
     kv = Q.canonical_kv_dtype(kv_dtype or default_kv_dtype(q, rt, m))
     low = lower(m, q)
     if placement in (None, "auto"):
@@ -414,6 +418,30 @@ def estimate(m: Model, low, machine: Machine, rt: Runtime, p: Placement, context
     res = run(dm, hw, rtab, cols)
     pf, _ = prefill(m, dm, hw, rtab, rt, prompt, batch)
     return float(res["accepted"][0] / res["step_mean"][0]), pf
+
+
+_PARALLEL_RE = re.compile(r"^(?:(tp|ep|pp)(\d+)(?:-ep(\d+))?(?:-attn-dp)?|layer-split|row-split|pipeline)$")
+
+
+def with_parallel(rt: Runtime, parallel: str | None, machine: Machine) -> Runtime:
+    """The runtime with its multi-GPU layout set by ``--parallel`` (tp8, tp4-ep4, ep8, tp8-ep8-attn-dp,
+    layer-split, row-split, pipeline): tensor/expert parallel layouts read every GPU's memory at
+    once (bandwidth adds, all-reduce per layer); layer split and pipelines walk the GPUs in turn."""
+    if parallel is None:
+        return rt
+    if not isinstance(parallel, str):
+        raise MoesimError(f"expected a layout such as tp8 or layer-split, got {parallel!r}", "parallel")
+    spec = parallel.strip().lower()
+    m = _PARALLEL_RE.match(spec)
+    if not m:
+        raise MoesimError(f"unknown layout {parallel!r}: use tpN, epN, tpN-epM[-attn-dp], layer-split, "
+                          "row-split or pipeline", "parallel")
+    degree = int(m.group(2)) if m.group(2) else machine.n_gpus
+    if degree > max(1, machine.n_gpus):
+        raise MoesimError(f"{parallel} spans {degree} GPUs and the machine has {machine.n_gpus} "
+                          "(multi-node layouts are not modelled)", "parallel")
+    split = spec in ("layer-split", "pipeline") or (m.group(1) == "pp")
+    return dataclasses.replace(rt, decode=dataclasses.replace(rt.decode, tensor_parallel=not split))
 
 
 def _result(res: dict, i: int, batch: int, memory: dict, mode: str, policy: str, tokens: int, seed: int,

@@ -39,6 +39,7 @@ class DecodeParams:
     """Decode-speed parameters of a runtime ([decode] in runtimes.toml)."""
 
     gpu_bw_eff: float
+    gddr_bw_eff: float
     gpu_flops_eff: float
     metal_bw_eff: float
     host_bw_eff_desktop: float
@@ -78,7 +79,33 @@ def _entry(rid: str, table: dict, seen=()) -> dict:
     return e
 
 
-def runtime(id_or_rt: "str | Runtime") -> Runtime:
+def decode_priors(key: str, entry: dict | None = None) -> dict:
+    """A runtime's decode parameters before calibration: [decode] defaults + the runtime's own."""
+    table = _catalog.load("runtimes")["runtimes"]
+    dec = dict(_catalog.load("runtimes")["decode"])
+    dec.update((entry if entry is not None else _entry(key, table)).get("decode", {}))
+    return dec
+
+
+def calibration() -> dict:
+    """Fitted decode parameters (catalog/calibration.toml, written by ``moesim calibrate``); {} if none."""
+    try:
+        return _catalog.load("calibration")
+    except (FileNotFoundError, OSError):
+        return {}
+
+
+FAMILIES = {"llama.cpp": "llama.cpp", "ik_llama.cpp": "llama.cpp", "ollama": "llama.cpp", "vllm": "served",
+            "sglang": "served", "trtllm": "served", "ktransformers": "ktransformers", "mlx": "mlx",
+            "offload": "offload"}
+
+
+def _family(key: str) -> str:
+    """Runtimes that share fitted per-runtime parameters (calibration.toml [runtime.<family>])."""
+    return FAMILIES.get(key, key)
+
+
+def runtime(id_or_rt: "str | Runtime", calibrated: bool = True) -> Runtime:
     if isinstance(id_or_rt, Runtime):
         return id_or_rt
     table = _catalog.load("runtimes")["runtimes"]
@@ -86,8 +113,13 @@ def runtime(id_or_rt: "str | Runtime") -> Runtime:
     if key not in table:
         raise unknown_id("runtime", id_or_rt, table, "runtime")
     e = _entry(key, table)
-    dec = dict(_catalog.load("runtimes")["decode"])
-    dec.update(e.pop("decode", {}))
+    dec = decode_priors(key, e)
+    if calibrated:
+        cal = calibration()
+        fields_ = set(DecodeParams.__dataclass_fields__)
+        dec.update({k: v for k, v in cal.get("params", {}).items() if k in fields_})
+        dec.update({k: v for k, v in cal.get("runtime", {}).get(_family(key), {}).items() if k in fields_})
+    e.pop("decode", None)
     fields = set(Runtime.__dataclass_fields__)
     return Runtime(id=key, decode=DecodeParams(**dec),
                    **{k: v for k, v in e.items() if k in fields and k not in ("id", "decode")})
