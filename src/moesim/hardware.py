@@ -81,7 +81,7 @@ class Machine:
         return ", ".join(parts)
 
 
-_HOST_RE = re.compile(r"^([a-z0-9]+(?:-[0-9]+)?)(?:x([0-9]+))?$")
+_HOST_RE = re.compile(r"^([a-z0-9][a-z0-9-]*?)(?:x([0-9]+))?$")   # part id, then optional xCHANNELS
 
 
 def _positive(value, field_name: str, integer: bool = False, allow_zero: bool = False):

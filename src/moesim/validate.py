@@ -1,0 +1,423 @@
+"""``moesim validate``: predictions against published measurements (../shared/validation format).
+
+Each CSV row describes a measured run (model, quant, machine parts, runtime, placement, parallel
+layout, depth, batch, MTP). :func:`build` turns it into the configuration ``simulate`` needs —
+filling fields the row leaves empty with documented platform defaults (:data:`DEFAULTS`) — or
+says why it cannot. :func:`validate` predicts decode tok/s per sequence (analytic path) and
+prefill tok/s, and summarises |error| overall and per class (the id prefix), next to a naive
+roofline (active weight bytes per token / peak bandwidth) so the gain is visible.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+import os
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import quants as Q
+from . import routing as R
+from ._catalog import load as _load_catalog
+from .errors import MoesimError
+from .hardware import GB, Machine, machine as make_machine
+from .models import model as get_model
+
+REQUIRED_COLUMNS = ("id", "quality", "model", "quant", "runtime", "gpu", "gpus", "placement", "batch",
+                    "decode_tok_s", "prefill_tok_s", "source")
+CLASSES = ("DC", "KT", "LC", "AP", "CPU", "REF")
+
+# What a row leaves empty, and what we assume instead (each reported in the row's `assumed`).
+DEFAULTS = {
+    "channels_desktop": 2,          # desktop platforms populate 2 channels (hardware.md §4)
+    "channels_server": 8,           # server sockets of the rows' era: 8 DDR5 channels (hardware.md §4)
+    "host_mem_gb": 2048,            # the run was measured, so its weights fit RAM: no storage paging
+    "context": 512,                 # depth when neither depth nor prompt is given
+    "mtp_acceptance": 0.85,         # DeepSeek-V3 report: second-token acceptance 85-90 % (runtimes.md §3.3)
+    "stream_fraction": 0.85,        # a measured STREAM/MLC bandwidth is ~85 % of the DRAM peak (assumed)
+}
+# Runtimes in the data that moesim models through a profile of the same kind.
+RUNTIME_ALIASES = {"moe-infinity": "offload", "mixtral-offloading": "offload", "fiddler": "offload",
+                   "omlx": "mlx"}
+NOT_MODELLED_RUNTIMES = {"exo": "exo pipelines one model over several networked Macs (multi-machine)"}
+_SERVER_CPU = re.compile(r"xeon|epyc|threadripper|grace", re.I)
+
+
+class Skip(Exception):
+    """A row that cannot be turned into a configuration; the message says why."""
+
+
+@dataclass
+class RowConfig:
+    """Everything ``simulate`` needs for one row, plus what was assumed."""
+
+    row: dict
+    model: str
+    quant: str
+    machine: Machine
+    runtime: str | None
+    placement: str | None
+    parallel: str | None
+    context: int
+    prompt: int
+    batch: int
+    mtp: int
+    kv_dtype: str | None
+    assumed: list = field(default_factory=list)
+
+
+def load_rows(path) -> list:
+    """The rows of a validation CSV, checked for the columns this module reads."""
+    path = os.fspath(path)
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            rows = list(reader)
+            header = reader.fieldnames or []
+    except OSError as exc:
+        raise MoesimError(f"cannot read {path}: {exc.strerror}", "data") from None
+    except (csv.Error, UnicodeDecodeError) as exc:
+        raise MoesimError(f"{path} is not a readable CSV ({exc})", "data") from None
+    missing = [c for c in REQUIRED_COLUMNS if c not in header]
+    if missing:
+        raise MoesimError(f"{path} lacks column(s) {', '.join(missing)} (see validation/README.md)", "data")
+    return rows
+
+
+def row_class(row: dict) -> str:
+    return row["id"].split("-", 1)[0]
+
+
+def _num(row, col, kind=float):
+    v = (row.get(col) or "").strip()
+    if not v:
+        return None
+    try:
+        return kind(float(v)) if kind is int else kind(v)
+    except ValueError:
+        raise Skip(f"column {col} is not a number: {v!r}") from None
+
+
+def _cpu_id(name: str) -> str | None:
+    """Catalog CPU id for a CPU named in the data ("Xeon Gold 6454S" -> xeon-gold-6454s)."""
+    if not name:
+        return None
+    key = re.sub(r"\s+", "-", re.sub(r"^(intel|amd)\s+", "", name.strip().lower()))
+    return key if key in _load_catalog("hardware")["cpu"] else None
+
+
+def build(row: dict) -> RowConfig:
+    """The configuration a row describes (raises :class:`Skip` with the reason when it cannot)."""
+    assumed = []
+    rid = row["runtime"].strip()
+    if rid in NOT_MODELLED_RUNTIMES:
+        raise Skip(NOT_MODELLED_RUNTIMES[rid])
+    runtime = RUNTIME_ALIASES.get(rid, rid) or None
+    if rid in RUNTIME_ALIASES:
+        assumed.append(f"runtime {rid} modelled by the {runtime} profile")
+    par = (row.get("parallel") or "").strip() or None
+    if par and ("disagg" in par or re.match(r"^ep(\d+)", par) and int(re.match(r"^ep(\d+)", par).group(1)) > 8):
+        raise Skip(f"parallel layout {par}: multi-node expert parallelism / prefill-decode disaggregation "
+                   "is not modelled")
+    try:
+        m = get_model(row["model"])
+        Q.resolve(row["quant"], m)
+    except MoesimError as exc:
+        raise Skip(str(exc)) from None
+    gpu = (row["gpu"] or "").strip().lower()
+    gpus = _num(row, "gpus", int)
+    hw = _load_catalog("hardware")
+    kw: dict = {}
+    unified = gpu in hw["unified"]
+    cpu = _cpu_id(row.get("host_cpu", ""))
+    if gpu and gpu != "none":
+        kw["gpu"] = gpu
+        if not unified:
+            kw["gpus"] = gpus if gpus else 1
+        elif gpus and gpus > 1:
+            raise Skip(f"{gpus} networked {gpu} machines (multi-machine) are not modelled")
+        if row.get("gpu_mem_gb") and not unified:
+            kw["gpu_mem_gb"] = _num(row, "gpu_mem_gb")
+    if unified:
+        pool = _num(row, "host_mem_gb") or _num(row, "gpu_mem_gb")
+        if pool:
+            kw["gpu_mem_gb"] = pool
+    else:
+        part = (row.get("host_mem") or "").strip().lower()
+        cpu_info = hw["cpu"].get(cpu or "", {})
+        if not part:
+            part = cpu_info.get("memory") or "ddr5"
+            assumed.append(f"host memory type not stated: {part}")
+        channels = _num(row, "host_channels", int) or cpu_info.get("channels")
+        if not channels:
+            server = bool(_SERVER_CPU.search(row.get("host_cpu", ""))) or (_num(row, "host_sockets", int) or 1) > 1
+            channels = DEFAULTS["channels_server" if server else "channels_desktop"]
+            assumed.append(f"memory channels not stated: {channels} ({'server' if server else 'desktop'} platform)")
+        kw["host"] = f"{part}x{channels}"
+        if cpu:
+            kw["cpu"] = cpu
+        if row.get("host_sockets"):
+            kw["sockets"] = _num(row, "host_sockets", int)
+        if row.get("host_cores"):
+            kw["cores"] = _num(row, "host_cores", int)
+        host_gb = _num(row, "host_mem_gb")
+        if not host_gb:
+            host_gb = DEFAULTS["host_mem_gb"]
+            assumed.append("host RAM not stated: enough that weights do not page from storage")
+        kw["host_mem_gb"] = host_gb
+        if row.get("pcie") and kw.get("gpu"):
+            kw["pcie"] = row["pcie"].strip().lower()
+    if not kw:
+        raise Skip("no GPU and no host memory described")
+    try:
+        mach = make_machine(**kw)
+    except MoesimError as exc:
+        raise Skip(str(exc)) from None
+    measured_bw = _num(row, "measured_host_bw_gbs")
+    if measured_bw and not mach.unified:
+        mach = dataclasses.replace(mach, host_bw_gbs=measured_bw / DEFAULTS["stream_fraction"])
+        assumed.append(f"host bandwidth from the measured {measured_bw:g} GB/s (STREAM ~"
+                       f"{DEFAULTS['stream_fraction']:.0%} of peak)")
+    placement = (row.get("placement") or "").strip() or None
+    if placement == "all-gpu" and mach.unified:
+        placement = "unified"
+    depth = _num(row, "depth_tokens", int)
+    prompt = _num(row, "prompt_tokens", int)
+    context = depth if depth else (prompt or DEFAULTS["context"])
+    if not depth:
+        assumed.append(f"decode depth not stated: {context} tokens")
+    batch = _num(row, "batch", int) or 1
+    mtp = _num(row, "mtp", int) or 0
+    if mtp and not m.mtp_layers:
+        raise Skip(f"{m.id} has no MTP modules but the row used {mtp} drafts")
+    kv = (row.get("kv_dtype") or "").strip() or None
+    return RowConfig(row=row, model=m.id, quant=row["quant"], machine=mach, runtime=runtime, placement=placement,
+                     parallel=par, context=max(1, context), prompt=max(1, prompt or context or 512), batch=batch,
+                     mtp=mtp, kv_dtype=kv, assumed=assumed)
+
+
+# ------------------------------------------------------------------------------- prediction
+@dataclass
+class Prepared:
+    """A row lowered once; :meth:`predict` re-evaluates it for any runtime parameters (calibration)."""
+
+    cfg: RowConfig
+    m: object
+    low: object
+    p: object
+    rt: object
+    dm: dict
+    rtab: dict
+    cols: dict
+    mem: object
+    roofline_tok_s: float
+
+    def predict(self, rt=None) -> tuple:
+        """(decode tok/s per sequence, prefill tok/s) with runtime ``rt`` (default: as built)."""
+        from . import decode as D
+        rt = rt or self.rt
+        hw = D.lower_machine(self.cfg.machine, rt, self.p)
+        res = D.run(self.dm, hw, self.rtab, self.cols)
+        pf, _ = D.prefill(self.m, self.dm, hw, self.rtab, rt, self.cfg.prompt, 1)
+        return float(res["accepted"][0] / res["step_mean"][0]), pf
+
+
+def prepare(cfg: RowConfig, calibrated: bool = True) -> Prepared:
+    from . import decode as D
+    from .fit import auto_placement
+    from .memory import configure, default_kv_dtype, evaluate, lower, _result_from_arrays
+    from .placement import parse as parse_placement
+    from .runtimes import default_runtime, runtime as get_runtime
+    m = get_model(cfg.model)
+    q = Q.resolve(cfg.quant, m)
+    try:
+        rt = get_runtime(cfg.runtime, calibrated=calibrated) if cfg.runtime else default_runtime(q, cfg.machine)
+        rt = D.with_parallel(rt, cfg.parallel, cfg.machine)
+        kv = Q.canonical_kv_dtype(cfg.kv_dtype or default_kv_dtype(q, rt, m))
+        low = lower(m, q)
+        p = (auto_placement(m, low, cfg.machine, rt, cfg.context, cfg.batch, kv, cfg.mtp)
+             if cfg.placement is None else parse_placement(cfg.placement, m, cfg.machine))
+        mem = _result_from_arrays(evaluate(low, configure(m, low, cfg.machine, rt, p, cfg.context, cfg.batch, kv,
+                                                          cfg.mtp)), 0)
+    except MoesimError as exc:
+        raise Skip(str(exc)) from None
+    tps = 1 + cfg.mtp
+    dm = D.lower_model(m, low, p, cfg.machine, rt, cfg.context, kv, cfg.batch * tps, mem.by_class, mem.tier)
+    rtab = R.lower(R.RoutingDims.of(m), R.profile(None, family=m.family), 0)
+    cols = dict(batch=[cfg.batch], tokens_per_step=[tps], drafts=[cfg.mtp],
+                accepted=[D.accepted_per_step(cfg.mtp, DEFAULTS["mtp_acceptance"])], steps=[1], warmup=[0],
+                policy=[D.POLICIES["lru"]], mode=[D.MODES["analytic"]], seed=[0], index=[0])
+    return Prepared(cfg=cfg, m=m, low=low, p=p, rt=rt, dm=dm, rtab=rtab, cols=cols, mem=mem,
+                    roofline_tok_s=roofline(m, low, p, cfg.machine))
+
+
+def roofline(m, low, p, mach: Machine) -> float:
+    """The one-line estimate peers use: active weight bytes per token / peak bandwidth of where
+    they live (GPU memory, summed over GPUs; host DRAM for CPU experts), no batch, no overheads."""
+    k = m.top_k
+    gpu_bytes = host_bytes = 0.0
+    n_gpus = max(1, mach.n_gpus)
+    for l in range(m.n_layers):
+        dense = low.attn[l] + low.router[l] + low.shared[l] + low.dense[l]
+        experts = k * low.expert_one[l] if low.n_experts[l] else 0.0
+        cpu_layer = p.kind == "cpu-only" or (p.kind == "layers-gpu" and l < m.n_layers - p.arg)
+        cpu_experts = cpu_layer or p.kind in ("experts-cpu", "offload-cache") or (p.kind == "n-cpu-moe" and l < p.arg)
+        if p.kind == "gpu-experts" and low.n_experts[l]:
+            frac = min(1.0, p.arg / low.n_experts[l])
+            gpu_bytes += experts * frac
+            host_bytes += experts * (1 - frac)
+            experts = 0.0
+        if cpu_layer:
+            host_bytes += dense + experts
+        elif cpu_experts:
+            gpu_bytes += dense
+            host_bytes += experts
+        else:
+            gpu_bytes += dense + experts
+    gpu_bytes += low.head
+    if mach.unified or mach.n_gpus == 0:
+        bw = mach.host_bw_gbs if mach.n_gpus == 0 else mach.gpu_bw_gbs
+        return bw * GB / (gpu_bytes + host_bytes)
+    if p.kind == "offload-cache":
+        t = gpu_bytes / (mach.gpu_bw_gbs * GB * n_gpus) + host_bytes / (max(mach.pcie_gbs, 1e-3) * GB)
+    else:
+        t = gpu_bytes / (mach.gpu_bw_gbs * GB * n_gpus) + host_bytes / (mach.host_bw_gbs * GB)
+    return 1.0 / t
+
+
+# ------------------------------------------------------------------------------- report
+def _err(pred, meas):
+    return None if (pred is None or meas is None or meas <= 0) else pred / meas - 1.0
+
+
+def _stats(errs: list) -> dict:
+    a = np.abs(np.array([e for e in errs if e is not None], dtype=float))
+    if a.size == 0:
+        return {"n": 0, "median_abs_pct_err": None, "p90_abs_pct_err": None}
+    return {"n": int(a.size), "median_abs_pct_err": float(100 * np.median(a)),
+            "p90_abs_pct_err": float(100 * np.percentile(a, 90))}
+
+
+def evaluate_rows(rows: list, calibrated: bool = True) -> tuple:
+    """(prepared rows, per-row records, skipped [{id, reason}])."""
+    prepared, records, skipped = [], [], []
+    for row in rows:
+        meas_d = _num(row, "decode_tok_s")
+        meas_p = _num(row, "prefill_tok_s")
+        if meas_d is None and meas_p is None:
+            skipped.append({"id": row["id"], "reason": "no decode or prefill measurement (aggregate only)"})
+            continue
+        try:
+            cfg = build(row)
+            pr = prepare(cfg, calibrated=calibrated)
+        except Skip as exc:
+            skipped.append({"id": row["id"], "reason": str(exc)})
+            continue
+        dec, pf = pr.predict()
+        rec = {"id": row["id"], "class": row_class(row), "quality": row["quality"], "model": cfg.model,
+               "quant": cfg.quant, "runtime": pr.rt.id, "placement": str(pr.p), "batch": cfg.batch,
+               "context": cfg.context, "decode_measured": meas_d, "decode_predicted": dec if meas_d else None,
+               "decode_err": _err(dec, meas_d) if meas_d else None,
+               "roofline_predicted": pr.roofline_tok_s if meas_d else None,
+               "roofline_err": _err(pr.roofline_tok_s, meas_d) if meas_d else None,
+               "prefill_measured": meas_p, "prefill_predicted": pf if meas_p else None,
+               "prefill_err": _err(pf, meas_p) if meas_p else None, "source": row["source"],
+               "assumed": cfg.assumed}
+        prepared.append(pr)
+        records.append(rec)
+    return prepared, records, skipped
+
+
+def summarise(records: list, skipped: list) -> dict:
+    """Headline numbers over quality A+B rows (C rows counted separately), per class and overall."""
+    head = [r for r in records if r["quality"] in ("A", "B")]
+    by_class = {}
+    for c in CLASSES:
+        rows = [r for r in head if r["class"] == c]
+        if rows:
+            by_class[c] = {"decode": _stats([r["decode_err"] for r in rows]),
+                           "prefill": _stats([r["prefill_err"] for r in rows]),
+                           "roofline_decode": _stats([r["roofline_err"] for r in rows])}
+    dec = _stats([r["decode_err"] for r in head])
+    return {
+        "median_abs_pct_err": dec["median_abs_pct_err"], "p90_abs_pct_err": dec["p90_abs_pct_err"],
+        "decode": dec, "prefill": _stats([r["prefill_err"] for r in head]),
+        "roofline_decode": _stats([r["roofline_err"] for r in head]), "by_class": by_class,
+        "quality_c": {"decode": _stats([r["decode_err"] for r in records if r["quality"] == "C"]),
+                      "note": "quality C rows (anecdotal) are reported here, not in the headline"},
+        "rows_evaluated": len(records), "rows_skipped": skipped,
+    }
+
+
+def validate(path, calibrated: bool = True) -> dict:
+    rows = load_rows(path)
+    _, records, skipped = evaluate_rows(rows, calibrated)
+    return {"summary": summarise(records, skipped), "rows": records}
+
+
+def plot(report: dict, out) -> None:
+    """Log-log predicted vs measured decode tok/s per class, with the naive roofline for contrast."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise MoesimError("plots need matplotlib: pip install 'moesim[plot]'", "plot") from None
+    rows = [r for r in report["rows"] if r["decode_err"] is not None]
+    fig, ax = plt.subplots(figsize=(7, 6))
+    for c in CLASSES:
+        rs = [r for r in rows if r["class"] == c]
+        if rs:
+            ax.scatter([r["decode_measured"] for r in rs], [r["decode_predicted"] for r in rs], label=c, s=22)
+    ax.scatter([r["decode_measured"] for r in rows], [r["roofline_predicted"] for r in rows], marker="x",
+               color="0.6", s=14, label="roofline (peers)")
+    lo = min(min(r["decode_measured"] for r in rows), min(r["decode_predicted"] for r in rows)) / 1.5
+    hi = max(max(r["decode_measured"] for r in rows), max(r["decode_predicted"] for r in rows)) * 1.5
+    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+    for f in (0.75, 1.25):
+        ax.plot([lo, hi], [lo * f, hi * f], "k:", lw=0.6)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("measured decode tok/s per sequence")
+    ax.set_ylabel("predicted decode tok/s per sequence")
+    s = report["summary"]
+    ax.set_title(f"moesim vs measurements: median |err| {s['median_abs_pct_err']:.0f} % (A+B rows), "
+                 f"roofline {s['roofline_decode']['median_abs_pct_err']:.0f} %", fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+def format_text(report: dict) -> str:
+    s = report["summary"]
+    lines = [f"{'id':8} {'class':5} {'q':1} {'measured':>9} {'predicted':>9} {'err':>7} {'roofline':>9}  "
+             f"{'prefill meas':>12} {'pred':>9} {'err':>7}"]
+    for r in report["rows"]:
+        def f(v, w=9, p=1):
+            return f"{v:{w}.{p}f}" if v is not None else " " * (w - 1) + "-"
+
+        def e(v):
+            return f"{100 * v:+6.0f}%" if v is not None else "      -"
+        lines.append(f"{r['id']:8} {r['class']:5} {r['quality']:1} {f(r['decode_measured'])} "
+                     f"{f(r['decode_predicted'])} {e(r['decode_err'])} {f(r['roofline_predicted'])}  "
+                     f"{f(r['prefill_measured'], 12)} {f(r['prefill_predicted'])} {e(r['prefill_err'])}")
+    d, p, rf = s["decode"], s["prefill"], s["roofline_decode"]
+    lines.append("")
+    lines.append(f"quality A+B rows: decode median |err| {d['median_abs_pct_err']:.1f} %, p90 {d['p90_abs_pct_err']:.1f} % "
+                 f"({d['n']} rows); prefill median {p['median_abs_pct_err'] or float('nan'):.1f} % ({p['n']} rows); "
+                 f"naive roofline decode median {rf['median_abs_pct_err']:.1f} %")
+    for c, v in s["by_class"].items():
+        dd = v["decode"]
+        if dd["n"]:
+            lines.append(f"  {c:4} decode median {dd['median_abs_pct_err']:6.1f} %  p90 {dd['p90_abs_pct_err']:6.1f} %"
+                         f"  ({dd['n']} rows)   roofline median {v['roofline_decode']['median_abs_pct_err']:6.1f} %")
+    qc = s["quality_c"]["decode"]
+    if qc["n"]:
+        lines.append(f"quality C rows (not in the headline): decode median {qc['median_abs_pct_err']:.1f} % ({qc['n']} rows)")
+    lines.append(f"rows evaluated {s['rows_evaluated']}, skipped {len(s['rows_skipped'])}:")
+    for sk in s["rows_skipped"]:
+        lines.append(f"  {sk['id']}: {sk['reason']}")
+    return "\n".join(lines)
