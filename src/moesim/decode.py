@@ -205,8 +205,10 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement) -> dict:
         gpu_flops = machine.gpu_tflops.get("fp16", 0.0) * 1e12 * d.gpu_flops_eff
         cpu_flops = _cpu_flops(machine, d.cpu_flops_eff)
         launch = d.launch_us_metal if metal else d.launch_us
+        peak = machine.gpu_tflops.get("fp16", 0.0) * 1e12
         return dict(gpu_bw=pool, host_bw=pool, pcie_bw=pool, storage_bw=max(machine.storage_read_gbs, 1e-3) * GB,
                     gpu_flops=max(gpu_flops, cpu_flops), cpu_flops=cpu_flops, interconnect_bw=pool, unified=1,
+                    prefill_flops=max(peak * d.prefill_flops_eff_unified, cpu_flops),
                     overlap=1 if d.overlap else 0, launch_s=0.0 if cpu_only else launch * 1e-6,
                     sync_s=0.0, dma_s=0.0, allreduce_s=0.0, step_s=d.step_us * 1e-6)
     server = machine.channels > 4
@@ -218,6 +220,7 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement) -> dict:
     storage_bw = max(machine.storage_read_gbs, 1e-3) * GB
     if cpu_only:
         return dict(gpu_bw=host_bw, host_bw=host_bw, pcie_bw=host_bw, storage_bw=storage_bw, gpu_flops=cpu_flops,
+                    prefill_flops=cpu_flops,
                     cpu_flops=cpu_flops, interconnect_bw=host_bw, unified=0, overlap=0, launch_s=0.0, sync_s=0.0,
                     dma_s=0.0, allreduce_s=0.0, step_s=d.step_us * 1e-6)
     hw = _load_catalog("hardware")
@@ -229,8 +232,11 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement) -> dict:
     pcie = pinned * GB * (1.0 if (d.pinned_experts or p.kind == "offload-cache") else d.pcie_pageable)
     graphs = g.get("cuda_graphs", True)
     scale_up = g.get("scale_up", {}).get("gbs", 0.0) if isinstance(g.get("scale_up"), dict) else 0.0
-    bw_eff = d.gpu_bw_eff if str(g.get("memory_type", "")).startswith("hbm") else d.gddr_bw_eff
+    hbm = str(g.get("memory_type", "")).startswith("hbm")
+    bw_eff = d.gpu_bw_eff if hbm else d.gddr_bw_eff
+    pf_eff = d.prefill_flops_eff_hbm if hbm else d.prefill_flops_eff
     return dict(gpu_bw=machine.gpu_bw_gbs * GB * bw_eff * tp, host_bw=host_bw, pcie_bw=pcie,
+                prefill_flops=peak_tflops * 1e12 * pf_eff * tp,
                 storage_bw=storage_bw, gpu_flops=peak_tflops * 1e12 * d.gpu_flops_eff * tp, cpu_flops=cpu_flops,
                 interconnect_bw=(scale_up or machine.pcie_gbs or 16.0) * GB, unified=0,
                 overlap=1 if d.overlap else 0,
@@ -480,6 +486,8 @@ def prefill(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, prompt: int, 
     qbar = np.asarray(rtab["q"]).mean(axis=0) if rtab.get("n_layers") else None
     k = rtab.get("top_k", 0)
     offload = rt.decode.op_offload_min_batch > 0 and ub >= rt.decode.op_offload_min_batch
+    # large-ubatch GEMMs run at the prefill efficiency rather than the decode one
+    gflops = hw["prefill_flops"]
     total = 0.0
     for n_tok in [ub] * (n_ub - 1) + [prompt - ub * (n_ub - 1)]:
         t_step = 0.0
@@ -487,7 +495,7 @@ def prefill(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, prompt: int, 
             span = min(prompt, max(1, prompt // 2))
             flops = n_tok * (dm["attn_flops"][l] + dm["shared_flops"][l]
                              + dm["score_flops"][l] * span / max(1, prompt))
-            bw, fl = (hw["gpu_bw"], hw["gpu_flops"]) if dm["attn_on_gpu"][l] else (hw["host_bw"], hw["cpu_flops"])
+            bw, fl = (hw["gpu_bw"], gflops) if dm["attn_on_gpu"][l] else (hw["host_bw"], hw["cpu_flops"])
             t = max((dm["attn_bytes"][l] + dm["shared_bytes"][l]) / bw, flops / fl)
             mode = dm["expert_mode"][l]
             if mode != EXP_NONE and qbar is not None:
@@ -496,16 +504,16 @@ def prefill(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, prompt: int, 
                 eb, ef = dm["expert_bytes"][l], dm["expert_flops"][l]
                 eflops = n_tok * k * ef
                 if mode == EXP_GPU:
-                    t += max(distinct * eb / hw["gpu_bw"], eflops / hw["gpu_flops"])
+                    t += max(distinct * eb / hw["gpu_bw"], eflops / gflops)
                 elif offload or mode == EXP_FETCH:
                     t_copy = distinct * eb / hw["pcie_bw"]
-                    t_gpu = max(distinct * eb / hw["gpu_bw"], eflops / hw["gpu_flops"])
+                    t_gpu = max(distinct * eb / hw["gpu_bw"], eflops / gflops)
                     t += max(t_copy, t_gpu) if hw["overlap"] else t_copy + t_gpu
                 else:
                     t_cpu = max(distinct * eb / hw["host_bw"], eflops / hw["cpu_flops"])
                     t += t_cpu + hw["sync_s"]
             t_step += t + hw["launch_s"]
-        t_step += max(dm["head_bytes"] / hw["gpu_bw"], dm["head_flops"] / hw["gpu_flops"])
+        t_step += max(dm["head_bytes"] / hw["gpu_bw"], dm["head_flops"] / gflops)
         total += t_step
     ttft = total * batch
     return prompt * batch / ttft, ttft

@@ -41,6 +41,9 @@ class DecodeParams:
     gpu_bw_eff: float
     gddr_bw_eff: float
     gpu_flops_eff: float
+    prefill_flops_eff: float
+    prefill_flops_eff_hbm: float
+    prefill_flops_eff_unified: float
     metal_bw_eff: float
     host_bw_eff_desktop: float
     host_bw_eff_server: float

@@ -1,0 +1,278 @@
+"""``moesim calibrate``: fit the decode model's efficiency and overhead parameters to measurements.
+
+The parameters (:data:`PARAMS`) are the few numbers the cost model exposes per device class and
+runtime family: achievable fractions of HBM / GDDR / unified / DRAM bandwidth, GEMM efficiencies,
+per-layer and per-step fixed costs, the CPU-expert hand-off. Each starts at its sourced prior
+(catalog/runtimes.toml) and is bounded to stay physical (no efficiency above 1). The fit minimises
+log(predicted / measured) over quality A+B rows with ``scipy.optimize.least_squares``, plus a weak
+pull towards the priors (so parameters no row constrains stay where the sources put them). The
+honest figure is the leave-one-source-out error: each source (repository or site) is predicted by
+a fit that never saw it. ``--out`` writes catalog/calibration.toml, which ``moesim.runtimes``
+layers over the priors.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import __version__
+from .errors import MoesimError
+from .runtimes import DecodeParams, FAMILIES, decode_priors, runtime as get_runtime
+from . import validate as V
+
+
+@dataclass(frozen=True)
+class Param:
+    """One fitted number: a DecodeParams field, for every runtime (family None) or one family."""
+
+    field: str
+    lo: float
+    hi: float
+    family: str | None = None
+    log: bool = False      # fit in log space (latencies spanning decades)
+
+    @property
+    def name(self) -> str:
+        return f"{self.family}.{self.field}" if self.family else self.field
+
+
+PARAMS = (
+    Param("gpu_bw_eff", 0.3, 1.0),
+    Param("gddr_bw_eff", 0.3, 1.0),
+    Param("metal_bw_eff", 0.2, 1.0),
+    Param("host_bw_eff_desktop", 0.2, 1.0),
+    Param("host_bw_eff_server", 0.1, 1.0),
+    Param("cross_socket_eff", 0.2, 1.0),
+    Param("gpu_flops_eff", 0.05, 1.0),
+    Param("prefill_flops_eff", 0.02, 1.0),
+    Param("prefill_flops_eff_hbm", 0.02, 1.0),
+    Param("prefill_flops_eff_unified", 0.02, 1.0),
+    Param("cpu_flops_eff", 0.02, 1.0),
+    Param("launch_us", 0.5, 500.0, "llama.cpp", log=True),
+    Param("step_us", 10.0, 50000.0, "llama.cpp", log=True),
+    Param("sync_us", 1.0, 3000.0, "llama.cpp", log=True),
+    Param("launch_us", 0.5, 500.0, "served", log=True),
+    Param("step_us", 10.0, 50000.0, "served", log=True),
+    Param("sync_us", 1.0, 3000.0, "ktransformers", log=True),
+    Param("host_bw_eff_server", 0.1, 1.0, "ktransformers"),
+    Param("cross_socket_eff", 0.2, 1.0, "ktransformers"),
+    Param("metal_bw_eff", 0.2, 1.0, "mlx"),
+    Param("launch_us_metal", 1.0, 1000.0, "mlx", log=True),
+    Param("launch_us_metal", 1.0, 1000.0, "llama.cpp", log=True),
+    Param("step_us", 10.0, 100000.0, "offload", log=True),
+)
+PRIOR_WEIGHT = 0.05      # residual per parameter: log(value / prior) x this (a weak pull to the sources)
+PREFILL_WEIGHT = 0.5     # prefill residuals count half (the prefill model is coarser than decode)
+
+
+def source_group(source: str) -> str:
+    """A row's source document (the cited URL without its section), for leave-one-source-out."""
+    return re.split(r"[ §]", source.strip())[0]
+
+
+def _family_of(rid: str) -> str:
+    return FAMILIES.get(rid, rid)
+
+
+def prior_vector(params=PARAMS) -> np.ndarray:
+    out = []
+    for p in params:
+        fam_runtime = next((r for r, f in FAMILIES.items() if f == p.family), "llama.cpp") if p.family else "llama.cpp"
+        v = float(decode_priors(fam_runtime)[p.field])
+        out.append(min(max(v, p.lo), p.hi))
+    return np.array(out)
+
+
+def _to_x(values, params):
+    return np.array([math.log(v) if p.log else v for v, p in zip(values, params)])
+
+
+def _from_x(x, params):
+    return np.array([math.exp(v) if p.log else v for v, p in zip(x, params)])
+
+
+class Model:
+    """Prepared rows + a parameter vector -> predictions (the function the fit minimises)."""
+
+    def __init__(self, prepared: list, params=PARAMS):
+        self.rows = prepared
+        self.params = params
+        # uncalibrated runtimes per row: priors only (the fit must not see its own output)
+        self.base = [dataclasses.replace(pr.rt, decode=DecodeParams(**decode_priors(pr.rt.id))) for pr in prepared]
+        self.tp = [pr.rt.decode.tensor_parallel for pr in prepared]
+
+    def runtime_for(self, i: int, values) -> object:
+        rt = self.base[i]
+        fam = _family_of(rt.id)
+        upd = {p.field: v for p, v in zip(self.params, values) if p.family is None}
+        upd.update({p.field: v for p, v in zip(self.params, values) if p.family == fam})
+        upd["tensor_parallel"] = self.tp[i]
+        return dataclasses.replace(rt, decode=dataclasses.replace(rt.decode, **upd))
+
+    def predict(self, values, idx=None) -> list:
+        idx = range(len(self.rows)) if idx is None else idx
+        return [self.rows[i].predict(self.runtime_for(i, values)) for i in idx]
+
+
+def _residuals(model: Model, values, idx, prior, prior_weight: float = PRIOR_WEIGHT) -> np.ndarray:
+    res = []
+    for i, (dec, pf) in zip(idx, model.predict(values, idx)):
+        row = model.rows[i].cfg.row
+        md, mp = V._num(row, "decode_tok_s"), V._num(row, "prefill_tok_s")
+        if md:
+            res.append(math.log(dec / md))
+        if mp:
+            res.append(PREFILL_WEIGHT * math.log(pf / mp))
+    res.extend(prior_weight * np.log(np.asarray(values) / prior))
+    return np.array(res)
+
+
+def fit(model: Model, idx, x0=None, max_nfev: int = 60, prior_weight: float = PRIOR_WEIGHT) -> np.ndarray:
+    """Least-squares fit of the parameters on rows ``idx``; returns parameter values."""
+    from scipy.optimize import least_squares
+    params = model.params
+    prior = prior_vector(params)
+    x0 = _to_x(prior if x0 is None else x0, params)
+    lo = _to_x([p.lo for p in params], params)
+    hi = _to_x([p.hi for p in params], params)
+    x0 = np.clip(x0, lo + 1e-9, hi - 1e-9)
+    sol = least_squares(lambda x: _residuals(model, _from_x(x, params), idx, prior, prior_weight), x0, bounds=(lo, hi),
+                        method="trf", x_scale="jac", diff_step=1e-3, max_nfev=max_nfev)
+    return _from_x(sol.x, params)
+
+
+def _abs_errs(model: Model, values, idx, col: str) -> list:
+    out = []
+    for i, pred in zip(idx, model.predict(values, idx)):
+        m = V._num(model.rows[i].cfg.row, col)
+        if m:
+            out.append(abs((pred[0] if col == "decode_tok_s" else pred[1]) / m - 1))
+    return out
+
+
+def _summary(errs: list) -> dict:
+    a = np.array(errs, dtype=float)
+    return {"n": int(a.size), "median_abs_pct_err": float(100 * np.median(a)) if a.size else None,
+            "p90_abs_pct_err": float(100 * np.percentile(a, 90)) if a.size else None}
+
+
+def calibrate(path, cross_validate: bool = True, max_nfev: int = 60, progress=None) -> dict:
+    """Fit on the A+B rows of a validation CSV; report in-sample and leave-one-source-out errors."""
+    rows = V.load_rows(path)
+    rows = [r for r in rows if r["quality"] in ("A", "B")]
+    prepared, records, skipped = V.evaluate_rows(rows, calibrated=False)
+    if len(prepared) < 5:
+        raise MoesimError(f"{path}: only {len(prepared)} usable quality A/B rows; need at least 5", "data")
+    model = Model(prepared)
+    idx = list(range(len(prepared)))
+    t0 = time.perf_counter()
+    values = fit(model, idx, max_nfev=max_nfev)
+    fit_s = time.perf_counter() - t0
+    groups = [source_group(pr.cfg.row["source"]) for pr in prepared]
+    classes = [V.row_class(pr.cfg.row) for pr in prepared]
+    prior = prior_vector()
+    report = {
+        "params": {p.name: float(v) for p, v in zip(PARAMS, values)},
+        "priors": {p.name: float(v) for p, v in zip(PARAMS, prior)},
+        "bounds": {p.name: [p.lo, p.hi] for p in PARAMS},
+        "rows_fitted": len(prepared), "rows_skipped": skipped, "fit_seconds": fit_s,
+        "in_sample": {"decode": _summary(_abs_errs(model, values, idx, "decode_tok_s")),
+                      "prefill": _summary(_abs_errs(model, values, idx, "prefill_tok_s"))},
+        "priors_error": {"decode": _summary(_abs_errs(model, prior, idx, "decode_tok_s")),
+                         "prefill": _summary(_abs_errs(model, prior, idx, "prefill_tok_s"))},
+    }
+    if cross_validate:
+        cv_dec, cv_pf, cv_rows = [], [], []
+        unique = sorted(set(groups))
+        for n, g in enumerate(unique):
+            train = [i for i in idx if groups[i] != g]
+            test = [i for i in idx if groups[i] == g]
+            v = fit(model, train, x0=values, max_nfev=max_nfev)
+            for i, (dec, pf) in zip(test, model.predict(v, test)):
+                row = model.rows[i].cfg.row
+                md, mp = V._num(row, "decode_tok_s"), V._num(row, "prefill_tok_s")
+                rec = {"id": row["id"], "class": classes[i], "group": g}
+                if md:
+                    rec["decode_err"] = dec / md - 1
+                    cv_dec.append(abs(dec / md - 1))
+                if mp:
+                    rec["prefill_err"] = pf / mp - 1
+                    cv_pf.append(abs(pf / mp - 1))
+                cv_rows.append(rec)
+            if progress:
+                progress(n + 1, len(unique), g)
+        by_class = {}
+        for c in V.CLASSES:
+            d = [abs(r["decode_err"]) for r in cv_rows if r["class"] == c and "decode_err" in r]
+            f = [abs(r["prefill_err"]) for r in cv_rows if r["class"] == c and "prefill_err" in r]
+            if d or f:
+                by_class[c] = {"decode": _summary(d), "prefill": _summary(f)}
+        report["cross_validated"] = {"decode": _summary(cv_dec), "prefill": _summary(cv_pf), "by_class": by_class,
+                                     "groups": unique, "rows": cv_rows}
+    return report
+
+
+def write_toml(report: dict, out, command: str) -> None:
+    """catalog/calibration.toml: fitted values with the command, data and errors that produced them."""
+    glob = {k: v for k, v in report["params"].items() if "." not in k}
+    fams: dict = {}
+    for k, v in report["params"].items():
+        if "." in k:
+            fam, field = k.rsplit(".", 1)
+            fams.setdefault(fam, {})[field] = v
+    cv = report.get("cross_validated", {})
+    lines = [
+        "# Fitted decode parameters (moesim calibrate). Layered over the sourced priors of runtimes.toml.",
+        f"# Produced by: {command}",
+        f"# moesim {__version__}; {report['rows_fitted']} quality A+B rows; least squares on log(pred/measured),",
+        f"# prefill weighted {PREFILL_WEIGHT}, prior pull {PRIOR_WEIGHT}.",
+        f"# In-sample decode median |err| {report['in_sample']['decode']['median_abs_pct_err']:.1f} %; "
+        f"priors alone {report['priors_error']['decode']['median_abs_pct_err']:.1f} %.",
+    ]
+    if cv:
+        lines.append(f"# Leave-one-source-out ({len(cv['groups'])} sources): decode median |err| "
+                     f"{cv['decode']['median_abs_pct_err']:.1f} %, p90 {cv['decode']['p90_abs_pct_err']:.1f} %; "
+                     f"prefill median {cv['prefill']['median_abs_pct_err'] or float('nan'):.1f} %.")
+    lines += ["", 'catalog_version = "2026.11.1"', "", "[params]"]
+    for k, v in glob.items():
+        lo, hi = report["bounds"][k]
+        lines.append(f"{k} = {v:.6g}    # prior {report['priors'][k]:.6g}, bounds [{lo:g}, {hi:g}]")
+    for fam, vals in sorted(fams.items()):
+        lines += ["", f'[runtime."{fam}"]']
+        for k, v in vals.items():
+            name = f"{fam}.{k}"
+            lo, hi = report["bounds"][name]
+            lines.append(f"{k} = {v:.6g}    # prior {report['priors'][name]:.6g}, bounds [{lo:g}, {hi:g}]")
+    with open(out, "w", encoding="utf-8") as fh:
+        fh.write("\n".join(lines) + "\n")
+
+
+def format_text(report: dict) -> str:
+    lines = ["parameter                         fitted      prior   bounds"]
+    for k, v in report["params"].items():
+        lo, hi = report["bounds"][k]
+        lines.append(f"  {k:30} {v:9.4g} {report['priors'][k]:9.4g}   [{lo:g}, {hi:g}]")
+    ins, pri = report["in_sample"], report["priors_error"]
+    lines.append(f"rows fitted {report['rows_fitted']} (quality A+B), skipped {len(report['rows_skipped'])}; "
+                 f"fit {report['fit_seconds']:.1f} s")
+    lines.append(f"decode median |err|: priors {pri['decode']['median_abs_pct_err']:.1f} %, fitted in-sample "
+                 f"{ins['decode']['median_abs_pct_err']:.1f} % (p90 {ins['decode']['p90_abs_pct_err']:.1f} %)")
+    if ins["prefill"]["n"]:
+        lines.append(f"prefill median |err|: priors {pri['prefill']['median_abs_pct_err']:.1f} %, fitted in-sample "
+                     f"{ins['prefill']['median_abs_pct_err']:.1f} %")
+    cv = report.get("cross_validated")
+    if cv:
+        lines.append(f"leave-one-source-out ({len(cv['groups'])} sources): decode median |err| "
+                     f"{cv['decode']['median_abs_pct_err']:.1f} %, p90 {cv['decode']['p90_abs_pct_err']:.1f} %; "
+                     f"prefill median {cv['prefill']['median_abs_pct_err'] or float('nan'):.1f} %")
+        for c, v in cv["by_class"].items():
+            d, f = v["decode"], v["prefill"]
+            dd = f"{d['median_abs_pct_err']:6.1f} % ({d['n']})" if d["n"] else "      -   "
+            ff = f"{f['median_abs_pct_err']:6.1f} % ({f['n']})" if f["n"] else "-"
+            lines.append(f"  {c:4} decode {dd}   prefill {ff}")
+    return "\n".join(lines)

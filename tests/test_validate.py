@@ -1,0 +1,185 @@
+"""Validation against measurements and calibration: row building with documented defaults, the
+report on ../shared/validation (skipped when absent), the naive roofline, determinism, bounds and a
+synthetic round trip (data made by the model with known parameters is fitted back to them)."""
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from moesim import calibrate as C, validate as V
+from moesim.errors import MoesimError
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "validation" / "calibration.csv"
+COLUMNS = ["id", "quality", "model", "quant", "kv_dtype", "runtime", "gpu", "gpus", "gpu_mem_gb", "host_cpu",
+           "host_mem", "host_channels", "host_sockets", "host_cores", "host_mem_gb", "measured_host_bw_gbs", "pcie",
+           "parallel", "placement", "prompt_tokens", "depth_tokens", "batch", "mtp", "decode_tok_s",
+           "aggregate_tok_s", "prefill_tok_s", "source", "notes"]
+
+
+def row(**kw) -> dict:
+    r = {c: "" for c in COLUMNS}
+    r.update(id="LC-99", quality="A", model="qwen3-30b-a3b", quant="Q4_K_M", runtime="llama.cpp", gpu="rtx-4090",
+             gpus="1", placement="experts-cpu", batch="1", mtp="0", decode_tok_s="30", source="github.com/x/y test")
+    r.update({k: str(v) for k, v in kw.items()})
+    return r
+
+
+def write_csv(path, rows):
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+# ------------------------------------------------------------------------------ building rows
+def test_missing_fields_get_documented_defaults():
+    cfg = V.build(row(host_cpu="", host_mem="", host_channels="", host_mem_gb=""))
+    assert cfg.machine.channels == V.DEFAULTS["channels_desktop"]
+    assert cfg.machine.host_mem_bytes == V.DEFAULTS["host_mem_gb"] * 1e9
+    assert cfg.context == V.DEFAULTS["context"]
+    assert any("channels" in a for a in cfg.assumed) and any("RAM" in a for a in cfg.assumed)
+    server = V.build(row(host_cpu="Xeon Gold 6454S", host_mem="ddr5-4800", host_sockets="2"))
+    assert server.machine.cpu == "xeon-gold-6454s" and server.machine.channels == 8 and server.machine.sockets == 2
+
+
+def test_measured_host_bandwidth_is_used():
+    cfg = V.build(row(host_mem="ddr4", host_channels="4", measured_host_bw_gbs="102"))
+    assert cfg.machine.host_bw_gbs == pytest.approx(102 / V.DEFAULTS["stream_fraction"])
+
+
+@pytest.mark.parametrize("kw,reason", [
+    (dict(parallel="ep72-pd-disagg", gpu="h100-sxm", gpus="72", placement="all-gpu"), "multi-node"),
+    (dict(runtime="exo", gpu="m4-pro", gpus="8", placement="unified"), "multi-machine"),
+    (dict(model="no-such-model"), "unknown model"),
+    (dict(quant="Q9_Z"), "quantization"),
+])
+def test_rows_that_cannot_be_built_say_why(kw, reason):
+    with pytest.raises(V.Skip, match=reason):
+        V.build(row(**kw))
+
+
+def test_unified_and_cpu_only_rows():
+    ap = V.build(row(gpu="m3-ultra", host_mem="unified", host_mem_gb="512", placement="unified", quant="mlx-4bit",
+                     runtime="mlx"))
+    assert ap.machine.unified and ap.machine.gpu_mem_bytes == 512e9
+    cpu = V.build(row(gpu="none", gpus="0", host_cpu="Ryzen 9 7950X", host_mem="ddr5", placement="cpu-only",
+                      quant="Q4_K_S", model="mixtral-8x7b"))
+    assert cpu.machine.n_gpus == 0 and cpu.machine.cpu == "ryzen-9-7950x"
+
+
+def test_roofline_is_bandwidth_over_active_bytes():
+    pr = V.prepare(V.build(row(model="llama-3-8b", placement="all-gpu")))
+    weights = sum(pr.low.weights_by_class.values()) - pr.low.embed
+    assert pr.roofline_tok_s == pytest.approx(pr.cfg.machine.gpu_bw_gbs * 1e9 / weights, rel=1e-9)
+    dec, _ = pr.predict()
+    assert dec < pr.roofline_tok_s
+
+
+def test_validate_report_on_a_small_csv(tmp_path):
+    rows = [row(id="LC-1", decode_tok_s="40"), row(id="LC-2", quality="C", decode_tok_s="20"),
+            row(id="DC-1", parallel="ep72-pd-disagg", gpu="h100-sxm", gpus="72", placement="all-gpu"),
+            row(id="LC-3", decode_tok_s="", prefill_tok_s="")]
+    rep = V.validate(write_csv(tmp_path / "v.csv", rows))
+    s = rep["summary"]
+    assert s["rows_evaluated"] == 2 and {x["id"] for x in s["rows_skipped"]} == {"DC-1", "LC-3"}
+    assert s["decode"]["n"] == 1 and s["quality_c"]["decode"]["n"] == 1
+    r1 = next(r for r in rep["rows"] if r["id"] == "LC-1")
+    assert r1["decode_err"] == pytest.approx(r1["decode_predicted"] / 40 - 1)
+    assert "median_abs_pct_err" in s and "p90_abs_pct_err" in s and "by_class" in s
+    V.plot(rep, tmp_path / "v.png")
+    assert (tmp_path / "v.png").stat().st_size > 1000
+
+
+def test_bad_csv_is_a_clear_error(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("id,model\nx,y\n")
+    with pytest.raises(MoesimError, match="lacks column"):
+        V.load_rows(bad)
+    with pytest.raises(MoesimError, match="cannot read"):
+        V.load_rows(tmp_path / "missing.csv")
+
+
+# ------------------------------------------------------------------------------ the shipped data
+@pytest.mark.skipif(not DATA.exists(), reason="../shared/validation not present")
+def test_validate_on_shared_measurements():
+    rep = V.validate(DATA)
+    s = rep["summary"]
+    assert s["rows_evaluated"] >= 110
+    assert all(sk["reason"] for sk in s["rows_skipped"])
+    # better than the peers' one-line roofline by a wide margin, overall and on hybrid (KT) rows
+    assert s["decode"]["median_abs_pct_err"] < 0.5 * s["roofline_decode"]["median_abs_pct_err"]
+    assert s["by_class"]["KT"]["decode"]["median_abs_pct_err"] < s["by_class"]["KT"]["roofline_decode"]["median_abs_pct_err"]
+    assert s["decode"]["median_abs_pct_err"] < 30
+
+
+# ------------------------------------------------------------------------------ calibration
+PARAMS = (C.Param("gddr_bw_eff", 0.3, 1.0), C.Param("host_bw_eff_desktop", 0.2, 1.0),
+          C.Param("sync_us", 1.0, 3000.0, "llama.cpp", log=True), C.Param("step_us", 10.0, 50000.0, "llama.cpp", log=True))
+
+
+def synthetic_rows():
+    rows = []
+    for i, (mid, quant, pl, gpu, host) in enumerate([
+            ("qwen3-30b-a3b", "Q4_K_M", "experts-cpu", "rtx-4090", "ddr5-6000x2"),
+            ("qwen3-30b-a3b", "Q4_K_M", "n-cpu-moe=24", "rtx-3090", "ddr4-3200x2"),
+            ("qwen3-30b-a3b", "Q8_0", "all-gpu", "rtx-pro-6000", "ddr5-6000x2"),
+            ("gpt-oss-20b", "MXFP4", "all-gpu", "rtx-4090", "ddr5-6000x2"),
+            ("gpt-oss-20b", "MXFP4", "experts-cpu", "rtx-3090", "ddr5-4800x2"),
+            ("gpt-oss-120b", "MXFP4", "n-cpu-moe=30", "rtx-5090", "ddr5-6000x2"),
+            ("llama-3-8b", "Q4_K_M", "all-gpu", "rtx-3090", "ddr4-3200x2"),
+            ("mixtral-8x7b", "Q4_K_M", "experts-cpu", "rtx-4090", "ddr5-5600x2"),
+            ("deepseek-v2-lite", "Q4_K_M", "experts-cpu", "rtx-2080", "ddr4-3200x2")]):
+        part, ch = host.split("x")
+        rows.append(row(id=f"LC-{i}", model=mid, quant=quant, placement=pl, gpu=gpu, host_mem=part,
+                        host_channels=ch, host_mem_gb="256", source=f"github.com/s{i % 3}/r test"))
+    prepared = [V.prepare(V.build(r), calibrated=False) for r in rows]
+    return prepared
+
+
+def test_calibration_recovers_known_parameters():
+    prepared = synthetic_rows()
+    model = C.Model(prepared, PARAMS)
+    truth = np.array([0.62, 0.55, 150.0, 900.0])
+    for pr, (dec, _) in zip(prepared, model.predict(truth)):
+        pr.cfg.row["decode_tok_s"] = str(dec)
+        pr.cfg.row["prefill_tok_s"] = ""
+    got = C.fit(model, list(range(len(prepared))), prior_weight=0.0)
+    assert np.all(np.abs(np.log(got / truth)) < 0.02), (got, truth)
+    for p, v in zip(PARAMS, got):
+        assert p.lo <= v <= p.hi
+
+
+def test_calibration_is_deterministic_and_bounded():
+    prepared = synthetic_rows()
+    model = C.Model(prepared, PARAMS)
+    for pr, (dec, _) in zip(prepared, model.predict(np.array([0.3, 0.2, 1.0, 10.0]))):
+        pr.cfg.row["decode_tok_s"] = str(dec * 0.2)     # faster than any physical parameter allows
+    a = C.fit(model, list(range(len(prepared))))
+    b = C.fit(model, list(range(len(prepared))))
+    assert np.array_equal(a, b)
+    for p, v in zip(PARAMS, a):
+        assert p.lo <= v <= p.hi
+    assert a[0] == pytest.approx(0.3) and a[1] == pytest.approx(0.2)   # pinned at the physical bounds
+
+
+def test_calibration_file_is_layered_over_priors(tmp_path, monkeypatch):
+    from moesim import runtimes
+    report = {"params": {"gpu_bw_eff": 0.5, "llama.cpp.sync_us": 123.0},
+              "priors": {"gpu_bw_eff": 0.8, "llama.cpp.sync_us": 20.0},
+              "bounds": {"gpu_bw_eff": [0.3, 1.0], "llama.cpp.sync_us": [1, 3000]},
+              "rows_fitted": 10, "in_sample": {"decode": {"median_abs_pct_err": 5.0}},
+              "priors_error": {"decode": {"median_abs_pct_err": 9.0}}}
+    out = tmp_path / "calibration.toml"
+    C.write_toml(report, out, "moesim calibrate test.csv")
+    import tomllib
+    cal = tomllib.loads(out.read_text())
+    monkeypatch.setattr(runtimes, "calibration", lambda: cal)
+    assert runtimes.runtime("llama.cpp").decode.sync_us == 123.0
+    assert runtimes.runtime("vllm").decode.gpu_bw_eff == 0.5
+    assert runtimes.runtime("vllm").decode.sync_us == runtimes.decode_priors("vllm")["sync_us"]
+    assert runtimes.runtime("llama.cpp", calibrated=False).decode.sync_us == 20.0
