@@ -477,43 +477,50 @@ def _result(res: dict, i: int, batch: int, memory: dict, mode: str, policy: str,
 def prefill(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, prompt: int, batch: int = 1) -> tuple:
     """(prefill tokens/s, time to first token) for a ``prompt``-token prompt, per ubatch (DESIGN §3).
 
-    Each ubatch reads the GPU-resident weights once and is compute-bound on the GPU; CPU experts are
-    either computed on the CPU or, under llama.cpp's op offload (ubatch >= 32), the used experts are
-    copied over PCIe each ubatch (RT §1.1-1.2)."""
-    ub = rt.ubatch or rt.prefill_step or 2048
-    ub = max(1, min(prompt, ub))
-    n_ub = math.ceil(prompt / ub)
-    qbar = np.asarray(rtab["q"]).mean(axis=0) if rtab.get("n_layers") else None
-    k = rtab.get("top_k", 0)
+    Each ubatch reads the GPU-resident weights once and is compute-bound on the GPU at the prefill
+    GEMM efficiency; experts in host RAM are computed on the CPU, or, under llama.cpp's op offload
+    (ubatch >= 32) and on expert-cache engines, the experts the ubatch uses are copied over PCIe
+    (RT §1.1-1.2). A ubatch of n tokens uses sum_e 1 - (1 - q_e)^n distinct experts per layer."""
+    ub = max(1, min(prompt, rt.ubatch or rt.prefill_step or 2048))
+    n_full, last = divmod(prompt, ub)
+    sizes = [(ub, n_full)] + ([(last, 1)] if last else [])
     offload = rt.decode.op_offload_min_batch > 0 and ub >= rt.decode.op_offload_min_batch
-    # large-ubatch GEMMs run at the prefill efficiency rather than the decode one
-    gflops = hw["prefill_flops"]
+    gflops, cflops = hw["prefill_flops"], hw["cpu_flops"]
+    on_gpu = np.asarray(dm["attn_on_gpu"], dtype=bool)
+    mode = np.asarray(dm["expert_mode"])
+    moe_idx = np.asarray(dm["moe_index"])
+    k = rtab.get("top_k", 0)
+    qbar = np.asarray(rtab["q"]).mean(axis=0) if rtab.get("n_layers") else None
+    bw = np.where(on_gpu, hw["gpu_bw"], hw["host_bw"])
+    fl = np.where(on_gpu, gflops, cflops)
+    span = max(1, prompt // 2)                        # mean KV depth over the prompt
+    weights = np.asarray(dm["attn_bytes"]) + np.asarray(dm["shared_bytes"])
+    per_tok = (np.asarray(dm["attn_flops"]) + np.asarray(dm["shared_flops"])
+               + np.asarray(dm["score_flops"]) * span / max(1, prompt))
     total = 0.0
-    for n_tok in [ub] * (n_ub - 1) + [prompt - ub * (n_ub - 1)]:
-        t_step = 0.0
-        for l in range(len(dm["attn_bytes"])):
-            span = min(prompt, max(1, prompt // 2))
-            flops = n_tok * (dm["attn_flops"][l] + dm["shared_flops"][l]
-                             + dm["score_flops"][l] * span / max(1, prompt))
-            bw, fl = (hw["gpu_bw"], gflops) if dm["attn_on_gpu"][l] else (hw["host_bw"], hw["cpu_flops"])
-            t = max((dm["attn_bytes"][l] + dm["shared_bytes"][l]) / bw, flops / fl)
-            mode = dm["expert_mode"][l]
-            if mode != EXP_NONE and qbar is not None:
-                j = dm["moe_index"][l]
-                distinct = float(np.sum(1.0 - (1.0 - qbar[j]) ** n_tok))
-                eb, ef = dm["expert_bytes"][l], dm["expert_flops"][l]
-                eflops = n_tok * k * ef
-                if mode == EXP_GPU:
-                    t += max(distinct * eb / hw["gpu_bw"], eflops / gflops)
-                elif offload or mode == EXP_FETCH:
-                    t_copy = distinct * eb / hw["pcie_bw"]
-                    t_gpu = max(distinct * eb / hw["gpu_bw"], eflops / gflops)
-                    t += max(t_copy, t_gpu) if hw["overlap"] else t_copy + t_gpu
-                else:
-                    t_cpu = max(distinct * eb / hw["host_bw"], eflops / hw["cpu_flops"])
-                    t += t_cpu + hw["sync_s"]
-            t_step += t + hw["launch_s"]
-        t_step += max(dm["head_bytes"] / hw["gpu_bw"], dm["head_flops"] / gflops)
-        total += t_step
+    for n_tok, count in sizes:
+        t = np.maximum(weights / bw, n_tok * per_tok / fl) + np.where(on_gpu, hw["launch_s"], 0.0)
+        for l in np.nonzero(mode != EXP_NONE)[0] if qbar is not None else ():
+            q = qbar[moe_idx[l]]
+            used = 1.0 - (1.0 - q) ** n_tok
+            gpu_share = 1.0 if mode[l] == EXP_GPU else 0.0
+            if mode[l] == EXP_SPLIT:
+                pinned = np.asarray(rtab["hot"][moe_idx[l]][:dm["slots"][l]])
+                gpu_share = float(q[pinned].sum() / max(q.sum(), 1e-300))
+            eb, ef = dm["expert_bytes"][l], dm["expert_flops"][l]
+            distinct, pairs = float(used.sum()), n_tok * k
+            t_gpu = max(distinct * gpu_share * eb / hw["gpu_bw"], pairs * gpu_share * ef / gflops)
+            host_distinct, host_pairs = distinct * (1 - gpu_share), pairs * (1 - gpu_share)
+            if host_pairs <= 0:
+                t[l] += t_gpu
+            elif offload or mode[l] == EXP_FETCH:
+                t_copy = host_distinct * eb / hw["pcie_bw"]
+                t_cgpu = max(host_distinct * eb / hw["gpu_bw"], host_pairs * ef / gflops)
+                t[l] += t_gpu + (max(t_copy, t_cgpu) if hw["overlap"] else t_copy + t_cgpu)
+            else:
+                t_cpu = max(host_distinct * eb / hw["host_bw"], host_pairs * ef / cflops)
+                t[l] += (max(t_gpu, t_cpu) if hw["overlap"] else t_gpu + t_cpu) + hw["sync_s"]
+        t_ub = float(t.sum()) + max(dm["head_bytes"] / hw["gpu_bw"], dm["head_flops"] / gflops)
+        total += count * t_ub
     ttft = total * batch
     return prompt * batch / ttft, ttft
