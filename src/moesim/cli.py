@@ -64,6 +64,32 @@ def _machine_from(args):
                    storage=args.storage, cpu=args.cpu)
 
 
+class _TensorOverride(argparse.Action):
+    """Collect llama.cpp tensor overrides (-ot, --cpu-moe, --n-cpu-moe) in command-line order, as
+    llama.cpp appends them to tensor_buft_overrides in the order it parses them."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from . import overrides as O
+        acc = list(getattr(namespace, self.dest, None) or [])
+        if self.const == "cpu-moe":
+            acc.append(O.cpu_moe())
+        elif self.const == "n-cpu-moe":
+            try:
+                n = int(values)
+            except ValueError:
+                raise MoesimError(f"expected an integer, got {values!r}", "--n-cpu-moe") from None
+            acc.extend(O.n_cpu_moe(n))
+        else:
+            acc.extend(O.parse_overrides(values, "--override-tensor"))
+        setattr(namespace, self.dest, acc)
+
+
+_MODEL_HELP = ("catalog model id, or a path: a GGUF file (any shard of a split), a config.json or its "
+               "directory, a model.safetensors.index.json or .safetensors file")
+_OT_HELP = ("llama.cpp tensor override PATTERN=DEVICE (repeatable, comma lists allowed), e.g. "
+            "'\\.ffn_.*_exps\\.=CPU'; mapped to the equivalent placement")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="moesim", description="Will this MoE model run on this machine, and how fast?")
     p.add_argument("--version", action="version", version=f"moesim {__version__}")
@@ -73,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
         s = sub.add_parser(name, help=help_)
         s.add_argument("--json", action="store_true")
     f = sub.add_parser("fit", help="memory per tier, fit and limits for each quantization")
-    f.add_argument("model", help="catalog model id")
+    f.add_argument("model", help=_MODEL_HELP)
     _add_machine_flags(f)
     f.add_argument("--quant", action="append", help="quantization (repeatable); default: a GGUF ladder")
     f.add_argument("--context", type=_positive_int, default=4096)
@@ -83,10 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
                                        "cpu-only | unified | offload-cache[=N]; default: as the runtime would fit")
     f.add_argument("--runtime", help="llama.cpp | ik_llama.cpp | ollama | vllm | sglang | trtllm | ktransformers | mlx")
     f.add_argument("--mtp", type=_positive_int, default=0, help="load the MTP modules (draft tokens)")
+    f.add_argument("-ot", "--override-tensor", dest="tensor_overrides", action=_TensorOverride, help=_OT_HELP)
     f.add_argument("--json", action="store_true")
 
     s = sub.add_parser("simulate", help="token-level decode simulation: tok/s, p50/p99, breakdown, hit rates")
-    s.add_argument("model", help="catalog model id")
+    s.add_argument("model", help=_MODEL_HELP)
     _add_machine_flags(s)
     s.add_argument("--quant", default="native")
     s.add_argument("--context", type=_positive_int, default=4096, help="KV depth at which decode is measured")
@@ -107,7 +134,24 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=_positive_int, default=0)
     s.add_argument("--mode", default="montecarlo", help="montecarlo | analytic")
     s.add_argument("--trace", help="replay a recorded routing trace (see moesim.traces)")
+    s.add_argument("-ot", "--override-tensor", dest="tensor_overrides", action=_TensorOverride, help=_OT_HELP)
     s.add_argument("--json", action="store_true")
+
+    i = sub.add_parser("inspect", help="what a GGUF / safetensors / config.json describes: architecture, "
+                                       "bytes per tensor class and type, what fitting it needs")
+    i.add_argument("path", help="GGUF file (any shard), config.json or directory, safetensors index or file")
+    i.add_argument("-ot", "--override-tensor", dest="tensor_overrides", action=_TensorOverride,
+                   help="llama.cpp PATTERN=DEVICE override (repeatable): report bytes per device")
+    i.add_argument("--cpu-moe", dest="tensor_overrides", nargs=0, action=_TensorOverride, const="cpu-moe",
+                   help="as llama.cpp --cpu-moe")
+    i.add_argument("--n-cpu-moe", dest="tensor_overrides", action=_TensorOverride, const="n-cpu-moe",
+                   metavar="N", help="as llama.cpp --n-cpu-moe N")
+    i.add_argument("-ngl", "--n-gpu-layers", type=_positive_int, help="as llama.cpp -ngl (default: all)")
+    i.add_argument("--device", default="CUDA0", help="name of the GPU buffer type (default CUDA0)")
+    i.add_argument("--context", type=_positive_int, default=4096, help="context for the KV bytes fitting needs")
+    i.add_argument("--kv-dtype")
+    i.add_argument("--tensors", action="store_true", help="list every tensor (and its device with -ot)")
+    i.add_argument("--json", action="store_true")
     return p
 
 
@@ -177,9 +221,12 @@ def _fmt_bytes(b: float) -> str:
 
 def _cmd_fit(args) -> int:
     from .fit import fit
+    from .models import model as get_model
     mach = _machine_from(args)
-    rows = fit(args.model, mach, quants=args.quant, context=args.context, batch=args.batch,
-               kv_dtype=args.kv_dtype, placement=args.placement, runtime=args.runtime, mtp=args.mtp)
+    m = get_model(args.model)
+    rows = fit(m, mach, quants=args.quant, context=args.context, batch=args.batch,
+               kv_dtype=args.kv_dtype, placement=args.placement, runtime=args.runtime, mtp=args.mtp,
+               overrides=args.tensor_overrides)
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
@@ -205,8 +252,16 @@ def _cmd_fit(args) -> int:
 
 def _cmd_simulate(args) -> int:
     from .decode import simulate
+    from .models import model as get_model
     mach = _machine_from(args)
-    r = simulate(args.model, mach, quant=args.quant, context=args.context, batch=args.batch, placement=args.placement,
+    m = get_model(args.model)
+    placement = args.placement
+    if args.tensor_overrides:
+        from .fit import placement_from_overrides
+        if placement not in (None, "auto"):
+            raise MoesimError("give either --placement or --override-tensor, not both", "placement")
+        placement = placement_from_overrides(m, args.tensor_overrides, args.quant)
+    r = simulate(m, mach, quant=args.quant, context=args.context, batch=args.batch, placement=placement,
                  runtime=args.runtime, kv_dtype=args.kv_dtype, policy=args.policy, cache_experts=args.cache_experts,
                  prefetch_recall=args.prefetch_recall, tokens=args.tokens, warmup=args.warmup, seed=args.seed,
                  mode=args.mode, trace=args.trace, routing=args.routing, mtp=args.mtp,
@@ -242,8 +297,68 @@ def _cmd_simulate(args) -> int:
     return 0
 
 
+def _human(b: float) -> str:
+    for unit, size in (("GiB", GiB), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(b) >= size:
+            return f"{b / size:.2f} {unit}"
+    return f"{b:.0f} B"
+
+
+def _cmd_inspect(args) -> int:
+    from .ingest import inspect
+    d = inspect(args.path, overrides=args.tensor_overrides or (), n_gpu_layers=args.n_gpu_layers, gpu=args.device,
+                context=args.context, kv_dtype=args.kv_dtype, tensors=args.tensors)
+    if args.json:
+        print(json.dumps(d, indent=1, default=str))
+        return 0
+    print(f"{d['path']}  ({d['format']}{', ' + str(len(d['files'])) + ' files' if len(d.get('files') or []) > 1 else ''})")
+    a = d.get("architecture")
+    if a:
+        att = ", ".join(f"{n} {k}" for k, n in a["attention"].items())
+        moe = (f"{a['moe_layers']} MoE layers, {a['experts']} experts top-{a['top_k']}"
+               + (f" + {a['shared_experts']} shared" if a["shared_experts"] else "")) if a["experts"] else "dense"
+        print(f"{a['name']}: {a['family']}, {a['layers']} layers ({att}), hidden {a['hidden']}, vocab {a['vocab']}, "
+              f"{moe}; max context {a['max_context']}" + (f"; {a['mtp_layers']} MTP" if a["mtp_layers"] else ""))
+        print(f"parameters {a['total_params'] / 1e9:.2f}B total, {a['active_params'] / 1e9:.2f}B active per token")
+    exact = "exact, from the file's tensor table" if d["exact"] else "derived from the architecture and quantization"
+    print(f"weights: {d['tensors']} tensors, {_human(d['weights_bytes'])} ({d['weights_bytes']:.0f} bytes; {exact})"
+          + (f", plus {_human(d['mtp_bytes'])} MTP" if d.get("mtp_bytes") else ""))
+    if d.get("weights_bytes_by_class"):
+        print("by class:")
+        for c, b in d["weights_bytes_by_class"].items():
+            if b:
+                types = ", ".join(f"{t} {_human(v)}" for t, v in sorted(d["formats_by_class"][c].items(),
+                                                                         key=lambda kv: -kv[1]))
+                print(f"  {c:15} {_human(b):>12}   [{types}]")
+    print("by type:")
+    for t, v in sorted(d["bytes_by_type"].items(), key=lambda kv: -kv[1]["bytes"]):
+        print(f"  {t:12} {v['tensors']:6d} tensors {_human(v['bytes']):>12}")
+    if "fit_needs" in d:
+        n = d["fit_needs"]
+        print(f"to fit at context {n['context']}: weights {_human(n['weights_bytes'])} + KV cache "
+              f"{_human(n['kv_bytes'])} ({d['kv_dtype']}, {d['kv_bytes_per_token']:.0f} B/token)"
+              + (f" + recurrent state {_human(n['state_bytes'])}" if n["state_bytes"] else "")
+              + f" = {_human(n['total_bytes'])} for one sequence, before runtime buffers")
+    if "placement" in d:
+        pl = d["placement"]
+        print("placement" + (f" ({' '.join('-ot ' + o for o in pl['overrides'])})" if pl["overrides"] else "") + ":")
+        for dev, v in sorted(pl["by_device"].items()):
+            cls = ", ".join(f"{c} {_human(b)}" for c, b in v["by_class"].items() if b)
+            print(f"  {dev:8} {_human(v['total']):>12} in {v['tensors']} tensors  [{cls}]")
+        if pl.get("equivalent"):
+            print(f"  = moesim placement {pl['equivalent']}")
+        for name, dev in (pl.get("tensors") or {}).items():
+            print(f"    {name:48} {dev}")
+    elif args.tensors and d.get("tensor_table"):
+        for t in d["tensor_table"]:
+            print(f"  {t['name']:48} {t['type']:8} {str(tuple(t['shape'])):28} {t['bytes']:14d}  {t['class']}")
+    for note in d.get("notes") or []:
+        print(f"note: {note}")
+    return 0
+
+
 _COMMANDS = {"models": _cmd_models, "hardware": _cmd_hardware, "quants": _cmd_quants, "fit": _cmd_fit,
-             "simulate": _cmd_simulate}
+             "simulate": _cmd_simulate, "inspect": _cmd_inspect}
 
 
 def main(argv=None) -> int:

@@ -57,17 +57,39 @@ def auto_placement(m: Model, low, machine: Machine, rt: Runtime, context: int, b
     return Placement("experts-cpu") if m.n_experts else Placement("all-gpu")
 
 
+def placement_from_overrides(m: Model, overrides, quant="native") -> Placement:
+    """The placement llama.cpp ``-ot PATTERN=DEVICE`` overrides realise, when moesim's memory view can
+    express it (all-gpu, experts-cpu, n-cpu-moe=N); otherwise a MoesimError pointing at ``inspect``."""
+    from .overrides import as_overrides, assign_devices, equivalent_placement
+    ovs = as_overrides(overrides)
+    p = equivalent_placement(m, assign_devices(m, ovs, quant=quant))
+    if p is None:
+        raise MoesimError("these overrides move tensors in a way the memory view cannot express (it knows "
+                          "all-gpu, experts-cpu and n-cpu-moe=N: routed experts of the first N layers on the CPU); "
+                          "`moesim inspect MODEL -ot ...` shows the bytes per device", "--override-tensor")
+    return p
+
+
 def fit(model, machine: Machine, quants=None, context: int = 4096, batch: int = 1, kv_dtype: str | None = None,
-        placement: str | None = None, runtime: str | None = None, mtp: int = 0) -> list:
-    """One dict per quantization with the memory view (JSON field names of DESIGN §4)."""
+        placement: str | None = None, runtime: str | None = None, mtp: int = 0, overrides=None) -> list:
+    """One dict per quantization with the memory view (JSON field names of DESIGN §4).
+
+    *model* may be a catalog id, a :class:`Model` or a path (GGUF, config.json, safetensors); a model
+    read from a weights file is fitted as stored (exact per-tensor bytes) unless *quants* asks otherwise.
+    *overrides*: llama.cpp ``-ot PATTERN=DEVICE`` strings, mapped to the equivalent placement."""
     m = get_model(model)
     context = check_count(context, "context")
     batch = check_count(batch, "batch")
     mtp = check_count(mtp, "mtp", minimum=0)
     if mtp and not m.mtp_layers:
         raise MoesimError(f"{m.id} has no MTP modules", "mtp")
+    if overrides:
+        if placement not in (None, "auto"):
+            raise MoesimError("give either --placement or --override-tensor, not both", "placement")
+        placement = placement_from_overrides(m, overrides)
     if quants is None or len(quants) == 0:
-        quants = [q for q in DEFAULT_FIT_QUANTS if q != "MXFP4_MOE" or m.n_experts]
+        quants = (["native"] if m.stored is not None
+                  else [q for q in DEFAULT_FIT_QUANTS if q != "MXFP4_MOE" or m.n_experts])
     elif isinstance(quants, str):
         quants = [quants]
     out = []
@@ -101,6 +123,7 @@ def record(m: Model, q, kv: str, context: int, batch: int, p: Placement, rt: Run
     return {
         "model": m.id,
         "quant": q.id,
+        "quant_source": "file" if q.is_stored else ("checkpoint" if q.scheme is not None else "rules"),
         "kv_dtype": kv,
         "context": context,
         "batch": batch,

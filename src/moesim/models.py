@@ -10,12 +10,12 @@ row (input) length. Quantization rules and ``-ot`` placement work on those names
 from __future__ import annotations
 
 import copy
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
 from . import _catalog
+from .checkpoint import Scheme, scheme_from_config
 from .errors import MoesimError, unknown_id
 
 # Tensor classes used for memory accounting and placement.
@@ -135,8 +135,26 @@ class KVTerms:
 
 
 @dataclass(frozen=True)
+class StoredWeights:
+    """The exact tensor table of a weights file a model was read from (GGUF or safetensors headers).
+
+    ``table`` holds ``(Tensor, storage type, bytes)`` for every tensor in the file(s), in file order;
+    ``key`` identifies the artifact (paths, sizes, modification times) and is all that equality and
+    hashing look at. ``label`` is the file's own quantization name (``Q4_K_M``, ``fp8``, ``bf16``...).
+    """
+
+    container: str
+    key: str
+    label: str
+    table: tuple = field(compare=False, repr=False)
+    files: tuple = field(compare=False, default=())
+    metadata: Mapping | None = field(compare=False, default=None, repr=False)
+
+
+@dataclass(frozen=True)
 class Model:
-    """A model architecture. Build with :func:`model` (catalog id) or :meth:`from_hf_config`."""
+    """A model architecture. Build with :func:`model` (catalog id or a file path), :meth:`from_hf_config`,
+    :meth:`from_gguf` or :meth:`from_safetensors`."""
 
     id: str
     name: str = field(compare=False)
@@ -155,28 +173,63 @@ class Model:
     published_active_params: float | None = field(default=None, compare=False)
     published_active_excludes_embeddings: bool = field(default=False, compare=False)
     source: str = field(default="", compare=False)
+    quant_scheme: "Scheme | None" = None
+    stored: StoredWeights | None = None
 
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_hf_config(cls, config: Mapping | str | os.PathLike, id: str | None = None, **meta) -> "Model":
         """Parse a Hugging Face ``config.json`` (a path, a directory holding one, or a dict)."""
+        path = None
         if not isinstance(config, Mapping):
+            from .ingest import _load_json
+            if not isinstance(config, (str, os.PathLike)):
+                raise MoesimError(f"expected a config dict or a path, got {type(config).__name__}", "config")
             path = os.fspath(config)
             if os.path.isdir(path):
                 path = os.path.join(path, "config.json")
-            try:
-                with open(path, encoding="utf-8") as fh:
-                    config = json.load(fh)
-            except OSError as exc:
-                raise MoesimError(f"cannot read {path}: {exc.strerror}", "config") from None
-            except json.JSONDecodeError as exc:
-                raise MoesimError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno})", "config") from None
+            if not os.path.exists(path):
+                raise MoesimError(f"{path}: no such file", "config")
+            config = _load_json(path, "config.json", "config")
+            if isinstance(config, dict) and config.get("quantization_config") is None:
+                # NVIDIA ModelOpt checkpoints describe their quantization in hf_quant_config.json
+                extra = os.path.join(os.path.dirname(path), "hf_quant_config.json")
+                if os.path.exists(extra):
+                    q = _load_json(extra, "hf_quant_config.json", "config")
+                    if isinstance(q, dict) and isinstance(q.get("quantization"), Mapping):
+                        config = dict(config, quantization_config={"quant_method": "modelopt", **q["quantization"]})
             if id is None:
                 id = os.path.basename(os.path.dirname(os.path.abspath(path))) or "model"
             meta.setdefault("source", f"config.json at {path}")
         if not isinstance(config, Mapping):
-            raise MoesimError("a config must be a JSON object", "config")
-        return _parse(dict(config), id or str(config.get("_name_or_path", "model")), meta)
+            raise MoesimError(f"{path + ': ' if path else ''}a config must be a JSON object", "config")
+        where = meta.get("source") or "config"
+        try:
+            return _parse(dict(config), id or str(config.get("_name_or_path", "model")), meta)
+        except MoesimError as exc:
+            if path is None:
+                raise
+            msg = str(exc)
+            if exc.field and msg.startswith(f"{exc.field}: "):
+                msg = msg[len(exc.field) + 2:]
+            raise MoesimError(f"{path}: {msg}", exc.field) from None   # name the file
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError, RecursionError) as exc:
+            # a field of the wrong JSON type (a string where a count belongs, a list of objects...)
+            raise MoesimError(f"{where}: malformed config ({type(exc).__name__}: {exc})", "config") from None
+
+    @classmethod
+    def from_gguf(cls, path: str | os.PathLike) -> "Model":
+        """Read a GGUF file (following ``-0000k-of-0000N.gguf`` splits): architecture from its metadata,
+        the exact type and bytes of every tensor from its tensor table (no weights are read)."""
+        from .ingest import read_gguf_model
+        return read_gguf_model(path)
+
+    @classmethod
+    def from_safetensors(cls, path: str | os.PathLike, config: Mapping | str | os.PathLike | None = None) -> "Model":
+        """A model from ``model.safetensors.index.json`` and/or safetensors headers (no weights read); the
+        architecture comes from *config* or the ``config.json`` beside the files."""
+        from .ingest import read_safetensors_model
+        return read_safetensors_model(path, config)
 
     # ------------------------------------------------------------------ derived views
     @property
@@ -199,7 +252,11 @@ class Model:
         return moe[0].ffn.top_k if moe else 0
 
     def tensors(self, include_mtp: bool = True) -> list:
-        """Every weight tensor, named as llama.cpp names them in GGUF files."""
+        """Every weight tensor, named as llama.cpp names them in GGUF files.
+
+        A model read from a GGUF file returns the file's own tensors (real names and shapes)."""
+        if self.stored is not None and self.stored.container == "gguf":
+            return [t for t, _typ, _nb in self.stored.table if include_mtp or t.cls != "mtp"]
         out = [Tensor("token_embd.weight", (self.hidden, self.vocab), "embeddings")]
         for layer in self.layers:
             out.extend(_layer_tensors(self, layer, f"blk.{layer.index}.", None))
@@ -222,7 +279,7 @@ class Model:
         for t in self.tensors(include_mtp=False):
             n = t.n_elements
             total += n
-            if t.cls == "routed_experts":
+            if t.cls == "routed_experts" and 0 <= t.layer < self.n_layers and self.layers[t.layer].ffn.n_experts:
                 ffn = self.layers[t.layer].ffn
                 active += n * ffn.top_k / ffn.n_experts
             else:
@@ -455,6 +512,8 @@ def _parse(cfg: dict, id: str, meta: dict) -> Model:
     if max_ctx <= 0:
         raise MoesimError("config lacks max_position_embeddings", "max_position_embeddings")
     mtp_layers = int(extra.pop("mtp_layers", 0) or 0)
+    scheme = scheme_from_config({"quantization_config": cfg.get("quantization_config"),
+                                 "expert_dtype": c.get("expert_dtype", cfg.get("expert_dtype"))})
     return Model(
         id=id,
         name=meta.get("name", id),
@@ -466,13 +525,14 @@ def _parse(cfg: dict, id: str, meta: dict) -> Model:
         max_context=max_ctx,
         mtp_layers=mtp_layers,
         mtp_layer=_mtp_layer(layers, hidden) if mtp_layers else None,
-        native_quant=meta.get("native_quant") or _native_quant_from_config(cfg),
+        native_quant=meta.get("native_quant") or _native_quant_from_config(cfg, scheme),
         quantization_config=cfg.get("quantization_config"),
         expert_dtype=c.get("expert_dtype"),
         published_total_params=meta.get("published_total_params"),
         published_active_params=meta.get("published_active_params"),
         published_active_excludes_embeddings=bool(meta.get("published_active_excludes_embeddings", False)),
         source=meta.get("source", ""),
+        quant_scheme=scheme,
     )
 
 
@@ -482,21 +542,12 @@ def _mtp_layer(layers: list, hidden: int) -> Layer:
     return Layer(index=-1, attention=last[-1].attention, ffn=last[-1].ffn)
 
 
-def _native_quant_from_config(cfg: Mapping) -> str:
-    if str(cfg.get("expert_dtype", "")).lower() == "fp4":
-        return "fp4"  # DeepSeek-V4: fp4 experts, fp8 elsewhere
-    q = cfg.get("quantization_config") or {}
-    method = str(q.get("quant_method", "")).lower()
-    if method == "fp8":
-        return "fp8"
-    if method == "mxfp4" or "mxfp4" in str(q.get("format", "")):
-        return "mxfp4"
-    if method in ("gptq", "awq") or (method == "compressed-tensors" and q.get("num_bits") == 4):
-        return "int4"
-    if "nvfp4" in str(q).lower():
-        return "nvfp4"
-    dtype = str(cfg.get("torch_dtype", "bfloat16"))
-    return "fp16" if "float16" == dtype else "bf16"
+def _native_quant_from_config(cfg: Mapping, scheme: "Scheme | None") -> str:
+    """The checkpoint's own format name: the quantization scheme's label, else its torch dtype."""
+    if scheme is not None:
+        return scheme.label
+    dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
+    return "fp16" if dtype == "float16" else "bf16"
 
 
 def _moe_or_dense(dense: bool, c: Mapping, hidden: int, *, ff_dense: int, experts: int, top_k: int,
@@ -504,7 +555,7 @@ def _moe_or_dense(dense: bool, c: Mapping, hidden: int, *, ff_dense: int, expert
     if dense:
         return FFN("dense", intermediate=ff_dense)
     return FFN("moe", n_experts=experts, top_k=top_k, expert_intermediate=expert_ff,
-               n_shared=shared, shared_intermediate=shared_ff or expert_ff, **kw)
+               n_shared=shared, shared_intermediate=(shared_ff or expert_ff) if shared else 0, **kw)
 
 
 def _parse_deepseek(c, hidden, id):
@@ -518,6 +569,8 @@ def _parse_deepseek(c, hidden, id):
     freq = int(_opt(c, "moe_layer_freq", 1)) or 1
     index_heads = int(_opt(c, "index_n_heads", 0))
     indexer_types = c.get("indexer_types")
+    if indexer_types is not None and (not isinstance(indexer_types, list) or len(indexer_types) != n):
+        raise MoesimError(f"needs one entry per layer ({n})", "indexer_types")
     layers = []
     for i in range(n):
         own_idx = bool(index_heads) and (indexer_types is None or indexer_types[i] == "full")
@@ -566,9 +619,14 @@ def _parse_kimi_linear(c, hidden, id):
     """kimi_linear and kimi_k3 text configs: KDA layers with periodic MLA layers; (latent) MoE."""
     n = _req(c, "num_hidden_layers", id)
     lin = c.get("linear_attn_config") or {}
+    if not isinstance(lin, Mapping):
+        raise MoesimError("must be an object", "linear_attn_config")
     full = set(_int_list(lin, "full_attn_layers"))  # 1-based
     if any(not 1 <= x <= n for x in full):
         raise MoesimError(f"full_attn_layers must be 1-based layer numbers in [1, {n}]", "linear_attn_config")
+    kda = set(_int_list(lin, "kda_layers"))
+    if kda and (kda & full or len(kda | full) != n):
+        raise MoesimError("kda_layers and full_attn_layers must partition the layers", "linear_attn_config")
     heads = _req(c, "num_attention_heads", id)
     e = _req(c, "num_experts", id)
     k = _req(c, "num_experts_per_token", id)
@@ -626,7 +684,9 @@ def _parse_qwen_moe(c, hidden, id):
 def _parse_qwen3_next(c, hidden, id):
     n = _req(c, "num_hidden_layers", id)
     types = c.get("layer_types")
-    interval = int(_opt(c, "full_attention_interval", 4))
+    interval = int(_opt(c, "full_attention_interval", 4)) or 4
+    if types is not None and (not isinstance(types, list) or len(types) != n):
+        raise MoesimError(f"needs {n} entries", "layer_types")
     e, k = _req(c, "num_experts", id), _req(c, "num_experts_per_tok", id)
     _check_moe(e, k, id)
     shared_ff = int(_opt(c, "shared_expert_intermediate_size", 0))
@@ -653,7 +713,8 @@ def _parse_gpt_oss(c, hidden, id):
     types = c.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
     if len(types) != n:
         raise MoesimError(f"needs {n} entries, got {len(types)}", "layer_types")
-    e, k = _req(c, "num_local_experts", id), _req(c, "num_experts_per_tok", id)
+    e = _req(c, "num_local_experts", id)
+    k = _req(c, "num_experts_per_tok" if "num_experts_per_tok" in c else "experts_per_token", id)
     _check_moe(e, k, id)
     window = _req(c, "sliding_window", id)
     layers = []
@@ -680,15 +741,24 @@ def _parse_llama4(c, hidden, id):
     _check_moe(e, k, id)
     step = int(_opt(c, "interleave_moe_layer_step", 1)) or 1
     chunk = int(_opt(c, "attention_chunk_size", 0))
-    nope_every = int(_opt(c, "no_rope_layer_interval", 4))
+    nope_every = int(_opt(c, "no_rope_layer_interval", 4)) or 4
     ff = _req(c, "intermediate_size", id)
+    # HF Llama4TextConfig: no_rope_layers[i] == 0 marks a NoPE (global) layer and moe_layers lists the
+    # MoE layers; when absent both are derived from the intervals exactly as below.
+    rope_flags = _int_list(c, "no_rope_layers")
+    if rope_flags and len(rope_flags) != n:
+        raise MoesimError(f"needs one entry per layer ({n}), got {len(rope_flags)}", "no_rope_layers")
+    moe_list = c.get("moe_layers")
+    moe_set = set(_int_list(c, "moe_layers")) if moe_list is not None else None
+    if moe_set is not None and any(not 0 <= x < n for x in moe_set):
+        raise MoesimError(f"entries must be layer indices in [0, {n})", "moe_layers")
     layers = []
     for i in range(n):
         # NoPE layers (every 4th, 0-based 3, 7, ...) use full causal attention; the others are
         # chunked (models.md §11; HF `use_rope = (layer_idx + 1) % no_rope_layer_interval != 0`).
-        is_global = (i + 1) % nope_every == 0
+        is_global = rope_flags[i] == 0 if rope_flags else (i + 1) % nope_every == 0
         att = _gqa(c, id, chunk=0 if is_global else chunk, qk_norm=bool(_opt(c, "use_qk_norm", False)))
-        if (i + 1) % step == 0:
+        if (i in moe_set) if moe_set is not None else (i + 1) % step == 0:
             ffn = FFN("moe", n_experts=e, top_k=k, expert_intermediate=ff, n_shared=1, shared_intermediate=ff)
         else:
             ffn = FFN("dense", intermediate=_req(c, "intermediate_size_mlp", id))
@@ -718,6 +788,10 @@ def _parse_minimax_m2(c, hidden, id):
     e, k = _req(c, "num_local_experts", id), _req(c, "num_experts_per_tok", id)
     _check_moe(e, k, id)
     shared_ff = int(_opt(c, "shared_intermediate_size", 0))
+    kinds = c.get("attn_type_list")
+    if kinds is not None and (not isinstance(kinds, list) or any(x != 1 for x in kinds)):
+        # MiniMax-Text-01 style lightning (linear) attention layers are marked 0 here; M2 is all 1.
+        raise MoesimError("only full-attention layers (all 1) are supported for minimax_m2", "attn_type_list")
     ffn = FFN("moe", n_experts=e, top_k=k, expert_intermediate=_req(c, "intermediate_size", id),
               n_shared=1 if shared_ff else 0, shared_intermediate=shared_ff,
               router_bias=bool(_opt(c, "use_routing_bias", False)))
@@ -745,6 +819,8 @@ def _parse_ernie(c, hidden, id):
     _check_moe(e, k, id)
     start = int(_opt(c, "moe_layer_start_index", 0))
     end = int(_opt(c, "moe_layer_end_index", n - 1))
+    if end < 0:          # ERNIE configs write -1 for "through the last layer"
+        end = n - 1
     interval = int(_opt(c, "moe_layer_interval", 1)) or 1
     layers = []
     for i in range(n):
@@ -841,10 +917,25 @@ def model_ids() -> list:
 _MODEL_CACHE: dict = {}
 
 
-def model(id_or_model: "str | Model") -> Model:
-    """A catalog model by id (``moesim.model("deepseek-v3")``); a Model passes through."""
+_ARTIFACT_SUFFIXES = (".gguf", ".json", ".safetensors")
+
+
+def looks_like_path(text: str) -> bool:
+    """Is *text* meant as a file path (an existing path, a path separator or an artifact suffix)?"""
+    return (os.path.exists(text) or os.sep in text or (os.altsep or os.sep) in text
+            or text.lower().endswith(_ARTIFACT_SUFFIXES))
+
+
+def model(id_or_model: "str | os.PathLike | Model") -> Model:
+    """A catalog model by id (``moesim.model("deepseek-v3")``), or a model read from a path wherever an id
+    is accepted: a GGUF file (first or any shard), a ``config.json`` or a directory holding one (with
+    safetensors headers/index beside it when present), a ``model.safetensors.index.json`` or a
+    ``.safetensors`` file. A Model passes through."""
     if isinstance(id_or_model, Model):
         return id_or_model
+    if isinstance(id_or_model, os.PathLike):
+        from .ingest import load
+        return load(id_or_model)
     if not isinstance(id_or_model, str):
         raise MoesimError(f"expected a model id string, got {type(id_or_model).__name__}", "model")
     key = id_or_model.strip().lower()
@@ -852,6 +943,9 @@ def model(id_or_model: "str | Model") -> Model:
         return _MODEL_CACHE[key]
     entries = _catalog.load("models")["models"]
     if key not in entries:
+        if id_or_model.strip() and looks_like_path(id_or_model.strip()):
+            from .ingest import load
+            return load(id_or_model.strip())
         raise unknown_id("model", id_or_model, entries, "model")
     entry = entries[key]
     meta = {k: v for k, v in entry.items() if k not in ("config", "base")}

@@ -9,7 +9,11 @@ Two kinds of quantization:
 * checkpoint formats (``fp8``, ``nvfp4``, ``mxfp4``, ``int4``, ``mlx-4bit``, ...): a format quantizes
   a set of tensor classes and leaves the rest in bf16 (catalog/quants.toml says which and why).
 
-``native`` means the model's own checkpoint format (``Model.native_quant``).
+``native`` means the model's own checkpoint format (``Model.native_quant``): for a config with a
+``quantization_config`` the per-tensor :class:`moesim.checkpoint.Scheme` read from it; for a model read
+from a GGUF file or safetensors headers, the file's own tensor table (kind ``"stored"``: exact type and
+bytes of every tensor as stored, no rules applied). Asking for the file's own type by name (``--quant
+Q4_K_M`` for a Q4_K_M file) also gives the stored table; any other quant re-derives types by the rules.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ import math
 from dataclasses import dataclass
 
 from . import _catalog
+from .checkpoint import Scheme, hf_module_path
 from .errors import MoesimError, unknown_id
 from .models import Model, Tensor
 
@@ -28,14 +33,25 @@ _EXPERT_CLASSES = {"shared_experts", "routed_experts"}
 
 @dataclass(frozen=True)
 class Quant:
-    """A resolved quantization: ``kind`` is ``"gguf"`` (llama.cpp file type) or ``"format"``."""
+    """A resolved quantization.
+
+    ``kind``: ``"gguf"`` (llama.cpp file type, types by llama.cpp's rules), ``"format"`` (checkpoint
+    format; with ``scheme`` set, the per-tensor scheme of a ``quantization_config``) or ``"stored"``
+    (the exact tensor table of the artifact named by ``origin``: container, then path:size:mtime per file).
+    """
 
     id: str
     kind: str
+    scheme: "Scheme | None" = None
+    origin: str = ""
 
     @property
     def is_gguf(self) -> bool:
-        return self.kind == "gguf"
+        return self.kind == "gguf" or self.origin.startswith("gguf:")
+
+    @property
+    def is_stored(self) -> bool:
+        return self.kind == "stored"
 
 
 def _tables() -> dict:
@@ -63,18 +79,48 @@ def quant_ids() -> list:
     return ftype_ids() + format_ids() + ["native"]
 
 
+def stored_quant(model: Model) -> Quant:
+    """The :class:`Quant` whose assignment is *model*'s own stored tensor table (GGUF / safetensors)."""
+    st = model.stored
+    if st is None:
+        raise MoesimError(f"{model.id} was not read from a weights file, so it has no stored tensor table", "quant")
+    return Quant(st.label, "stored", origin=f"{st.container}:{st.key}")
+
+
+def native_quant(model: Model) -> Quant:
+    """What ``native`` means for *model*: its stored table, its checkpoint scheme, or its native format."""
+    if model.stored is not None:
+        return stored_quant(model)
+    if model.quant_scheme is not None and model.native_quant == model.quant_scheme.label:
+        return Quant(model.quant_scheme.label, "format", scheme=model.quant_scheme)
+    return resolve(model.native_quant, None)
+
+
 def resolve(name: "str | Quant", model: Model | None = None) -> Quant:
-    """Canonical :class:`Quant` for a user spelling (case-insensitive for GGUF types)."""
+    """Canonical :class:`Quant` for a user spelling (case-insensitive for GGUF types).
+
+    With a *model* read from a file, ``native``, ``file`` / ``stored`` and the file's own type name
+    resolve to the file's exact tensor table.
+    """
     if isinstance(name, Quant):
         return name
     if not isinstance(name, str) or not name.strip():
         raise MoesimError(f"expected a quantization name, got {name!r}", "quant")
     raw = name.strip()
     t = _tables()
+    if raw.lower() in ("file", "stored") and (model is None or model.stored is None):
+        raise MoesimError(f"{raw!r} means the tensor table of a GGUF/safetensors file, and "
+                          f"{'no model was given' if model is None else model.id + ' was not read from one'}",
+                          "quant")
+    if model is not None and (raw.lower() in ("native", "file", "stored")
+                              or (model.stored is not None and _same_name(raw, model.stored.label))):
+        return native_quant(model)
     if raw.lower() == "native":
-        if model is None:
-            raise MoesimError("'native' needs a model to resolve against", "quant")
-        return resolve(model.native_quant, None)
+        raise MoesimError("'native' needs a model to resolve against", "quant")
+    if model is not None and model.quant_scheme is not None and raw.lower() == model.quant_scheme.label.lower() \
+            and raw.lower() not in t["formats"] and raw.lower() not in t["format_aliases"] \
+            and raw.upper() not in t["ftypes"]:
+        return Quant(model.quant_scheme.label, "format", scheme=model.quant_scheme)
     up = raw.upper().replace("-", "_") if not raw.lower().startswith("mlx") else raw
     up = t["ftype_aliases"].get(up, up)
     if up in t["ftypes"]:
@@ -85,6 +131,16 @@ def resolve(name: "str | Quant", model: Model | None = None) -> Quant:
         return Quant(low, "format")
     known = list(t["ftypes"]) + list(t["formats"]) + list(t["ftype_aliases"]) + ["native"]
     raise unknown_id("quantization", raw, known, "quant")
+
+
+def _same_name(a: str, b: str) -> bool:
+    """Do two quantization spellings name the same thing (``q4_k_m`` vs ``Q4_K_M``, ``Q4_K`` vs ``Q4_K_M``)?"""
+    if a.strip().lower() == b.strip().lower():
+        return True
+    try:
+        return resolve(a) == resolve(b)
+    except MoesimError:
+        return False
 
 
 def kv_dtype_bytes(name: str) -> float:
@@ -120,16 +176,20 @@ def format_bytes(shape: tuple, spec: dict, bits: int | None = None) -> float:
     bits = spec["bits"] if bits is None else bits
     total = n * bits / 8
     ne0 = shape[0]
-    rows = n // ne0
+    rows = n // ne0 if ne0 else 0
     if "block2d" in spec and len(shape) >= 2:
         b = spec["block2d"]
-        blocks = math.ceil(shape[0] / b) * math.ceil(shape[1] / b) * (math.prod(shape[2:]) if len(shape) > 2 else 1)
+        # an int (square blocks) or HF weight_block_size [out_block, in_block]; ne0 is the input dim
+        b_out, b_in = (b, b) if isinstance(b, int) else (b[0], b[1])
+        blocks = math.ceil(shape[0] / b_in) * math.ceil(shape[1] / b_out) * (math.prod(shape[2:]) if len(shape) > 2 else 1)
         total += blocks * spec["scale_bits"] / 8
     elif "group" in spec:
         groups = math.ceil(ne0 / spec["group"]) * rows
         total += groups * (spec.get("scale_bits", 0) + spec.get("zero_bits", 0)) / 8
     if "per_row_scale_bits" in spec:
         total += rows * spec["per_row_scale_bits"] / 8
+    if "in_index_bits" in spec:   # GPTQ g_idx: one int32 per input channel of each matrix
+        total += ne0 * (math.prod(shape[2:]) if len(shape) > 2 else 1) * spec["in_index_bits"] / 8
     total += spec.get("tensor_bytes", 0)
     return total
 
@@ -327,11 +387,35 @@ def _gguf_assign(model: Model, q: Quant, tensors: list) -> list:
 
 
 # ------------------------------------------------------------------------------------- formats
+def _scheme_choice(scheme: Scheme, model: Model, t: Tensor) -> "tuple[str, dict] | None":
+    """(label, format spec) a checkpoint scheme stores tensor *t* in; None if unquantized."""
+    linear = t.name.endswith("weight") and len(t.shape) >= 2 and "_norm" not in t.name
+    cls = t.cls if t.cls != "mtp" else _mtp_class(t.name)
+    if not linear or cls in ("embeddings", "router"):
+        return None
+    hit = scheme.format_for(hf_module_path(model.family, t, model.n_layers), cls)
+    if hit is None:
+        return None
+    return hit[0], dict(hit[1])
+
+
+def _scheme_assign(model: Model, q: Quant, tensors: list) -> list:
+    bf16 = _tables()["formats"]["bf16"]
+    out = []
+    for t in tensors:
+        hit = _scheme_choice(q.scheme, model, t)
+        label, spec = hit if hit is not None else ("bf16", bf16)
+        out.append((t, label, format_bytes(t.shape, spec)))
+    return out
+
+
 def _format_assign(model: Model, q: Quant, tensors: list) -> list:
+    if q.scheme is not None:
+        return _scheme_assign(model, q, tensors)
     formats = _tables()["formats"]
     spec = formats[q.id]
     targets = spec["targets"]
-    native = resolve(model.native_quant) if model.native_quant else Quant("bf16", "format")
+    native = native_quant(model) if model.native_quant else Quant("bf16", "format")
     bf16 = formats["bf16"]
     others = formats.get(spec.get("others", ""), None)
     n_layer = model.n_layers
@@ -362,7 +446,12 @@ def _format_assign(model: Model, q: Quant, tensors: list) -> list:
                 chosen, label = spec, q.id
             elif cls == "attention" and spec.get("attention") == "native" and native.id != q.id \
                     and native.kind == "format":
-                chosen, label = formats[native.id], native.id
+                if native.scheme is not None:
+                    hit = _scheme_choice(native.scheme, model, t)
+                    if hit is not None:
+                        label, chosen = hit
+                else:
+                    chosen, label = formats[native.id], native.id
             elif others is not None:
                 chosen, label = others, spec["others"]
         if chosen is bf16 and not linear:
@@ -381,7 +470,12 @@ def _mtp_class(name: str) -> str:
 
 
 def _check_applicable(model: Model, q: Quant) -> None:
-    if model.n_experts:
+    if q.kind == "stored":
+        if model.stored is None or q.origin != f"{model.stored.container}:{model.stored.key}":
+            where = q.origin.split(";")[0].rsplit(":", 2)[0]        # "gguf:/path/first-shard.gguf"
+            raise MoesimError(f"{q.id!r} is the stored tensor table of {where}, not of {model.id}", "quant")
+        return
+    if model.n_experts or q.scheme is not None:
         return
     if q.kind == "gguf" and q.id == "MXFP4_MOE":
         raise MoesimError(f"MXFP4_MOE quantizes expert tensors and {model.id} has no experts "
@@ -399,6 +493,8 @@ def assign(model: Model, quant: "str | Quant", include_mtp: bool = False) -> lis
 
 @functools.lru_cache(maxsize=512)
 def _assign_cached(model: Model, q: Quant, include_mtp: bool) -> list:
+    if q.kind == "stored":
+        return [e for e in model.stored.table if include_mtp or e[0].cls != "mtp"]
     tensors = model.tensors(include_mtp=include_mtp)
     if q.kind == "gguf":
         return _gguf_assign(model, q, tensors)
