@@ -279,7 +279,10 @@ def test_simulate_reports_every_contract_field():
         assert key in d
     assert set(d["tpot_ms"]) == {"mean", "p50", "p99"}
     assert d["tpot_ms"]["p99"] >= d["tpot_ms"]["p50"] > 0
-    assert d["bottleneck"] == "host_memory"             # CPU experts on dual-channel DDR5
+    # CPU experts on dual-channel DDR5: their reads and per-layer hand-offs dominate the step
+    res = d["breakdown"]["by_resource"]
+    assert d["bottleneck"] in ("host_memory", "latency")
+    assert res["host_memory"] + res["latency"] > 0.6 * d["breakdown"]["seconds_per_token"]
     per_phase = sum(d["breakdown"]["by_phase"].values())
     assert per_phase == pytest.approx(d["breakdown"]["seconds_per_token"], rel=1e-9)
     assert sum(d["breakdown"]["by_resource"].values()) == pytest.approx(per_phase, rel=1e-9)

@@ -183,3 +183,23 @@ def test_calibration_file_is_layered_over_priors(tmp_path, monkeypatch):
     assert runtimes.runtime("vllm").decode.gpu_bw_eff == 0.5
     assert runtimes.runtime("vllm").decode.sync_us == runtimes.decode_priors("vllm")["sync_us"]
     assert runtimes.runtime("llama.cpp", calibrated=False).decode.sync_us == 20.0
+
+
+# ------------------------------------------------------------------------------ command line
+def test_validate_and_calibrate_commands(tmp_path, capsys):
+    import json
+    from moesim.cli import main
+    rows = [row(id=f"LC-{i}", decode_tok_s=str(20 + 5 * i), source=f"github.com/s{i % 3}/r doc") for i in range(6)]
+    data = write_csv(tmp_path / "v.csv", rows)
+    assert main(["validate", str(data), "--json", "--plot", str(tmp_path / "p.png")]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    s = rep["summary"]
+    for key in ("median_abs_pct_err", "p90_abs_pct_err", "by_class", "rows_evaluated", "rows_skipped"):
+        assert key in s
+    assert s["rows_evaluated"] == 6 and (tmp_path / "p.png").exists()
+    out = tmp_path / "cal.toml"
+    assert main(["calibrate", str(data), "--no-cv", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "decode median |err|" in text and out.read_text().startswith("# Fitted decode parameters")
+    assert main(["validate", str(tmp_path / "nope.csv")]) == 2
+    assert "cannot read" in capsys.readouterr().err

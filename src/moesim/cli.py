@@ -152,6 +152,19 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--kv-dtype")
     i.add_argument("--tensors", action="store_true", help="list every tensor (and its device with -ot)")
     i.add_argument("--json", action="store_true")
+
+    v = sub.add_parser("validate", help="predictions vs published measurements (../shared/validation format)")
+    v.add_argument("data", help="CSV of measured runs (validation/README.md columns)")
+    v.add_argument("--plot", help="write a log-log predicted-vs-measured figure (PNG/SVG)")
+    v.add_argument("--uncalibrated", action="store_true", help="use the sourced priors, not calibration.toml")
+    v.add_argument("--json", action="store_true")
+
+    c = sub.add_parser("calibrate", help="fit the decode model's efficiencies and overheads to measurements")
+    c.add_argument("data", help="CSV of measured runs (validation/README.md columns)")
+    c.add_argument("--out", help="write the fitted parameters as a calibration TOML (the catalog's is "
+                                 "src/moesim/catalog/calibration.toml)")
+    c.add_argument("--no-cv", action="store_true", help="skip leave-one-source-out cross-validation")
+    c.add_argument("--json", action="store_true")
     return p
 
 
@@ -357,8 +370,42 @@ def _cmd_inspect(args) -> int:
     return 0
 
 
+def _cmd_validate(args) -> int:
+    from . import validate as V
+    rep = V.validate(args.data, calibrated=not args.uncalibrated)
+    if args.plot:
+        V.plot(rep, args.plot)
+    if args.json:
+        print(json.dumps(rep, indent=1))
+    else:
+        print(V.format_text(rep))
+        if args.plot:
+            print(f"figure: {args.plot}")
+    return 0
+
+
+def _cmd_calibrate(args) -> int:
+    from . import calibrate as C
+
+    def progress(i, n, group):
+        print(f"\rcross-validation {i}/{n}: {group[:60]:60}", end="" if i < n else "\n", file=sys.stderr,
+              flush=True)
+
+    rep = C.calibrate(args.data, cross_validate=not args.no_cv, progress=None if args.json else progress)
+    if args.out:
+        C.write_toml(rep, args.out, "moesim calibrate " + " ".join(sys.argv[2:] if len(sys.argv) > 2 else [args.data]))
+    if args.json:
+        print(json.dumps(rep, indent=1))
+    else:
+        print(C.format_text(rep))
+        if args.out:
+            print(f"written: {args.out}")
+    return 0
+
+
 _COMMANDS = {"models": _cmd_models, "hardware": _cmd_hardware, "quants": _cmd_quants, "fit": _cmd_fit,
-             "simulate": _cmd_simulate, "inspect": _cmd_inspect}
+             "simulate": _cmd_simulate, "inspect": _cmd_inspect, "validate": _cmd_validate,
+             "calibrate": _cmd_calibrate}
 
 
 def main(argv=None) -> int:
