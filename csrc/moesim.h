@@ -178,6 +178,7 @@ typedef struct {
     double dma_s;                                 /* per demand transfer (expert copy) */
     double allreduce_s;                           /* per layer per step under tensor parallelism */
     double step_s;                                /* per step host overhead (sampling, scheduling) */
+    double seq_s;                                 /* per sequence per step host overhead (batch bookkeeping) */
 } ms_machine_t;
 
 typedef struct {

@@ -158,9 +158,10 @@ static double step_fixed(const ms_decode_model_t *m, const ms_machine_t *hw, con
         acc->bytes[m->head_on_gpu ? MS_BYTES_GPU_MEM : MS_BYTES_HOST_MEM] += c->drafts * m->draft_bytes;
         total += td;
     }
-    if (hw->step_s > 0.0) {
-        attribute(acc, MS_RES_LATENCY, MS_PHASE_OVERHEAD, hw->step_s);
-        total += hw->step_s;
+    if (hw->step_s + hw->seq_s * seqs > 0.0) {
+        double ts = hw->step_s + hw->seq_s * seqs;
+        attribute(acc, MS_RES_LATENCY, MS_PHASE_OVERHEAD, ts);
+        total += ts;
     }
     return total;
 }

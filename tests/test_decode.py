@@ -57,7 +57,8 @@ def decode_case(draw, mode=None, policy=None):
     hw = dict(gpu_bw=draw(bw), host_bw=draw(bw), pcie_bw=draw(bw), storage_bw=draw(bw),
               gpu_flops=draw(st.floats(1e12, 1e15)), cpu_flops=draw(st.floats(1e10, 1e13)),
               interconnect_bw=draw(bw), unified=draw(st.integers(0, 1)), overlap=draw(st.integers(0, 1)),
-              launch_s=draw(lat), sync_s=draw(lat), dma_s=draw(lat), allreduce_s=draw(lat), step_s=draw(lat))
+              launch_s=draw(lat), sync_s=draw(lat), dma_s=draw(lat), allreduce_s=draw(lat), step_s=draw(lat),
+              seq_s=draw(lat))
     mode = draw(st.integers(0, 1)) if mode is None else mode
     grouped = draw(st.booleans()) and E % 4 == 0 and E >= 8
     prof = R.RoutingProfile(

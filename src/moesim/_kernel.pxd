@@ -92,7 +92,7 @@ cdef extern from "moesim.h" nogil:
         double interconnect_bw
         int32_t unified
         int32_t overlap
-        double launch_s, sync_s, dma_s, allreduce_s, step_s
+        double launch_s, sync_s, dma_s, allreduce_s, step_s, seq_s
 
     ctypedef struct ms_routing_t:
         int32_t n_layers

@@ -207,6 +207,7 @@ cdef void _fill_machine(ms_machine_t *h, dict hw):
     h.interconnect_bw = hw["interconnect_bw"]; h.unified = hw["unified"]; h.overlap = hw["overlap"]
     h.launch_s = hw["launch_s"]; h.sync_s = hw["sync_s"]; h.dma_s = hw["dma_s"]
     h.allreduce_s = hw["allreduce_s"]; h.step_s = hw["step_s"]
+    h.seq_s = hw.get("seq_s", 0.0)
 
 
 def q_tables(q, int top_k):

@@ -48,6 +48,8 @@ PARAMS = (
     Param("host_bw_eff_desktop", 0.2, 1.0),
     Param("host_bw_eff_server", 0.1, 1.0),
     Param("cross_socket_eff", 0.2, 1.0),
+    Param("core_bw_gbs", 8.0, 60.0),
+    Param("seq_us", 0.5, 500.0, log=True),
     Param("gpu_flops_eff", 0.05, 1.0),
     Param("prefill_flops_eff", 0.02, 1.0),
     Param("prefill_flops_eff_hbm", 0.02, 1.0),
@@ -64,7 +66,7 @@ PARAMS = (
     Param("metal_bw_eff", 0.2, 1.0, "mlx"),
     Param("launch_us_metal", 1.0, 1000.0, "mlx", log=True),
     Param("launch_us_metal", 1.0, 1000.0, "llama.cpp", log=True),
-    Param("step_us", 10.0, 100000.0, "offload", log=True),
+    Param("pcie_pageable", 0.1, 1.0, "offload"),
 )
 PRIOR_WEIGHT = 0.05      # residual per parameter: log(value / prior) x this (a weak pull to the sources)
 PREFILL_WEIGHT = 0.5     # prefill residuals count half (the prefill model is coarser than decode)

@@ -210,26 +210,29 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement) -> dict:
                     gpu_flops=max(gpu_flops, cpu_flops), cpu_flops=cpu_flops, interconnect_bw=pool, unified=1,
                     prefill_flops=max(peak * d.prefill_flops_eff_unified, cpu_flops),
                     overlap=1 if d.overlap else 0, launch_s=0.0 if cpu_only else launch * 1e-6,
-                    sync_s=0.0, dma_s=0.0, allreduce_s=0.0, step_s=d.step_us * 1e-6)
+                    sync_s=0.0, dma_s=0.0, allreduce_s=0.0, step_s=d.step_us * 1e-6, seq_s=d.seq_us * 1e-6)
     server = machine.channels > 4
     host_eff = d.host_bw_eff_server if server else d.host_bw_eff_desktop
     if machine.sockets > 1:
         host_eff *= d.cross_socket_eff
     host_bw = machine.host_bw_gbs * GB * host_eff
+    if machine.cores:
+        # a few threads cannot saturate many channels: each core streams at most core_bw_gbs
+        host_bw = min(host_bw, machine.cores * d.core_bw_gbs * GB)
     cpu_flops = _cpu_flops(machine, d.cpu_flops_eff)
     storage_bw = max(machine.storage_read_gbs, 1e-3) * GB
     if cpu_only:
         return dict(gpu_bw=host_bw, host_bw=host_bw, pcie_bw=host_bw, storage_bw=storage_bw, gpu_flops=cpu_flops,
                     prefill_flops=cpu_flops,
                     cpu_flops=cpu_flops, interconnect_bw=host_bw, unified=0, overlap=0, launch_s=0.0, sync_s=0.0,
-                    dma_s=0.0, allreduce_s=0.0, step_s=d.step_us * 1e-6)
+                    dma_s=0.0, allreduce_s=0.0, step_s=d.step_us * 1e-6, seq_s=d.seq_us * 1e-6)
     hw = _load_catalog("hardware")
     g = hw["gpu"].get(machine.gpu, {})
     tp = machine.n_gpus if (d.tensor_parallel and machine.n_gpus > 1) else 1
     tf = machine.gpu_tflops
     peak_tflops = max(tf.get("bf16", 0.0), tf.get("fp16", 0.0), tf.get("fp32", 0.0), 1.0)
     pinned = machine.pcie_pinned_gbs or machine.pcie_gbs * 0.88 or 12.0
-    pcie = pinned * GB * (1.0 if (d.pinned_experts or p.kind == "offload-cache") else d.pcie_pageable)
+    pcie = pinned * GB * (1.0 if d.pinned_experts else d.pcie_pageable)
     graphs = g.get("cuda_graphs", True)
     scale_up = g.get("scale_up", {}).get("gbs", 0.0) if isinstance(g.get("scale_up"), dict) else 0.0
     hbm = str(g.get("memory_type", "")).startswith("hbm")
@@ -242,7 +245,7 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement) -> dict:
                 overlap=1 if d.overlap else 0,
                 launch_s=(d.launch_us if graphs else d.launch_us_nograph) * 1e-6, sync_s=d.sync_us * 1e-6,
                 dma_s=d.dma_us * 1e-6, allreduce_s=d.allreduce_us * 1e-6 if tp > 1 else 0.0,
-                step_s=d.step_us * 1e-6)
+                step_s=d.step_us * 1e-6, seq_s=d.seq_us * 1e-6)
 
 
 # ------------------------------------------------------------------------------- running

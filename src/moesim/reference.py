@@ -508,10 +508,11 @@ def _step_time(dm, hw, c, work, acc):
         acc["phase"][P_HEAD] += td
         acc["bytes"][B_GPU if on_gpu else B_HOST] += c["drafts"] * dm["draft_bytes"]
         fixed += td
-    if hw["step_s"] > 0:
-        acc["res"][R_LATENCY] += hw["step_s"]
-        acc["phase"][P_OVER] += hw["step_s"]
-        fixed += hw["step_s"]
+    ts = hw["step_s"] + hw.get("seq_s", 0.0) * seqs
+    if ts > 0:
+        acc["res"][R_LATENCY] += ts
+        acc["phase"][P_OVER] += ts
+        fixed += ts
     return fixed + sum(lt)
 
 

@@ -48,6 +48,7 @@ class DecodeParams:
     host_bw_eff_desktop: float
     host_bw_eff_server: float
     cross_socket_eff: float
+    core_bw_gbs: float
     cpu_flops_eff: float
     pcie_pageable: float
     launch_us: float
@@ -57,6 +58,7 @@ class DecodeParams:
     dma_us: float
     allreduce_us: float
     step_us: float
+    seq_us: float
     overlap: bool
     tensor_parallel: bool
     op_offload_min_batch: int
