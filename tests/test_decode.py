@@ -413,3 +413,14 @@ def test_kernel_rejects_inconsistent_tables_without_crashing():
     bad_trace = dict(rt, trace=np.full((4, 2, 2), 8, np.int32))
     with pytest.raises(KernelError, match="trace"):
         D.run(dm, hw, bad_trace, cols())
+
+
+def test_op_offload_thresholds_follow_the_runtimes():
+    """llama.cpp copies CPU experts to the GPU from 32 tokens per step; ik_llama.cpp scales that by
+    experts / active: >= 1024 tokens for DeepSeek-V3, >= 512 for Qwen3-235B (RT §1.1, PR #520)."""
+    from moesim.models import model
+    from moesim.runtimes import runtime
+    assert D.op_offload_threshold(runtime("llama.cpp"), model("deepseek-v3")) == 32
+    assert D.op_offload_threshold(runtime("ik_llama.cpp"), model("deepseek-v3")) == 1024
+    assert D.op_offload_threshold(runtime("ik_llama.cpp"), model("qwen3-235b-a22b")) == 512
+    assert math.isinf(D.op_offload_threshold(runtime("vllm"), model("deepseek-v3")))

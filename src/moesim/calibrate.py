@@ -22,7 +22,7 @@ import numpy as np
 
 from . import __version__
 from .errors import MoesimError
-from .runtimes import DecodeParams, FAMILIES, decode_priors, runtime as get_runtime
+from .runtimes import DecodeParams, FAMILIES, decode_priors
 from . import validate as V
 
 

@@ -21,10 +21,10 @@ from . import routing as R
 from ._catalog import load as _load_catalog
 from .errors import KernelError, MoesimError, unknown_id
 from .hardware import GB, Machine
-from .memory import check_count, configure, default_kv_dtype, evaluate, lower, _result_from_arrays
+from .memory import check_count, configure, evaluate, _result_from_arrays
 from .models import Model, model as get_model
-from .placement import Placement, parse as parse_placement
-from .runtimes import Runtime, default_runtime, runtime as get_runtime
+from .placement import Placement
+from .runtimes import Runtime
 
 POLICIES = {"lru": 0, "lfu": 1, "static": 2, "belady": 3}
 MODES = {"montecarlo": 0, "analytic": 1}
@@ -99,6 +99,17 @@ def _kv_read_bytes(model: Model, low, l: int, context: int, kvb: float) -> float
     return read + float(low.kv_state[l])
 
 
+def op_offload_threshold(rt: Runtime, m: Model) -> float:
+    """Tokens per step from which the runtime copies CPU-resident experts to the GPU instead of
+    computing them on the CPU (llama.cpp: 32; ik_llama.cpp: 32 x experts / active; RT §1.1)."""
+    n = rt.decode.op_offload_min_batch
+    if n <= 0:
+        return math.inf
+    if rt.decode.op_offload_sparse and m.top_k:
+        return n * m.n_experts / m.top_k
+    return n
+
+
 def lower_model(m: Model, low, p: Placement, machine: Machine, rt: Runtime, context: int, kv_dtype: str,
                 tokens_per_step: int, mem_by_class=None, mem_tier=None, cache_slots: int | None = None) -> dict:
     """The ms_decode_model_t arrays for one configuration."""
@@ -115,8 +126,7 @@ def lower_model(m: Model, low, p: Placement, machine: Machine, rt: Runtime, cont
     slots = np.zeros(L, dtype=np.int32)
     moe_index = np.full(L, -1, dtype=np.int32)
     E = m.n_experts
-    op_offload = (rt.decode.op_offload_min_batch > 0 and not cpu_only
-                  and tokens_per_step >= rt.decode.op_offload_min_batch)
+    op_offload = not cpu_only and tokens_per_step >= op_offload_threshold(rt, m)
     j = 0
     for l, layer in enumerate(m.layers):
         if layer.ffn.kind != "moe":
@@ -336,7 +346,7 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
              mode: str = "montecarlo", trace=None, routing=None, mtp: int = 0, mtp_acceptance: float = 0.8,
              prompt: int = 512, parallel: str | None = None, engine: str = "c") -> Result:
     """Simulate decoding ``tokens`` steps of ``batch`` sequences at KV depth ``context`` (see DESIGN §3)."""
-    from .fit import auto_placement, record
+    from .fit import record, resolve
     from . import traces as T
     m = get_model(model)
     if not isinstance(machine, Machine):
@@ -368,15 +378,7 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
     if warmup >= tokens:
         raise MoesimError(f"must be smaller than tokens ({tokens}), got {warmup}", "warmup")
 
-    q = Q.resolve(quant, m)
-    rt = get_runtime(runtime) if runtime is not None else default_runtime(q, machine)
-    rt = with_parallel(rt, parallel, machine)
-    kv = Q.canonical_kv_dtype(kv_dtype or default_kv_dtype(q, rt, m))
-    low = lower(m, q)
-    if placement in (None, "auto"):
-        p = auto_placement(m, low, machine, rt, context, batch, kv, mtp)
-    else:
-        p = parse_placement(placement, m, machine)
+    q, rt, kv, low, p = resolve(m, quant, machine, runtime, placement, context, batch, kv_dtype, mtp, parallel)
     if cache_experts is not None and p.kind != "offload-cache":
         if placement not in (None, "auto"):
             raise MoesimError(f"cache_experts applies to the offload-cache placement, not {p}", "cache_experts")
@@ -487,7 +489,7 @@ def prefill(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, prompt: int, 
     ub = max(1, min(prompt, rt.ubatch or rt.prefill_step or 2048))
     n_full, last = divmod(prompt, ub)
     sizes = [(ub, n_full)] + ([(last, 1)] if last else [])
-    offload = rt.decode.op_offload_min_batch > 0 and ub >= rt.decode.op_offload_min_batch
+    offload = ub >= op_offload_threshold(rt, m)
     gflops, cflops = hw["prefill_flops"], hw["cpu_flops"]
     on_gpu = np.asarray(dm["attn_on_gpu"], dtype=bool)
     mode = np.asarray(dm["expert_mode"])

@@ -57,6 +57,24 @@ def auto_placement(m: Model, low, machine: Machine, rt: Runtime, context: int, b
     return Placement("experts-cpu") if m.n_experts else Placement("all-gpu")
 
 
+def resolve(m: Model, quant, machine: Machine, runtime=None, placement=None, context: int = 4096, batch: int = 1,
+            kv_dtype: str | None = None, mtp: int = 0, parallel: str | None = None) -> tuple:
+    """(quant, runtime, KV dtype, lowered model, placement) of one configuration: the runtime the
+    format implies unless given, its default KV dtype, and the placement its own fitting would pick
+    for ``placement`` None / "auto". Shared by fit, simulate and validate."""
+    from .decode import with_parallel
+    q = Q.resolve(quant, m)
+    rt = get_runtime(runtime) if runtime is not None else default_runtime(q, machine)
+    rt = with_parallel(rt, parallel, machine)
+    kv = Q.canonical_kv_dtype(kv_dtype or default_kv_dtype(q, rt, m))
+    low = lower(m, q)
+    if placement in (None, "auto"):
+        p = auto_placement(m, low, machine, rt, context, batch, kv, mtp)
+    else:
+        p = parse_placement(placement, m, machine)
+    return q, rt, kv, low, p
+
+
 def placement_from_overrides(m: Model, overrides, quant="native") -> Placement:
     """The placement llama.cpp ``-ot PATTERN=DEVICE`` overrides realise, when moesim's memory view can
     express it (all-gpu, experts-cpu, n-cpu-moe=N); otherwise a MoesimError pointing at ``inspect``."""
@@ -94,14 +112,7 @@ def fit(model, machine: Machine, quants=None, context: int = 4096, batch: int = 
         quants = [quants]
     out = []
     for qname in quants:
-        q = Q.resolve(qname, m)
-        rt = get_runtime(runtime) if runtime is not None else default_runtime(q, machine)
-        kv = Q.canonical_kv_dtype(kv_dtype or default_kv_dtype(q, rt, m))
-        low = lower(m, q)
-        if placement in (None, "auto"):
-            p = auto_placement(m, low, machine, rt, context, batch, kv, mtp)
-        else:
-            p = parse_placement(placement, m, machine)
+        q, rt, kv, low, p = resolve(m, qname, machine, runtime, placement, context, batch, kv_dtype, mtp)
         r = _eval(m, low, machine, rt, p, context, batch, kv, mtp)
         rec = record(m, q, kv, context, batch, p, rt, machine, r, mtp)
         rec["decode_tok_s"] = rec["prefill_tok_s"] = None

@@ -161,7 +161,6 @@ def memory_many(low, cols):
 # ================================================================================ decode
 # Mirrors csrc/ms_rng.c, ms_cache.c and ms_decode.c: same streams, same order of draws, same cost.
 import math  # noqa: E402
-from functools import cmp_to_key  # noqa: E402
 
 M64 = (1 << 64) - 1
 EXP_NONE, EXP_GPU, EXP_CPU, EXP_SPLIT, EXP_FETCH = range(5)

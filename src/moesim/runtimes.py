@@ -62,6 +62,7 @@ class DecodeParams:
     overlap: bool
     tensor_parallel: bool
     op_offload_min_batch: int
+    op_offload_sparse: bool
     pinned_experts: bool
 
 

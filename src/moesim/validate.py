@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -226,19 +225,14 @@ class Prepared:
 
 def prepare(cfg: RowConfig, calibrated: bool = True) -> Prepared:
     from . import decode as D
-    from .fit import auto_placement
-    from .memory import configure, default_kv_dtype, evaluate, lower, _result_from_arrays
-    from .placement import parse as parse_placement
-    from .runtimes import default_runtime, runtime as get_runtime
+    from .fit import resolve
+    from .memory import configure, evaluate, _result_from_arrays
+    from .runtimes import runtime as get_runtime
     m = get_model(cfg.model)
-    q = Q.resolve(cfg.quant, m)
     try:
-        rt = get_runtime(cfg.runtime, calibrated=calibrated) if cfg.runtime else default_runtime(q, cfg.machine)
-        rt = D.with_parallel(rt, cfg.parallel, cfg.machine)
-        kv = Q.canonical_kv_dtype(cfg.kv_dtype or default_kv_dtype(q, rt, m))
-        low = lower(m, q)
-        p = (auto_placement(m, low, cfg.machine, rt, cfg.context, cfg.batch, kv, cfg.mtp)
-             if cfg.placement is None else parse_placement(cfg.placement, m, cfg.machine))
+        rt = get_runtime(cfg.runtime, calibrated=calibrated) if cfg.runtime else None
+        q, rt, kv, low, p = resolve(m, cfg.quant, cfg.machine, rt, cfg.placement, cfg.context, cfg.batch,
+                                    cfg.kv_dtype, cfg.mtp, cfg.parallel)
         mem = _result_from_arrays(evaluate(low, configure(m, low, cfg.machine, rt, p, cfg.context, cfg.batch, kv,
                                                           cfg.mtp)), 0)
     except MoesimError as exc:
