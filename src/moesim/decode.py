@@ -248,8 +248,11 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement) -> dict:
     hbm = str(g.get("memory_type", "")).startswith("hbm")
     bw_eff = d.gpu_bw_eff if hbm else d.gddr_bw_eff
     pf_eff = d.prefill_flops_eff_hbm if hbm else d.prefill_flops_eff
+    # llama.cpp multiplies quantized weights with int8 tensor-core MMQ kernels (ggml-cuda mmq): its
+    # prefill scales with the int8 rate; served runtimes run bf16/fp8 GEMMs
+    pf_peak = tf.get("int8", peak_tflops) if rt.llama_cpp_family else peak_tflops
     return dict(gpu_bw=machine.gpu_bw_gbs * GB * bw_eff * tp, host_bw=host_bw, pcie_bw=pcie,
-                prefill_flops=peak_tflops * 1e12 * pf_eff * tp,
+                prefill_flops=pf_peak * 1e12 * pf_eff * tp,
                 storage_bw=storage_bw, gpu_flops=peak_tflops * 1e12 * d.gpu_flops_eff * tp, cpu_flops=cpu_flops,
                 interconnect_bw=(scale_up or machine.pcie_gbs or 16.0) * GB, unified=0,
                 overlap=1 if d.overlap else 0,
