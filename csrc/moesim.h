@@ -21,6 +21,7 @@
 #define MS_ERR_BAD_TRACE       (-9)
 #define MS_ERR_BAD_WORKSPACE   (-10)
 #define MS_ERR_BAD_MACHINE     (-11)
+#define MS_ERR_BAD_SWEEP       (-12)
 
 const char *ms_strerror(int err);
 
@@ -251,5 +252,147 @@ int64_t ms_cache_workspace_size(int32_t n_experts, int32_t n_layers, int64_t n_s
 int ms_cache_replay(const int32_t *sel, const int32_t *nsel, int64_t n_steps, int32_t n_layers, int32_t width,
                     int32_t n_experts, int32_t capacity, int32_t policy, const int32_t *hot, int64_t warmup,
                     void *workspace, int64_t workspace_bytes, double *hits, double *accesses);
+
+/* ================================================================ sweeps (ms_sweep.c)
+ *
+ * Two levels. A *group* (model, quant, machine, runtime, KV dtype, placement rule, policy) is lowered
+ * once, in Python, to the tables below; its configurations (context, batch) then run in tight loops:
+ * memory (bytes per tier, fits, max context / batch, the runtime's automatic placement) from layer
+ * *kinds* (layers with identical per-sequence caches), and decode / prefill time as a per-variant
+ * constant (everything but attention, from the analytic kernel with attention zeroed) plus a sum over
+ * attention kinds of the attention term, which depends on context.
+ */
+
+/* A quantity of context C, per layer or kind of layer:
+ *   a1*min(C, c1) + a2*min(C, c2) + b1*min(C / r, k1) + b2*(C / r) + s
+ * c1, c2, k1 < 0: no cap; r <= 0: no C / r terms. */
+typedef struct {
+    double a1, a2, b1, b2, s;
+    int64_t c1, c2, r, k1;
+} ms_ctx_fn_t;
+
+double ms_ctx_eval(const ms_ctx_fn_t *f, int64_t context);
+
+/* Group rules for the placement of each configuration. */
+enum { MS_SWEEP_FIXED = 0, MS_SWEEP_AUTO_LLAMA, MS_SWEEP_AUTO_KT };
+
+/* One candidate placement of a group: its weights per tier (exact byte sums) and KV layout. */
+typedef struct {
+    int32_t code;                /* MS_PLACE_* */
+    int64_t arg;
+    int32_t layout;              /* row of gpu_count: which layers' attention and KV live on the GPU */
+    int32_t cfg;                 /* 0: the group's GPU configuration, 1: its CPU-only configuration */
+    int32_t any_gpu;             /* anything on the GPU tier (its compute buffers are then allocated) */
+    int32_t label;               /* output code of the placement column */
+    double w_gpu, w_host;        /* weight bytes (every weight class) on each tier */
+    double routed_host;          /* routed-expert bytes in host RAM (host page-cache share) */
+} ms_sweep_place_t;
+
+typedef struct {
+    /* layer kinds: per-sequence cache of a layer at padded context P is
+     * per_token*min(P, cap or P) + (P / ratio)*ratio_bytes, plus a fixed state */
+    int32_t n_kinds;
+    const double *per_token, *ratio_bytes, *state;   /* [n_kinds] */
+    const int64_t *cap, *ratio;                      /* [n_kinds] */
+    const int32_t *count;                            /* [n_kinds] layers of the kind */
+    int32_t n_layouts;
+    const int32_t *gpu_count;                        /* [n_layouts][n_kinds] layers of the kind on the GPU */
+    int64_t max_context;                             /* the model's trained context */
+    ms_mem_config_t cfg[2];                          /* capacities and buffers (context, batch, placement unused) */
+    int32_t n_places;
+    const ms_sweep_place_t *places;
+    int32_t rule;                                    /* MS_SWEEP_*; FIXED uses places[0] */
+    int32_t n_layers, n_experts;
+    /* first candidate of each kind (-1: absent): all-gpu, n-cpu-moe=0..L, layers-gpu=0..L, cpu-only,
+     * experts-cpu, gpu-experts=0..E */
+    int32_t i_all_gpu, i_n_cpu_moe, i_layers_gpu, i_cpu_only, i_experts_cpu, i_gpu_experts;
+    int32_t fits_label[8];                           /* output code of the fits column per MS_FITS_* bits */
+} ms_sweep_mem_t;
+
+/* The fast axes of a group: its configuration j is (contexts[j / n_b], batches[j % n_b]), or
+ * (contexts[j], batches[j]) when the two axes are zipped. */
+typedef struct {
+    const int64_t *contexts, *batches;
+    int64_t n_c;
+    int32_t n_b, zipped;
+} ms_sweep_axes_t;
+
+typedef struct {                 /* caller-owned columns of n entries */
+    int64_t *context, *batch;
+    int32_t *placement, *fits;   /* output codes */
+    int64_t *key;                /* decode variant key ((place * (E + 2) + page_slots) * n_b + batch index) */
+    double *weights, *kv, *state, *gpu, *host, *storage;
+    int64_t *max_context, *max_batch;
+} ms_sweep_mem_out_t;
+
+/* Bytes of per-thread workspace ms_sweep_memory needs (memos of max context and max batch). */
+int64_t ms_sweep_memory_workspace_size(int32_t n_b);
+
+/* Configurations j0 .. j0 + n - 1 of a group: placement, bytes per tier, fits, max context and batch. */
+int ms_sweep_memory(const ms_sweep_mem_t *g, const ms_sweep_axes_t *axes, int64_t j0, int64_t n, int n_threads,
+                    void *workspace, int64_t ws_bytes, ms_sweep_mem_out_t *out, int64_t *err_index);
+
+/* Map keys to variants (sorted table_keys[n_table] -> index); unknown keys get -1 and are listed
+ * (at most max_missing, each once per cache refill) in missing. Returns the number of unknown configurations. */
+int64_t ms_sweep_lookup(const int64_t *keys, int64_t n, const int64_t *table_keys, int64_t n_table, int32_t *variant,
+                        int64_t *missing, int64_t max_missing, int64_t *n_missing);
+
+typedef struct {                 /* one attention kind of a decode variant (coefficients precomputed) */
+    double n;                    /* layers of the kind */
+    double t_bytes0, kv_rate;    /* decode bytes term: t_bytes0 + B * kv(C) * kv_rate    (ab / bw, 1 / bw) */
+    double t_flops0, sf_rate;    /* decode FLOP term: B * (t_flops0 + sf(C) * sf_rate)    (af / fl, 1 / fl) */
+    double p_bytes;              /* prefill bytes term of a ubatch (ab / bw) */
+    double p_flops0[2], p_sf[2]; /* prefill FLOP term of ubatch size s: p_flops0[s] + sf(C) * p_sf[s] */
+    int32_t res_mem, res_flops;  /* MS_RES_* the time goes to */
+    int32_t fn;                  /* its (kv, sf) context functions */
+} ms_sweep_kind_t;
+
+typedef struct {
+    double step0;                /* seconds per step with attention zeroed (analytic kernel) */
+    double by_resource[MS_N_RES];
+    double accepted;             /* tokens per sequence per step */
+    double tpot_scale;           /* 1e3 / accepted */
+    double hit_rate;             /* GPU expert hit rate (-1: none) */
+    double prefill0;             /* prefill seconds of the prompt (one sequence) with attention zeroed */
+    int32_t kind0, n_kinds;      /* its slice of the kinds table */
+    int32_t mc;                  /* its Monte Carlo template (-1: none) */
+} ms_sweep_variant_t;
+
+#define MS_SWEEP_MAX_FNS 64
+
+typedef struct {
+    const ms_sweep_variant_t *variants;
+    int32_t n_variants;
+    const ms_sweep_kind_t *kinds;
+    int32_t n_fns;                                   /* distinct (kv, sf) context functions of the group */
+    const ms_ctx_fn_t *fn_kv, *fn_sf;                /* KV bytes per sequence, score FLOPs per token */
+    double prompt;                                   /* prefill tokens/s = prompt / prefill seconds */
+    double p_count[2];                               /* ubatches of each size */
+    /* Monte Carlo */
+    int32_t n_layers;
+    const int32_t *layer_fn;                         /* [n_layers] index into fn_kv / fn_sf */
+    const ms_decode_model_t *mc_models;              /* [templates] (kv_bytes / score_flops set per config) */
+    const ms_machine_t *mc_machines;                 /* [templates] */
+    const ms_routing_t *routing;
+    int64_t steps, warmup;
+    int32_t policy;
+    uint64_t seed;
+} ms_sweep_decode_t;
+
+typedef struct {                 /* caller-owned columns of n entries; p50 / p99 may be NULL (analytic) */
+    double *decode_tok_s, *aggregate_tok_s, *tpot_ms, *tpot_p50_ms, *tpot_p99_ms, *prefill_tok_s, *hit_rate;
+    int32_t *bottleneck;         /* MS_RES_* with the most time per step */
+} ms_sweep_dec_out_t;
+
+int ms_sweep_analytic(const ms_sweep_decode_t *d, const int64_t *context, const int64_t *batch, const int32_t *variant,
+                      int64_t n, int n_threads, ms_sweep_dec_out_t *out, int64_t *err_index);
+
+/* Bytes of per-thread workspace ms_sweep_montecarlo needs for batches up to max_batch. */
+int64_t ms_sweep_montecarlo_workspace_size(const ms_sweep_decode_t *d, int32_t max_batch);
+
+/* Monte Carlo: configuration i runs ms_decode with stream (seed, index[i]). */
+int ms_sweep_montecarlo(const ms_sweep_decode_t *d, const int64_t *context, const int64_t *batch,
+                        const int32_t *variant, const uint64_t *index, int64_t n, int n_threads, void *workspace,
+                        int64_t ws_bytes, ms_sweep_dec_out_t *out, int64_t *err_index);
 
 #endif

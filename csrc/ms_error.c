@@ -16,6 +16,7 @@ const char *ms_strerror(int err)
     case MS_ERR_BAD_TRACE: return "trace expert id out of range or trace too short";
     case MS_ERR_BAD_WORKSPACE: return "workspace smaller than ms_decode_workspace_size()";
     case MS_ERR_BAD_MACHINE: return "a bandwidth or FLOP rate was not positive";
+    case MS_ERR_BAD_SWEEP: return "sweep tables inconsistent (placement, variant or kind index out of range)";
     default: return "unknown moesim error";
     }
 }

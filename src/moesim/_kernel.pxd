@@ -1,5 +1,5 @@
 # Declarations of the plain-C core (csrc/moesim.h) for the Cython glue.
-from libc.stdint cimport int32_t, int64_t
+from libc.stdint cimport int32_t, int64_t, uint64_t
 
 cdef extern from "moesim.h" nogil:
     int MS_N_CLASSES
@@ -146,3 +146,122 @@ cdef extern from "moesim.h" nogil:
                         void *workspace, int64_t workspace_bytes, double *hits, double *accesses)
     int ms_route_sample(const ms_routing_t *r, const ms_decode_config_t *c, int32_t *tokens_out, void *workspace,
                         int64_t workspace_bytes)
+
+    # ---------------------------------------------------------------- sweeps (ms_sweep.c)
+    ctypedef struct ms_ctx_fn_t:
+        double a1, a2, b1, b2, s
+        int64_t c1, c2, r, k1
+
+    double ms_ctx_eval(const ms_ctx_fn_t *f, int64_t context)
+
+    ctypedef struct ms_sweep_place_t:
+        int32_t code
+        int64_t arg
+        int32_t layout
+        int32_t cfg
+        int32_t any_gpu
+        int32_t label
+        double w_gpu, w_host
+        double routed_host
+
+    ctypedef struct ms_sweep_mem_t:
+        int32_t n_kinds
+        const double *per_token
+        const double *ratio_bytes
+        const double *state
+        const int64_t *cap
+        const int64_t *ratio
+        const int32_t *count
+        int32_t n_layouts
+        const int32_t *gpu_count
+        int64_t max_context
+        ms_mem_config_t cfg[2]
+        int32_t n_places
+        const ms_sweep_place_t *places
+        int32_t rule
+        int32_t n_layers, n_experts
+        int32_t i_all_gpu, i_n_cpu_moe, i_layers_gpu, i_cpu_only, i_experts_cpu, i_gpu_experts
+        int32_t fits_label[8]
+
+    ctypedef struct ms_sweep_axes_t:
+        const int64_t *contexts
+        const int64_t *batches
+        int64_t n_c
+        int32_t n_b, zipped
+
+    ctypedef struct ms_sweep_mem_out_t:
+        int64_t *context
+        int64_t *batch
+        int32_t *placement
+        int32_t *fits
+        int64_t *key
+        double *weights
+        double *kv
+        double *state
+        double *gpu
+        double *host
+        double *storage
+        int64_t *max_context
+        int64_t *max_batch
+
+    int64_t ms_sweep_memory_workspace_size(int32_t n_b)
+    int ms_sweep_memory(const ms_sweep_mem_t *g, const ms_sweep_axes_t *axes, int64_t j0, int64_t n, int n_threads,
+                        void *workspace, int64_t ws_bytes, ms_sweep_mem_out_t *out, int64_t *err_index)
+    int64_t ms_sweep_lookup(const int64_t *keys, int64_t n, const int64_t *table_keys, int64_t n_table,
+                            int32_t *variant, int64_t *missing, int64_t max_missing, int64_t *n_missing)
+
+    ctypedef struct ms_sweep_kind_t:
+        double n
+        double t_bytes0, kv_rate
+        double t_flops0, sf_rate
+        double p_bytes
+        double p_flops0[2]
+        double p_sf[2]
+        int32_t res_mem, res_flops
+        int32_t fn
+
+    ctypedef struct ms_sweep_variant_t:
+        double step0
+        double by_resource[8]
+        double accepted
+        double tpot_scale
+        double hit_rate
+        double prefill0
+        int32_t kind0, n_kinds
+        int32_t mc
+
+    ctypedef struct ms_sweep_decode_t:
+        const ms_sweep_variant_t *variants
+        int32_t n_variants
+        const ms_sweep_kind_t *kinds
+        int32_t n_fns
+        const ms_ctx_fn_t *fn_kv
+        const ms_ctx_fn_t *fn_sf
+        double prompt
+        double p_count[2]
+        int32_t n_layers
+        const int32_t *layer_fn
+        const ms_decode_model_t *mc_models
+        const ms_machine_t *mc_machines
+        const ms_routing_t *routing
+        int64_t steps, warmup
+        int32_t policy
+        uint64_t seed
+
+    ctypedef struct ms_sweep_dec_out_t:
+        double *decode_tok_s
+        double *aggregate_tok_s
+        double *tpot_ms
+        double *tpot_p50_ms
+        double *tpot_p99_ms
+        double *prefill_tok_s
+        double *hit_rate
+        int32_t *bottleneck
+
+    int ms_sweep_analytic(const ms_sweep_decode_t *d, const int64_t *context, const int64_t *batch,
+                          const int32_t *variant, int64_t n, int n_threads, ms_sweep_dec_out_t *out,
+                          int64_t *err_index)
+    int64_t ms_sweep_montecarlo_workspace_size(const ms_sweep_decode_t *d, int32_t max_batch)
+    int ms_sweep_montecarlo(const ms_sweep_decode_t *d, const int64_t *context, const int64_t *batch,
+                            const int32_t *variant, const uint64_t *index, int64_t n, int n_threads,
+                            void *workspace, int64_t ws_bytes, ms_sweep_dec_out_t *out, int64_t *err_index)

@@ -6,7 +6,8 @@ Nothing else lives here: validation happens in the Python modules before these f
 import numpy as np
 cimport numpy as cnp
 from libc.stdlib cimport malloc, free
-from libc.stdint cimport int32_t, int64_t
+from libc.stdint cimport int32_t, int64_t, uint64_t
+from libc.string cimport memset
 
 cnp.import_array()
 
@@ -380,3 +381,343 @@ def cache_replay(sel, nsel, int n_experts, int capacity, int policy, hot, long l
     finally:
         free(ws)
     return code, hits, acc
+
+
+# ------------------------------------------------------------------------------------ sweeps
+
+MEM_OUT_F64 = ("weights_bytes", "kv_bytes", "state_bytes", "gpu_bytes", "host_bytes", "storage_bytes")
+
+
+cdef void _fill_mem_config(ms_mem_config_t *c, dict cfg):
+    c.context = 1
+    c.batch = 1
+    c.kv_bytes_per_elem = cfg["kv_bytes_per_elem"]
+    c.placement = 0
+    c.placement_arg = 0
+    c.mtp = cfg["mtp"]
+    c.n_gpus = cfg["n_gpus"]
+    c.gpu_capacity = cfg["gpu_capacity"]
+    c.host_capacity = cfg["host_capacity"]
+    c.storage_capacity = cfg["storage_capacity"]
+    c.storage_spill = cfg["storage_spill"]
+    c.embed_on_gpu = cfg["embed_on_gpu"]
+    c.kv_granularity = cfg["kv_granularity"]
+    c.gpu_fixed = cfg["gpu_fixed"]
+    c.gpu_buf0 = cfg["gpu_buf0"]
+    c.gpu_buf_ctx = cfg["gpu_buf_ctx"]
+    c.host_fixed = cfg["host_fixed"]
+    c.host_buf0 = cfg["host_buf0"]
+    c.host_buf_ctx = cfg["host_buf_ctx"]
+
+
+cdef class SweepMemory:
+    """C view of one group's memory tables (moesim.sweep builds the dict)."""
+    cdef ms_sweep_mem_t g
+    cdef ms_sweep_place_t *places
+    cdef object keep
+
+    def __cinit__(self):
+        self.places = NULL
+
+    def __init__(self, dict t):
+        keep = {}
+        self.g.n_kinds = <int32_t> len(t["per_token"])
+        self.g.per_token = <double *> _ptr(keep, "per_token", t["per_token"], np.float64)
+        self.g.ratio_bytes = <double *> _ptr(keep, "ratio_bytes", t["ratio_bytes"], np.float64)
+        self.g.state = <double *> _ptr(keep, "state", t["state"], np.float64)
+        self.g.cap = <int64_t *> _ptr(keep, "cap", t["cap"], np.int64)
+        self.g.ratio = <int64_t *> _ptr(keep, "ratio", t["ratio"], np.int64)
+        self.g.count = <int32_t *> _ptr(keep, "count", t["count"], np.int32)
+        gc = np.ascontiguousarray(t["gpu_count"], dtype=np.int32).reshape(-1, max(1, self.g.n_kinds))
+        self.g.n_layouts = <int32_t> gc.shape[0]
+        self.g.gpu_count = <int32_t *> _ptr(keep, "gpu_count", gc, np.int32)
+        self.g.max_context = t["max_context"]
+        _fill_mem_config(&self.g.cfg[0], t["cfg"][0])
+        _fill_mem_config(&self.g.cfg[1], t["cfg"][1])
+        pl = t["places"]
+        cdef Py_ssize_t n = len(pl["code"]), j
+        self.places = <ms_sweep_place_t *> malloc(max(n, 1) * sizeof(ms_sweep_place_t))
+        if self.places == NULL:
+            raise MemoryError()
+        for j in range(n):
+            self.places[j].code = pl["code"][j]
+            self.places[j].arg = pl["arg"][j]
+            self.places[j].layout = pl["layout"][j]
+            self.places[j].cfg = pl["cfg"][j]
+            self.places[j].any_gpu = pl["any_gpu"][j]
+            self.places[j].label = pl["label"][j]
+            self.places[j].w_gpu = pl["w_gpu"][j]
+            self.places[j].w_host = pl["w_host"][j]
+            self.places[j].routed_host = pl["routed_host"][j]
+        self.g.n_places = <int32_t> n
+        self.g.places = self.places
+        self.g.rule = t["rule"]
+        self.g.n_layers = t["n_layers"]
+        self.g.n_experts = t["n_experts"]
+        self.g.i_all_gpu = t["i_all_gpu"]
+        self.g.i_n_cpu_moe = t["i_n_cpu_moe"]
+        self.g.i_layers_gpu = t["i_layers_gpu"]
+        self.g.i_cpu_only = t["i_cpu_only"]
+        self.g.i_experts_cpu = t["i_experts_cpu"]
+        self.g.i_gpu_experts = t["i_gpu_experts"]
+        for j in range(8):
+            self.g.fits_label[j] = t["fits_label"][j]
+        self.keep = keep
+
+    def __dealloc__(self):
+        free(self.places)
+
+
+MEM_OUT_I64 = ("context", "batch", "key", "max_context", "max_batch")
+MEM_OUT_I32 = ("placement", "fits")
+
+
+def sweep_memory(SweepMemory mem, contexts, batches, bint zipped, long long j0, long long n, int n_threads,
+                 dict out):
+    """Memory of configurations j0 .. j0+n-1 of one group into the columns of `out`; (code, bad)."""
+    cdef const int64_t[::1] cv = contexts
+    cdef const int64_t[::1] bv = batches
+    if n <= 0:
+        return 0, -1
+    cdef int64_t[::1] ctx = out["context"], bat = out["batch"], key = out["key"], mc = out["max_context"]
+    cdef int64_t[::1] mb = out["max_batch"]
+    cdef int32_t[::1] place = out["placement"], fits = out["fits"]
+    cdef double[::1] w = out["weights_bytes"], kv = out["kv_bytes"], st = out["state_bytes"]
+    cdef double[::1] gpu = out["gpu_bytes"], host = out["host_bytes"], sto = out["storage_bytes"]
+    if min(ctx.shape[0], bat.shape[0], key.shape[0], mc.shape[0], mb.shape[0], place.shape[0], fits.shape[0],
+           w.shape[0], kv.shape[0], st.shape[0], gpu.shape[0], host.shape[0], sto.shape[0]) < n:
+        raise ValueError("output column shorter than the configurations")
+    cdef ms_sweep_mem_out_t o
+    o.context = &ctx[0]; o.batch = &bat[0]; o.placement = &place[0]; o.fits = &fits[0]; o.key = &key[0]
+    o.weights = &w[0]; o.kv = &kv[0]; o.state = &st[0]; o.gpu = &gpu[0]; o.host = &host[0]; o.storage = &sto[0]
+    o.max_context = &mc[0]; o.max_batch = &mb[0]
+    cdef ms_sweep_axes_t ax
+    ax.contexts = &cv[0]
+    ax.batches = &bv[0]
+    ax.n_c = cv.shape[0]
+    ax.n_b = <int32_t> bv.shape[0]
+    ax.zipped = 1 if zipped else 0
+    cdef int nt = max(1, n_threads if _HAVE_OPENMP else 1)
+    cdef int64_t per = ms_sweep_memory_workspace_size(ax.n_b)
+    cdef int64_t wsb = per * nt
+    cdef void *ws = malloc(wsb)
+    cdef int code
+    cdef int64_t bad = -1
+    if ws == NULL:
+        raise MemoryError()
+    try:
+        with nogil:
+            code = ms_sweep_memory(&mem.g, &ax, j0, n, nt, ws, wsb, &o, &bad)
+    finally:
+        free(ws)
+    return code, bad
+
+
+def sweep_lookup(keys, table_keys, variant, Py_ssize_t max_missing=4096):
+    """Variant index per key (-1 unknown) into `variant`; returns (unknown count, missing keys)."""
+    cdef const int64_t[::1] k = keys
+    cdef const int64_t[::1] tk = table_keys if len(table_keys) else np.zeros(1, dtype=np.int64)
+    cdef int32_t[::1] v = variant
+    cdef Py_ssize_t n = k.shape[0]
+    missing = np.empty(max(1, max_missing), dtype=np.int64)
+    cdef int64_t[::1] mv = missing
+    cdef int64_t nm = 0, unknown = 0, n_table = len(table_keys)
+    if n == 0:
+        return 0, missing[:0]
+    if v.shape[0] < n:
+        raise ValueError("variant column shorter than keys")
+    with nogil:
+        unknown = ms_sweep_lookup(&k[0], n, &tk[0], n_table, &v[0], &mv[0], max_missing, &nm)
+    return unknown, missing[:nm]
+
+
+cdef void _fill_ctx_fns(ms_ctx_fn_t *out, f, c, Py_ssize_t n):
+    cdef const double[:, ::1] fv = np.ascontiguousarray(f, dtype=np.float64).reshape(n, 5)
+    cdef const int64_t[:, ::1] cv = np.ascontiguousarray(c, dtype=np.int64).reshape(n, 4)
+    cdef Py_ssize_t i
+    for i in range(n):
+        out[i].a1 = fv[i, 0]; out[i].a2 = fv[i, 1]; out[i].b1 = fv[i, 2]; out[i].b2 = fv[i, 3]; out[i].s = fv[i, 4]
+        out[i].c1 = cv[i, 0]; out[i].c2 = cv[i, 1]; out[i].r = cv[i, 2]; out[i].k1 = cv[i, 3]
+
+
+def ctx_eval(f, c, long long context):
+    """Evaluate one context function (5 floats, 4 ints) as the C kernel does (tests)."""
+    cdef ms_ctx_fn_t fn
+    _fill_ctx_fns(&fn, f, c, 1)
+    return ms_ctx_eval(&fn, context)
+
+
+cdef class SweepDecode:
+    """C view of one group's decode variants (and Monte Carlo templates)."""
+    cdef ms_sweep_decode_t d
+    cdef ms_sweep_variant_t *variants
+    cdef ms_sweep_kind_t *kinds
+    cdef ms_ctx_fn_t *fns
+    cdef ms_decode_model_t *models
+    cdef ms_machine_t *machines
+    cdef ms_routing_t routing
+    cdef object keep
+
+    def __cinit__(self):
+        self.variants = NULL
+        self.kinds = NULL
+        self.fns = NULL
+        self.models = NULL
+        self.machines = NULL
+
+    def __init__(self, dict t):
+        keep = {}
+        memset(&self.d, 0, sizeof(self.d))
+        cdef Py_ssize_t nv = len(t["variant_f64"]), nk = len(t["kind_f64"]), nf = len(t["fn_kv_f"]), i, k
+        if nf > 64:
+            raise ValueError("too many distinct attention context functions")
+        vf = np.ascontiguousarray(t["variant_f64"], dtype=np.float64).reshape(nv, 13)
+        vi = np.ascontiguousarray(t["variant_i32"], dtype=np.int32).reshape(nv, 3)
+        self.variants = <ms_sweep_variant_t *> malloc(max(nv, 1) * sizeof(ms_sweep_variant_t))
+        self.kinds = <ms_sweep_kind_t *> malloc(max(nk, 1) * sizeof(ms_sweep_kind_t))
+        self.fns = <ms_ctx_fn_t *> malloc(max(nf, 1) * 2 * sizeof(ms_ctx_fn_t))
+        if self.variants == NULL or self.kinds == NULL or self.fns == NULL:
+            raise MemoryError()
+        for i in range(nv):
+            self.variants[i].step0 = vf[i, 0]
+            for k in range(8):
+                self.variants[i].by_resource[k] = vf[i, 1 + k]
+            self.variants[i].accepted = vf[i, 9]
+            self.variants[i].tpot_scale = vf[i, 10]
+            self.variants[i].hit_rate = vf[i, 11]
+            self.variants[i].prefill0 = vf[i, 12]
+            self.variants[i].kind0 = vi[i, 0]
+            self.variants[i].n_kinds = vi[i, 1]
+            self.variants[i].mc = vi[i, 2]
+        kf = np.ascontiguousarray(t["kind_f64"], dtype=np.float64).reshape(nk, 10)
+        ki = np.ascontiguousarray(t["kind_i32"], dtype=np.int32).reshape(nk, 3)
+        for i in range(nk):
+            self.kinds[i].n = kf[i, 0]
+            self.kinds[i].t_bytes0 = kf[i, 1]
+            self.kinds[i].kv_rate = kf[i, 2]
+            self.kinds[i].t_flops0 = kf[i, 3]
+            self.kinds[i].sf_rate = kf[i, 4]
+            self.kinds[i].p_bytes = kf[i, 5]
+            self.kinds[i].p_flops0[0] = kf[i, 6]
+            self.kinds[i].p_flops0[1] = kf[i, 7]
+            self.kinds[i].p_sf[0] = kf[i, 8]
+            self.kinds[i].p_sf[1] = kf[i, 9]
+            self.kinds[i].res_mem = ki[i, 0]
+            self.kinds[i].res_flops = ki[i, 1]
+            self.kinds[i].fn = ki[i, 2]
+        if nf:
+            _fill_ctx_fns(self.fns, t["fn_kv_f"], t["fn_kv_c"], nf)
+            _fill_ctx_fns(self.fns + nf, t["fn_sf_f"], t["fn_sf_c"], nf)
+        self.d.variants = self.variants
+        self.d.n_variants = <int32_t> nv
+        self.d.kinds = self.kinds
+        self.d.n_fns = <int32_t> nf
+        self.d.fn_kv = self.fns
+        self.d.fn_sf = self.fns + nf
+        self.d.prompt = t["prompt"]
+        self.d.p_count[0] = t["p_count"][0]
+        self.d.p_count[1] = t["p_count"][1]
+        mc = t.get("mc")
+        cdef Py_ssize_t nt
+        if mc is not None:
+            lf = np.ascontiguousarray(mc["layer_fn"], dtype=np.int32)
+            self.d.n_layers = <int32_t> lf.shape[0]
+            self.d.layer_fn = <int32_t *> _ptr(keep, "layer_fn", lf, np.int32)
+            nt = len(mc["models"])
+            self.models = <ms_decode_model_t *> malloc(max(nt, 1) * sizeof(ms_decode_model_t))
+            self.machines = <ms_machine_t *> malloc(max(nt, 1) * sizeof(ms_machine_t))
+            if self.models == NULL or self.machines == NULL:
+                raise MemoryError()
+            for i in range(nt):
+                sub = {}
+                keep["model%d" % i] = sub
+                _fill_decode_model(&self.models[i], mc["models"][i], sub)
+                _fill_machine(&self.machines[i], mc["machines"][i])
+            _fill_routing(&self.routing, mc["routing"], keep)
+            self.d.mc_models = self.models
+            self.d.mc_machines = self.machines
+            self.d.routing = &self.routing
+            self.d.steps = mc["steps"]
+            self.d.warmup = mc["warmup"]
+            self.d.policy = mc["policy"]
+            self.d.seed = int(mc["seed"]) & 0xFFFFFFFFFFFFFFFF
+        self.keep = keep
+
+    def __dealloc__(self):
+        free(self.variants)
+        free(self.kinds)
+        free(self.fns)
+        free(self.models)
+        free(self.machines)
+
+
+cdef ms_sweep_dec_out_t _dec_out(dict out, Py_ssize_t n) except *:
+    cdef ms_sweep_dec_out_t o
+    cdef double[::1] a = out["decode_tok_s"], b = out["aggregate_tok_s"], c = out["tpot_ms"]
+    cdef double[::1] f = out["prefill_tok_s"], h = out["expert_hit_rate"]
+    cdef double[::1] d, e
+    cdef int32_t[::1] bn = out["bottleneck"]
+    if a.shape[0] < n or b.shape[0] < n or c.shape[0] < n or f.shape[0] < n or h.shape[0] < n or bn.shape[0] < n:
+        raise ValueError("output column shorter than the configurations")
+    o.decode_tok_s = &a[0]; o.aggregate_tok_s = &b[0]; o.tpot_ms = &c[0]
+    o.prefill_tok_s = &f[0]; o.hit_rate = &h[0]; o.bottleneck = &bn[0]
+    o.tpot_p50_ms = NULL
+    o.tpot_p99_ms = NULL
+    if out.get("tpot_p50_ms") is not None:
+        d = out["tpot_p50_ms"]
+        e = out["tpot_p99_ms"]
+        if d.shape[0] < n or e.shape[0] < n:
+            raise ValueError("output column shorter than the configurations")
+        o.tpot_p50_ms = &d[0]
+        o.tpot_p99_ms = &e[0]
+    return o
+
+
+def sweep_analytic(SweepDecode dec, context, batch, variant, int n_threads, dict out):
+    """Analytic decode and prefill of n configurations into `out`; returns (code, bad)."""
+    cdef const int64_t[::1] ctx = context
+    cdef const int64_t[::1] bat = batch
+    cdef const int32_t[::1] var = variant
+    cdef Py_ssize_t n = ctx.shape[0]
+    if bat.shape[0] != n or var.shape[0] != n:
+        raise ValueError("context, batch and variant differ in length")
+    if n == 0:
+        return 0, -1
+    cdef ms_sweep_dec_out_t o = _dec_out(out, n)
+    cdef int nt = max(1, n_threads if _HAVE_OPENMP else 1)
+    cdef int code
+    cdef int64_t bad = -1
+    with nogil:
+        code = ms_sweep_analytic(&dec.d, &ctx[0], &bat[0], &var[0], n, nt, &o, &bad)
+    return code, bad
+
+
+def sweep_montecarlo(SweepDecode dec, context, batch, variant, index, int n_threads, dict out):
+    """Monte Carlo decode (stream (seed, index[i])) of n configurations into `out`; returns (code, bad)."""
+    cdef const int64_t[::1] ctx = context
+    cdef const int64_t[::1] bat = batch
+    cdef const int32_t[::1] var = variant
+    cdef const uint64_t[::1] idx = index
+    cdef Py_ssize_t n = ctx.shape[0]
+    if bat.shape[0] != n or var.shape[0] != n or idx.shape[0] != n:
+        raise ValueError("context, batch, variant and index differ in length")
+    if n == 0:
+        return 0, -1
+    if dec.d.mc_models == NULL or dec.d.n_variants == 0:
+        raise ValueError("no Monte Carlo templates")
+    cdef ms_sweep_dec_out_t o = _dec_out(out, n)
+    cdef int nt = max(1, n_threads if _HAVE_OPENMP else 1)
+    cdef int32_t max_b = <int32_t> int(np.max(np.asarray(batch)))
+    cdef int64_t wsb = ms_sweep_montecarlo_workspace_size(&dec.d, max_b)
+    wsb = (wsb + 63) // 64 * 64
+    cdef char *ws = <char *> malloc(max(wsb, 64) * nt)
+    cdef int code
+    cdef int64_t bad = -1
+    if ws == NULL:
+        raise MemoryError()
+    try:
+        with nogil:
+            code = ms_sweep_montecarlo(&dec.d, &ctx[0], &bat[0], &var[0], &idx[0], n, nt, ws, wsb, &o, &bad)
+    finally:
+        free(ws)
+    return code, bad

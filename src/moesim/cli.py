@@ -159,6 +159,25 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--uncalibrated", action="store_true", help="use the sourced priors, not calibration.toml")
     v.add_argument("--json", action="store_true")
 
+    w = sub.add_parser("sweep", help="evaluate a grid of configurations (SPEC.toml) into chunked Parquet/CSV/JSONL "
+                                     "files; resumable; optionally on dask.distributed")
+    w.add_argument("spec", help="sweep spec TOML: [axes] models, quants, machines, contexts, batches, placements, "
+                                "...; [zip] groups; [filter] fits; [run] mode, seed, chunk_size")
+    w.add_argument("--out", required=True, help="output directory (chunk files + manifest.json); rerun the same "
+                                                "command to resume")
+    w.add_argument("--format", default="parquet", help="parquet | csv | jsonl (default parquet)")
+    w.add_argument("--threads", type=_positive_int, help="kernel threads (default: every core; 1 per dask worker); "
+                                                         "results never depend on it")
+    g = w.add_mutually_exclusive_group()
+    g.add_argument("--scheduler", help="dask.distributed scheduler address, e.g. tcp://10.0.0.1:8786 (workers "
+                                       "must see --out)")
+    g.add_argument("--local-workers", "--workers", dest="local_workers", type=_positive_int,
+                   help="start a local dask.distributed cluster of N worker processes")
+    w.add_argument("--progress", dest="progress", action="store_true", default=None,
+                   help="show a progress bar (default: when stderr is a terminal)")
+    w.add_argument("--no-progress", dest="progress", action="store_false")
+    w.add_argument("--json", action="store_true", help="print the manifest as JSON")
+
     c = sub.add_parser("calibrate", help="fit the decode model's efficiencies and overheads to measurements")
     c.add_argument("data", help="CSV of measured runs (validation/README.md columns)")
     c.add_argument("--out", help="write the fitted parameters as a calibration TOML (the catalog's is "
@@ -403,9 +422,27 @@ def _cmd_calibrate(args) -> int:
     return 0
 
 
+def _cmd_sweep(args) -> int:
+    import time
+    from .sweep import sweep
+    t0 = time.perf_counter()
+    man = sweep(args.spec, out=args.out, format=args.format, threads=args.threads, scheduler=args.scheduler,
+                local_workers=args.local_workers, progress=args.progress)
+    dt = time.perf_counter() - t0
+    if args.json:
+        print(json.dumps({k: v for k, v in man.items() if k != "spec"}, indent=1, sort_keys=True))
+    elif man.get("already_complete"):
+        print(f"{args.out}: already complete ({man['rows']} rows in {man['n_chunks']} {man['format']} files); "
+              "nothing to do")
+    else:
+        print(f"{man['configurations']} configurations, {man['rows']} rows in {man['n_chunks']} {man['format']} "
+              f"files under {args.out} ({dt:.1f} s, {man['configurations'] / max(dt, 1e-9):,.0f} configurations/s)")
+    return 0
+
+
 _COMMANDS = {"models": _cmd_models, "hardware": _cmd_hardware, "quants": _cmd_quants, "fit": _cmd_fit,
              "simulate": _cmd_simulate, "inspect": _cmd_inspect, "validate": _cmd_validate,
-             "calibrate": _cmd_calibrate}
+             "calibrate": _cmd_calibrate, "sweep": _cmd_sweep}
 
 
 def main(argv=None) -> int:

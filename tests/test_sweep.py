@@ -1,0 +1,363 @@
+"""Sweeps: the fast path equals simulate()/fit() point by point, C equals its Python twin bit for bit,
+results do not depend on threads, chunking or dask workers, and output survives kill -9."""
+import hashlib
+import json
+import math
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import moesim
+from moesim import MoesimError
+from moesim import decode as D
+from moesim import sweep_reference as SR
+from moesim.sweep import (Plan, SweepTable, build_spec, ctx_eval, kv_read_fn, machine_label, make_machine_cached,
+                          normalize_spec, read, run_range, score_fn)
+from moesim.sweep import sweep
+
+pa = pytest.importorskip("pyarrow")
+
+M4090 = {"gpu": "rtx-4090", "host": "ddr5-6000x2", "host_mem_gb": 192, "name": "4090-192g"}
+M4090_SMALL = {"gpu": "rtx-4090", "host": "ddr5-6000x2", "host_mem_gb": 64, "name": "4090-64g"}
+TINY = {"gpu": "rtx-3090", "host": "ddr4-3200x2", "host_mem_gb": 32, "name": "3090-32g"}
+CPU = {"host": "ddr5-4800x8", "host_mem_gb": 256, "cores": 32, "name": "epyc-256g"}
+MAC = {"gpu": "m3-ultra", "name": "m3-ultra"}
+MACHINES = [M4090, M4090_SMALL, TINY, CPU, MAC, "dgx-h200"]
+
+
+def _plan(**kw) -> Plan:
+    return Plan(normalize_spec(build_spec(**kw)))
+
+
+def _row(tab, i: int) -> dict:
+    return {k: tab[k][i] for k in tab.column_names}
+
+
+def _close(a, b, rel=1e-9) -> bool:
+    if b is None:
+        return math.isnan(a)
+    return a == b or abs(a - b) <= rel * abs(b)
+
+
+# ------------------------------------------------------------------------------------ the fast path
+def test_sweep_equals_simulate_loop():
+    """A few hundred random points: every column equals moesim.simulate(mode="analytic") (decode to
+    1e-9 relative; memory, fits, limits and the automatic placement exactly)."""
+    axes = dict(models=["qwen3-30b-a3b", "deepseek-r1", "gpt-oss-120b", "llama-3-8b", "qwen3-next-80b-a3b",
+                        "deepseek-v3.2", "llama-4-scout"],
+                quants=["Q4_K_M", "Q2_K"], machines=MACHINES, runtimes=["auto", "ktransformers", "ik_llama.cpp"],
+                placements=["auto", "experts-cpu", "offload-cache=16", "layers-gpu=7"],
+                contexts=[1, 700, 4096, 40000, 131072, 400000], batches=[1, 3, 33, 600],
+                filter={"skip_inapplicable": True})
+    plan = _plan(**axes)
+    rng = np.random.default_rng(1)
+    labels = {machine_label(m): m for m in MACHINES}
+    checked = 0
+    for g in rng.permutation(plan.n_groups):
+        if checked >= 260:
+            break
+        grp = plan.group(int(g))
+        if grp.skip:
+            continue
+        cols = run_range(plan, int(g) * plan.block, (int(g) + 1) * plan.block)
+        tab = SweepTable(cols, plan.dicts)
+        for j in rng.choice(plan.block, 2, replace=False):
+            row = _row(tab, int(j))
+            ix = grp.ix
+            spec_p = plan.values["placements"][ix["placements"]]
+            spec_rt = plan.values["runtimes"][ix["runtimes"]]
+            mach = make_machine_cached(labels[row["machine"]] if row["machine"] in labels else row["machine"])
+            r = moesim.simulate(row["model"], mach, quant=row["quant"], context=int(row["context"]),
+                                batch=int(row["batch"]), placement=None if spec_p == "auto" else spec_p,
+                                runtime=None if spec_rt == "auto" else spec_rt, mode="analytic", seed=0)
+            mem = r.memory
+            where = (row["model"], row["machine"], row["runtime"], spec_p, row["context"], row["batch"])
+            assert row["placement"] == mem["placement"], where
+            assert row["fits"] == mem["fits"], where
+            tiers = mem["memory_by_tier"]
+            exact = dict(weights_bytes=mem["weights_bytes"], kv_bytes=mem["kv_bytes"], state_bytes=mem["state_bytes"],
+                         kv_bytes_per_token=mem["kv_bytes_per_token"], max_context=mem["max_context"],
+                         max_batch=mem["max_batch"], gpu_bytes=tiers.get("gpu", tiers.get("unified"))["total"],
+                         host_bytes=tiers["host"]["total"], storage_bytes=tiers["storage"]["total"])
+            for k, v in exact.items():
+                assert row[k] == v, (k, row[k], v, where)
+            for k, v in (("decode_tok_s", r.decode_tok_s), ("aggregate_tok_s", r.aggregate_tok_s),
+                         ("tpot_ms", r.tpot_ms["mean"]), ("prefill_tok_s", r.prefill_tok_s),
+                         ("expert_hit_rate", r.expert_hit_rate)):
+                assert _close(row[k], v), (k, row[k], v, where)
+            br = r.breakdown["by_resource"]
+            top = sorted(br.values())
+            if top[-1] > top[-2] * (1 + 1e-9):
+                assert row["bottleneck"] == r.bottleneck, where
+            checked += 1
+    assert checked >= 200
+
+
+def test_sweep_agrees_with_fit():
+    """`fit` rows and sweep rows agree: memory view and the decode/prefill estimate."""
+    m = make_machine_cached(M4090)
+    quants = ["Q2_K", "Q4_K_M", "Q8_0"]
+    for model in ("deepseek-r1", "gpt-oss-120b"):
+        rows = moesim.fit(model, m, quants=quants, context=8192, batch=2)
+        tab = sweep(models=[model], quants=quants, machines=[M4090], contexts=[8192], batches=[2])
+        for i, rec in enumerate(rows):
+            assert tab["quant"][i] == rec["quant"] and tab["placement"][i] == rec["placement"]
+            assert tab["fits"][i] == rec["fits"] and tab["max_context"][i] == rec["max_context"]
+            assert tab["max_batch"][i] == rec["max_batch"] and tab["weights_bytes"][i] == rec["weights_bytes"]
+            if rec["decode_tok_s"] is not None:
+                assert _close(tab["decode_tok_s"][i], rec["decode_tok_s"])
+                assert _close(tab["prefill_tok_s"][i], rec["prefill_tok_s"])
+
+
+def test_context_functions_match_decode():
+    """The per-layer KV-read and score-FLOP functions equal decode's per-layer formulas, in C and Python."""
+    from moesim import _kernel
+    from moesim import quants as Q
+    from moesim.memory import lower
+    for mid in moesim.model_ids():
+        m = moesim.model(mid)
+        low = lower(m, Q.resolve("Q8_0", m))
+        for kvname in ("f16", "q4_0"):
+            kvb = Q.kv_dtype_bytes(kvname)
+            for l in sorted({0, m.n_layers // 2, m.n_layers - 1} | set(range(min(4, m.n_layers)))):
+                kf, sf = kv_read_fn(m, low, l, kvb), score_fn(m.layers[l])
+                for c in (1, 3, 127, 128, 129, 2047, 2048, 2049, 4096, 65537, 1 << 20):
+                    ref_kv = D._kv_read_bytes(m, low, l, c, kvb)
+                    ref_sf = D._score_flops(m.layers[l], c)
+                    for got_kv, got_sf in ((ctx_eval(kf, c), ctx_eval(sf, c)),
+                                           (_kernel.ctx_eval(*kf, c), _kernel.ctx_eval(*sf, c))):
+                        assert _close(got_kv, ref_kv, 1e-12), (mid, l, c, got_kv, ref_kv)
+                        assert _close(got_sf, ref_sf, 1e-12), (mid, l, c, got_sf, ref_sf)
+
+
+def test_kernel_equals_python_twin():
+    """ms_sweep.c against moesim/sweep_reference.py, bit for bit, over automatic placement (llama.cpp,
+    ktransformers), offload caches, unified memory, CPU-only machines and storage spill."""
+    plan = _plan(models=["deepseek-r1", "gpt-oss-120b", "qwen3-next-80b-a3b", "deepseek-v4-pro", "llama-3-8b"],
+                 quants=["Q4_K_M"], machines=[M4090, M4090_SMALL, MAC, CPU], runtimes=["auto", "ktransformers"],
+                 placements=["auto", "offload-cache"], contexts=[1, 100, 4096, 65536, 200000], batches=[1, 7, 64],
+                 filter={"skip_inapplicable": True})
+    n = 0
+    for g in range(plan.n_groups):
+        grp = plan.group(g)
+        if grp.skip:
+            continue
+        cols = run_range(plan, g * plan.block, (g + 1) * plan.block, threads=2)
+        for j, ref in enumerate(SR.segment(grp, 0, plan.block)):
+            for k, v in ref.items():
+                if k == "key":
+                    continue
+                got = cols[k][j]
+                assert got == v or (math.isnan(v) and math.isnan(got)), (k, got, v, grp.labels, ref["context"])
+            n += 1
+    assert n > 600
+
+
+def test_threads_and_chunking_do_not_change_results():
+    kw = dict(models=["qwen3-30b-a3b", "deepseek-r1"], quants=["Q4_K_M"], machines=[M4090, M4090_SMALL],
+              contexts={"start": 256, "stop": 163840, "num": 300, "log": True}, batches=[1, 2, 8, 64])
+    base = sweep(**kw, chunk_size=100000, threads=1)
+    for threads, chunk in ((2, 100000), (2, 37), (1, 1000)):
+        other = sweep(**kw, chunk_size=chunk, threads=threads)
+        for k in base.column_names:
+            np.testing.assert_array_equal(base.columns[k], other.columns[k], err_msg=k)
+
+
+def test_montecarlo_rows_equal_kernel_runs_and_threads():
+    """Monte Carlo rows: each is decode.run of its configuration with stream (seed, global index), on
+    any thread count and chunking."""
+    kw = dict(models=["qwen3-30b-a3b"], quants=["Q4_K_M"], machines=[M4090_SMALL],
+              placements=["offload-cache=16", "all-gpu"], contexts=[1000, 50000], batches=[1, 3],
+              mode="montecarlo", tokens=24, seed=11)
+    a = sweep(**kw, threads=1)
+    b = sweep(**kw, threads=2, chunk_size=3)
+    for k in a.column_names:
+        np.testing.assert_array_equal(a.columns[k], b.columns[k], err_msg=k)
+    plan = _plan(**kw)
+    grp = plan.group(0)
+    from moesim.placement import parse
+    m, mach = grp.m, grp.machine
+    for i in range(plan.total):
+        g, j = divmod(i, plan.block)
+        grp = plan.group(g)
+        p = parse(plan.values["placements"][grp.ix["placements"]], m, mach)
+        ctx, b_ = int(a["context"][i]), int(a["batch"][i])
+        dm = D.lower_model(m, grp.low, p, mach, grp.rt, ctx, grp.kv, b_)
+        hw = D.lower_machine(mach, grp.rt, p)
+        cols = dict(batch=[b_], tokens_per_step=[1], drafts=[0], accepted=[1.0], steps=[24], warmup=[6],
+                    policy=[0], mode=[0], seed=[11], index=[i])
+        res = D.run(dm, hw, grp.routing, cols)
+        assert _close(a["tpot_ms"][i], 1e3 * res["step_mean"][0]), i
+        assert _close(a["tpot_p99_ms"][i], 1e3 * res["step_p99"][0]), i
+        hit = res["hit_rate"][0]
+        assert (math.isnan(a["expert_hit_rate"][i]) and hit < 0) or a["expert_hit_rate"][i] == hit
+
+
+# ------------------------------------------------------------------------------------ spec
+def test_zip_filters_and_ranges():
+    tab = sweep(models=["qwen3-30b-a3b", "deepseek-r1"], quants=["Q8_0", "Q2_K"], zip=[["models", "quants"]],
+                machines=[M4090], contexts={"start": 1000, "stop": 5000, "step": 2000}, batches=[1, 2])
+    assert len(tab) == 2 * 3 * 2
+    assert set(zip(tab["model"], tab["quant"])) == {("qwen3-30b-a3b", "Q8_0"), ("deepseek-r1", "Q2_K")}
+    assert list(tab["context"][:6]) == [1000, 1000, 3000, 3000, 5000, 5000]
+    no_disk = dict(TINY, storage="none")
+    fitting = sweep(models=["qwen3-30b-a3b"], quants=["Q2_K", "Q4_K_M", "Q8_0", "BF16"], machines=[no_disk],
+                    contexts=[4096], filter={"fits": True})
+    every = sweep(models=["qwen3-30b-a3b"], quants=["Q2_K", "Q4_K_M", "Q8_0", "BF16"], machines=[no_disk],
+                  contexts=[4096])
+    assert 0 < len(fitting) < len(every) and set(fitting["fits"]) - {"no"} == set(fitting["fits"])
+    fast = sweep(models=["qwen3-30b-a3b"], quants=["Q4_K_M"], machines=[M4090], contexts=[1024, 131072],
+                 batches=[1, 64], filter={"decode_tok_s": {"min": 100.0}})
+    assert len(fast) and (fast["decode_tok_s"] >= 100.0).all()
+    z = sweep(models=["qwen3-30b-a3b"], quants=["Q4_K_M"], machines=[M4090], contexts=[1024, 2048, 4096],
+              batches=[1, 2, 4], zip=[["contexts", "batches"]])
+    assert list(zip(z["context"], z["batch"])) == [(1024, 1), (2048, 2), (4096, 4)]
+    logr = normalize_spec(build_spec(models=["qwen3-30b-a3b"], quants=["Q4_K_M"], machines=[M4090],
+                                     contexts={"start": 1, "stop": 1000, "num": 50, "log": True}))
+    vals = Plan(logr).contexts
+    assert vals[0] == 1 and vals[-1] == 1000 and np.all(np.diff(vals) > 0)
+
+
+@pytest.mark.parametrize("spec, field", [
+    ({"axes": {"models": ["qwen3-30b-a3b"], "quants": ["Q4_K_M"], "machines": ["dgx-h200"], "contxts": [1]}},
+     "axes.contxts"),
+    ({"axes": {"models": [], "quants": ["Q4_K_M"], "machines": ["dgx-h200"]}}, "axes.models"),
+    ({"axes": {"models": ["qwen3-30b-a3b"], "quants": ["Q4_K_M"], "machines": ["dgx-h200"], "batches": []}},
+     "axes.batches"),
+    ({"axes": {"models": ["deepseek-v3x"], "quants": ["Q4_K_M"], "machines": ["dgx-h200"]}}, "axes.models[0]"),
+    ({"axes": {"models": ["qwen3-30b-a3b"], "quants": ["Q4_K_M", "Q9_Z"], "machines": ["dgx-h200"]}},
+     "axes.quants[1]"),
+    ({"axes": {"models": ["qwen3-30b-a3b"], "quants": ["Q4_K_M"], "machines": ["dgx-h900"]}}, "axes.machines[0]"),
+    ({"axes": {"models": ["qwen3-30b-a3b"], "quants": ["Q4_K_M"], "machines": [{"gpu": "rtx-4090", "hots": "x"}]}},
+     "axes.machines[0]"),
+    ({"axes": {"models": ["qwen3-30b-a3b"], "quants": ["Q4_K_M"], "machines": ["dgx-h200"],
+               "placements": ["some-gpu"]}}, "axes.placements[0]"),
+    ({"axes": {"models": ["qwen3-30b-a3b"], "quants": ["Q4_K_M"], "machines": ["dgx-h200"],
+               "contexts": {"start": 10, "stop": 5, "num": 3}}}, "axes.contexts.stop"),
+    ({"axes": {"models": ["qwen3-30b-a3b"], "quants": ["Q4_K_M"], "machines": ["dgx-h200"]}, "axis": {}}, "spec"),
+    ({"axes": {"models": ["qwen3-30b-a3b"], "quants": ["Q4_K_M"], "machines": ["dgx-h200"]},
+      "zip": [["models", "quants", "contexts"]]}, "zip[0]"),
+    ({"axes": {"models": ["qwen3-30b-a3b", "deepseek-r1"], "quants": ["Q4_K_M"], "machines": ["dgx-h200"]},
+      "zip": [["models", "quants"]]}, "zip[0]"),
+    ({"axes": {"models": ["qwen3-30b-a3b"], "quants": ["Q4_K_M"], "machines": ["dgx-h200"]},
+      "filter": {"fits": "yes"}}, "filter.fits"),
+    ({"axes": {"models": ["qwen3-30b-a3b"], "quants": ["Q4_K_M"], "machines": ["dgx-h200"]},
+      "run": {"mode": "exact"}}, "run.mode"),
+    ({"axes": {"models": ["qwen3-30b-a3b"], "quants": ["Q4_K_M"], "machines": ["dgx-h200"]},
+      "run": {"chunk_size": 0}}, "run.chunk_size"),
+    ({"axes": {"models": ["qwen3-30b-a3b"], "quants": ["Q4_K_M"], "machines": ["dgx-h200"]},
+      "run": {"seeds": 1}}, "run.seeds"),
+    ({"axes": {"quants": ["Q4_K_M"], "machines": ["dgx-h200"]}}, "axes.models"),
+    ({"axes": {"models": ["llama-3-8b"], "quants": ["Q4_K_M"], "machines": ["dgx-h200"],
+               "placements": ["experts-cpu"]}}, "axes.placements[0]"),
+])
+def test_bad_spec_names_the_field(spec, field):
+    with pytest.raises(MoesimError) as exc:
+        sweep(spec)
+    assert exc.value.field == field, str(exc.value)
+    assert str(exc.value).startswith(field + ":")
+
+
+def test_cli_bad_spec_one_line(tmp_path, capsys):
+    from moesim.cli import main
+    spec = tmp_path / "bad.toml"
+    spec.write_text('[axes]\nmodels = ["qwen3-30b-a3b"]\nquants = ["Q4_K_M"]\nmachines = ["dgx-h200"]\n'
+                    'contexts = []\n')
+    assert main(["sweep", str(spec), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "axes.contexts: empty axis" in err[0]
+    spec.write_text("[axes\n")
+    assert main(["sweep", str(spec), "--out", str(tmp_path / "o")]) == 2
+    assert "not valid TOML" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------ output
+def _digest(out: Path) -> dict:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.iterdir())}
+
+
+SPEC_TOML = """
+[axes]
+models = ["qwen3-30b-a3b"]
+quants = ["Q4_K_M"]
+machines = ["dgx-h200"]
+placements = ["offload-cache=16"]
+contexts = {start = 1000, stop = 100000, num = 150}
+batches = [1, 2]
+
+[run]
+mode = "montecarlo"
+tokens = 32
+seed = 3
+chunk_size = 20
+"""
+
+
+def test_resume_after_kill_is_identical(tmp_path):
+    spec = tmp_path / "spec.toml"
+    spec.write_text(SPEC_TOML)
+    ref = tmp_path / "ref"
+    man = sweep(str(spec), out=ref, format="parquet")
+    assert man["complete"] and man["rows"] == 300 and man["n_chunks"] == 15
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "moesim", "sweep", str(spec), "--out", str(out), "--no-progress"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 60
+    while time.time() < deadline and len(list(out.glob("part-*.parquet"))) < 3 and proc.poll() is None:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done = len(list(out.glob("part-*.parquet")))
+    assert 0 < done < 15, done        # killed part-way
+    assert not json.loads((out / "manifest.json").read_text())["complete"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert _digest(out) == _digest(ref)
+    # a finished sweep: running it again does nothing
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and "already complete" in res.stdout
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
+    # a changed spec on the same directory is refused
+    spec.write_text(SPEC_TOML.replace("seed = 3", "seed = 4"))
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "different spec" in res.stderr and "out:" in res.stderr
+
+
+def test_formats_round_trip(tmp_path):
+    kw = dict(models=["qwen3-30b-a3b", "gpt-oss-120b"], quants=["Q4_K_M"], machines=[M4090, MAC],
+              contexts=[512, 70000], batches=[1, 5], chunk_size=5)
+    mem = sweep(**kw)
+    for fmt in ("parquet", "csv", "jsonl"):
+        sweep(**kw, out=tmp_path / fmt, format=fmt)
+        back = read(tmp_path / fmt)
+        assert back.column_names == mem.column_names
+        for k in mem.column_names:
+            np.testing.assert_array_equal(back[k], mem[k], err_msg=f"{fmt} {k}")
+    with pytest.raises(MoesimError, match="another format"):
+        sweep(**kw, out=tmp_path / "csv", format="parquet")
+    df = mem.to_pandas()
+    assert str(df["model"].dtype) == "category" and len(df) == len(mem)
+    t = mem.to_arrow()
+    assert pa.types.is_dictionary(t.schema.field("placement").type)
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "x.txt").write_text("x")
+    with pytest.raises(MoesimError, match="not a moesim sweep directory"):
+        sweep(**kw, out=tmp_path / "junk")
+
+
+def test_dask_local_cluster_output_identical(tmp_path):
+    pytest.importorskip("distributed")
+    spec = tmp_path / "spec.toml"
+    spec.write_text(SPEC_TOML.replace("num = 150", "num = 30").replace('"montecarlo"', '"analytic"'))
+    ref = tmp_path / "ref"
+    sweep(str(spec), out=ref)
+    out = tmp_path / "dask"
+    man = sweep(str(spec), out=out, local_workers=2)
+    assert man["complete"]
+    assert _digest(out) == _digest(ref)
