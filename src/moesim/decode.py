@@ -186,6 +186,10 @@ def lower_model(m: Model, low, p: Placement, machine: Machine, rt: Runtime, cont
         head_bytes=float(low.head), head_flops=2.0 * par["lm_head"],
         head_on_gpu=0 if (cpu_only or (p.kind == "layers-gpu" and p.arg == 0)) else 1,
         draft_bytes=float(draft_bytes), draft_flops=float(draft_flops),
+        # ktransformers layerwise prefill: prompts above this stream whole expert layers (native formats only)
+        layerwise_prefill=(rt.decode.layerwise_prefill_tokens
+                           if rt.decode.layerwise_prefill_tokens > 0 and not Q.resolve(low.quant, m).is_gguf else 0),
+        layer_experts=np.asarray(low.n_experts, dtype=np.float64),
         # f32 hidden state each way plus k ids and weights (RT §1.3)
         act_bytes=0.0 if cpu_only else float(2 * m.hidden * 4 + 8 * max(1, m.top_k)),
         allreduce_bytes=(2 * 2.0 * m.hidden * 2 * (tp - 1) / tp) if tp > 1 else 0.0,
@@ -489,7 +493,11 @@ def prefill(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, prompt: int, 
     GEMM efficiency; experts in host RAM are computed on the CPU, or, under llama.cpp's op offload
     (ubatch >= 32) and on expert-cache engines, the experts the ubatch uses are copied over PCIe
     (RT §1.1-1.2). A ubatch of n tokens uses sum_e 1 - (1 - q_e)^n distinct experts per layer."""
-    ub = max(1, min(prompt, rt.ubatch or rt.prefill_step or 2048))
+    layerwise = dm.get("layerwise_prefill", 0) > 0 and prompt > dm["layerwise_prefill"]
+    if layerwise:
+        ub = max(1, min(prompt, rt.decode.layerwise_chunk_tokens))
+    else:
+        ub = max(1, min(prompt, rt.ubatch or rt.prefill_step or 2048))
     n_full, last = divmod(prompt, ub)
     sizes = [(ub, n_full)] + ([(last, 1)] if last else [])
     offload = ub >= op_offload_threshold(rt, m)
@@ -519,7 +527,12 @@ def prefill(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, prompt: int, 
             distinct, pairs = float(used.sum()), n_tok * k
             t_gpu = max(distinct * gpu_share * eb / hw["gpu_bw"], pairs * gpu_share * ef / gflops)
             host_distinct, host_pairs = distinct * (1 - gpu_share), pairs * (1 - gpu_share)
-            if host_pairs <= 0:
+            if layerwise and host_pairs > 0:
+                # the layer's whole expert set crosses PCIe (double-buffered) while the GPU computes
+                t_copy = dm["layer_experts"][l] * eb * (1 - gpu_share) / hw["pcie_bw"]
+                t_cgpu = max(host_distinct * eb / hw["gpu_bw"], host_pairs * ef / gflops)
+                t[l] += t_gpu + max(t_copy, t_cgpu)
+            elif host_pairs <= 0:
                 t[l] += t_gpu
             elif offload or mode[l] == EXP_FETCH:
                 t_copy = host_distinct * eb / hw["pcie_bw"]

@@ -63,6 +63,8 @@ class DecodeParams:
     tensor_parallel: bool
     op_offload_min_batch: int
     op_offload_sparse: bool
+    layerwise_prefill_tokens: int
+    layerwise_chunk_tokens: int
     pinned_experts: bool
 
 
