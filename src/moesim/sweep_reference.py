@@ -159,18 +159,9 @@ def memory_one(t: dict, ctx: int, b: int, bi: int, n_b: int) -> dict:
 
 
 def _ctx_eval(f5, c4, c: int) -> float:
-    a1, a2, b1, b2, s = (float(x) for x in f5)
-    c1, c2, r, k1 = (int(x) for x in c4)
-    v = a1 * float(c1 if 0 <= c1 < c else c)
-    if a2 != 0.0:
-        v += a2 * float(c2 if 0 <= c2 < c else c)
-    if r > 0:
-        e = c // r
-        if b1 != 0.0:
-            v += b1 * float(k1 if 0 <= k1 < e else e)
-        if b2 != 0.0:
-            v += b2 * float(e)
-    return v + s
+    """ms_ctx_eval on one (coefficients, caps) pair (the one Python definition lives in moesim.sweep)."""
+    from .sweep import ctx_eval
+    return ctx_eval((tuple(float(x) for x in f5), tuple(int(x) for x in c4)), c)
 
 
 def analytic_one(d: dict, v: int, ctx: int, b: int) -> dict:
