@@ -220,9 +220,16 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement) -> dict:
         cpu_flops = _cpu_flops(machine, d.cpu_flops_eff)
         launch = d.launch_us_metal if metal else d.launch_us
         peak = machine.gpu_tflops.get("fp16", 0.0) * 1e12
+        pf_eff = d.prefill_flops_eff_unified
+        if not metal:
+            # GB10 prefills like a CUDA GPU: llama.cpp's int8 MMQ, whose Blackwell rate equals the fp8
+            # rate (RTX 5090: int8 = fp8 = 838.4 TFLOPS in the catalog)
+            pf_eff = d.prefill_flops_eff
+            if rt.llama_cpp_family:
+                peak = machine.gpu_tflops.get("int8", machine.gpu_tflops.get("fp8", 0.0)) * 1e12 or peak
         return dict(gpu_bw=pool, host_bw=pool, pcie_bw=pool, storage_bw=max(machine.storage_read_gbs, 1e-3) * GB,
                     gpu_flops=max(gpu_flops, cpu_flops), cpu_flops=cpu_flops, interconnect_bw=pool, unified=1,
-                    prefill_flops=max(peak * d.prefill_flops_eff_unified, cpu_flops),
+                    prefill_flops=max(peak * pf_eff, cpu_flops),
                     overlap=1 if d.overlap else 0, launch_s=0.0 if cpu_only else launch * 1e-6,
                     sync_s=0.0, dma_s=0.0, allreduce_s=0.0, step_s=d.step_us * 1e-6, seq_s=d.seq_us * 1e-6)
     server = machine.channels > 4

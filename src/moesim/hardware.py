@@ -163,7 +163,8 @@ def machine(id: str | None = None, *, gpu: str | None = None, gpus: int | None =
         st_info = _storage(st)
         return Machine(
             id=id or gpu_id, gpu=gpu_id, n_gpus=1, gpu_mem_bytes=pool_gb * GB, gpu_bw_gbs=float(chip["mem_bw_gbs"]),
-            gpu_tflops={"fp16": chip.get("gpu_tflops_fp16", 0.0)}, unified=True,
+            gpu_tflops={k[len("gpu_tflops_"):]: float(v) for k, v in chip.items() if k.startswith("gpu_tflops_")},
+            unified=True,
             gpu_working_set_fraction=float(chip.get("gpu_working_set_fraction", 0.75)),
             host_memory="unified", channels=0, sockets=1, cores=cores or chip.get("cpu_cores", 0),
             cpu=gpu_id, cpu_isa=("neon",) if chip.get("vendor") == "apple" else (),
