@@ -15,7 +15,6 @@ import time
 import numpy as np
 
 from moesim import decode as D, routing as R
-from moesim.fit import auto_placement  # noqa: F401  (import cost outside the timed region)
 from moesim.hardware import machine
 from moesim.memory import configure, evaluate, lower, _result_from_arrays
 from moesim.models import model

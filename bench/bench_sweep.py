@@ -8,7 +8,8 @@ Analytic rate: configurations per second of one chunk evaluated end to end in me
 kernel: placement, bytes per tier, fits, max context and batch; variant lookup; decode and prefill),
 after the group's one-off lowering, into reused column buffers: what the sweep engine does per chunk
 before writing. The pure-Python twin (moesim/sweep_reference.py) evaluates a sample of the same
-configurations one by one; a loop of moesim.simulate(mode="analytic") is timed too, for scale.
+configurations one by one; a loop of moesim.simulate(mode="analytic") is timed too, for scale, and the
+same loop on the pure-Python reference cost model (engine="reference", moesim/reference.py).
 Monte Carlo rate: configurations per second (each `--tokens` decode steps through the kernel's
 sampler and caches) vs the pure-Python reference decoder (moesim/reference.py).
 The big sweep runs `moesim sweep SPEC --out DIR` in a child process and reports its wall time, peak
@@ -65,7 +66,7 @@ def rate_twin(plan: Plan, n: int) -> float:
     return n / (time.perf_counter() - t)
 
 
-def rate_simulate(plan: Plan, n: int, placement: str) -> float:
+def rate_simulate(plan: Plan, n: int, placement: str, engine: str = "c") -> float:
     mach = make_machine_cached(MACHINE)
     model = plan.values["models"][0]
     js = np.linspace(0, plan.block - 1, n).astype(int)
@@ -73,7 +74,7 @@ def rate_simulate(plan: Plan, n: int, placement: str) -> float:
     for j in js:
         ci, bi = divmod(int(j), plan.n_b)
         moesim.simulate(model, mach, quant="Q4_K_M", context=int(plan.contexts[ci]), batch=int(plan.batches[bi]),
-                        placement=None if placement == "auto" else placement, mode="analytic")
+                        placement=None if placement == "auto" else placement, mode="analytic", engine=engine)
     return n / (time.perf_counter() - t)
 
 
@@ -166,7 +167,7 @@ def main():
           f"{os.cpu_count()} cores; machine {MACHINE}")
     print(f"grid per row: Q4_K_M x {args.contexts:,} log-spaced contexts (256 .. 1M) x batches {BATCHES}")
     print("\nanalytic               placement        C 1 thread        C %d threads     Python twin    "
-          "ratio (1 thread)  simulate() loop" % args.threads)
+          "ratio (1 thread)  simulate() loop          reference.py" % args.threads)
     for model, placement in (("deepseek-r1", "n-cpu-moe=58"), ("deepseek-r1", "auto"),
                              ("qwen3-30b-a3b", "all-gpu"), ("qwen3-30b-a3b", "auto"), ("gpt-oss-120b", "auto")):
         plan = plan_for(model, placement, args.contexts)
@@ -175,8 +176,9 @@ def main():
         cn = rate_c(plan, args.threads)
         tw = rate_twin(plan, args.twin)
         sim = rate_simulate(plan, 100, placement)
+        ref = rate_simulate(plan, 10, placement, engine="reference")
         print(f"  {model:20s} {placement:14s} {c1 / 1e6:8.1f} M/s   {cn / 1e6:8.1f} M/s   {tw:10,.0f}/s   "
-              f"{c1 / tw:12,.0f}x   {sim:8,.0f}/s ({c1 / sim:,.0f}x)")
+              f"{c1 / tw:12,.0f}x   {sim:8,.0f}/s ({c1 / sim:,.0f}x)   {ref:6,.1f}/s ({c1 / ref:,.0f}x)")
     print(f"\nMonte Carlo ({args.tokens} steps)  placement        C 1 thread     C %d threads    Python reference   ratio"
           % args.threads)
     for model, placement in (("qwen3-30b-a3b", "offload-cache=16"), ("deepseek-r1", "n-cpu-moe=58")):

@@ -219,7 +219,7 @@ def test_batch_never_reads_fewer_experts(batch, prof, seed, tps):
 def test_group_limited_routing_stays_in_groups():
     """DeepSeek-V3 style: every token's experts lie in at most topk_group of n_group groups."""
     dims = R.RoutingDims(2, 64, 8, n_group=8, topk_group=4)
-    reqs = D.sample_routing(dims, R.profile("deepseek"), 3, 50, seed=5)
+    reqs = R.sample_requests(dims, R.profile("deepseek"), 3, 50, seed=5)
     for r in reqs:
         groups = r // 8
         for tok in groups.reshape(-1, 8):

@@ -4,7 +4,6 @@ synthetic round trip (data made by the model with known parameters is fitted bac
 from __future__ import annotations
 
 import csv
-import math
 from pathlib import Path
 
 import numpy as np

@@ -216,10 +216,10 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement) -> dict:
         metal = _load_catalog("hardware")["unified"].get(machine.gpu, {}).get("vendor") == "apple"
         eff = d.metal_bw_eff if metal else d.gddr_bw_eff      # GB10: LPDDR5X through CUDA
         pool = machine.gpu_bw_gbs * GB * eff
-        gpu_flops = machine.gpu_tflops.get("fp16", 0.0) * 1e12 * d.gpu_flops_eff
+        peak = machine.gpu_tflops.get("fp16", 0.0) * 1e12
+        gpu_flops = peak * d.gpu_flops_eff
         cpu_flops = _cpu_flops(machine, d.cpu_flops_eff)
         launch = d.launch_us_metal if metal else d.launch_us
-        peak = machine.gpu_tflops.get("fp16", 0.0) * 1e12
         pf_eff = d.prefill_flops_eff_unified
         if not metal:
             # GB10 prefills like a CUDA GPU: llama.cpp's int8 MMQ, whose Blackwell rate equals the fp8
@@ -289,22 +289,6 @@ def run(dm: dict, hw: dict, rt: dict, cols: dict, n_threads: int = 1, engine: st
     if code:
         raise KernelError(f"C kernel error at configuration {bad}: {_kernel.strerror(code)}")
     return res
-
-
-def sample_routing(dims: R.RoutingDims, prof: R.RoutingProfile, n_requests: int, tokens: int, seed: int = 0) -> list:
-    """``n_requests`` independent requests of ``tokens`` tokens each ([tokens, layers, k] arrays),
-    drawn by the kernel's sampler (request i uses stream (seed, i))."""
-    from . import _kernel
-    rt = R.lower(dims, R.profile(prof, request_tokens=0), seed)
-    out = []
-    for i in range(n_requests):
-        cols = dict(batch=[1], tokens_per_step=[1], drafts=[0], accepted=[1.0], steps=[tokens], warmup=[0],
-                    policy=[0], mode=[0], seed=[seed], index=[i])
-        code, picks = _kernel.route_sample(rt, cols)
-        if code:
-            raise KernelError(f"routing sampler: {_kernel.strerror(code)}")
-        out.append(picks[:, 0, 0])
-    return out
 
 
 # ------------------------------------------------------------------------------- public API
@@ -393,11 +377,9 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
         raise MoesimError(f"must be smaller than tokens ({tokens}), got {warmup}", "warmup")
 
     q, rt, kv, low, p = resolve(m, quant, machine, runtime, placement, context, batch, kv_dtype, mtp, parallel)
-    if cache_experts is not None and p.kind != "offload-cache":
-        if placement not in (None, "auto"):
+    if cache_experts is not None:
+        if p.kind != "offload-cache" and placement not in (None, "auto"):
             raise MoesimError(f"cache_experts applies to the offload-cache placement, not {p}", "cache_experts")
-        p = Placement("offload-cache", min(cache_experts, m.n_experts))
-    elif cache_experts is not None:
         p = Placement("offload-cache", min(cache_experts, m.n_experts))
     cfg = configure(m, low, machine, rt, p, context, batch, kv, mtp)
     mem = _result_from_arrays(evaluate(low, cfg), 0)

@@ -251,9 +251,20 @@ def reuse(requests) -> float:
 
 
 def sample_requests(dims: RoutingDims, prof: RoutingProfile, n_requests: int, tokens: int, seed: int = 0) -> list:
-    """Requests of ``tokens`` decode tokens each drawn from the profile by the C kernel's sampler."""
-    from .decode import sample_routing
-    return sample_routing(dims, prof, n_requests, tokens, seed)
+    """``n_requests`` independent requests of ``tokens`` decode tokens each ([tokens, layers, k]
+    arrays) drawn by the C kernel's sampler; request i uses stream (seed, i)."""
+    from . import _kernel
+    from .errors import KernelError
+    rt = lower(dims, profile(prof, request_tokens=0), seed)
+    out = []
+    for i in range(n_requests):
+        cols = dict(batch=[1], tokens_per_step=[1], drafts=[0], accepted=[1.0], steps=[tokens], warmup=[0],
+                    policy=[0], mode=[0], seed=[seed], index=[i])
+        code, picks = _kernel.route_sample(rt, cols)
+        if code:
+            raise KernelError(f"routing sampler: {_kernel.strerror(code)}")
+        out.append(picks[:, 0, 0])
+    return out
 
 
 def trace_stats(requests, n_experts: int, top_k: int) -> dict:
