@@ -645,16 +645,19 @@ static int analytic(const ms_decode_model_t *m, const ms_machine_t *hw, const ms
                     D += p[e];
                 }
             }
-            /* pinned = the `slots` most popular experts; sum both sides so "all pinned" is exact */
-            for (int32_t e = 0; e < E; e++) ws->usel[e] = 0;
-            for (int32_t j = 0; j < m->slots[i] && j < E; j++) ws->usel[r->hot[(int64_t) l * E + j]] = 1;
-            for (int32_t e = 0; e < E; e++) {
-                if (ws->usel[e]) {
-                    pinned_q += qbar[e];
-                    pinned_p += p[e];
-                } else {
-                    free_q += qbar[e];
-                    free_p += p[e];
+            /* pinned = the `slots` most popular experts; sum both sides so "all pinned" is exact
+             * (only SPLIT and FETCH layers use them) */
+            if (mode == MS_EXP_SPLIT || mode == MS_EXP_FETCH) {
+                for (int32_t e = 0; e < E; e++) ws->usel[e] = 0;
+                for (int32_t j = 0; j < m->slots[i] && j < E; j++) ws->usel[r->hot[(int64_t) l * E + j]] = 1;
+                for (int32_t e = 0; e < E; e++) {
+                    if (ws->usel[e]) {
+                        pinned_q += qbar[e];
+                        pinned_p += p[e];
+                    } else {
+                        free_q += qbar[e];
+                        free_p += p[e];
+                    }
                 }
             }
             distinct += D;
