@@ -424,3 +424,66 @@ def test_op_offload_thresholds_follow_the_runtimes():
     assert D.op_offload_threshold(runtime("ik_llama.cpp"), model("deepseek-v3")) == 1024
     assert D.op_offload_threshold(runtime("ik_llama.cpp"), model("qwen3-235b-a22b")) == 512
     assert math.isinf(D.op_offload_threshold(runtime("vllm"), model("deepseek-v3")))
+
+
+def test_attention_data_parallel_spreads_per_sequence_host_work():
+    """tpN-epN-attn-dp runs one scheduler per rank: the per-sequence host overhead of a step is paid
+    per rank (batch / N sequences each), so a large batch steps faster than under plain TP."""
+    from moesim.runtimes import runtime
+    mach = hardware.machine(gpu="h200", gpus=8)
+    dp = D.with_parallel(runtime("trtllm"), "tp8-ep8-attn-dp", mach)
+    tp = D.with_parallel(runtime("trtllm"), "tp8", mach)
+    assert dp.decode.data_parallel == 8 and tp.decode.data_parallel == 1
+    p = D.Placement("all-gpu")
+    assert D.lower_machine(mach, dp, p)["seq_s"] == pytest.approx(D.lower_machine(mach, tp, p)["seq_s"] / 8)
+    fast = simulate("deepseek-r1", mach, quant="fp8", runtime="trtllm", parallel="tp8-ep8-attn-dp", batch=512,
+                    context=2048, mode="analytic")
+    slow = simulate("deepseek-r1", mach, quant="fp8", runtime="trtllm", parallel="tp8", batch=512, context=2048,
+                    mode="analytic")
+    assert fast.decode_tok_s > slow.decode_tok_s
+
+
+def _kt_prefill(quant, cpu, prompt=2048, gpus=1, amx=True):
+    import dataclasses
+    from moesim.fit import resolve
+    from moesim.memory import configure, evaluate, _result_from_arrays
+    from moesim.models import model
+    from moesim.runtimes import runtime
+    m = model("deepseek-v3")
+    mach = hardware.machine(gpu="rtx-4090", gpus=gpus, host="ddr5-4800x8", cpu=cpu, sockets=2, host_mem_gb=1024)
+    kt = runtime("ktransformers")
+    kt = dataclasses.replace(kt, decode=dataclasses.replace(kt.decode, amx_prefill=amx))
+    q, rt, kv, low, p = resolve(m, quant, mach, kt, "experts-cpu", prompt, 1, None, 0,
+                                "tp%d" % gpus if gpus > 1 else None)
+    mem = _result_from_arrays(evaluate(low, configure(m, low, mach, rt, p, prompt, 1, kv, 0)), 0)
+    dm = D.lower_model(m, low, p, mach, rt, prompt, kv, 1, mem.by_class, mem.tier)
+    rtab = R.lower(R.RoutingDims.of(m), R.profile(None, family=m.family), 0)
+    hw = D.lower_machine(mach, rt, p)
+    return D.prefill(m, dm, hw, rtab, rt, prompt, 1)[0], dm, hw
+
+
+def test_ktransformers_prefills_on_amx_tiles_for_int8_experts():
+    """KT computes CPU experts on AMX once a ubatch gives each expert > 4 tokens (RT §5.1): int8
+    experts on an AMX Xeon prefill faster than on the AVX-512 path; FP8 experts (no AMX format) and
+    CPUs without AMX (Zen 4) keep the AVX-512 rate; a few-token ubatch stays on AVX-512."""
+    amx, dm, hw = _kt_prefill("int8", "xeon-gold-6454s")
+    avx, _, hw_off = _kt_prefill("int8", "xeon-gold-6454s", amx=False)
+    assert dm["amx_flops_per_cycle"] == 4096.0 and hw["amx_flops"] > 0 and hw_off["amx_flops"] == 0.0
+    assert amx > 1.2 * avx
+    fp8_on, dm_fp8, _ = _kt_prefill("fp8", "xeon-gold-6454s")
+    fp8_off, _, _ = _kt_prefill("fp8", "xeon-gold-6454s", amx=False)
+    assert dm_fp8["amx_flops_per_cycle"] == 0.0 and fp8_on == pytest.approx(fp8_off, rel=1e-12)
+    _, _, hw_zen = _kt_prefill("int8", "epyc-9654")
+    assert hw_zen["amx_flops"] == 0.0
+    few_on, _, _ = _kt_prefill("int8", "xeon-gold-6454s", prompt=16)       # 16 x 8 / 256 = 0.5 token per expert
+    few_off, _, _ = _kt_prefill("int8", "xeon-gold-6454s", prompt=16, amx=False)
+    assert few_on == pytest.approx(few_off, rel=1e-12)
+
+
+def test_layerwise_prefill_streams_over_every_gpus_link():
+    """Above the threshold KT streams each layer's experts to the GPUs; under TP each GPU pulls its
+    slice over its own PCIe link, so two GPUs prefill a long prompt faster than one."""
+    one, dm1, hw1 = _kt_prefill("fp8", "xeon-platinum-8488c", prompt=16384, gpus=1)
+    two, dm2, hw2 = _kt_prefill("fp8", "xeon-platinum-8488c", prompt=16384, gpus=2)
+    assert dm1["layerwise_prefill"] > 0 and hw2["pcie_links"] == 2 and hw1["pcie_links"] == 1
+    assert two > one

@@ -49,7 +49,8 @@ PARAMS = (
     Param("host_bw_eff_server", 0.1, 1.0),
     Param("cross_socket_eff", 0.2, 1.0),
     Param("core_bw_gbs", 8.0, 60.0),
-    Param("seq_us", 0.5, 500.0, log=True),
+    Param("seq_us", 0.5, 500.0, "llama.cpp", log=True),
+    Param("seq_us", 0.5, 500.0, "served", log=True),
     Param("gpu_flops_eff", 0.05, 1.0),
     Param("prefill_flops_eff", 0.02, 1.0, "llama.cpp"),
     Param("prefill_flops_eff_hbm", 0.02, 1.0, "llama.cpp"),
@@ -64,6 +65,7 @@ PARAMS = (
     Param("sync_us", 1.0, 3000.0, "ktransformers", log=True),
     Param("host_bw_eff_server", 0.1, 1.0, "ktransformers"),
     Param("cross_socket_eff", 0.2, 1.0, "ktransformers"),
+    Param("amx_flops_eff", 0.02, 1.0, "ktransformers"),
     Param("metal_bw_eff", 0.2, 1.0, "mlx"),
     Param("launch_us_metal", 1.0, 1000.0, "mlx", log=True),
     Param("launch_us_metal", 1.0, 1000.0, "llama.cpp", log=True),
@@ -107,14 +109,15 @@ class Model:
         self.params = params
         # uncalibrated runtimes per row: priors only (the fit must not see its own output)
         self.base = [dataclasses.replace(pr.rt, decode=DecodeParams(**decode_priors(pr.rt.id))) for pr in prepared]
-        self.tp = [pr.rt.decode.tensor_parallel for pr in prepared]
+        self.layout = [dict(tensor_parallel=pr.rt.decode.tensor_parallel, data_parallel=pr.rt.decode.data_parallel)
+                       for pr in prepared]
 
     def runtime_for(self, i: int, values) -> object:
         rt = self.base[i]
         fam = _family_of(rt.id)
         upd = {p.field: v for p, v in zip(self.params, values) if p.family is None}
         upd.update({p.field: v for p, v in zip(self.params, values) if p.family == fam})
-        upd["tensor_parallel"] = self.tp[i]
+        upd.update(self.layout[i])
         return dataclasses.replace(rt, decode=dataclasses.replace(rt.decode, **upd))
 
     def predict(self, values, idx=None) -> list:

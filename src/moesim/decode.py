@@ -190,6 +190,7 @@ def lower_model(m: Model, low, p: Placement, machine: Machine, rt: Runtime, cont
         layerwise_prefill=(rt.decode.layerwise_prefill_tokens
                            if rt.decode.layerwise_prefill_tokens > 0 and not Q.resolve(low.quant, m).is_gguf else 0),
         layer_experts=np.asarray(low.n_experts, dtype=np.float64),
+        amx_flops_per_cycle=_AMX_FLOPS_PER_CYCLE.get(Q.resolve(low.quant, m).id, 0.0),
         # f32 hidden state each way plus k ids and weights (RT §1.3)
         act_bytes=0.0 if cpu_only else float(2 * m.hidden * 4 + 8 * max(1, m.top_k)),
         allreduce_bytes=(2 * 2.0 * m.hidden * 2 * (tp - 1) / tp) if tp > 1 else 0.0,
@@ -197,14 +198,22 @@ def lower_model(m: Model, low, p: Placement, machine: Machine, rt: Runtime, cont
 
 
 # ------------------------------------------------------------------------------- machine lowering
-def _cpu_flops(machine: Machine, eff: float) -> float:
-    hw = _load_catalog("hardware")
-    cpu = hw["cpu"].get(machine.cpu or "", {})
-    cores = machine.cores or _DEFAULT_CORES
+def _core_cycles(machine: Machine) -> float:
+    """Core-cycles per second of the cores the run uses."""
+    cpu = _load_catalog("hardware")["cpu"].get(machine.cpu or "", {})
     ghz = float(cpu.get("boost_ghz", cpu.get("base_ghz", _DEFAULT_GHZ)))
+    return (machine.cores or _DEFAULT_CORES) * ghz * 1e9
+
+
+def _cpu_flops(machine: Machine, eff: float) -> float:
     isa = tuple(machine.cpu_isa) or ("avx2",)
     per_cycle = next((v for key, v in _FLOPS_PER_CYCLE if key in isa), 16.0)
-    return cores * ghz * 1e9 * per_cycle * eff
+    return _core_cycles(machine) * per_cycle * eff
+
+
+# AMX tile FLOP per cycle per core by the routed experts' format: int8 (INT4 is unpacked to int8 tiles)
+# 2048 MACs, bf16 1024 MACs (KT doc/en/AMX.md via RT §5.3); other formats use the AVX-512 path
+_AMX_FLOPS_PER_CYCLE = {"int8": 4096.0, "int4": 4096.0, "int4-g32": 4096.0, "bf16": 2048.0}
 
 
 def lower_machine(machine: Machine, rt: Runtime, p: Placement) -> dict:
@@ -231,7 +240,8 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement) -> dict:
                     gpu_flops=max(gpu_flops, cpu_flops), cpu_flops=cpu_flops, interconnect_bw=pool, unified=1,
                     prefill_flops=max(peak * pf_eff, cpu_flops),
                     overlap=1 if d.overlap else 0, launch_s=0.0 if cpu_only else launch * 1e-6,
-                    sync_s=0.0, dma_s=0.0, allreduce_s=0.0, step_s=d.step_us * 1e-6, seq_s=d.seq_us * 1e-6)
+                    sync_s=0.0, dma_s=0.0, allreduce_s=0.0, step_s=d.step_us * 1e-6, seq_s=d.seq_us * 1e-6,
+                    amx_flops=0.0, pcie_links=1)
     server = machine.channels > 4
     host_eff = d.host_bw_eff_server if server else d.host_bw_eff_desktop
     if machine.sockets > 1:
@@ -241,12 +251,14 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement) -> dict:
         # a few threads cannot saturate many channels: each core streams at most core_bw_gbs
         host_bw = min(host_bw, machine.cores * d.core_bw_gbs * GB)
     cpu_flops = _cpu_flops(machine, d.cpu_flops_eff)
+    amx = _core_cycles(machine) * d.amx_flops_eff if (d.amx_prefill and "amx" in machine.cpu_isa) else 0.0
     storage_bw = max(machine.storage_read_gbs, 1e-3) * GB
     if cpu_only:
         return dict(gpu_bw=host_bw, host_bw=host_bw, pcie_bw=host_bw, storage_bw=storage_bw, gpu_flops=cpu_flops,
                     prefill_flops=cpu_flops,
                     cpu_flops=cpu_flops, interconnect_bw=host_bw, unified=0, overlap=0, launch_s=0.0, sync_s=0.0,
-                    dma_s=0.0, allreduce_s=0.0, step_s=d.step_us * 1e-6, seq_s=d.seq_us * 1e-6)
+                    dma_s=0.0, allreduce_s=0.0, step_s=d.step_us * 1e-6, seq_s=d.seq_us * 1e-6,
+                    amx_flops=amx, pcie_links=1)
     hw = _load_catalog("hardware")
     g = hw["gpu"].get(machine.gpu, {})
     tp = machine.n_gpus if (d.tensor_parallel and machine.n_gpus > 1) else 1
@@ -258,7 +270,9 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement) -> dict:
     scale_up = g.get("scale_up", {}).get("gbs", 0.0) if isinstance(g.get("scale_up"), dict) else 0.0
     hbm = str(g.get("memory_type", "")).startswith("hbm")
     bw_eff = d.gpu_bw_eff if hbm else d.gddr_bw_eff
-    pf_eff = d.prefill_flops_eff_hbm if hbm else d.prefill_flops_eff
+    # the HBM prefill efficiency describes tensor-core datacenter parts (A100 / H100); Pascal's HBM2 P100
+    # multiplies on dp4a like the GDDR cards
+    pf_eff = d.prefill_flops_eff_hbm if (hbm and g.get("tensor_cores", False)) else d.prefill_flops_eff
     # llama.cpp multiplies quantized weights with int8 tensor-core MMQ kernels (ggml-cuda mmq): its
     # prefill scales with the int8 rate; served runtimes run bf16/fp8 GEMMs
     pf_peak = tf.get("int8", peak_tflops) if rt.llama_cpp_family else peak_tflops
@@ -269,7 +283,8 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement) -> dict:
                 overlap=1 if d.overlap else 0,
                 launch_s=(d.launch_us if graphs else d.launch_us_nograph) * 1e-6, sync_s=d.sync_us * 1e-6,
                 dma_s=d.dma_us * 1e-6, allreduce_s=d.allreduce_us * 1e-6 if tp > 1 else 0.0,
-                step_s=d.step_us * 1e-6, seq_s=d.seq_us * 1e-6)
+                step_s=d.step_us * 1e-6, seq_s=d.seq_us * 1e-6 / max(1, d.data_parallel),
+                amx_flops=amx, pcie_links=tp)
 
 
 # ------------------------------------------------------------------------------- running
@@ -448,7 +463,9 @@ def with_parallel(rt: Runtime, parallel: str | None, machine: Machine) -> Runtim
         raise MoesimError(f"{parallel} spans {degree} GPUs and the machine has {machine.n_gpus} "
                           "(multi-node layouts are not modelled)", "parallel")
     split = spec in ("layer-split", "pipeline") or (m.group(1) == "pp")
-    return dataclasses.replace(rt, decode=dataclasses.replace(rt.decode, tensor_parallel=not split))
+    # attention data parallelism: each rank schedules, samples and attends its own share of the batch
+    dp = degree if spec.endswith("-attn-dp") else 1
+    return dataclasses.replace(rt, decode=dataclasses.replace(rt.decode, tensor_parallel=not split, data_parallel=dp))
 
 
 def _result(res: dict, i: int, batch: int, memory: dict, mode: str, policy: str, tokens: int, seed: int,
@@ -517,8 +534,10 @@ def prefill(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, prompt: int, 
             t_gpu = max(distinct * gpu_share * eb / hw["gpu_bw"], pairs * gpu_share * ef / gflops)
             host_distinct, host_pairs = distinct * (1 - gpu_share), pairs * (1 - gpu_share)
             if layerwise and host_pairs > 0:
-                # the layer's whole expert set crosses PCIe (double-buffered) while the GPU computes
-                t_copy = dm["layer_experts"][l] * eb * (1 - gpu_share) / hw["pcie_bw"]
+                # the layer's whole expert set crosses PCIe (double-buffered) while the GPU computes; under
+                # tensor parallelism each GPU pulls its own slice over its own link, all fed from host DRAM
+                links = max(1, hw.get("pcie_links", 1))
+                t_copy = dm["layer_experts"][l] * eb * (1 - gpu_share) / min(hw["pcie_bw"] * links, hw["host_bw"])
                 t_cgpu = max(host_distinct * eb / hw["gpu_bw"], host_pairs * ef / gflops)
                 t[l] += t_gpu + max(t_copy, t_cgpu)
             elif host_pairs <= 0:
@@ -528,7 +547,10 @@ def prefill(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, prompt: int, 
                 t_cgpu = max(host_distinct * eb / hw["gpu_bw"], host_pairs * ef / gflops)
                 t[l] += t_gpu + (max(t_copy, t_cgpu) if hw["overlap"] else t_copy + t_cgpu)
             else:
-                t_cpu = max(host_distinct * eb / hw["host_bw"], host_pairs * ef / cflops)
+                # AMX tiles once the ubatch gives each expert more than 4 tokens on average (RT §5.1)
+                amx = hw.get("amx_flops", 0.0) * dm.get("amx_flops_per_cycle", 0.0)
+                rate = max(cflops, amx) if host_pairs > 4.0 * max(host_distinct, 1e-300) else cflops
+                t_cpu = max(host_distinct * eb / hw["host_bw"], host_pairs * ef / rate)
                 t[l] += (max(t_gpu, t_cpu) if hw["overlap"] else t_gpu + t_cpu) + hw["sync_s"]
         t_ub = float(t.sum()) + max(dm["head_bytes"] / hw["gpu_bw"], dm["head_flops"] / gflops)
         total += count * t_ub

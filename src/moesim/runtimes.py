@@ -66,6 +66,9 @@ class DecodeParams:
     layerwise_prefill_tokens: int
     layerwise_chunk_tokens: int
     pinned_experts: bool
+    amx_prefill: bool
+    amx_flops_eff: float
+    data_parallel: int = 1        # attention data-parallel ranks (tpN-epN-attn-dp): one scheduler per rank
 
 
 def runtime_ids() -> list:
