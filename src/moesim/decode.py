@@ -162,6 +162,7 @@ def lower_model(m: Model, low, p: Placement, machine: Machine, rt: Runtime, cont
     n_exp = np.maximum(low.n_experts, 1)
     expert_params = par["routed_experts"] / n_exp
     tp = machine.n_gpus if (rt.decode.tensor_parallel and machine.n_gpus > 1 and not cpu_only) else 1
+    quant = Q.resolve(low.quant, m)
     mtp_modules = max(1, m.mtp_layers)
     draft_bytes = draft_flops = 0.0
     if m.mtp_layers:
@@ -188,9 +189,9 @@ def lower_model(m: Model, low, p: Placement, machine: Machine, rt: Runtime, cont
         draft_bytes=float(draft_bytes), draft_flops=float(draft_flops),
         # ktransformers layerwise prefill: prompts above this stream whole expert layers (native formats only)
         layerwise_prefill=(rt.decode.layerwise_prefill_tokens
-                           if rt.decode.layerwise_prefill_tokens > 0 and not Q.resolve(low.quant, m).is_gguf else 0),
+                           if rt.decode.layerwise_prefill_tokens > 0 and not quant.is_gguf else 0),
         layer_experts=np.asarray(low.n_experts, dtype=np.float64),
-        amx_flops_per_cycle=_AMX_FLOPS_PER_CYCLE.get(Q.resolve(low.quant, m).id, 0.0),
+        amx_flops_per_cycle=_AMX_FLOPS_PER_CYCLE.get(quant.id, 0.0),
         # f32 hidden state each way plus k ids and weights (RT §1.3)
         act_bytes=0.0 if cpu_only else float(2 * m.hidden * 4 + 8 * max(1, m.top_k)),
         allreduce_bytes=(2 * 2.0 * m.hidden * 2 * (tp - 1) / tp) if tp > 1 else 0.0,
@@ -536,8 +537,8 @@ def prefill(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, prompt: int, 
             if layerwise and host_pairs > 0:
                 # the layer's whole expert set crosses PCIe (double-buffered) while the GPU computes; under
                 # tensor parallelism each GPU pulls its own slice over its own link, all fed from host DRAM
-                links = max(1, hw.get("pcie_links", 1))
-                t_copy = dm["layer_experts"][l] * eb * (1 - gpu_share) / min(hw["pcie_bw"] * links, hw["host_bw"])
+                t_copy = (dm["layer_experts"][l] * eb * (1 - gpu_share)
+                          / min(hw["pcie_bw"] * hw["pcie_links"], hw["host_bw"]))
                 t_cgpu = max(host_distinct * eb / hw["gpu_bw"], host_pairs * ef / gflops)
                 t[l] += t_gpu + max(t_copy, t_cgpu)
             elif host_pairs <= 0:
@@ -548,7 +549,7 @@ def prefill(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, prompt: int, 
                 t[l] += t_gpu + (max(t_copy, t_cgpu) if hw["overlap"] else t_copy + t_cgpu)
             else:
                 # AMX tiles once the ubatch gives each expert more than 4 tokens on average (RT §5.1)
-                amx = hw.get("amx_flops", 0.0) * dm.get("amx_flops_per_cycle", 0.0)
+                amx = hw["amx_flops"] * dm["amx_flops_per_cycle"]
                 rate = max(cflops, amx) if host_pairs > 4.0 * max(host_distinct, 1e-300) else cflops
                 t_cpu = max(host_distinct * eb / hw["host_bw"], host_pairs * ef / rate)
                 t[l] += (max(t_gpu, t_cpu) if hw["overlap"] else t_gpu + t_cpu) + hw["sync_s"]
