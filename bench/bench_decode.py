@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from moesim import decode as D, routing as R
+from moesim import decode as D, quants as Q, routing as R
 from moesim.hardware import machine
 from moesim.memory import configure, evaluate, lower, _result_from_arrays
 from moesim.models import model
@@ -30,7 +30,7 @@ def tables(mid: str, quant: str, placement: str, batch_tokens: int, host_mem_gb:
     p = parse(placement, m, mach)
     mem = _result_from_arrays(evaluate(low, configure(m, low, mach, rt, p, 4096, 1, "f16")), 0)
     dm = D.lower_model(m, low, p, mach, rt, 4096, "f16", batch_tokens, mem.by_class, mem.tier)
-    hw = D.lower_machine(mach, rt, p)
+    hw = D.lower_machine(mach, rt, p, Q.cpu_grid_share(m, quant))
     rtab = R.lower(R.RoutingDims.of(m), R.profile(None, family=m.family), seed=0)
     return m, dm, hw, rtab
 

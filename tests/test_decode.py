@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from moesim import MoesimError, decode as D, hardware, routing as R, traces
+from moesim import MoesimError, decode as D, hardware, quants as Q, routing as R, traces
 from moesim.errors import KernelError
 from moesim.decode import simulate
 
@@ -435,7 +435,7 @@ def test_attention_data_parallel_spreads_per_sequence_host_work():
     tp = D.with_parallel(runtime("trtllm"), "tp8", mach)
     assert dp.decode.data_parallel == 8 and tp.decode.data_parallel == 1
     p = D.Placement("all-gpu")
-    assert D.lower_machine(mach, dp, p)["seq_s"] == pytest.approx(D.lower_machine(mach, tp, p)["seq_s"] / 8)
+    assert D.lower_machine(mach, dp, p, 0.0)["seq_s"] == pytest.approx(D.lower_machine(mach, tp, p, 0.0)["seq_s"] / 8)
     fast = simulate("deepseek-r1", mach, quant="fp8", runtime="trtllm", parallel="tp8-ep8-attn-dp", batch=512,
                     context=2048, mode="analytic")
     slow = simulate("deepseek-r1", mach, quant="fp8", runtime="trtllm", parallel="tp8", batch=512, context=2048,
@@ -458,7 +458,7 @@ def _kt_prefill(quant, cpu, prompt=2048, gpus=1, amx=True):
     mem = _result_from_arrays(evaluate(low, configure(m, low, mach, rt, p, prompt, 1, kv, 0)), 0)
     dm = D.lower_model(m, low, p, mach, rt, prompt, kv, 1, mem.by_class, mem.tier)
     rtab = R.lower(R.RoutingDims.of(m), R.profile(None, family=m.family), 0)
-    hw = D.lower_machine(mach, rt, p)
+    hw = D.lower_machine(mach, rt, p, Q.cpu_grid_share(m, q))
     return D.prefill(m, dm, hw, rtab, rt, prompt, 1)[0], dm, hw
 
 
@@ -487,3 +487,76 @@ def test_layerwise_prefill_streams_over_every_gpus_link():
     two, dm2, hw2 = _kt_prefill("fp8", "xeon-platinum-8488c", prompt=16384, gpus=2)
     assert dm1["layerwise_prefill"] > 0 and hw2["pcie_links"] == 2 and hw1["pcie_links"] == 1
     assert two > one
+
+
+def test_prefill_on_top_of_a_cached_context_is_slower():
+    """A prompt appended to `depth` cached tokens attends over depth + prompt / 2 keys on average
+    (llama-bench -d): deeper is slower, windowed layers stop growing at their window, and
+    simulate's prompt (from an empty cache) does not depend on the decode context."""
+    from moesim.models import model
+    m = model("gpt-oss-120b")
+    shallow, deep = D.prefill_score_flops(m, 2048, 0), D.prefill_score_flops(m, 2048, 32768)
+    windowed = np.array([bool(layer.attention.window) for layer in m.layers])
+    assert windowed.any() and (~windowed).any()
+    assert np.all(deep[~windowed] > 10 * shallow[~windowed]) and np.allclose(deep[windowed], shallow[windowed])
+    mach = hardware.machine(gpu="dgx-spark")
+    q, rt, kv, low, p, dm, hw, rtab = _lowered("gpt-oss-120b", "MXFP4", mach, None, "unified", 2048)
+    at0 = D.prefill(m, dm, hw, rtab, rt, 2048, 1)[0]
+    at32k = D.prefill(m, dm, hw, rtab, rt, 2048, 1, depth=32768)[0]
+    assert at32k < at0
+    a = simulate("gpt-oss-120b", mach, quant="MXFP4", context=4096, prompt=2048, mode="analytic")
+    b = simulate("gpt-oss-120b", mach, quant="MXFP4", context=65536, prompt=2048, mode="analytic")
+    assert a.prefill_tok_s == pytest.approx(b.prefill_tok_s, rel=1e-12)
+
+
+def _lowered(mid, quant, mach, runtime, placement, context):
+    from moesim.fit import resolve
+    from moesim.memory import configure, evaluate, _result_from_arrays
+    from moesim.models import model
+    m = model(mid)
+    q, rt, kv, low, p = resolve(m, quant, mach, runtime, placement, context, 1, None, 0, None)
+    mem = _result_from_arrays(evaluate(low, configure(m, low, mach, rt, p, context, 1, kv, 0)), 0)
+    dm = D.lower_model(m, low, p, mach, rt, context, kv, 1, mem.by_class, mem.tier)
+    hw = D.lower_machine(mach, rt, p, Q.cpu_grid_share(m, q))
+    return q, rt, kv, low, p, dm, hw, R.lower(R.RoutingDims.of(m), R.profile(None, family=m.family), 0)
+
+
+def test_moe_prefill_on_gpu_gains_from_a_larger_ubatch():
+    """Each ubatch streams every used expert's weights once and an expert's GEMM serves only
+    ubatch x top-k / experts tokens, so a larger -ub amortises the streaming: faster prefill."""
+    import dataclasses
+    from moesim.models import model
+    from moesim.runtimes import runtime
+    mach = hardware.machine(gpu="dgx-spark")
+    m = model("gpt-oss-120b")
+    rates = []
+    for ub in (256, 512, 2048):
+        rt = dataclasses.replace(runtime("llama.cpp"), ubatch=ub)
+        q, rt, kv, low, p, dm, hw, rtab = _lowered("gpt-oss-120b", "MXFP4", mach, rt, "unified", 4096)
+        rates.append(D.prefill(m, dm, hw, rtab, rt, 4096, 1)[0])
+    assert rates[0] < rates[1] < rates[2]
+
+
+def test_cpu_matmul_rate_follows_runtime_kernels_and_quant_family():
+    """Mainline llama.cpp multiplies codebook-grid i-quants on the CPU at cpu_iquant_rel of its rate
+    (ik_llama.cpp PR #518); ik_llama.cpp's kernels run cpu_kernel_speedup faster (PR #533)."""
+    from moesim.models import model
+    from moesim.runtimes import runtime
+    m = model("deepseek-r1")
+    assert Q.cpu_grid_share(m, "UD-IQ1_S") > 0.9
+    assert Q.cpu_grid_share(m, "Q4_K_M") == 0.0 and Q.cpu_grid_share(m, "fp8") == 0.0
+    mach = hardware.machine(gpu="rtx-4090", host="ddr5-6000x2", cpu="ryzen-9-7950x")
+    p = D.Placement("experts-cpu")
+    main, ik = runtime("llama.cpp"), runtime("ik_llama.cpp")
+    k_main, i_main = (D.lower_machine(mach, main, p, s)["cpu_flops"] for s in (0.0, 1.0))
+    k_ik, i_ik = (D.lower_machine(mach, ik, p, s)["cpu_flops"] for s in (0.0, 1.0))
+    assert i_main == pytest.approx(k_main * main.decode.cpu_iquant_rel) and main.decode.cpu_iquant_rel < 0.5
+    assert k_ik == pytest.approx(k_main * ik.decode.cpu_kernel_speedup) and ik.decode.cpu_kernel_speedup > 1.5
+    assert i_ik == pytest.approx(k_ik * ik.decode.cpu_iquant_rel) and i_ik > i_main
+    half = D.lower_machine(mach, main, p, 0.5)["cpu_flops"]
+    assert i_main < half < k_main
+    cpu = hardware.machine(gpu=None, host="ddr5-6000x2", cpu="ryzen-9-7950x")
+    slow = simulate("mixtral-8x7b", cpu, quant="IQ3_XXS", context=512, prompt=512, mode="analytic")
+    fast = simulate("mixtral-8x7b", cpu, quant="IQ3_XXS", context=512, prompt=512, mode="analytic",
+                    runtime="ik_llama.cpp")
+    assert fast.prefill_tok_s > 2 * slow.prefill_tok_s

@@ -202,3 +202,25 @@ def test_validate_and_calibrate_commands(tmp_path, capsys):
     assert "decode median |err|" in text and out.read_text().startswith("# Fitted decode parameters")
     assert main(["validate", str(tmp_path / "nope.csv")]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_notes_and_depth_shape_the_configuration():
+    """llama-bench -d rows (depth beyond the prompt) prefill on top of the depth; a stated -ub sets
+    the ubatch; ktransformers v0.2 / v0.3 rows run the pre-SGLang profile (no layerwise prefill)."""
+    bench = V.build(row(prompt_tokens="2048", depth_tokens="32768", notes="fa 1; ub 2048; pp2048 at depth 32768"))
+    assert bench.prompt_depth == 32768 and bench.ubatch == 2048
+    assert V.prepare(bench).rt.ubatch == 2048
+    server = V.build(row(prompt_tokens="2048", depth_tokens="2048", notes="amb 512; 16 threads"))
+    assert server.prompt_depth == 0 and server.ubatch == 0
+    kt = dict(runtime="ktransformers", model="deepseek-v3", quant="int8", gpu="rtx-4090", placement="experts-cpu",
+              host_cpu="Xeon Gold 6454S", host_mem="ddr5-4800", host_sockets="2")
+    assert V.build(row(**kt, notes="v0.3-preview AMX")).runtime == "ktransformers-legacy"
+    assert V.build(row(**kt, notes="SGLang + kt-kernel")).runtime == "ktransformers"
+    legacy = V.prepare(V.build(row(**kt, notes="v0.3-preview AMX", prompt_tokens="8192")))
+    assert legacy.dm["layerwise_prefill"] == 0
+    cpu = dict(gpu="none", gpus="0", host_cpu="Ryzen 9 7950X", host_mem="ddr5", host_channels="2", host_cores="16",
+               placement="cpu-only", quant="Q4_K_S", model="mixtral-8x7b", prompt_tokens="512")
+    four, sixteen = (V.prepare(V.build(row(**cpu, notes=f"pp512 16 threads; tg128 {n} threads"))) for n in (4, 16))
+    assert four.cfg.decode_threads == 4 and four.cfg.machine.cores == 16
+    (d4, p4), (d16, p16) = four.predict(), sixteen.predict()
+    assert d4 < d16 and p4 == pytest.approx(p16, rel=1e-12)     # 4 threads cannot stream 2 channels; prompt on 16

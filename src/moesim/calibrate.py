@@ -48,7 +48,8 @@ PARAMS = (
     Param("host_bw_eff_desktop", 0.2, 1.0),
     Param("host_bw_eff_server", 0.1, 1.0),
     Param("cross_socket_eff", 0.2, 1.0),
-    Param("core_bw_gbs", 8.0, 60.0),
+    Param("core_bw_gbs", 4.0, 60.0),
+    Param("core_bw_gbs_server", 4.0, 60.0),
     Param("seq_us", 0.5, 500.0, "llama.cpp", log=True),
     Param("seq_us", 0.5, 500.0, "served", log=True),
     Param("gpu_flops_eff", 0.05, 1.0),
@@ -68,10 +69,13 @@ PARAMS = (
     Param("amx_flops_eff", 0.02, 1.0, "ktransformers"),
     Param("metal_bw_eff", 0.2, 1.0, "mlx"),
     Param("launch_us_metal", 1.0, 1000.0, "mlx", log=True),
+    Param("prefill_flops_eff_unified", 0.02, 1.0, "mlx"),
     Param("launch_us_metal", 1.0, 1000.0, "llama.cpp", log=True),
     Param("pcie_pageable", 0.1, 1.0, "offload"),
 )
-PRIOR_WEIGHT = 0.05      # residual per parameter: log(value / prior) x this (a weak pull to the sources)
+# residual per parameter: log(value / prior) x this, a pull to the sources (0.08 was chosen over 0.03 and
+# 0.05 by the leave-one-source-out error)
+PRIOR_WEIGHT = 0.08
 PREFILL_WEIGHT = 0.5     # prefill residuals count half (the prefill model is coarser than decode)
 
 

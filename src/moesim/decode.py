@@ -206,10 +206,13 @@ def _core_cycles(machine: Machine) -> float:
     return (machine.cores or _DEFAULT_CORES) * ghz * 1e9
 
 
-def _cpu_flops(machine: Machine, eff: float) -> float:
+def _cpu_flops(machine: Machine, d, iquant_share: float) -> float:
+    """CPU matmul FLOP/s of runtime parameters ``d`` on weights of which ``iquant_share`` (by bytes) are
+    codebook-grid i-quants: those run at cpu_iquant_rel of the rate, so the time per FLOP mixes."""
     isa = tuple(machine.cpu_isa) or ("avx2",)
     per_cycle = next((v for key, v in _FLOPS_PER_CYCLE if key in isa), 16.0)
-    return _core_cycles(machine) * per_cycle * eff
+    mix = iquant_share / d.cpu_iquant_rel + (1.0 - iquant_share)
+    return _core_cycles(machine) * per_cycle * d.cpu_flops_eff * d.cpu_kernel_speedup / mix
 
 
 # AMX tile FLOP per cycle per core by the routed experts' format: int8 (INT4 is unpacked to int8 tiles)
@@ -217,8 +220,9 @@ def _cpu_flops(machine: Machine, eff: float) -> float:
 _AMX_FLOPS_PER_CYCLE = {"int8": 4096.0, "int4": 4096.0, "int4-g32": 4096.0, "bf16": 2048.0}
 
 
-def lower_machine(machine: Machine, rt: Runtime, p: Placement) -> dict:
-    """Effective rates (bytes/s, FLOP/s) and latencies (s) of ms_machine_t."""
+def lower_machine(machine: Machine, rt: Runtime, p: Placement, iquant_share: float) -> dict:
+    """Effective rates (bytes/s, FLOP/s) and latencies (s) of ms_machine_t; ``iquant_share`` is
+    quants.cpu_grid_share of the configuration (it sets the CPU matmul rate)."""
     d = rt.decode
     cpu_only = p.kind == "cpu-only" or machine.n_gpus == 0
     if machine.unified:
@@ -228,7 +232,7 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement) -> dict:
         pool = machine.gpu_bw_gbs * GB * eff
         peak = machine.gpu_tflops.get("fp16", 0.0) * 1e12
         gpu_flops = peak * d.gpu_flops_eff
-        cpu_flops = _cpu_flops(machine, d.cpu_flops_eff)
+        cpu_flops = _cpu_flops(machine, d, iquant_share)
         launch = d.launch_us_metal if metal else d.launch_us
         pf_eff = d.prefill_flops_eff_unified
         if not metal:
@@ -249,9 +253,9 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement) -> dict:
         host_eff *= d.cross_socket_eff
     host_bw = machine.host_bw_gbs * GB * host_eff
     if machine.cores:
-        # a few threads cannot saturate many channels: each core streams at most core_bw_gbs
-        host_bw = min(host_bw, machine.cores * d.core_bw_gbs * GB)
-    cpu_flops = _cpu_flops(machine, d.cpu_flops_eff)
+        # a few threads cannot saturate many channels: each core streams at most core_bw_gbs(_server)
+        host_bw = min(host_bw, machine.cores * (d.core_bw_gbs_server if server else d.core_bw_gbs) * GB)
+    cpu_flops = _cpu_flops(machine, d, iquant_share)
     amx = _core_cycles(machine) * d.amx_flops_eff if (d.amx_prefill and "amx" in machine.cpu_isa) else 0.0
     storage_bw = max(machine.storage_read_gbs, 1e-3) * GB
     if cpu_only:
@@ -418,7 +422,7 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
     drafts = mtp
     tps = 1 + drafts
     dm = lower_model(m, low, p, machine, rt, context, kv, batch * tps, mem.by_class, mem.tier)
-    hw = lower_machine(machine, rt, p)
+    hw = lower_machine(machine, rt, p, Q.cpu_grid_share(m, q))
     accepted = accepted_per_step(drafts, mtp_acceptance)
     cols = dict(batch=[batch], tokens_per_step=[tps], drafts=[drafts], accepted=[accepted], steps=[tokens],
                 warmup=[warmup], policy=[POLICIES[policy]], mode=[MODES[mode]], seed=[seed], index=[0])
@@ -435,7 +439,7 @@ def estimate(m: Model, low, machine: Machine, rt: Runtime, p: Placement, context
     rtab = R.lower(dims, R.profile(None, family=m.family), 0)
     tps = 1 + mtp
     dm = lower_model(m, low, p, machine, rt, context, kv, batch * tps, mem.by_class, mem.tier)
-    hw = lower_machine(machine, rt, p)
+    hw = lower_machine(machine, rt, p, Q.cpu_grid_share(m, Q.resolve(low.quant, m)))
     cols = dict(batch=[batch], tokens_per_step=[tps], drafts=[mtp], accepted=[accepted_per_step(mtp, mtp_acceptance)],
                 steps=[1], warmup=[0], policy=[POLICIES["lru"]], mode=[MODES["analytic"]], seed=[0], index=[0])
     res = run(dm, hw, rtab, cols)
@@ -493,8 +497,17 @@ def _result(res: dict, i: int, batch: int, memory: dict, mode: str, policy: str,
 
 
 # ------------------------------------------------------------------------------- prefill
-def prefill(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, prompt: int, batch: int = 1) -> tuple:
-    """(prefill tokens/s, time to first token) for a ``prompt``-token prompt, per ubatch (DESIGN §3).
+def prefill_score_flops(m: Model, prompt: int, depth: int = 0) -> np.ndarray:
+    """Attention-score FLOPs per prompt token and layer: a prompt of ``prompt`` tokens appended to
+    ``depth`` cached ones attends, on average, over depth + prompt / 2 keys."""
+    return np.array([_score_flops(layer, depth + max(1, prompt // 2)) for layer in m.layers])
+
+
+def prefill(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, prompt: int, batch: int = 1, depth: int = 0,
+            score=None) -> tuple:
+    """(prefill tokens/s, time to first token) for a ``prompt``-token prompt on top of ``depth`` cached
+    tokens, per ubatch (DESIGN §3). ``score``: per-layer score FLOPs per token, when the caller accounts
+    for attention itself (default :func:`prefill_score_flops`).
 
     Each ubatch reads the GPU-resident weights once and is compute-bound on the GPU at the prefill
     GEMM efficiency; experts in host RAM are computed on the CPU, or, under llama.cpp's op offload
@@ -516,10 +529,9 @@ def prefill(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, prompt: int, 
     qbar = np.asarray(rtab["q"]).mean(axis=0) if rtab.get("n_layers") else None
     bw = np.where(on_gpu, hw["gpu_bw"], hw["host_bw"])
     fl = np.where(on_gpu, gflops, cflops)
-    span = max(1, prompt // 2)                        # mean KV depth over the prompt
+    score = prefill_score_flops(m, prompt, depth) if score is None else np.asarray(score, dtype=np.float64)
     weights = np.asarray(dm["attn_bytes"]) + np.asarray(dm["shared_bytes"])
-    per_tok = (np.asarray(dm["attn_flops"]) + np.asarray(dm["shared_flops"])
-               + np.asarray(dm["score_flops"]) * span / max(1, prompt))
+    per_tok = np.asarray(dm["attn_flops"]) + np.asarray(dm["shared_flops"]) + score
     total = 0.0
     for n_tok, count in sizes:
         t = np.maximum(weights / bw, n_tok * per_tok / fl) + np.where(on_gpu, hw["launch_s"], 0.0)
@@ -532,26 +544,28 @@ def prefill(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, prompt: int, 
                 gpu_share = float(q[pinned].sum() / max(q.sum(), 1e-300))
             eb, ef = dm["expert_bytes"][l], dm["expert_flops"][l]
             distinct, pairs = float(used.sum()), n_tok * k
-            t_gpu = max(distinct * gpu_share * eb / hw["gpu_bw"], pairs * gpu_share * ef / gflops)
+            # an expert's GEMM serves only pairs / distinct tokens of the ubatch: too few to hide the
+            # streaming of its weights behind the multiply-adds, so on the GPU the two add up
+            t_gpu = distinct * gpu_share * eb / hw["gpu_bw"] + pairs * gpu_share * ef / gflops
             host_distinct, host_pairs = distinct * (1 - gpu_share), pairs * (1 - gpu_share)
             if layerwise and host_pairs > 0:
                 # the layer's whole expert set crosses PCIe (double-buffered) while the GPU computes; under
                 # tensor parallelism each GPU pulls its own slice over its own link, all fed from host DRAM
                 t_copy = (dm["layer_experts"][l] * eb * (1 - gpu_share)
                           / min(hw["pcie_bw"] * hw["pcie_links"], hw["host_bw"]))
-                t_cgpu = max(host_distinct * eb / hw["gpu_bw"], host_pairs * ef / gflops)
+                t_cgpu = host_distinct * eb / hw["gpu_bw"] + host_pairs * ef / gflops
                 t[l] += t_gpu + max(t_copy, t_cgpu)
             elif host_pairs <= 0:
                 t[l] += t_gpu
             elif offload or mode[l] == EXP_FETCH:
                 t_copy = host_distinct * eb / hw["pcie_bw"]
-                t_cgpu = max(host_distinct * eb / hw["gpu_bw"], host_pairs * ef / gflops)
+                t_cgpu = host_distinct * eb / hw["gpu_bw"] + host_pairs * ef / gflops
                 t[l] += t_gpu + (max(t_copy, t_cgpu) if hw["overlap"] else t_copy + t_cgpu)
             else:
                 # AMX tiles once the ubatch gives each expert more than 4 tokens on average (RT §5.1)
                 amx = hw["amx_flops"] * dm["amx_flops_per_cycle"]
                 rate = max(cflops, amx) if host_pairs > 4.0 * max(host_distinct, 1e-300) else cflops
-                t_cpu = max(host_distinct * eb / hw["host_bw"], host_pairs * ef / rate)
+                t_cpu = host_distinct * eb / hw["host_bw"] + host_pairs * ef / rate
                 t[l] += (max(t_gpu, t_cpu) if hw["overlap"] else t_gpu + t_cpu) + hw["sync_s"]
         t_ub = float(t.sum()) + max(dm["head_bytes"] / hw["gpu_bw"], dm["head_flops"] / gflops)
         total += count * t_ub

@@ -508,3 +508,17 @@ def bytes_by_class(model: Model, quant: "str | Quant", include_mtp: bool = False
     for t, _typ, nb in assign(model, quant, include_mtp):
         out[t.cls] += nb
     return out
+
+
+def cpu_grid_share(model: Model, quant: "str | Quant") -> float:
+    """Fraction of the matmul weight bytes the CPU would multiply (routed experts; every linear layer
+    of a model without them) that are stored in codebook-grid i-quants (ggml_types cpu_grid)."""
+    types = ggml_types()
+    cls = "routed_experts" if model.n_experts else None
+    grid = total = 0.0
+    for t, typ, nb in assign(model, quant):
+        if (t.cls == cls) if cls else t.cls in ("attention", "dense_ffn", "shared_experts"):
+            total += nb
+            if types.get(typ, {}).get("cpu_grid", False):
+                grid += nb
+    return grid / total if total > 0 else 0.0

@@ -49,7 +49,10 @@ class DecodeParams:
     host_bw_eff_server: float
     cross_socket_eff: float
     core_bw_gbs: float
+    core_bw_gbs_server: float
     cpu_flops_eff: float
+    cpu_kernel_speedup: float
+    cpu_iquant_rel: float
     pcie_pageable: float
     launch_us: float
     launch_us_nograph: float
@@ -107,7 +110,8 @@ def calibration() -> dict:
 
 
 FAMILIES = {"llama.cpp": "llama.cpp", "ik_llama.cpp": "llama.cpp", "ollama": "llama.cpp", "vllm": "served",
-            "sglang": "served", "trtllm": "served", "ktransformers": "ktransformers", "mlx": "mlx",
+            "sglang": "served", "trtllm": "served", "ktransformers": "ktransformers",
+            "ktransformers-legacy": "ktransformers", "mlx": "mlx",
             "offload": "offload"}
 
 

@@ -632,6 +632,7 @@ class Group:
         self.cands, self.rule = plan.resolved[("p", ix["models"], ix["machines"], ix["placements"], self.rt.id)]
         self.policy = POLICY_CODES[self.labels["policy"]]
         self.low = lower(m, self.q)
+        self.iquant_share = Q.cpu_grid_share(m, self.q)
         self.kvb = Q.kv_dtype_bytes(self.kv)
         self.labels.update(model=m.id, quant=self.q.id, runtime=self.rt.id, kv_dtype=self.kv)
         self.codes = {k: plan._codes[k][self.labels[k]] for k in ("model", "quant", "machine", "runtime",
@@ -734,7 +735,7 @@ class Group:
         if (j, flag) not in self._dm:
             self._dm[(j, flag)] = lower_model(self.m, self.low, p, self.machine, self.rt, 1, self.kv, b)
         if j not in self._hw:
-            self._hw[j] = lower_machine(self.machine, self.rt, p)
+            self._hw[j] = lower_machine(self.machine, self.rt, p, self.iquant_share)
         return self._dm[(j, flag)], self._hw[j], flag
 
     @staticmethod
@@ -755,9 +756,10 @@ class Group:
                    float(dm["attn_flops"][l] + dm["shared_flops"][l]), int(self.layer_fn[l]))
             table[key] = table.get(key, 0) + 1
         start = len(self.kind_rows)
-        den = float(max(1, self.plan.run["prompt"]))
         for (g, ab, af, fn), n in table.items():
-            self.kind_rows.append(kind_row(n, g, ab, af, fn, hw, self.p_sizes, self.span, den))
+            # the prompt is prefilled from an empty cache: its score FLOPs do not depend on the swept context
+            score = ctx_eval(self.fns[fn][1], self.span)
+            self.kind_rows.append(kind_row(n, g, ab, af, fn, hw, self.p_sizes, score))
         self._kinds[j] = (start, len(table))
         return self._kinds[j]
 
@@ -780,7 +782,8 @@ class Group:
             dm["page_slots"] = np.full(self.m.n_layers, ps, dtype=np.int32)
             dm0 = self._zeroed(dm)
             if (j, flag) not in self._prefill:
-                self._prefill[(j, flag)] = prefill(self.m, dm0, hw, self.routing, self.rt, run_cfg["prompt"], 1)[1]
+                self._prefill[(j, flag)] = prefill(self.m, dm0, hw, self.routing, self.rt, run_cfg["prompt"], 1,
+                                                   score=np.zeros(self.m.n_layers))[1]
             pf0 = self._prefill[(j, flag)]
             kind0, nk = self._kind_slice(j, dm, hw)
             res = None
@@ -847,15 +850,16 @@ class Group:
         raise KernelError("sweep: variant lookup did not converge")
 
 
-def kind_row(n: int, on_gpu: bool, ab: float, af: float, fn: int, hw: dict, sizes: tuple, span: int,
-             den: float) -> tuple:
+def kind_row(n: int, on_gpu: bool, ab: float, af: float, fn: int, hw: dict, sizes: tuple, score: float) -> tuple:
     """Precomputed coefficients of one attention kind (ms_sweep_kind_t): decode bytes / FLOP terms and
-    prefill terms per ubatch size (ab: attention + shared weight bytes, af: their FLOPs per token)."""
+    prefill terms per ubatch size (ab: attention + shared weight bytes, af: their FLOPs per token, score:
+    the prompt's attention-score FLOPs per token, decode.prefill_score_flops). The kernel's
+    context-scaled prefill score terms stay 0: the prompt is prefilled from an empty cache."""
     bw = hw["gpu_bw"] if on_gpu else hw["host_bw"]
     fl = hw["gpu_flops"] if on_gpu else hw["cpu_flops"]
     pfl = hw["prefill_flops"] if on_gpu else hw["cpu_flops"]
     f64 = [float(n), ab / bw, 1.0 / bw, af / fl, 1.0 / fl, ab / bw,
-           sizes[0] * af / pfl, sizes[1] * af / pfl, sizes[0] * span / den / pfl, sizes[1] * span / den / pfl]
+           sizes[0] * (af + score) / pfl, sizes[1] * (af + score) / pfl, 0.0, 0.0]
     return f64, [0, 1, fn] if on_gpu else [2, 3, fn]
 
 

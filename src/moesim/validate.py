@@ -42,6 +42,11 @@ RUNTIME_ALIASES = {"moe-infinity": "offload", "mixtral-offloading": "offload", "
                    "omlx": "mlx"}
 NOT_MODELLED_RUNTIMES = {"exo": "exo pipelines one model over several networked Macs (multi-machine)"}
 _SERVER_CPU = re.compile(r"xeon|epyc|threadripper|grace", re.I)
+_KT_LEGACY_NOTE = re.compile(r"\bv0\.[23]\b", re.I)     # ktransformers releases before kt-kernel + SGLang
+# llama.cpp's physical batch as notes state it: "ub 2048", "-ub 4096", "b/ub 4096"
+_UBATCH_NOTE = re.compile(r"(?:^|[\s;(/-])ub\s+(\d+)\b")
+# llama-bench's decode test with its own thread count: "tg128 4 threads"
+_DECODE_THREADS_NOTE = re.compile(r"\btg\d*\s+(\d+)\s+threads?\b")
 
 
 class Skip(Exception):
@@ -65,6 +70,9 @@ class RowConfig:
     mtp: int
     kv_dtype: str | None
     assumed: list = field(default_factory=list)
+    prompt_depth: int = 0           # tokens already cached when the prompt was processed (llama-bench -d)
+    ubatch: int = 0                 # physical batch the notes state (llama.cpp -ub); 0: the runtime's default
+    decode_threads: int = 0         # threads of the decode run when the notes give it apart from the prompt's
 
 
 def load_rows(path) -> list:
@@ -116,6 +124,9 @@ def build(row: dict) -> RowConfig:
     runtime = RUNTIME_ALIASES.get(rid, rid) or None
     if rid in RUNTIME_ALIASES:
         assumed.append(f"runtime {rid} modelled by the {runtime} profile")
+    if rid == "ktransformers" and _KT_LEGACY_NOTE.search(row.get("notes", "") or ""):
+        runtime = "ktransformers-legacy"
+        assumed.append("ktransformers v0.2 / v0.3 (notes): the standalone server, no layerwise prefill")
     par = (row.get("parallel") or "").strip() or None
     if par and ("disagg" in par or re.match(r"^ep(\d+)", par) and int(re.match(r"^ep(\d+)", par).group(1)) > 8):
         raise Skip(f"parallel layout {par}: multi-node expert parallelism / prefill-decode disaggregation "
@@ -192,9 +203,19 @@ def build(row: dict) -> RowConfig:
     if mtp and not m.mtp_layers:
         raise Skip(f"{m.id} has no MTP modules but the row used {mtp} drafts")
     kv = (row.get("kv_dtype") or "").strip() or None
+    # depth_tokens is the decode depth; server logs put it at about the prompt length (the prompt was
+    # prefilled from empty). A depth beyond the prompt is llama-bench -d: the prompt too ran on top of it.
+    prompt_depth = depth if (depth and prompt and depth > prompt) else 0
+    ub = _UBATCH_NOTE.search(row.get("notes", "") or "")
+    if ub:
+        assumed.append(f"ubatch {ub.group(1)} from the notes")
+    tg = _DECODE_THREADS_NOTE.search(row.get("notes", "") or "")
+    if tg:
+        assumed.append(f"decode on {tg.group(1)} threads (notes)")
     return RowConfig(row=row, model=m.id, quant=row["quant"], machine=mach, runtime=runtime, placement=placement,
                      parallel=par, context=max(1, context), prompt=max(1, prompt or context or 512), batch=batch,
-                     mtp=mtp, kv_dtype=kv, assumed=assumed)
+                     mtp=mtp, kv_dtype=kv, assumed=assumed, prompt_depth=prompt_depth,
+                     ubatch=int(ub.group(1)) if ub else 0, decode_threads=int(tg.group(1)) if tg else 0)
 
 
 # ------------------------------------------------------------------------------- prediction
@@ -212,14 +233,20 @@ class Prepared:
     cols: dict
     mem: object
     roofline_tok_s: float
+    iquant_share: float
 
     def predict(self, rt=None) -> tuple:
         """(decode tok/s per sequence, prefill tok/s) with runtime ``rt`` (default: as built)."""
         from . import decode as D
         rt = rt or self.rt
-        hw = D.lower_machine(self.cfg.machine, rt, self.p)
-        res = D.run(self.dm, hw, self.rtab, self.cols)
-        pf, _ = D.prefill(self.m, self.dm, hw, self.rtab, rt, self.cfg.prompt, 1)
+        hw = D.lower_machine(self.cfg.machine, rt, self.p, self.iquant_share)
+        hw_dec = hw
+        if self.cfg.decode_threads:
+            # each decode thread streams at most core_bw_gbs: the run's own thread count caps host bandwidth
+            mach = dataclasses.replace(self.cfg.machine, cores=self.cfg.decode_threads)
+            hw_dec = D.lower_machine(mach, rt, self.p, self.iquant_share)
+        res = D.run(self.dm, hw_dec, self.rtab, self.cols)
+        pf, _ = D.prefill(self.m, self.dm, hw, self.rtab, rt, self.cfg.prompt, 1, depth=self.cfg.prompt_depth)
         return float(res["accepted"][0] / res["step_mean"][0]), pf
 
 
@@ -231,6 +258,8 @@ def prepare(cfg: RowConfig, calibrated: bool = True) -> Prepared:
     m = get_model(cfg.model)
     try:
         rt = get_runtime(cfg.runtime, calibrated=calibrated) if cfg.runtime else None
+        if rt is not None and cfg.ubatch:
+            rt = dataclasses.replace(rt, ubatch=cfg.ubatch)
         q, rt, kv, low, p = resolve(m, cfg.quant, cfg.machine, rt, cfg.placement, cfg.context, cfg.batch,
                                     cfg.kv_dtype, cfg.mtp, cfg.parallel)
         mem = _result_from_arrays(evaluate(low, configure(m, low, cfg.machine, rt, p, cfg.context, cfg.batch, kv,
@@ -244,7 +273,7 @@ def prepare(cfg: RowConfig, calibrated: bool = True) -> Prepared:
                 accepted=[D.accepted_per_step(cfg.mtp, DEFAULTS["mtp_acceptance"])], steps=[1], warmup=[0],
                 policy=[D.POLICIES["lru"]], mode=[D.MODES["analytic"]], seed=[0], index=[0])
     return Prepared(cfg=cfg, m=m, low=low, p=p, rt=rt, dm=dm, rtab=rtab, cols=cols, mem=mem,
-                    roofline_tok_s=roofline(m, low, p, cfg.machine))
+                    roofline_tok_s=roofline(m, low, p, cfg.machine), iquant_share=Q.cpu_grid_share(m, q))
 
 
 def roofline(m, low, p, mach: Machine) -> float:
