@@ -858,8 +858,9 @@ def kind_row(n: int, on_gpu: bool, ab: float, af: float, fn: int, hw: dict, size
     bw = hw["gpu_bw"] if on_gpu else hw["host_bw"]
     fl = hw["gpu_flops"] if on_gpu else hw["cpu_flops"]
     pfl = hw["prefill_flops"] if on_gpu else hw["cpu_flops"]
-    f64 = [float(n), ab / bw, 1.0 / bw, af / fl, 1.0 / fl, ab / bw,
-           sizes[0] * (af + score) / pfl, sizes[1] * (af + score) / pfl, 0.0, 0.0]
+    # prefill adds the weight reads to the per-token work (decode.prefill); the kernel's floor term stays 0
+    f64 = [float(n), ab / bw, 1.0 / bw, af / fl, 1.0 / fl, 0.0,
+           ab / bw + sizes[0] * (af + score) / pfl, ab / bw + sizes[1] * (af + score) / pfl, 0.0, 0.0]
     return f64, [0, 1, fn] if on_gpu else [2, 3, fn]
 
 
