@@ -30,7 +30,7 @@ def tables(mid: str, quant: str, placement: str, batch_tokens: int, host_mem_gb:
     p = parse(placement, m, mach)
     mem = _result_from_arrays(evaluate(low, configure(m, low, mach, rt, p, 4096, 1, "f16")), 0)
     dm = D.lower_model(m, low, p, mach, rt, 4096, "f16", batch_tokens, mem.by_class, mem.tier)
-    hw = D.lower_machine(mach, rt, p, Q.cpu_grid_share(m, quant))
+    hw = D.lower_machine(mach, rt, p, Q.kernel_mix(m, quant))
     rtab = R.lower(R.RoutingDims.of(m), R.profile(None, family=m.family), seed=0)
     return m, dm, hw, rtab
 

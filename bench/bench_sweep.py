@@ -98,7 +98,7 @@ def rate_mc_reference(plan: Plan, n: int) -> float:
         ctx, b = int(plan.contexts[ci]), int(plan.batches[bi])
         p = grp.cands[0]
         dm = D.lower_model(grp.m, grp.low, p, grp.machine, grp.rt, ctx, grp.kv, b)
-        hw = D.lower_machine(grp.machine, grp.rt, p, grp.iquant_share)
+        hw = D.lower_machine(grp.machine, grp.rt, p, grp.kernel_mix)
         cols = dict(batch=[b], tokens_per_step=[1], drafts=[0], accepted=[1.0], steps=[plan.run["tokens"]],
                     warmup=[plan.run["warmup"]], policy=[0], mode=[0], seed=[0], index=[j])
         D.run(dm, hw, grp.routing, cols, engine="reference")

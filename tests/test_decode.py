@@ -435,7 +435,8 @@ def test_attention_data_parallel_spreads_per_sequence_host_work():
     tp = D.with_parallel(runtime("trtllm"), "tp8", mach)
     assert dp.decode.data_parallel == 8 and tp.decode.data_parallel == 1
     p = D.Placement("all-gpu")
-    assert D.lower_machine(mach, dp, p, 0.0)["seq_s"] == pytest.approx(D.lower_machine(mach, tp, p, 0.0)["seq_s"] / 8)
+    assert D.lower_machine(mach, dp, p, Q.KernelMix())["seq_s"] == pytest.approx(
+        D.lower_machine(mach, tp, p, Q.KernelMix())["seq_s"] / 8)
     fast = simulate("deepseek-r1", mach, quant="fp8", runtime="trtllm", parallel="tp8-ep8-attn-dp", batch=512,
                     context=2048, mode="analytic")
     slow = simulate("deepseek-r1", mach, quant="fp8", runtime="trtllm", parallel="tp8", batch=512, context=2048,
@@ -458,7 +459,7 @@ def _kt_prefill(quant, cpu, prompt=2048, gpus=1, amx=True):
     mem = _result_from_arrays(evaluate(low, configure(m, low, mach, rt, p, prompt, 1, kv, 0)), 0)
     dm = D.lower_model(m, low, p, mach, rt, prompt, kv, 1, mem.by_class, mem.tier)
     rtab = R.lower(R.RoutingDims.of(m), R.profile(None, family=m.family), 0)
-    hw = D.lower_machine(mach, rt, p, Q.cpu_grid_share(m, q))
+    hw = D.lower_machine(mach, rt, p, Q.kernel_mix(m, q))
     return D.prefill(m, dm, hw, rtab, rt, prompt, 1)[0], dm, hw
 
 
@@ -517,7 +518,7 @@ def _lowered(mid, quant, mach, runtime, placement, context):
     q, rt, kv, low, p = resolve(m, quant, mach, runtime, placement, context, 1, None, 0, None)
     mem = _result_from_arrays(evaluate(low, configure(m, low, mach, rt, p, context, 1, kv, 0)), 0)
     dm = D.lower_model(m, low, p, mach, rt, context, kv, 1, mem.by_class, mem.tier)
-    hw = D.lower_machine(mach, rt, p, Q.cpu_grid_share(m, q))
+    hw = D.lower_machine(mach, rt, p, Q.kernel_mix(m, q))
     return q, rt, kv, low, p, dm, hw, R.lower(R.RoutingDims.of(m), R.profile(None, family=m.family), 0)
 
 
@@ -543,20 +544,37 @@ def test_cpu_matmul_rate_follows_runtime_kernels_and_quant_family():
     from moesim.models import model
     from moesim.runtimes import runtime
     m = model("deepseek-r1")
-    assert Q.cpu_grid_share(m, "UD-IQ1_S") > 0.9
-    assert Q.cpu_grid_share(m, "Q4_K_M") == 0.0 and Q.cpu_grid_share(m, "fp8") == 0.0
+    assert Q.kernel_mix(m, "UD-IQ1_S").cpu_grid > 0.9
+    assert Q.kernel_mix(m, "Q4_K_M").cpu_grid == 0.0 and Q.kernel_mix(m, "fp8").cpu_grid == 0.0
     mach = hardware.machine(gpu="rtx-4090", host="ddr5-6000x2", cpu="ryzen-9-7950x")
     p = D.Placement("experts-cpu")
     main, ik = runtime("llama.cpp"), runtime("ik_llama.cpp")
-    k_main, i_main = (D.lower_machine(mach, main, p, s)["cpu_flops"] for s in (0.0, 1.0))
-    k_ik, i_ik = (D.lower_machine(mach, ik, p, s)["cpu_flops"] for s in (0.0, 1.0))
+    grid = [Q.KernelMix(cpu_grid=s) for s in (0.0, 1.0, 0.5)]
+    k_main, i_main = (D.lower_machine(mach, main, p, x)["cpu_flops"] for x in grid[:2])
+    k_ik, i_ik = (D.lower_machine(mach, ik, p, x)["cpu_flops"] for x in grid[:2])
     assert i_main == pytest.approx(k_main * main.decode.cpu_iquant_rel) and main.decode.cpu_iquant_rel < 0.5
     assert k_ik == pytest.approx(k_main * ik.decode.cpu_kernel_speedup) and ik.decode.cpu_kernel_speedup > 1.5
     assert i_ik == pytest.approx(k_ik * ik.decode.cpu_iquant_rel) and i_ik > i_main
-    half = D.lower_machine(mach, main, p, 0.5)["cpu_flops"]
+    half = D.lower_machine(mach, main, p, grid[2])["cpu_flops"]
     assert i_main < half < k_main
     cpu = hardware.machine(gpu=None, host="ddr5-6000x2", cpu="ryzen-9-7950x")
     slow = simulate("mixtral-8x7b", cpu, quant="IQ3_XXS", context=512, prompt=512, mode="analytic")
     fast = simulate("mixtral-8x7b", cpu, quant="IQ3_XXS", context=512, prompt=512, mode="analytic",
                     runtime="ik_llama.cpp")
     assert fast.prefill_tok_s > 2 * slow.prefill_tok_s
+
+
+def test_kquant_prefill_before_int8_tensor_core_mmq():
+    """llama.cpp builds before PR #7860 ran K-quant MMQ without int8 tensor cores: a Q4_K_M prefill
+    on a 4090 is slower under the llama.cpp-2024h1 profile, a Q4_0 one (only its Q6_K output matrix is a
+    K-quant) barely, and decode is unchanged."""
+    from moesim.models import model
+    m = model("llama-3-8b")
+    assert Q.kernel_mix(m, "Q4_K_M").mmq_kquant > 0.95 and 0.0 < Q.kernel_mix(m, "Q4_0").mmq_kquant < 0.15
+    mach = hardware.machine(gpu="rtx-4090")
+    for quant, slower in (("Q4_K_M", True), ("Q4_0", False)):
+        new, old = (simulate("llama-3-8b", mach, quant=quant, runtime=r, context=1024, prompt=1024, mode="analytic")
+                    for r in ("llama.cpp", "llama.cpp-2024h1"))
+        assert old.decode_tok_s == pytest.approx(new.decode_tok_s, rel=1e-12)
+        assert (old.prefill_tok_s < 0.8 * new.prefill_tok_s) if slower else \
+            (0.9 * new.prefill_tok_s < old.prefill_tok_s < new.prefill_tok_s)

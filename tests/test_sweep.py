@@ -188,7 +188,7 @@ def test_montecarlo_rows_equal_kernel_runs_and_threads():
         p = parse(plan.values["placements"][grp.ix["placements"]], m, mach)
         ctx, b_ = int(a["context"][i]), int(a["batch"][i])
         dm = D.lower_model(m, grp.low, p, mach, grp.rt, ctx, grp.kv, b_)
-        hw = D.lower_machine(mach, grp.rt, p, grp.iquant_share)
+        hw = D.lower_machine(mach, grp.rt, p, grp.kernel_mix)
         cols = dict(batch=[b_], tokens_per_step=[1], drafts=[0], accepted=[1.0], steps=[24], warmup=[6],
                     policy=[0], mode=[0], seed=[11], index=[i])
         res = D.run(dm, hw, grp.routing, cols)

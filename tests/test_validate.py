@@ -216,6 +216,8 @@ def test_notes_and_depth_shape_the_configuration():
               host_cpu="Xeon Gold 6454S", host_mem="ddr5-4800", host_sockets="2")
     assert V.build(row(**kt, notes="v0.3-preview AMX")).runtime == "ktransformers-legacy"
     assert V.build(row(**kt, notes="SGLang + kt-kernel")).runtime == "ktransformers"
+    assert V.build(row(notes="May 2024; -ngl all")).runtime == "llama.cpp-2024h1"
+    assert V.build(row(notes="b6918; fa 1")).runtime == "llama.cpp"
     legacy = V.prepare(V.build(row(**kt, notes="v0.3-preview AMX", prompt_tokens="8192")))
     assert legacy.dm["layerwise_prefill"] == 0
     cpu = dict(gpu="none", gpus="0", host_cpu="Ryzen 9 7950X", host_mem="ddr5", host_channels="2", host_cores="16",

@@ -206,13 +206,18 @@ def _core_cycles(machine: Machine) -> float:
     return (machine.cores or _DEFAULT_CORES) * ghz * 1e9
 
 
-def _cpu_flops(machine: Machine, d, iquant_share: float) -> float:
-    """CPU matmul FLOP/s of runtime parameters ``d`` on weights of which ``iquant_share`` (by bytes) are
-    codebook-grid i-quants: those run at cpu_iquant_rel of the rate, so the time per FLOP mixes."""
+def _rate_mix(share: float, rel: float) -> float:
+    """Rate factor when ``share`` of the bytes run at ``rel`` of the rate and the rest at 1: the
+    times per FLOP mix."""
+    return 1.0 / (share / rel + (1.0 - share))
+
+
+def _cpu_flops(machine: Machine, d, mix: Q.KernelMix) -> float:
+    """CPU matmul FLOP/s of runtime parameters ``d``: codebook-grid i-quants run at cpu_iquant_rel."""
     isa = tuple(machine.cpu_isa) or ("avx2",)
     per_cycle = next((v for key, v in _FLOPS_PER_CYCLE if key in isa), 16.0)
-    mix = iquant_share / d.cpu_iquant_rel + (1.0 - iquant_share)
-    return _core_cycles(machine) * per_cycle * d.cpu_flops_eff * d.cpu_kernel_speedup / mix
+    return (_core_cycles(machine) * per_cycle * d.cpu_flops_eff * d.cpu_kernel_speedup
+            * _rate_mix(mix.cpu_grid, d.cpu_iquant_rel))
 
 
 # AMX tile FLOP per cycle per core by the routed experts' format: int8 (INT4 is unpacked to int8 tiles)
@@ -220,9 +225,9 @@ def _cpu_flops(machine: Machine, d, iquant_share: float) -> float:
 _AMX_FLOPS_PER_CYCLE = {"int8": 4096.0, "int4": 4096.0, "int4-g32": 4096.0, "bf16": 2048.0}
 
 
-def lower_machine(machine: Machine, rt: Runtime, p: Placement, iquant_share: float) -> dict:
-    """Effective rates (bytes/s, FLOP/s) and latencies (s) of ms_machine_t; ``iquant_share`` is
-    quants.cpu_grid_share of the configuration (it sets the CPU matmul rate)."""
+def lower_machine(machine: Machine, rt: Runtime, p: Placement, mix: Q.KernelMix) -> dict:
+    """Effective rates (bytes/s, FLOP/s) and latencies (s) of ms_machine_t; ``mix`` is
+    quants.kernel_mix of the configuration (the weight types set the CPU and GPU GEMM rates)."""
     d = rt.decode
     cpu_only = p.kind == "cpu-only" or machine.n_gpus == 0
     if machine.unified:
@@ -232,13 +237,14 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement, iquant_share: flo
         pool = machine.gpu_bw_gbs * GB * eff
         peak = machine.gpu_tflops.get("fp16", 0.0) * 1e12
         gpu_flops = peak * d.gpu_flops_eff
-        cpu_flops = _cpu_flops(machine, d, iquant_share)
+        cpu_flops = _cpu_flops(machine, d, mix)
         launch = d.launch_us_metal if metal else d.launch_us
         pf_eff = d.prefill_flops_eff_unified
         if not metal:
             # GB10 prefills like a CUDA GPU: llama.cpp's int8 MMQ, whose Blackwell rate equals the fp8
-            # rate (RTX 5090: int8 = fp8 = 838.4 TFLOPS in the catalog)
-            pf_eff = d.prefill_flops_eff
+            # rate (RTX 5090: int8 = fp8 = 838.4 TFLOPS in the catalog), with its own sustained share of
+            # that peak: one SoC power budget feeds the GPU and the CPU, where a discrete card has its own
+            pf_eff = d.prefill_flops_eff_soc * _rate_mix(mix.mmq_kquant, d.gpu_kquant_mmq_rel)
             if rt.llama_cpp_family:
                 peak = machine.gpu_tflops.get("int8", machine.gpu_tflops.get("fp8", 0.0)) * 1e12 or peak
         return dict(gpu_bw=pool, host_bw=pool, pcie_bw=pool, storage_bw=max(machine.storage_read_gbs, 1e-3) * GB,
@@ -255,7 +261,7 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement, iquant_share: flo
     if machine.cores:
         # a few threads cannot saturate many channels: each core streams at most core_bw_gbs(_server)
         host_bw = min(host_bw, machine.cores * (d.core_bw_gbs_server if server else d.core_bw_gbs) * GB)
-    cpu_flops = _cpu_flops(machine, d, iquant_share)
+    cpu_flops = _cpu_flops(machine, d, mix)
     amx = _core_cycles(machine) * d.amx_flops_eff if (d.amx_prefill and "amx" in machine.cpu_isa) else 0.0
     storage_bw = max(machine.storage_read_gbs, 1e-3) * GB
     if cpu_only:
@@ -278,6 +284,9 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement, iquant_share: flo
     # the HBM prefill efficiency describes tensor-core datacenter parts (A100 / H100); Pascal's HBM2 P100
     # multiplies on dp4a like the GDDR cards
     pf_eff = d.prefill_flops_eff_hbm if (hbm and g.get("tensor_cores", False)) else d.prefill_flops_eff
+    if g.get("tensor_cores", False):
+        # K-quant MMQ ran without int8 tensor cores before llama.cpp PR #7860 (gpu_kquant_mmq_rel)
+        pf_eff *= _rate_mix(mix.mmq_kquant, d.gpu_kquant_mmq_rel)
     # llama.cpp multiplies quantized weights with int8 tensor-core MMQ kernels (ggml-cuda mmq): its
     # prefill scales with the int8 rate; served runtimes run bf16/fp8 GEMMs
     pf_peak = tf.get("int8", peak_tflops) if rt.llama_cpp_family else peak_tflops
@@ -422,7 +431,7 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
     drafts = mtp
     tps = 1 + drafts
     dm = lower_model(m, low, p, machine, rt, context, kv, batch * tps, mem.by_class, mem.tier)
-    hw = lower_machine(machine, rt, p, Q.cpu_grid_share(m, q))
+    hw = lower_machine(machine, rt, p, Q.kernel_mix(m, q))
     accepted = accepted_per_step(drafts, mtp_acceptance)
     cols = dict(batch=[batch], tokens_per_step=[tps], drafts=[drafts], accepted=[accepted], steps=[tokens],
                 warmup=[warmup], policy=[POLICIES[policy]], mode=[MODES[mode]], seed=[seed], index=[0])
@@ -439,7 +448,7 @@ def estimate(m: Model, low, machine: Machine, rt: Runtime, p: Placement, context
     rtab = R.lower(dims, R.profile(None, family=m.family), 0)
     tps = 1 + mtp
     dm = lower_model(m, low, p, machine, rt, context, kv, batch * tps, mem.by_class, mem.tier)
-    hw = lower_machine(machine, rt, p, Q.cpu_grid_share(m, Q.resolve(low.quant, m)))
+    hw = lower_machine(machine, rt, p, Q.kernel_mix(m, Q.resolve(low.quant, m)))
     cols = dict(batch=[batch], tokens_per_step=[tps], drafts=[mtp], accepted=[accepted_per_step(mtp, mtp_acceptance)],
                 steps=[1], warmup=[0], policy=[POLICIES["lru"]], mode=[MODES["analytic"]], seed=[0], index=[0])
     res = run(dm, hw, rtab, cols)

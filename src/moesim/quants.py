@@ -510,15 +510,30 @@ def bytes_by_class(model: Model, quant: "str | Quant", include_mtp: bool = False
     return out
 
 
-def cpu_grid_share(model: Model, quant: "str | Quant") -> float:
-    """Fraction of the matmul weight bytes the CPU would multiply (routed experts; every linear layer
-    of a model without them) that are stored in codebook-grid i-quants (ggml_types cpu_grid)."""
+@dataclass(frozen=True)
+class KernelMix:
+    """Byte shares of a configuration's weights in types whose matmul kernels run at their own rate:
+    ``cpu_grid``, codebook-grid i-quants among the weights the CPU multiplies (routed experts; every
+    linear layer of a model without them); ``mmq_kquant``, K-quants among all linear weights (the
+    GPU prefill GEMMs)."""
+
+    cpu_grid: float = 0.0
+    mmq_kquant: float = 0.0
+
+
+def kernel_mix(model: Model, quant: "str | Quant") -> KernelMix:
+    """:class:`KernelMix` of *model* under *quant* (ggml_types flags ``cpu_grid`` and ``mmq_kquant``)."""
     types = ggml_types()
-    cls = "routed_experts" if model.n_experts else None
-    grid = total = 0.0
+    cpu_cls = ("routed_experts",) if model.n_experts else ("attention", "dense_ffn", "shared_experts")
+    linear = ("attention", "dense_ffn", "shared_experts", "routed_experts", "lm_head")
+    sums = {"cpu": [0.0, 0.0], "gpu": [0.0, 0.0]}
     for t, typ, nb in assign(model, quant):
-        if (t.cls == cls) if cls else t.cls in ("attention", "dense_ffn", "shared_experts"):
-            total += nb
-            if types.get(typ, {}).get("cpu_grid", False):
-                grid += nb
-    return grid / total if total > 0 else 0.0
+        flags = types.get(typ, {})
+        if t.cls in cpu_cls:
+            sums["cpu"][0] += nb
+            sums["cpu"][1] += nb if flags.get("cpu_grid", False) else 0.0
+        if t.cls in linear:
+            sums["gpu"][0] += nb
+            sums["gpu"][1] += nb if flags.get("mmq_kquant", False) else 0.0
+    return KernelMix(cpu_grid=sums["cpu"][1] / sums["cpu"][0] if sums["cpu"][0] > 0 else 0.0,
+                     mmq_kquant=sums["gpu"][1] / sums["gpu"][0] if sums["gpu"][0] > 0 else 0.0)

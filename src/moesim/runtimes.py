@@ -31,7 +31,7 @@ class Runtime:
 
     @property
     def llama_cpp_family(self) -> bool:
-        return self.id in ("llama.cpp", "ik_llama.cpp", "ollama")
+        return FAMILIES.get(self.id) == "llama.cpp"
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,8 @@ class DecodeParams:
     prefill_flops_eff: float
     prefill_flops_eff_hbm: float
     prefill_flops_eff_unified: float
+    prefill_flops_eff_soc: float
+    gpu_kquant_mmq_rel: float
     metal_bw_eff: float
     host_bw_eff_desktop: float
     host_bw_eff_server: float
@@ -111,7 +113,7 @@ def calibration() -> dict:
 
 FAMILIES = {"llama.cpp": "llama.cpp", "ik_llama.cpp": "llama.cpp", "ollama": "llama.cpp", "vllm": "served",
             "sglang": "served", "trtllm": "served", "ktransformers": "ktransformers",
-            "ktransformers-legacy": "ktransformers", "mlx": "mlx",
+            "ktransformers-legacy": "ktransformers", "llama.cpp-2024h1": "llama.cpp", "mlx": "mlx",
             "offload": "offload"}
 
 

@@ -632,7 +632,7 @@ class Group:
         self.cands, self.rule = plan.resolved[("p", ix["models"], ix["machines"], ix["placements"], self.rt.id)]
         self.policy = POLICY_CODES[self.labels["policy"]]
         self.low = lower(m, self.q)
-        self.iquant_share = Q.cpu_grid_share(m, self.q)
+        self.kernel_mix = Q.kernel_mix(m, self.q)
         self.kvb = Q.kv_dtype_bytes(self.kv)
         self.labels.update(model=m.id, quant=self.q.id, runtime=self.rt.id, kv_dtype=self.kv)
         self.codes = {k: plan._codes[k][self.labels[k]] for k in ("model", "quant", "machine", "runtime",
@@ -735,7 +735,7 @@ class Group:
         if (j, flag) not in self._dm:
             self._dm[(j, flag)] = lower_model(self.m, self.low, p, self.machine, self.rt, 1, self.kv, b)
         if j not in self._hw:
-            self._hw[j] = lower_machine(self.machine, self.rt, p, self.iquant_share)
+            self._hw[j] = lower_machine(self.machine, self.rt, p, self.kernel_mix)
         return self._dm[(j, flag)], self._hw[j], flag
 
     @staticmethod

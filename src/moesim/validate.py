@@ -42,6 +42,8 @@ RUNTIME_ALIASES = {"moe-infinity": "offload", "mixtral-offloading": "offload", "
                    "omlx": "mlx"}
 NOT_MODELLED_RUNTIMES = {"exo": "exo pipelines one model over several networked Macs (multi-machine)"}
 _SERVER_CPU = re.compile(r"xeon|epyc|threadripper|grace", re.I)
+# a llama.cpp build dated before PR #7860 (June 2024): "May 2024", "2023 Metal dev commit"
+_LCPP_BEFORE_MMA_NOTE = re.compile(r"\b(?:(?:Jan|Feb|Mar|Apr|May)[a-z]*\.? 2024|20(?:1\d|2[0-3]))\b")
 _KT_LEGACY_NOTE = re.compile(r"\bv0\.[23]\b", re.I)     # ktransformers releases before kt-kernel + SGLang
 # llama.cpp's physical batch as notes state it: "ub 2048", "-ub 4096", "b/ub 4096"
 _UBATCH_NOTE = re.compile(r"(?:^|[\s;(/-])ub\s+(\d+)\b")
@@ -124,6 +126,9 @@ def build(row: dict) -> RowConfig:
     runtime = RUNTIME_ALIASES.get(rid, rid) or None
     if rid in RUNTIME_ALIASES:
         assumed.append(f"runtime {rid} modelled by the {runtime} profile")
+    if rid == "llama.cpp" and _LCPP_BEFORE_MMA_NOTE.search(row.get("notes", "") or ""):
+        runtime = "llama.cpp-2024h1"
+        assumed.append("llama.cpp build before June 2024 (notes): K-quant MMQ without int8 tensor cores")
     if rid == "ktransformers" and _KT_LEGACY_NOTE.search(row.get("notes", "") or ""):
         runtime = "ktransformers-legacy"
         assumed.append("ktransformers v0.2 / v0.3 (notes): the standalone server, no layerwise prefill")
@@ -233,18 +238,18 @@ class Prepared:
     cols: dict
     mem: object
     roofline_tok_s: float
-    iquant_share: float
+    kernel_mix: object
 
     def predict(self, rt=None) -> tuple:
         """(decode tok/s per sequence, prefill tok/s) with runtime ``rt`` (default: as built)."""
         from . import decode as D
         rt = rt or self.rt
-        hw = D.lower_machine(self.cfg.machine, rt, self.p, self.iquant_share)
+        hw = D.lower_machine(self.cfg.machine, rt, self.p, self.kernel_mix)
         hw_dec = hw
         if self.cfg.decode_threads:
             # each decode thread streams at most core_bw_gbs: the run's own thread count caps host bandwidth
             mach = dataclasses.replace(self.cfg.machine, cores=self.cfg.decode_threads)
-            hw_dec = D.lower_machine(mach, rt, self.p, self.iquant_share)
+            hw_dec = D.lower_machine(mach, rt, self.p, self.kernel_mix)
         res = D.run(self.dm, hw_dec, self.rtab, self.cols)
         pf, _ = D.prefill(self.m, self.dm, hw, self.rtab, rt, self.cfg.prompt, 1, depth=self.cfg.prompt_depth)
         return float(res["accepted"][0] / res["step_mean"][0]), pf
@@ -273,7 +278,7 @@ def prepare(cfg: RowConfig, calibrated: bool = True) -> Prepared:
                 accepted=[D.accepted_per_step(cfg.mtp, DEFAULTS["mtp_acceptance"])], steps=[1], warmup=[0],
                 policy=[D.POLICIES["lru"]], mode=[D.MODES["analytic"]], seed=[0], index=[0])
     return Prepared(cfg=cfg, m=m, low=low, p=p, rt=rt, dm=dm, rtab=rtab, cols=cols, mem=mem,
-                    roofline_tok_s=roofline(m, low, p, cfg.machine), iquant_share=Q.cpu_grid_share(m, q))
+                    roofline_tok_s=roofline(m, low, p, cfg.machine), kernel_mix=Q.kernel_mix(m, q))
 
 
 def roofline(m, low, p, mach: Machine) -> float:
