@@ -444,7 +444,7 @@ def test_attention_data_parallel_spreads_per_sequence_host_work():
     assert fast.decode_tok_s > slow.decode_tok_s
 
 
-def _kt_prefill(quant, cpu, prompt=2048, gpus=1, amx=True):
+def _kt_prefill(quant, cpu, prompt=1024, gpus=1, amx=True):
     import dataclasses
     from moesim.fit import resolve
     from moesim.memory import configure, evaluate, _result_from_arrays
@@ -482,12 +482,18 @@ def test_ktransformers_prefills_on_amx_tiles_for_int8_experts():
 
 
 def test_layerwise_prefill_streams_over_every_gpus_link():
-    """Above the threshold KT streams each layer's experts to the GPUs; under TP each GPU pulls its
-    slice over its own PCIe link, so two GPUs prefill a long prompt faster than one."""
+    """From the threshold on (num_tokens >= threshold) KT streams each layer's experts to the GPUs;
+    under TP each GPU pulls its slice over its own PCIe link, so two GPUs prefill a long prompt faster
+    than one. Just below the threshold the experts are computed on the CPU instead."""
     one, dm1, hw1 = _kt_prefill("fp8", "xeon-platinum-8488c", prompt=16384, gpus=1)
     two, dm2, hw2 = _kt_prefill("fp8", "xeon-platinum-8488c", prompt=16384, gpus=2)
     assert dm1["layerwise_prefill"] > 0 and hw2["pcie_links"] == 2 and hw1["pcie_links"] == 1
     assert two > one
+    at = dm1["layerwise_prefill"]
+    streamed = [_kt_prefill("fp8", "xeon-platinum-8488c", prompt=at, gpus=g)[0] for g in (1, 2)]
+    on_cpu = [_kt_prefill("fp8", "xeon-platinum-8488c", prompt=at - 1, gpus=g)[0] for g in (1, 2)]
+    assert streamed[1] > 1.2 * streamed[0]                 # the links add up only when streaming
+    assert on_cpu[1] < 1.2 * on_cpu[0]
 
 
 def test_prefill_on_top_of_a_cached_context_is_slower():

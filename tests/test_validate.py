@@ -220,6 +220,13 @@ def test_notes_and_depth_shape_the_configuration():
     assert V.build(row(notes="b6918; fa 1")).runtime == "llama.cpp"
     legacy = V.prepare(V.build(row(**kt, notes="v0.3-preview AMX", prompt_tokens="8192")))
     assert legacy.dm["layerwise_prefill"] == 0
+    kt_fp8 = dict(kt, quant="fp8", prompt_tokens="2048")
+    stated = V.prepare(V.build(row(**kt_fp8, notes="SGLang + kt-kernel; GPU prefill threshold 2048")))
+    default = V.prepare(V.build(row(**kt_fp8, notes="SGLang + kt-kernel")))
+    assert stated.cfg.kt_threshold == 2048 and stated.dm["layerwise_prefill"] == 2048
+    assert default.dm["layerwise_prefill"] == 4096
+    model = C.Model([stated, default])
+    assert [model.runtime_for(i, C.prior_vector()).decode.layerwise_prefill_tokens for i in (0, 1)] == [2048, 4096]
     cpu = dict(gpu="none", gpus="0", host_cpu="Ryzen 9 7950X", host_mem="ddr5", host_channels="2", host_cores="16",
                placement="cpu-only", quant="Q4_K_S", model="mixtral-8x7b", prompt_tokens="512")
     four, sixteen = (V.prepare(V.build(row(**cpu, notes=f"pp512 16 threads; tg128 {n} threads"))) for n in (4, 16))

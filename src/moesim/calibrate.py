@@ -114,8 +114,9 @@ class Model:
         self.params = params
         # uncalibrated runtimes per row: priors only (the fit must not see its own output)
         self.base = [dataclasses.replace(pr.rt, decode=DecodeParams(**decode_priors(pr.rt.id))) for pr in prepared]
-        self.layout = [dict(tensor_parallel=pr.rt.decode.tensor_parallel, data_parallel=pr.rt.decode.data_parallel)
-                       for pr in prepared]
+        # what a row's own layout and notes set on its runtime (not fitted, kept over the priors)
+        self.layout = [dict(tensor_parallel=pr.rt.decode.tensor_parallel, data_parallel=pr.rt.decode.data_parallel,
+                            layerwise_prefill_tokens=pr.rt.decode.layerwise_prefill_tokens) for pr in prepared]
 
     def runtime_for(self, i: int, values) -> object:
         rt = self.base[i]

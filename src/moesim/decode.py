@@ -187,7 +187,8 @@ def lower_model(m: Model, low, p: Placement, machine: Machine, rt: Runtime, cont
         head_bytes=float(low.head), head_flops=2.0 * par["lm_head"],
         head_on_gpu=0 if (cpu_only or (p.kind == "layers-gpu" and p.arg == 0)) else 1,
         draft_bytes=float(draft_bytes), draft_flops=float(draft_flops),
-        # ktransformers layerwise prefill: prompts above this stream whole expert layers (native formats only)
+        # ktransformers layerwise prefill: chunks of at least this many tokens stream whole expert layers
+        # (native formats only)
         layerwise_prefill=(rt.decode.layerwise_prefill_tokens
                            if rt.decode.layerwise_prefill_tokens > 0 and not quant.is_gguf else 0),
         layer_experts=np.asarray(low.n_experts, dtype=np.float64),
@@ -522,8 +523,8 @@ def prefill(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, prompt: int, 
     GEMM rate (the two add); experts in host RAM are computed on the CPU, or, under llama.cpp's op offload
     (ubatch >= 32) and on expert-cache engines, the experts the ubatch uses are copied over PCIe
     (RT §1.1-1.2). A ubatch of n tokens uses sum_e 1 - (1 - q_e)^n distinct experts per layer."""
-    layerwise = dm.get("layerwise_prefill", 0) > 0 and prompt > dm["layerwise_prefill"]
-    if layerwise:
+    threshold = dm.get("layerwise_prefill", 0)
+    if threshold > 0 and prompt >= threshold:
         ub = max(1, min(prompt, rt.decode.layerwise_chunk_tokens))
     else:
         ub = max(1, min(prompt, rt.ubatch or rt.prefill_step or 2048))
@@ -543,6 +544,8 @@ def prefill(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, prompt: int, 
     per_tok = np.asarray(dm["attn_flops"]) + np.asarray(dm["shared_flops"]) + score
     total = 0.0
     for n_tok, count in sizes:
+        # KT switches per forward: a chunk of num_tokens >= the threshold streams (KTSGL kt_ep_wrapper.py)
+        layerwise = 0 < threshold <= n_tok
         # a ubatch streams each weight matrix once and its tiles' loads are not hidden behind the
         # multiply-adds (llama.cpp PR #8495: LLaMA-8B Q5_K_S on a 4090 takes 9.1 ms per 16-token and
         # 48 ms per 512-token ubatch, weight reads + per-token work, not their max)

@@ -47,6 +47,8 @@ _LCPP_BEFORE_MMA_NOTE = re.compile(r"\b(?:(?:Jan|Feb|Mar|Apr|May)[a-z]*\.? 2024|
 _KT_LEGACY_NOTE = re.compile(r"\bv0\.[23]\b", re.I)     # ktransformers releases before kt-kernel + SGLang
 # llama.cpp's physical batch as notes state it: "ub 2048", "-ub 4096", "b/ub 4096"
 _UBATCH_NOTE = re.compile(r"(?:^|[\s;(/-])ub\s+(\d+)\b")
+# ktransformers' --kt-gpu-prefill-token-threshold as notes state it: "GPU prefill threshold 2048"
+_KT_THRESHOLD_NOTE = re.compile(r"prefill threshold\s+(\d+)")
 # llama-bench's decode test with its own thread count: "tg128 4 threads"
 _DECODE_THREADS_NOTE = re.compile(r"\btg\d*\s+(\d+)\s+threads?\b")
 
@@ -74,6 +76,7 @@ class RowConfig:
     assumed: list = field(default_factory=list)
     prompt_depth: int = 0           # tokens already cached when the prompt was processed (llama-bench -d)
     ubatch: int = 0                 # physical batch the notes state (llama.cpp -ub); 0: the runtime's default
+    kt_threshold: int = 0           # ktransformers' GPU prefill threshold the notes state; 0: the profile's
     decode_threads: int = 0         # threads of the decode run when the notes give it apart from the prompt's
 
 
@@ -214,13 +217,17 @@ def build(row: dict) -> RowConfig:
     ub = _UBATCH_NOTE.search(row.get("notes", "") or "")
     if ub:
         assumed.append(f"ubatch {ub.group(1)} from the notes")
+    kt = _KT_THRESHOLD_NOTE.search(row.get("notes", "") or "") if runtime.startswith("ktransformers") else None
+    if kt:
+        assumed.append(f"GPU prefill threshold {kt.group(1)} (notes)")
     tg = _DECODE_THREADS_NOTE.search(row.get("notes", "") or "")
     if tg:
         assumed.append(f"decode on {tg.group(1)} threads (notes)")
     return RowConfig(row=row, model=m.id, quant=row["quant"], machine=mach, runtime=runtime, placement=placement,
                      parallel=par, context=max(1, context), prompt=max(1, prompt or context or 512), batch=batch,
                      mtp=mtp, kv_dtype=kv, assumed=assumed, prompt_depth=prompt_depth,
-                     ubatch=int(ub.group(1)) if ub else 0, decode_threads=int(tg.group(1)) if tg else 0)
+                     ubatch=int(ub.group(1)) if ub else 0, decode_threads=int(tg.group(1)) if tg else 0,
+                     kt_threshold=int(kt.group(1)) if kt else 0)
 
 
 # ------------------------------------------------------------------------------- prediction
@@ -265,6 +272,8 @@ def prepare(cfg: RowConfig, calibrated: bool = True) -> Prepared:
         rt = get_runtime(cfg.runtime, calibrated=calibrated) if cfg.runtime else None
         if rt is not None and cfg.ubatch:
             rt = dataclasses.replace(rt, ubatch=cfg.ubatch)
+        if rt is not None and cfg.kt_threshold:
+            rt = dataclasses.replace(rt, decode=dataclasses.replace(rt.decode, layerwise_prefill_tokens=cfg.kt_threshold))
         q, rt, kv, low, p = resolve(m, cfg.quant, cfg.machine, rt, cfg.placement, cfg.context, cfg.batch,
                                     cfg.kv_dtype, cfg.mtp, cfg.parallel)
         mem = _result_from_arrays(evaluate(low, configure(m, low, cfg.machine, rt, p, cfg.context, cfg.batch, kv,
