@@ -523,6 +523,13 @@ class KernelMix:
 
 def kernel_mix(model: Model, quant: "str | Quant") -> KernelMix:
     """:class:`KernelMix` of *model* under *quant* (ggml_types flags ``cpu_grid`` and ``mmq_kquant``)."""
+    q = resolve(quant, model)
+    _check_applicable(model, q)
+    return _kernel_mix_cached(model, q)
+
+
+@functools.lru_cache(maxsize=512)
+def _kernel_mix_cached(model: Model, quant: Quant) -> KernelMix:
     types = ggml_types()
     cpu_cls = ("routed_experts",) if model.n_experts else ("attention", "dense_ffn", "shared_experts")
     linear = ("attention", "dense_ffn", "shared_experts", "routed_experts", "lm_head")
