@@ -584,3 +584,18 @@ def test_kquant_prefill_before_int8_tensor_core_mmq():
         assert old.decode_tok_s == pytest.approx(new.decode_tok_s, rel=1e-12)
         assert (old.prefill_tok_s < 0.8 * new.prefill_tok_s) if slower else \
             (0.9 * new.prefill_tok_s < old.prefill_tok_s < new.prefill_tok_s)
+
+
+def test_release_profiles_keep_their_familys_behaviour():
+    """ktransformers-legacy places experts like ktransformers (auto: GPU experts / experts on CPU) and
+    llama.cpp-2024h1 fits like llama.cpp: a profile for an older release changes speeds, not placement."""
+    from moesim.fit import resolve
+    from moesim.models import model
+    from moesim.runtimes import runtime
+    m = model("deepseek-v3")
+    mach = hardware.machine("xeon-6454s-4090")
+    for new, old in (("ktransformers", "ktransformers-legacy"), ("llama.cpp", "llama.cpp-2024h1")):
+        assert runtime(old).family == runtime(new).family
+        p_new = resolve(m, "int8" if new == "ktransformers" else "Q4_K_M", mach, runtime(new))[4]
+        p_old = resolve(m, "int8" if new == "ktransformers" else "Q4_K_M", mach, runtime(old))[4]
+        assert p_new == p_old and p_new.kind != "all-gpu"

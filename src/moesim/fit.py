@@ -35,7 +35,7 @@ def auto_placement(m: Model, low, machine: Machine, rt: Runtime, context: int, b
     def fits(p: Placement) -> bool:
         return _eval(m, low, machine, rt, p, context, batch, kv, mtp).fits_bits != 0
 
-    if rt.id == "ktransformers" and m.n_experts:
+    if rt.family == "ktransformers" and m.n_experts:
         n = largest_true(lambda k: fits(Placement("gpu-experts", k)), 0, m.n_experts)
         return Placement("gpu-experts", n) if n else Placement("experts-cpu")
     if fits(Placement("all-gpu")):

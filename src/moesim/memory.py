@@ -156,7 +156,7 @@ def configure(model: Model, low: LoweredModel, machine: Machine, runtime: Runtim
     else:
         gpu_cap = max(0.0, machine.gpu_mem_bytes * runtime.gpu_mem_fraction - runtime.gpu_margin_mib * MIB)
         host_cap = machine.host_mem_bytes
-    if runtime.id in ("sglang", "ktransformers") and machine.n_gpus and not machine.unified:
+    if (runtime.id == "sglang" or runtime.family == "ktransformers") and machine.n_gpus and not machine.unified:
         gpu_cap = machine.gpu_mem_bytes * _sglang_mem_fraction(machine)
     cfg = dict(
         context=context, batch=batch, kv_bytes_per_elem=kvb, placement=placement.code,

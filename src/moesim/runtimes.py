@@ -31,7 +31,12 @@ class Runtime:
 
     @property
     def llama_cpp_family(self) -> bool:
-        return FAMILIES.get(self.id) == "llama.cpp"
+        return self.family == "llama.cpp"
+
+    @property
+    def family(self) -> str:
+        """The runtime family whose behaviour (and fitted parameters) this profile shares."""
+        return FAMILIES.get(self.id, self.id)
 
 
 @dataclass(frozen=True)

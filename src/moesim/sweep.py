@@ -535,7 +535,7 @@ def placement_candidates(m, mach: Machine, rt, spec: str) -> tuple:
     if mach.n_gpus == 0:
         return [Placement("cpu-only")], _RULE_FIXED
     L, E = m.n_layers, m.n_experts
-    if rt.id == "ktransformers" and E:
+    if rt.family == "ktransformers" and E:
         return [Placement("gpu-experts", k) for k in range(E + 1)] + [Placement("experts-cpu")], _RULE_KT
     if not rt.llama_cpp_family:
         return [Placement("all-gpu")], _RULE_FIXED
