@@ -341,8 +341,6 @@ typedef struct {                 /* one attention kind of a decode variant (coef
     double n;                    /* layers of the kind */
     double t_bytes0, kv_rate;    /* decode bytes term: t_bytes0 + B * kv(C) * kv_rate    (ab / bw, 1 / bw) */
     double t_flops0, sf_rate;    /* decode FLOP term: B * (t_flops0 + sf(C) * sf_rate)    (af / fl, 1 / fl) */
-    double p_bytes;              /* prefill bytes term of a ubatch (ab / bw) */
-    double p_flops0[2], p_sf[2]; /* prefill FLOP term of ubatch size s: p_flops0[s] + sf(C) * p_sf[s] */
     int32_t res_mem, res_flops;  /* MS_RES_* the time goes to */
     int32_t fn;                  /* its (kv, sf) context functions */
 } ms_sweep_kind_t;
@@ -353,7 +351,7 @@ typedef struct {
     double accepted;             /* tokens per sequence per step */
     double tpot_scale;           /* 1e3 / accepted */
     double hit_rate;             /* GPU expert hit rate (-1: none) */
-    double prefill0;             /* prefill seconds of the prompt (one sequence) with attention zeroed */
+    double prefill0;             /* prefill seconds of the prompt (one sequence, from an empty cache) */
     int32_t kind0, n_kinds;      /* its slice of the kinds table */
     int32_t mc;                  /* its Monte Carlo template (-1: none) */
 } ms_sweep_variant_t;
@@ -367,7 +365,6 @@ typedef struct {
     int32_t n_fns;                                   /* distinct (kv, sf) context functions of the group */
     const ms_ctx_fn_t *fn_kv, *fn_sf;                /* KV bytes per sequence, score FLOPs per token */
     double prompt;                                   /* prefill tokens/s = prompt / prefill seconds */
-    double p_count[2];                               /* ubatches of each size */
     /* Monte Carlo */
     int32_t n_layers;
     const int32_t *layer_fn;                         /* [n_layers] index into fn_kv / fn_sf */

@@ -7,7 +7,8 @@
  * The automatic placement mirrors moesim.fit.auto_placement (llama.cpp --fit, ktransformers).
  * Decode adds, per attention kind, max(bytes / bw, FLOPs / rate) at the configuration's context to a
  * per-variant constant: the analytic kernel's step time with attention zeroed (attention is the only
- * context-dependent term of the cost model). The pure-Python twin is moesim/sweep_reference.py.
+ * context-dependent term of the cost model). Prefill is a per-variant constant: the prompt is prefilled
+ * from an empty cache. The pure-Python twin is moesim/sweep_reference.py.
  */
 #include <math.h>
 #include <string.h>
@@ -567,14 +568,12 @@ static void variant_times(const ms_sweep_decode_t *d, const ms_sweep_variant_t *
                           double *res, double *step_out, double *prefill_out)
 {
     const double *kvv = fc->kv, *sfv = fc->sf;
-    double step = v->step0, pf = v->prefill0, db = (double) b;
-    double c0 = d->p_count[0], c1 = d->p_count[1];
+    double step = v->step0, db = (double) b;
     for (int32_t k = 0; k < v->n_kinds; k++) {
         const ms_sweep_kind_t *q = &d->kinds[v->kind0 + k];
         double sf = sfv[q->fn];
         double t0 = q->t_bytes0 + db * kvv[q->fn] * q->kv_rate;
         double t1 = db * (q->t_flops0 + sf * q->sf_rate);
-        double p0 = q->p_flops0[0] + sf * q->p_sf[0], p1 = q->p_flops0[1] + sf * q->p_sf[1];
         if (t1 > t0) {
             res[q->res_flops] += q->n * t1;
             step += q->n * t1;
@@ -582,13 +581,9 @@ static void variant_times(const ms_sweep_decode_t *d, const ms_sweep_variant_t *
             res[q->res_mem] += q->n * t0;
             step += q->n * t0;
         }
-        if (c1 != 0.0)
-            pf += q->n * (c0 * (p0 > q->p_bytes ? p0 : q->p_bytes) + c1 * (p1 > q->p_bytes ? p1 : q->p_bytes));
-        else
-            pf += q->n * (c0 * (p0 > q->p_bytes ? p0 : q->p_bytes));
     }
     *step_out = step;
-    *prefill_out = pf;
+    *prefill_out = v->prefill0;          /* the prompt is prefilled from an empty cache: no context term */
 }
 
 static void analytic_one(const ms_sweep_decode_t *d, int64_t ctx, int64_t b, const ms_sweep_variant_t *v,

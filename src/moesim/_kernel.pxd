@@ -214,9 +214,6 @@ cdef extern from "moesim.h" nogil:
         double n
         double t_bytes0, kv_rate
         double t_flops0, sf_rate
-        double p_bytes
-        double p_flops0[2]
-        double p_sf[2]
         int32_t res_mem, res_flops
         int32_t fn
 
@@ -238,7 +235,6 @@ cdef extern from "moesim.h" nogil:
         const ms_ctx_fn_t *fn_kv
         const ms_ctx_fn_t *fn_sf
         double prompt
-        double p_count[2]
         int32_t n_layers
         const int32_t *layer_fn
         const ms_decode_model_t *mc_models

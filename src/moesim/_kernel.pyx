@@ -589,7 +589,7 @@ cdef class SweepDecode:
             self.variants[i].kind0 = vi[i, 0]
             self.variants[i].n_kinds = vi[i, 1]
             self.variants[i].mc = vi[i, 2]
-        kf = np.ascontiguousarray(t["kind_f64"], dtype=np.float64).reshape(nk, 10)
+        kf = np.ascontiguousarray(t["kind_f64"], dtype=np.float64).reshape(nk, 5)
         ki = np.ascontiguousarray(t["kind_i32"], dtype=np.int32).reshape(nk, 3)
         for i in range(nk):
             self.kinds[i].n = kf[i, 0]
@@ -597,11 +597,6 @@ cdef class SweepDecode:
             self.kinds[i].kv_rate = kf[i, 2]
             self.kinds[i].t_flops0 = kf[i, 3]
             self.kinds[i].sf_rate = kf[i, 4]
-            self.kinds[i].p_bytes = kf[i, 5]
-            self.kinds[i].p_flops0[0] = kf[i, 6]
-            self.kinds[i].p_flops0[1] = kf[i, 7]
-            self.kinds[i].p_sf[0] = kf[i, 8]
-            self.kinds[i].p_sf[1] = kf[i, 9]
             self.kinds[i].res_mem = ki[i, 0]
             self.kinds[i].res_flops = ki[i, 1]
             self.kinds[i].fn = ki[i, 2]
@@ -615,8 +610,6 @@ cdef class SweepDecode:
         self.d.fn_kv = self.fns
         self.d.fn_sf = self.fns + nf
         self.d.prompt = t["prompt"]
-        self.d.p_count[0] = t["p_count"][0]
-        self.d.p_count[1] = t["p_count"][1]
         mc = t.get("mc")
         cdef Py_ssize_t nt
         if mc is not None:

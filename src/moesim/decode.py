@@ -513,11 +513,10 @@ def prefill_score_flops(m: Model, prompt: int, depth: int = 0) -> np.ndarray:
     return np.array([_score_flops(layer, depth + max(1, prompt // 2)) for layer in m.layers])
 
 
-def prefill(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, prompt: int, batch: int = 1, depth: int = 0,
-            score=None) -> tuple:
+def prefill(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, prompt: int, batch: int = 1,
+            depth: int = 0) -> tuple:
     """(prefill tokens/s, time to first token) for a ``prompt``-token prompt on top of ``depth`` cached
-    tokens, per ubatch (DESIGN §3). ``score``: per-layer score FLOPs per token, when the caller accounts
-    for attention itself (default :func:`prefill_score_flops`).
+    tokens, per ubatch (DESIGN §3); attention as :func:`prefill_score_flops`.
 
     Each ubatch reads every weight it uses once and then runs its tokens' multiply-adds at the prefill
     GEMM rate (the two add); experts in host RAM are computed on the CPU, or, under llama.cpp's op offload
@@ -539,7 +538,7 @@ def prefill(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, prompt: int, 
     qbar = np.asarray(rtab["q"]).mean(axis=0) if rtab.get("n_layers") else None
     bw = np.where(on_gpu, hw["gpu_bw"], hw["host_bw"])
     fl = np.where(on_gpu, gflops, cflops)
-    score = prefill_score_flops(m, prompt, depth) if score is None else np.asarray(score, dtype=np.float64)
+    score = prefill_score_flops(m, prompt, depth)
     weights = np.asarray(dm["attn_bytes"]) + np.asarray(dm["shared_bytes"])
     per_tok = np.asarray(dm["attn_flops"]) + np.asarray(dm["shared_flops"]) + score
     total = 0.0

@@ -530,17 +530,17 @@ def kernel_mix(model: Model, quant: "str | Quant") -> KernelMix:
 
 @functools.lru_cache(maxsize=512)
 def _kernel_mix_cached(model: Model, quant: Quant) -> KernelMix:
-    types = ggml_types()
+    types, table = ggml_types(), assign(model, quant)
+
+    def share(classes: tuple, flag: str) -> float:
+        total = flagged = 0.0
+        for t, typ, nb in table:
+            if t.cls in classes:
+                total += nb
+                flagged += nb if types.get(typ, {}).get(flag, False) else 0.0
+        return flagged / total if total > 0 else 0.0
+
     cpu_cls = ("routed_experts",) if model.n_experts else ("attention", "dense_ffn", "shared_experts")
-    linear = ("attention", "dense_ffn", "shared_experts", "routed_experts", "lm_head")
-    sums = {"cpu": [0.0, 0.0], "gpu": [0.0, 0.0]}
-    for t, typ, nb in assign(model, quant):
-        flags = types.get(typ, {})
-        if t.cls in cpu_cls:
-            sums["cpu"][0] += nb
-            sums["cpu"][1] += nb if flags.get("cpu_grid", False) else 0.0
-        if t.cls in linear:
-            sums["gpu"][0] += nb
-            sums["gpu"][1] += nb if flags.get("mmq_kquant", False) else 0.0
-    return KernelMix(cpu_grid=sums["cpu"][1] / sums["cpu"][0] if sums["cpu"][0] > 0 else 0.0,
-                     mmq_kquant=sums["gpu"][1] / sums["gpu"][0] if sums["gpu"][0] > 0 else 0.0)
+    return KernelMix(cpu_grid=share(cpu_cls, "cpu_grid"),
+                     mmq_kquant=share(("attention", "dense_ffn", "shared_experts", "routed_experts", "lm_head"),
+                                      "mmq_kquant"))

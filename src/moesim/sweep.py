@@ -651,16 +651,9 @@ class Group:
         self.layer_fn = np.array([fns.setdefault((kf, sf), len(fns)) for kf, sf in zip(self.layer_kv, self.layer_sf)],
                                  dtype=np.int32)
         self.fns = list(fns)
-        rt = self.rt
-        prompt = plan.run["prompt"]
-        self.ub = max(1, min(prompt, rt.ubatch or rt.prefill_step or 2048))
-        self.n_full, self.last = divmod(prompt, self.ub)
-        self.span = max(1, prompt // 2)
-        self.p_sizes = (self.ub, self.last)
-        self.p_count = (float(self.n_full), 1.0 if self.last else 0.0)
         self.keys: list = []
         self.variants: list = []        # (f64[13], i32[3]) rows of ms_sweep_variant_t
-        self.kind_rows: list = []       # (f64[10], i32[3]) rows of ms_sweep_kind_t
+        self.kind_rows: list = []       # (f64[5], i32[3]) rows of ms_sweep_kind_t
         self.mc_models: list = []
         self.mc_machines: list = []
         self._dm: dict = {}
@@ -757,9 +750,7 @@ class Group:
             table[key] = table.get(key, 0) + 1
         start = len(self.kind_rows)
         for (g, ab, af, fn), n in table.items():
-            # the prompt is prefilled from an empty cache: its score FLOPs do not depend on the swept context
-            score = ctx_eval(self.fns[fn][1], self.span)
-            self.kind_rows.append(kind_row(n, g, ab, af, fn, hw, self.p_sizes, score))
+            self.kind_rows.append(kind_row(n, g, ab, af, fn, hw))
         self._kinds[j] = (start, len(table))
         return self._kinds[j]
 
@@ -782,8 +773,8 @@ class Group:
             dm["page_slots"] = np.full(self.m.n_layers, ps, dtype=np.int32)
             dm0 = self._zeroed(dm)
             if (j, flag) not in self._prefill:
-                self._prefill[(j, flag)] = prefill(self.m, dm0, hw, self.routing, self.rt, run_cfg["prompt"], 1,
-                                                   score=np.zeros(self.m.n_layers))[1]
+                # the prompt is prefilled from an empty cache, so its time does not depend on the swept context
+                self._prefill[(j, flag)] = prefill(self.m, dm, hw, self.routing, self.rt, run_cfg["prompt"], 1)[1]
             pf0 = self._prefill[(j, flag)]
             kind0, nk = self._kind_slice(j, dm, hw)
             res = None
@@ -825,13 +816,13 @@ class Group:
         vi = np.array([self.variants[i][1] for i in self.table_index]).reshape(-1, 3)
         kr = self.kind_rows
         t = dict(variant_f64=vf, variant_i32=vi,
-                 kind_f64=np.array([r[0] for r in kr]).reshape(-1, 10),
+                 kind_f64=np.array([r[0] for r in kr]).reshape(-1, 5),
                  kind_i32=np.array([r[1] for r in kr], dtype=np.int32).reshape(-1, 3),
                  fn_kv_f=np.array([f[0][0] for f in self.fns]).reshape(-1, 5),
                  fn_kv_c=np.array([f[0][1] for f in self.fns], dtype=np.int64).reshape(-1, 4),
                  fn_sf_f=np.array([f[1][0] for f in self.fns]).reshape(-1, 5),
                  fn_sf_c=np.array([f[1][1] for f in self.fns], dtype=np.int64).reshape(-1, 4),
-                 prompt=float(self.plan.run["prompt"]), p_count=self.p_count)
+                 prompt=float(self.plan.run["prompt"]))
         if self.plan.mode == "montecarlo":
             run_cfg = self.plan.run
             t["mc"] = dict(layer_fn=self.layer_fn, models=self.mc_models, machines=self.mc_machines, routing=self.routing,
@@ -850,17 +841,12 @@ class Group:
         raise KernelError("sweep: variant lookup did not converge")
 
 
-def kind_row(n: int, on_gpu: bool, ab: float, af: float, fn: int, hw: dict, sizes: tuple, score: float) -> tuple:
-    """Precomputed coefficients of one attention kind (ms_sweep_kind_t): decode bytes / FLOP terms and
-    prefill terms per ubatch size (ab: attention + shared weight bytes, af: their FLOPs per token, score:
-    the prompt's attention-score FLOPs per token, decode.prefill_score_flops). The kernel's
-    context-scaled prefill score terms stay 0: the prompt is prefilled from an empty cache."""
+def kind_row(n: int, on_gpu: bool, ab: float, af: float, fn: int, hw: dict) -> tuple:
+    """Precomputed decode coefficients of one attention kind (ms_sweep_kind_t; ab: attention + shared
+    weight bytes, af: their FLOPs per token)."""
     bw = hw["gpu_bw"] if on_gpu else hw["host_bw"]
     fl = hw["gpu_flops"] if on_gpu else hw["cpu_flops"]
-    pfl = hw["prefill_flops"] if on_gpu else hw["cpu_flops"]
-    # prefill adds the weight reads to the per-token work (decode.prefill); the kernel's floor term stays 0
-    f64 = [float(n), ab / bw, 1.0 / bw, af / fl, 1.0 / fl, 0.0,
-           ab / bw + sizes[0] * (af + score) / pfl, ab / bw + sizes[1] * (af + score) / pfl, 0.0, 0.0]
+    f64 = [float(n), ab / bw, 1.0 / bw, af / fl, 1.0 / fl]
     return f64, [0, 1, fn] if on_gpu else [2, 3, fn]
 
 

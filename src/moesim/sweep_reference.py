@@ -169,28 +169,21 @@ def analytic_one(d: dict, v: int, ctx: int, b: int) -> dict:
     vf, vi = d["variant_f64"][v], d["variant_i32"][v]
     res = [float(x) for x in vf[1:9]]
     step, pf, db = float(vf[0]), float(vf[12]), float(b)
-    c0, c1 = float(d["p_count"][0]), float(d["p_count"][1])
     nf = len(d["fn_kv_f"])
     kvv = [_ctx_eval(d["fn_kv_f"][f], d["fn_kv_c"][f], ctx) for f in range(nf)]
     sfv = [_ctx_eval(d["fn_sf_f"][f], d["fn_sf_c"][f], ctx) for f in range(nf)]
     for k in range(int(vi[0]), int(vi[0]) + int(vi[1])):
-        n, tb0, kv_rate, tf0, sf_rate, pb, pf0a, pf0b, psa, psb = (float(x) for x in d["kind_f64"][k])
+        n, tb0, kv_rate, tf0, sf_rate = (float(x) for x in d["kind_f64"][k])
         res_mem, res_flops, fn = (int(x) for x in d["kind_i32"][k])
         sf = sfv[fn]
         t0 = tb0 + db * kvv[fn] * kv_rate
         t1 = db * (tf0 + sf * sf_rate)
-        p0 = pf0a + sf * psa
-        p1 = pf0b + sf * psb
         if t1 > t0:
             res[res_flops] += n * t1
             step += n * t1
         else:
             res[res_mem] += n * t0
             step += n * t0
-        if c1 != 0.0:
-            pf += n * (c0 * (p0 if p0 > pb else pb) + c1 * (p1 if p1 > pb else pb))
-        else:
-            pf += n * (c0 * (p0 if p0 > pb else pb))
     inv = 1.0 / (step * pf)
     rate = float(vf[9]) * (pf * inv)
     best = 0

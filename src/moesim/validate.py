@@ -126,13 +126,14 @@ def build(row: dict) -> RowConfig:
     rid = row["runtime"].strip()
     if rid in NOT_MODELLED_RUNTIMES:
         raise Skip(NOT_MODELLED_RUNTIMES[rid])
+    notes = row.get("notes", "") or ""
     runtime = RUNTIME_ALIASES.get(rid, rid) or None
     if rid in RUNTIME_ALIASES:
         assumed.append(f"runtime {rid} modelled by the {runtime} profile")
-    if rid == "llama.cpp" and _LCPP_BEFORE_MMA_NOTE.search(row.get("notes", "") or ""):
+    if rid == "llama.cpp" and _LCPP_BEFORE_MMA_NOTE.search(notes):
         runtime = "llama.cpp-2024h1"
         assumed.append("llama.cpp build before June 2024 (notes): K-quant MMQ without int8 tensor cores")
-    if rid == "ktransformers" and _KT_LEGACY_NOTE.search(row.get("notes", "") or ""):
+    if rid == "ktransformers" and _KT_LEGACY_NOTE.search(notes):
         runtime = "ktransformers-legacy"
         assumed.append("ktransformers v0.2 / v0.3 (notes): the standalone server, no layerwise prefill")
     par = (row.get("parallel") or "").strip() or None
@@ -214,13 +215,13 @@ def build(row: dict) -> RowConfig:
     # depth_tokens is the decode depth; server logs put it at about the prompt length (the prompt was
     # prefilled from empty). A depth beyond the prompt is llama-bench -d: the prompt too ran on top of it.
     prompt_depth = depth if (depth and prompt and depth > prompt) else 0
-    ub = _UBATCH_NOTE.search(row.get("notes", "") or "")
+    ub = _UBATCH_NOTE.search(notes)
     if ub:
         assumed.append(f"ubatch {ub.group(1)} from the notes")
-    kt = _KT_THRESHOLD_NOTE.search(row.get("notes", "") or "") if runtime.startswith("ktransformers") else None
+    kt = _KT_THRESHOLD_NOTE.search(notes) if runtime.startswith("ktransformers") else None
     if kt:
         assumed.append(f"GPU prefill threshold {kt.group(1)} (notes)")
-    tg = _DECODE_THREADS_NOTE.search(row.get("notes", "") or "")
+    tg = _DECODE_THREADS_NOTE.search(notes)
     if tg:
         assumed.append(f"decode on {tg.group(1)} threads (notes)")
     return RowConfig(row=row, model=m.id, quant=row["quant"], machine=mach, runtime=runtime, placement=placement,
