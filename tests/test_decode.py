@@ -599,3 +599,76 @@ def test_release_profiles_keep_their_familys_behaviour():
         p_new = resolve(m, "int8" if new == "ktransformers" else "Q4_K_M", mach, runtime(new))[4]
         p_old = resolve(m, "int8" if new == "ktransformers" else "Q4_K_M", mach, runtime(old))[4]
         assert p_new == p_old and p_new.kind != "all-gpu"
+
+
+def test_runtime_launch_settings_per_model():
+    """A runtime profile carries the launch settings its docs give for a catalog model (`kt run m2.1`:
+    GPU prefill threshold 4096, chunked prefill 32768; the Qwen3-Coder-Next tutorial: 2048 / 16384);
+    resolve applies them, the standalone ktransformers-legacy server has none."""
+    from moesim.fit import resolve
+    from moesim.models import model
+    from moesim.runtimes import runtime
+    plain = runtime("ktransformers").decode
+    mm = runtime("ktransformers", model="minimax-m2").decode
+    qn = runtime("ktransformers", model="qwen3-next-80b-a3b").decode
+    assert (plain.layerwise_prefill_tokens, plain.layerwise_chunk_tokens) == (4096, 8192)
+    assert (mm.layerwise_prefill_tokens, mm.layerwise_chunk_tokens) == (4096, 32768)
+    assert (qn.layerwise_prefill_tokens, qn.layerwise_chunk_tokens) == (2048, 16384)
+    assert runtime("ktransformers-legacy", model="minimax-m2").decode.layerwise_prefill_tokens == 0
+    assert runtime("llama.cpp", model="minimax-m2").decode == runtime("llama.cpp").decode
+    mach = hardware.machine(gpu="rtx-4090", host="ddr5-4800x8", cpu="xeon-platinum-8488c", sockets=2,
+                            host_mem_gb=1024)
+    assert resolve(model("minimax-m2"), "fp8", mach, "ktransformers")[1].decode.layerwise_chunk_tokens == 32768
+
+
+def test_fp8_weights_set_gpu_gemm_and_cpu_rates():
+    """fp8 checkpoints: served runtimes run the weight GEMMs on fp8 tensor cores (2x the 16-bit rate on
+    a 4090) and the attention scores at attn_flops_eff of the 16-bit peak; CPUs, without fp8 arithmetic,
+    multiply them at cpu_fp8_rel. llama.cpp (GGUF, no fp8 type) keeps one MMQ rate."""
+    from moesim.models import model
+    from moesim.runtimes import runtime
+    m = model("minimax-m2")
+    mix = Q.kernel_mix(m, "fp8")
+    assert mix.fp8 > 0.99 and mix.cpu_fp8 == 1.0 and Q.kernel_mix(m, "bf16").fp8 == 0.0
+    mach = hardware.machine(gpu="rtx-4090", host="ddr5-4800x8", cpu="xeon-platinum-8488c", sockets=2)
+    p = D.Placement("experts-cpu")
+    kt = runtime("ktransformers")
+    fp8, bf16 = D.lower_machine(mach, kt, p, mix), D.lower_machine(mach, kt, p, Q.KernelMix())
+    tf = mach.gpu_tflops
+    assert fp8["prefill_gemm_flops"] / fp8["prefill_flops"] == pytest.approx(
+        1.0 / (mix.fp8 / (tf["fp8"] / tf["bf16"]) + 1.0 - mix.fp8))
+    assert bf16["prefill_gemm_flops"] == bf16["prefill_flops"]
+    assert fp8["prefill_attn_flops"] == pytest.approx(tf["bf16"] * 1e12 * kt.decode.attn_flops_eff)
+    assert fp8["cpu_flops"] == pytest.approx(bf16["cpu_flops"] * kt.decode.cpu_fp8_rel)
+    lcpp = D.lower_machine(mach, runtime("llama.cpp"), p, Q.KernelMix(fp8=1.0))
+    assert lcpp["prefill_gemm_flops"] == lcpp["prefill_flops"] == lcpp["prefill_attn_flops"]
+
+
+def test_cpu_rate_counts_all_cores_at_the_base_clock():
+    """Every core busy on a matmul runs at the base clock (TDP is rated there), not the boost clock."""
+    from moesim.runtimes import runtime
+    mach = hardware.machine(gpu=None, host="ddr5-4800x8", cpu="xeon-gold-6454s", cores=32)
+    d = runtime("llama.cpp").decode
+    flops = D.lower_machine(mach, runtime("llama.cpp"), D.Placement("cpu-only"), Q.KernelMix())["cpu_flops"]
+    assert flops == pytest.approx(32 * 2.2e9 * 64 * d.cpu_flops_eff * d.cpu_kernel_speedup)
+
+
+def test_layerwise_prefill_copies_then_computes():
+    """KT's layerwise load synchronises the device before and after each layer's expert copy, so a
+    streamed chunk's time is the copy plus the compute: removing the PCIe cost takes off exactly the
+    layers' expert bytes over the link."""
+    prompt = 16384
+    rate, dm, hw = _kt_prefill("fp8", "xeon-platinum-8488c", prompt=prompt)
+    from moesim.models import model
+    from moesim.runtimes import runtime
+    m = model("deepseek-v3")
+    rt = runtime("ktransformers")
+    rtab = R.lower(R.RoutingDims.of(m), R.profile(None, family=m.family), 0)
+    fast_link = dict(hw, pcie_bw=1e30, host_bw=1e30)
+    t_all = prompt / rate
+    t_nolink = prompt / D.prefill(m, dm, fast_link, rtab, rt, prompt, 1)[0]
+    link = min(hw["pcie_bw"] * hw["pcie_links"], hw["host_bw"])
+    moe = np.asarray(dm["expert_mode"]) != D.EXP_NONE
+    copy = sum(dm["layer_experts"][l] * dm["expert_bytes"][l] for l in np.nonzero(moe)[0]) / link
+    chunks = -(-prompt // rt.decode.layerwise_chunk_tokens)
+    assert dm["layerwise_prefill"] and t_all - t_nolink == pytest.approx(chunks * copy, rel=1e-6)

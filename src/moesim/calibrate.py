@@ -58,7 +58,9 @@ PARAMS = (
     Param("prefill_flops_eff_unified", 0.02, 1.0, "llama.cpp"),
     Param("prefill_flops_eff_soc", 0.02, 1.0, "llama.cpp"),
     Param("prefill_flops_eff", 0.02, 1.0, "ktransformers"),
+    Param("attn_flops_eff", 0.05, 1.0, "ktransformers"),
     Param("cpu_flops_eff", 0.02, 1.0),
+    Param("cpu_fp8_rel", 0.02, 1.0),
     Param("launch_us", 0.5, 500.0, "llama.cpp", log=True),
     Param("step_us", 10.0, 50000.0, "llama.cpp", log=True),
     Param("sync_us", 1.0, 3000.0, "llama.cpp", log=True),
@@ -114,9 +116,10 @@ class Model:
         self.params = params
         # uncalibrated runtimes per row: priors only (the fit must not see its own output)
         self.base = [dataclasses.replace(pr.rt, decode=DecodeParams(**decode_priors(pr.rt.id))) for pr in prepared]
-        # what a row's own layout and notes set on its runtime (not fitted, kept over the priors)
+        # what a row's own layout, notes and model launch set on its runtime (not fitted, kept over the priors)
         self.layout = [dict(tensor_parallel=pr.rt.decode.tensor_parallel, data_parallel=pr.rt.decode.data_parallel,
-                            layerwise_prefill_tokens=pr.rt.decode.layerwise_prefill_tokens) for pr in prepared]
+                            layerwise_prefill_tokens=pr.rt.decode.layerwise_prefill_tokens,
+                            layerwise_chunk_tokens=pr.rt.decode.layerwise_chunk_tokens) for pr in prepared]
 
     def runtime_for(self, i: int, values) -> object:
         rt = self.base[i]

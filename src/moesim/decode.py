@@ -200,10 +200,16 @@ def lower_model(m: Model, low, p: Placement, machine: Machine, rt: Runtime, cont
 
 
 # ------------------------------------------------------------------------------- machine lowering
+def _cpu_part(machine: Machine) -> dict:
+    return _load_catalog("hardware")["cpu"].get(machine.cpu or "", {})
+
+
 def _core_cycles(machine: Machine) -> float:
-    """Core-cycles per second of the cores the run uses."""
-    cpu = _load_catalog("hardware")["cpu"].get(machine.cpu or "", {})
-    ghz = float(cpu.get("boost_ghz", cpu.get("base_ghz", _DEFAULT_GHZ)))
+    """Core-cycles per second of the cores the run uses, at the base clock: the vendors rate TDP at the base
+    frequency with all cores busy on a high-complexity load (Intel ARK's TDP definition), which is what a
+    matmul on every core is; the boost clock is for few busy cores."""
+    cpu = _cpu_part(machine)
+    ghz = float(cpu.get("base_ghz", cpu.get("boost_ghz", _DEFAULT_GHZ)))
     return (machine.cores or _DEFAULT_CORES) * ghz * 1e9
 
 
@@ -214,11 +220,12 @@ def _rate_mix(share: float, rel: float) -> float:
 
 
 def _cpu_flops(machine: Machine, d, mix: Q.KernelMix) -> float:
-    """CPU matmul FLOP/s of runtime parameters ``d``: codebook-grid i-quants run at cpu_iquant_rel."""
+    """CPU matmul FLOP/s of runtime parameters ``d``: codebook-grid i-quants run at cpu_iquant_rel, fp8
+    weights (no fp8 arithmetic on CPUs: converted to bf16 before the dot products) at cpu_fp8_rel."""
     isa = tuple(machine.cpu_isa) or ("avx2",)
     per_cycle = next((v for key, v in _FLOPS_PER_CYCLE if key in isa), 16.0)
     return (_core_cycles(machine) * per_cycle * d.cpu_flops_eff * d.cpu_kernel_speedup
-            * _rate_mix(mix.cpu_grid, d.cpu_iquant_rel))
+            * _rate_mix(mix.cpu_grid, d.cpu_iquant_rel) * _rate_mix(mix.cpu_fp8, d.cpu_fp8_rel))
 
 
 # AMX tile FLOP per cycle per core by the routed experts' format: int8 (INT4 is unpacked to int8 tiles)
@@ -250,7 +257,8 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement, mix: Q.KernelMix)
                 peak = machine.gpu_tflops.get("int8", machine.gpu_tflops.get("fp8", 0.0)) * 1e12 or peak
         return dict(gpu_bw=pool, host_bw=pool, pcie_bw=pool, storage_bw=max(machine.storage_read_gbs, 1e-3) * GB,
                     gpu_flops=max(gpu_flops, cpu_flops), cpu_flops=cpu_flops, interconnect_bw=pool, unified=1,
-                    prefill_flops=max(peak * pf_eff, cpu_flops),
+                    prefill_flops=max(peak * pf_eff, cpu_flops), prefill_gemm_flops=max(peak * pf_eff, cpu_flops),
+                    prefill_attn_flops=max(peak * pf_eff, cpu_flops),
                     overlap=1 if d.overlap else 0, launch_s=0.0 if cpu_only else launch * 1e-6,
                     sync_s=0.0, dma_s=0.0, allreduce_s=0.0, step_s=d.step_us * 1e-6, seq_s=d.seq_us * 1e-6,
                     amx_flops=0.0, pcie_links=1)
@@ -267,7 +275,7 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement, mix: Q.KernelMix)
     storage_bw = max(machine.storage_read_gbs, 1e-3) * GB
     if cpu_only:
         return dict(gpu_bw=host_bw, host_bw=host_bw, pcie_bw=host_bw, storage_bw=storage_bw, gpu_flops=cpu_flops,
-                    prefill_flops=cpu_flops,
+                    prefill_flops=cpu_flops, prefill_gemm_flops=cpu_flops, prefill_attn_flops=cpu_flops,
                     cpu_flops=cpu_flops, interconnect_bw=host_bw, unified=0, overlap=0, launch_s=0.0, sync_s=0.0,
                     dma_s=0.0, allreduce_s=0.0, step_s=d.step_us * 1e-6, seq_s=d.seq_us * 1e-6,
                     amx_flops=amx, pcie_links=1)
@@ -291,8 +299,17 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement, mix: Q.KernelMix)
     # llama.cpp multiplies quantized weights with int8 tensor-core MMQ kernels (ggml-cuda mmq): its
     # prefill scales with the int8 rate; served runtimes run bf16/fp8 GEMMs
     pf_peak = tf.get("int8", peak_tflops) if rt.llama_cpp_family else peak_tflops
+    # served runtimes multiply fp8 checkpoints on fp8 tensor cores (block-scaled fp8 GEMMs: DeepGEMM,
+    # CUTLASS, Triton); attention scores stay at the 16-bit rate
+    fp8_rel = tf.get("fp8", 0.0) / peak_tflops if (g.get("tensor_cores", False) and not rt.llama_cpp_family) else 0.0
+    gemm_rel = _rate_mix(mix.fp8, fp8_rel) if fp8_rel > 1.0 else 1.0
+    # their flash-attention kernels run the scores at their own share of the 16-bit peak; llama.cpp's
+    # prefill share covers its whole ubatch
+    attn = (peak_tflops * 1e12 * d.attn_flops_eff * tp if (g.get("tensor_cores", False) and not rt.llama_cpp_family)
+            else pf_peak * 1e12 * pf_eff * tp)
     return dict(gpu_bw=machine.gpu_bw_gbs * GB * bw_eff * tp, host_bw=host_bw, pcie_bw=pcie,
-                prefill_flops=pf_peak * 1e12 * pf_eff * tp,
+                prefill_flops=pf_peak * 1e12 * pf_eff * tp, prefill_gemm_flops=pf_peak * 1e12 * pf_eff * tp * gemm_rel,
+                prefill_attn_flops=attn,
                 storage_bw=storage_bw, gpu_flops=peak_tflops * 1e12 * d.gpu_flops_eff * tp, cpu_flops=cpu_flops,
                 interconnect_bw=(scale_up or machine.pcie_gbs or 16.0) * GB, unified=0,
                 overlap=1 if d.overlap else 0,
@@ -523,24 +540,25 @@ def prefill(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, prompt: int, 
     (ubatch >= 32) and on expert-cache engines, the experts the ubatch uses are copied over PCIe
     (RT §1.1-1.2). A ubatch of n tokens uses sum_e 1 - (1 - q_e)^n distinct experts per layer."""
     threshold = dm.get("layerwise_prefill", 0)
-    if threshold > 0 and prompt >= threshold:
+    if threshold > 0:
+        # kt-kernel under SGLang: the scheduler cuts a prompt into chunked-prefill-size forwards
         ub = max(1, min(prompt, rt.decode.layerwise_chunk_tokens))
     else:
         ub = max(1, min(prompt, rt.ubatch or rt.prefill_step or 2048))
     n_full, last = divmod(prompt, ub)
     sizes = [(ub, n_full)] + ([(last, 1)] if last else [])
     offload = ub >= op_offload_threshold(rt, m)
-    gflops, cflops = hw["prefill_flops"], hw["cpu_flops"]
+    gflops, gemm, cflops = hw["prefill_flops"], hw["prefill_gemm_flops"], hw["cpu_flops"]
     on_gpu = np.asarray(dm["attn_on_gpu"], dtype=bool)
     mode = np.asarray(dm["expert_mode"])
     moe_idx = np.asarray(dm["moe_index"])
     k = rtab.get("top_k", 0)
     qbar = np.asarray(rtab["q"]).mean(axis=0) if rtab.get("n_layers") else None
     bw = np.where(on_gpu, hw["gpu_bw"], hw["host_bw"])
-    fl = np.where(on_gpu, gflops, cflops)
-    score = prefill_score_flops(m, prompt, depth)
+    fl = np.where(on_gpu, gemm, cflops)
+    score = prefill_score_flops(m, prompt, depth) / np.where(on_gpu, hw["prefill_attn_flops"], cflops)
     weights = np.asarray(dm["attn_bytes"]) + np.asarray(dm["shared_bytes"])
-    per_tok = np.asarray(dm["attn_flops"]) + np.asarray(dm["shared_flops"]) + score
+    per_tok = (np.asarray(dm["attn_flops"]) + np.asarray(dm["shared_flops"])) / fl + score
     total = 0.0
     for n_tok, count in sizes:
         # KT switches per forward: a chunk of num_tokens >= the threshold streams (KTSGL kt_ep_wrapper.py)
@@ -548,7 +566,7 @@ def prefill(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, prompt: int, 
         # a ubatch streams each weight matrix once and its tiles' loads are not hidden behind the
         # multiply-adds (llama.cpp PR #8495: LLaMA-8B Q5_K_S on a 4090 takes 9.1 ms per 16-token and
         # 48 ms per 512-token ubatch, weight reads + per-token work, not their max)
-        t = weights / bw + n_tok * per_tok / fl + np.where(on_gpu, hw["launch_s"], 0.0)
+        t = weights / bw + n_tok * per_tok + np.where(on_gpu, hw["launch_s"], 0.0)
         for l in np.nonzero(mode != EXP_NONE)[0] if qbar is not None else ():
             q = qbar[moe_idx[l]]
             used = 1.0 - (1.0 - q) ** n_tok
@@ -560,20 +578,22 @@ def prefill(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, prompt: int, 
             distinct, pairs = float(used.sum()), n_tok * k
             # as for the dense GEMMs, each used expert's weights are read once per ubatch on top of its
             # multiply-adds (it serves only pairs / distinct tokens of the ubatch)
-            t_gpu = distinct * gpu_share * eb / hw["gpu_bw"] + pairs * gpu_share * ef / gflops
+            t_gpu = distinct * gpu_share * eb / hw["gpu_bw"] + pairs * gpu_share * ef / gemm
             host_distinct, host_pairs = distinct * (1 - gpu_share), pairs * (1 - gpu_share)
             if layerwise and host_pairs > 0:
-                # the layer's whole expert set crosses PCIe (double-buffered) while the GPU computes; under
-                # tensor parallelism each GPU pulls its own slice over its own link, all fed from host DRAM
+                # the layer's whole expert set crosses PCIe (double-buffered expert by expert), then the GPU
+                # computes the layer: the load synchronises the device before and after it (KTSGL
+                # kt_ep_wrapper.py load()), so copy and compute add. Under tensor parallelism each GPU pulls
+                # its own slice over its own link, all fed from host DRAM
                 t_copy = (dm["layer_experts"][l] * eb * (1 - gpu_share)
                           / min(hw["pcie_bw"] * hw["pcie_links"], hw["host_bw"]))
-                t_cgpu = host_distinct * eb / hw["gpu_bw"] + host_pairs * ef / gflops
-                t[l] += t_gpu + max(t_copy, t_cgpu)
+                t_cgpu = host_distinct * eb / hw["gpu_bw"] + host_pairs * ef / gemm
+                t[l] += t_gpu + t_copy + t_cgpu
             elif host_pairs <= 0:
                 t[l] += t_gpu
             elif offload or mode[l] == EXP_FETCH:
                 t_copy = host_distinct * eb / hw["pcie_bw"]
-                t_cgpu = host_distinct * eb / hw["gpu_bw"] + host_pairs * ef / gflops
+                t_cgpu = host_distinct * eb / hw["gpu_bw"] + host_pairs * ef / gemm
                 t[l] += t_gpu + (max(t_copy, t_cgpu) if hw["overlap"] else t_copy + t_cgpu)
             else:
                 # AMX tiles once the ubatch gives each expert more than 4 tokens on average (RT §5.1)

@@ -64,7 +64,7 @@ def resolve(m: Model, quant, machine: Machine, runtime=None, placement=None, con
     for ``placement`` None / "auto". Shared by fit, simulate and validate."""
     from .decode import with_parallel
     q = Q.resolve(quant, m)
-    rt = get_runtime(runtime) if runtime is not None else default_runtime(q, machine)
+    rt = get_runtime(runtime, model=m.id) if runtime is not None else default_runtime(q, machine)
     rt = with_parallel(rt, parallel, machine)
     kv = Q.canonical_kv_dtype(kv_dtype or default_kv_dtype(q, rt, m))
     low = lower(m, q)

@@ -260,7 +260,7 @@ def memory(model, machine: Machine, quant="native", context: int = 4096, batch: 
     from .models import model as get_model
     m = get_model(model)
     q = Q.resolve(quant, m)
-    rt = get_runtime(runtime) if runtime is not None else default_runtime(q, machine)
+    rt = get_runtime(runtime, model=m.id) if runtime is not None else default_runtime(q, machine)
     context = check_count(context, "context")
     batch = check_count(batch, "batch")
     mtp = check_count(mtp, "mtp", minimum=0)

@@ -515,14 +515,17 @@ class KernelMix:
     """Byte shares of a configuration's weights in types whose matmul kernels run at their own rate:
     ``cpu_grid``, codebook-grid i-quants among the weights the CPU multiplies (routed experts; every
     linear layer of a model without them); ``mmq_kquant``, K-quants among all linear weights (the
-    GPU prefill GEMMs)."""
+    GPU prefill GEMMs); ``fp8`` / ``cpu_fp8``, fp8 checkpoint weights among all linear weights (GPU
+    GEMMs on fp8 tensor cores) and among those the CPU multiplies (converted to bf16 first)."""
 
     cpu_grid: float = 0.0
     mmq_kquant: float = 0.0
+    fp8: float = 0.0
+    cpu_fp8: float = 0.0
 
 
 def kernel_mix(model: Model, quant: "str | Quant") -> KernelMix:
-    """:class:`KernelMix` of *model* under *quant* (ggml_types flags ``cpu_grid`` and ``mmq_kquant``)."""
+    """:class:`KernelMix` of *model* under *quant* (flags of ggml_types and formats in quants.toml)."""
     q = resolve(quant, model)
     _check_applicable(model, q)
     return _kernel_mix_cached(model, q)
@@ -530,17 +533,17 @@ def kernel_mix(model: Model, quant: "str | Quant") -> KernelMix:
 
 @functools.lru_cache(maxsize=512)
 def _kernel_mix_cached(model: Model, quant: Quant) -> KernelMix:
-    types, table = ggml_types(), assign(model, quant)
+    types, formats, table = ggml_types(), _tables()["formats"], assign(model, quant)
 
     def share(classes: tuple, flag: str) -> float:
         total = flagged = 0.0
         for t, typ, nb in table:
             if t.cls in classes:
                 total += nb
-                flagged += nb if types.get(typ, {}).get(flag, False) else 0.0
+                flagged += nb if (types.get(typ) or formats.get(typ) or {}).get(flag, False) else 0.0
         return flagged / total if total > 0 else 0.0
 
     cpu_cls = ("routed_experts",) if model.n_experts else ("attention", "dense_ffn", "shared_experts")
-    return KernelMix(cpu_grid=share(cpu_cls, "cpu_grid"),
-                     mmq_kquant=share(("attention", "dense_ffn", "shared_experts", "routed_experts", "lm_head"),
-                                      "mmq_kquant"))
+    linear = ("attention", "dense_ffn", "shared_experts", "routed_experts", "lm_head")
+    return KernelMix(cpu_grid=share(cpu_cls, "cpu_grid"), mmq_kquant=share(linear, "mmq_kquant"),
+                     fp8=share(linear, "fp8"), cpu_fp8=share(cpu_cls, "fp8"))

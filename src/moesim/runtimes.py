@@ -50,6 +50,7 @@ class DecodeParams:
     prefill_flops_eff_hbm: float
     prefill_flops_eff_unified: float
     prefill_flops_eff_soc: float
+    attn_flops_eff: float
     gpu_kquant_mmq_rel: float
     metal_bw_eff: float
     host_bw_eff_desktop: float
@@ -60,6 +61,7 @@ class DecodeParams:
     cpu_flops_eff: float
     cpu_kernel_speedup: float
     cpu_iquant_rel: float
+    cpu_fp8_rel: float
     pcie_pageable: float
     launch_us: float
     launch_us_nograph: float
@@ -127,7 +129,10 @@ def _family(key: str) -> str:
     return FAMILIES.get(key, key)
 
 
-def runtime(id_or_rt: "str | Runtime", calibrated: bool = True) -> Runtime:
+def runtime(id_or_rt: "str | Runtime", calibrated: bool = True, model: str | None = None) -> Runtime:
+    """The profile ``id_or_rt`` (a Runtime is returned as is), with the fitted parameters unless
+    ``calibrated`` is False, and the launch settings the runtime documents for catalog ``model``
+    ([runtimes.<id>.models.<model>], e.g. what `kt run` passes for that model)."""
     if isinstance(id_or_rt, Runtime):
         return id_or_rt
     table = _catalog.load("runtimes")["runtimes"]
@@ -141,6 +146,12 @@ def runtime(id_or_rt: "str | Runtime", calibrated: bool = True) -> Runtime:
         fields_ = set(DecodeParams.__dataclass_fields__)
         dec.update({k: v for k, v in cal.get("params", {}).items() if k in fields_})
         dec.update({k: v for k, v in cal.get("runtime", {}).get(_family(key), {}).items() if k in fields_})
+    launch = e.pop("models", {}).get(model or "", {})
+    unknown = set(launch) - set(DecodeParams.__dataclass_fields__) - {"source"}
+    if unknown:
+        raise MoesimError(f"runtime profile {key!r} model {model!r}: unknown launch settings {sorted(unknown)}",
+                          "runtime")
+    dec.update({k: v for k, v in launch.items() if k != "source"})
     e.pop("decode", None)
     fields = set(Runtime.__dataclass_fields__)
     return Runtime(id=key, decode=DecodeParams(**dec),

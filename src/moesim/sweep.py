@@ -463,7 +463,7 @@ class Plan:
                 for hi, hv in enumerate(v["machines"]):
                     mach = make_machine_cached(hv)
                     for ri, rname in enumerate(v["runtimes"]):
-                        rt = default_runtime(q, mach) if rname == "auto" else get_runtime(rname)
+                        rt = default_runtime(q, mach) if rname == "auto" else get_runtime(rname, model=m.id)
                         self.resolved[("rt", mi, qi, hi, ri)] = rt
                         self._code("runtime", rt.id)
                         for ki, kname in enumerate(v["kv_dtypes"]):

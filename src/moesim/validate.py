@@ -49,7 +49,11 @@ _KT_LEGACY_NOTE = re.compile(r"\bv0\.[23]\b", re.I)     # ktransformers releases
 _UBATCH_NOTE = re.compile(r"(?:^|[\s;(/-])ub\s+(\d+)\b")
 # ktransformers' --kt-gpu-prefill-token-threshold as notes state it: "GPU prefill threshold 2048"
 _KT_THRESHOLD_NOTE = re.compile(r"prefill threshold\s+(\d+)")
+# SGLang's --chunked-prefill-size under ktransformers as notes state it: "chunked prefill 4096"
+_KT_CHUNK_NOTE = re.compile(r"chunked prefill\s+(\d+)")
 # llama-bench's decode test with its own thread count: "tg128 4 threads"
+# a CPU build limited to AVX2 ("July 2024; AVX2"): no AVX-512 / AMX kernels whatever the CPU has
+_AVX2_BUILD_NOTE = re.compile(r"\bAVX2\b")
 _DECODE_THREADS_NOTE = re.compile(r"\btg\d*\s+(\d+)\s+threads?\b")
 
 
@@ -77,6 +81,7 @@ class RowConfig:
     prompt_depth: int = 0           # tokens already cached when the prompt was processed (llama-bench -d)
     ubatch: int = 0                 # physical batch the notes state (llama.cpp -ub); 0: the runtime's default
     kt_threshold: int = 0           # ktransformers' GPU prefill threshold the notes state; 0: the profile's
+    kt_chunk: int = 0               # ktransformers' chunked-prefill size the notes state; 0: the profile's
     decode_threads: int = 0         # threads of the decode run when the notes give it apart from the prompt's
 
 
@@ -194,6 +199,10 @@ def build(row: dict) -> RowConfig:
         mach = make_machine(**kw)
     except MoesimError as exc:
         raise Skip(str(exc)) from None
+    if _AVX2_BUILD_NOTE.search(notes) and any(i.startswith("avx512") or i == "amx" for i in mach.cpu_isa):
+        mach = dataclasses.replace(mach, cpu_isa=tuple(i for i in mach.cpu_isa
+                                                       if not (i.startswith("avx512") or i == "amx")))
+        assumed.append("an AVX2 build (notes): no AVX-512 / AMX kernels")
     measured_bw = _num(row, "measured_host_bw_gbs")
     if measured_bw and not mach.unified:
         mach = dataclasses.replace(mach, host_bw_gbs=measured_bw / DEFAULTS["stream_fraction"])
@@ -221,6 +230,9 @@ def build(row: dict) -> RowConfig:
     kt = _KT_THRESHOLD_NOTE.search(notes) if runtime.startswith("ktransformers") else None
     if kt:
         assumed.append(f"GPU prefill threshold {kt.group(1)} (notes)")
+    chunk = _KT_CHUNK_NOTE.search(notes) if runtime.startswith("ktransformers") else None
+    if chunk:
+        assumed.append(f"chunked prefill {chunk.group(1)} (notes)")
     tg = _DECODE_THREADS_NOTE.search(notes)
     if tg:
         assumed.append(f"decode on {tg.group(1)} threads (notes)")
@@ -228,7 +240,7 @@ def build(row: dict) -> RowConfig:
                      parallel=par, context=max(1, context), prompt=max(1, prompt or context or 512), batch=batch,
                      mtp=mtp, kv_dtype=kv, assumed=assumed, prompt_depth=prompt_depth,
                      ubatch=int(ub.group(1)) if ub else 0, decode_threads=int(tg.group(1)) if tg else 0,
-                     kt_threshold=int(kt.group(1)) if kt else 0)
+                     kt_threshold=int(kt.group(1)) if kt else 0, kt_chunk=int(chunk.group(1)) if chunk else 0)
 
 
 # ------------------------------------------------------------------------------- prediction
@@ -270,11 +282,13 @@ def prepare(cfg: RowConfig, calibrated: bool = True) -> Prepared:
     from .runtimes import runtime as get_runtime
     m = get_model(cfg.model)
     try:
-        rt = get_runtime(cfg.runtime, calibrated=calibrated) if cfg.runtime else None
+        rt = get_runtime(cfg.runtime, calibrated=calibrated, model=cfg.model) if cfg.runtime else None
         if rt is not None and cfg.ubatch:
             rt = dataclasses.replace(rt, ubatch=cfg.ubatch)
-        if rt is not None and cfg.kt_threshold:
-            rt = dataclasses.replace(rt, decode=dataclasses.replace(rt.decode, layerwise_prefill_tokens=cfg.kt_threshold))
+        if rt is not None and (cfg.kt_threshold or cfg.kt_chunk):
+            rt = dataclasses.replace(rt, decode=dataclasses.replace(
+                rt.decode, layerwise_prefill_tokens=cfg.kt_threshold or rt.decode.layerwise_prefill_tokens,
+                layerwise_chunk_tokens=cfg.kt_chunk or rt.decode.layerwise_chunk_tokens))
         q, rt, kv, low, p = resolve(m, cfg.quant, cfg.machine, rt, cfg.placement, cfg.context, cfg.batch,
                                     cfg.kv_dtype, cfg.mtp, cfg.parallel)
         mem = _result_from_arrays(evaluate(low, configure(m, low, cfg.machine, rt, p, cfg.context, cfg.batch, kv,
