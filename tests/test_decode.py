@@ -644,13 +644,24 @@ def test_fp8_weights_set_gpu_gemm_and_cpu_rates():
     assert lcpp["prefill_gemm_flops"] == lcpp["prefill_flops"] == lcpp["prefill_attn_flops"]
 
 
-def test_cpu_rate_counts_all_cores_at_the_base_clock():
-    """Every core busy on a matmul runs at the base clock (TDP is rated there), not the boost clock."""
+@given(busy=st.integers(1, 64))
+@settings(max_examples=30, deadline=None)
+def test_cpu_clock_runs_from_boost_to_base_as_cores_fill(busy):
+    """Every core busy on a matmul runs at the base clock (TDP is rated there); fewer busy cores share the
+    power budget and clock higher, up to the boost clock: the rate never falls as threads are added and
+    per core never rises."""
     from moesim.runtimes import runtime
-    mach = hardware.machine(gpu=None, host="ddr5-4800x8", cpu="xeon-gold-6454s", cores=32)
     d = runtime("llama.cpp").decode
-    flops = D.lower_machine(mach, runtime("llama.cpp"), D.Placement("cpu-only"), Q.KernelMix())["cpu_flops"]
-    assert flops == pytest.approx(32 * 2.2e9 * 64 * d.cpu_flops_eff * d.cpu_kernel_speedup)
+
+    def rate(cores):
+        mach = hardware.machine(gpu=None, host="ddr5-4800x8", cpu="xeon-gold-6454s", sockets=2, cores=cores)
+        return D.lower_machine(mach, runtime("llama.cpp"), D.Placement("cpu-only"), Q.KernelMix())["cpu_flops"]
+
+    unit = 64 * d.cpu_flops_eff * d.cpu_kernel_speedup * 1e9
+    assert rate(64) == pytest.approx(64 * 2.2 * unit)                     # 2 x 32 cores, all busy: base
+    assert 2.2 * unit * (1 - 1e-12) <= rate(busy) / busy <= 3.4 * unit * (1 + 1e-12)
+    if busy > 1:
+        assert rate(busy) >= rate(busy - 1) and rate(busy) / busy <= rate(busy - 1) / (busy - 1) * (1 + 1e-12)
 
 
 def test_layerwise_prefill_copies_then_computes():

@@ -205,12 +205,20 @@ def _cpu_part(machine: Machine) -> dict:
 
 
 def _core_cycles(machine: Machine) -> float:
-    """Core-cycles per second of the cores the run uses, at the base clock: the vendors rate TDP at the base
-    frequency with all cores busy on a high-complexity load (Intel ARK's TDP definition), which is what a
-    matmul on every core is; the boost clock is for few busy cores."""
+    """Core-cycles per second of the cores the run uses. With every core busy on a matmul they run at the
+    base clock (vendors rate TDP at the base frequency with all cores active on a high-complexity load,
+    Intel ARK's definition); the boost clock is for one busy core. In between, the clock moves linearly
+    with the share of idle cores (assumed): the power budget of the idle cores goes to the busy ones."""
     cpu = _cpu_part(machine)
-    ghz = float(cpu.get("base_ghz", cpu.get("boost_ghz", _DEFAULT_GHZ)))
-    return (machine.cores or _DEFAULT_CORES) * ghz * 1e9
+    base = float(cpu.get("base_ghz", cpu.get("boost_ghz", _DEFAULT_GHZ)))
+    boost = float(cpu.get("boost_ghz", base))
+    total = int(cpu.get("cores", 0)) * max(1, machine.sockets)
+    busy = machine.cores or total or _DEFAULT_CORES
+    if total and boost > base:
+        # busy x clock peaks at total (base + boost) / (2 (boost - base)) cores: one more thread never slows
+        busy = min(busy, total * (base + boost) / (2.0 * (boost - base)))
+    idle = min(1.0, max(0.0, 1.0 - busy / total)) if total else 0.0
+    return busy * (base + (boost - base) * idle) * 1e9
 
 
 def _rate_mix(share: float, rel: float) -> float:
