@@ -683,3 +683,39 @@ def test_layerwise_prefill_copies_then_computes():
     copy = sum(dm["layer_experts"][l] * dm["expert_bytes"][l] for l in np.nonzero(moe)[0]) / link
     chunks = -(-prompt // rt.decode.layerwise_chunk_tokens)
     assert dm["layerwise_prefill"] and t_all - t_nolink == pytest.approx(chunks * copy, rel=1e-6)
+
+
+_PREFILL_CASES = {}
+
+
+def _prefill_case(name):
+    """Lowered prefill inputs (model, dm, hw, rtab, rt, prompt) for a few real configurations, built once."""
+    if name not in _PREFILL_CASES:
+        from moesim.models import model
+        from moesim.runtimes import runtime
+        if name.startswith("kt"):
+            prompt = 8192 if name == "kt-stream" else 2048
+            _, dm, hw = _kt_prefill("fp8", "xeon-platinum-8488c", prompt=prompt, gpus=2)
+            m, rt = model("deepseek-v3"), runtime("ktransformers")
+        else:
+            prompt = 1024
+            mach = hardware.machine(gpu="rtx-4090", host="ddr5-6000x2", cpu="ryzen-9-7950x", host_mem_gb=192)
+            m, rt = model("qwen3-30b-a3b"), runtime("llama.cpp")
+            *_, dm, hw, _ = _lowered("qwen3-30b-a3b", "Q4_K_M", mach, rt, "experts-cpu", prompt)
+        rtab = R.lower(R.RoutingDims.of(m), R.profile(None, family=m.family), 0)
+        _PREFILL_CASES[name] = (m, dm, hw, rtab, rt, prompt)
+    return _PREFILL_CASES[name]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(["kt-stream", "kt-cpu", "lcpp"]),
+       st.sampled_from(["gpu_bw", "host_bw", "pcie_bw", "prefill_flops", "prefill_gemm_flops", "prefill_attn_flops",
+                        "cpu_flops", "amx_flops"]),
+       st.floats(1.01, 50.0))
+def test_more_of_any_resource_never_slows_prefill(case, resource, factor):
+    """Prefill invariant: more bandwidth or FLOP/s of any kind never lowers prefill tok/s (KT streaming and
+    CPU paths, llama.cpp with CPU experts)."""
+    m, dm, hw, rtab, rt, prompt = _prefill_case(case)
+    base = D.prefill(m, dm, hw, rtab, rt, prompt, 1)[0]
+    more = D.prefill(m, dm, dict(hw, **{resource: hw[resource] * factor}), rtab, rt, prompt, 1)[0]
+    assert more >= base * (1 - 1e-12)
