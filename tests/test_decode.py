@@ -619,6 +619,14 @@ def test_runtime_launch_settings_per_model():
     mach = hardware.machine(gpu="rtx-4090", host="ddr5-4800x8", cpu="xeon-platinum-8488c", sockets=2,
                             host_mem_gb=1024)
     assert resolve(model("minimax-m2"), "fp8", mach, "ktransformers")[1].decode.layerwise_chunk_tokens == 32768
+    assert "chunked-prefill-size 32768" in runtime("ktransformers", model="minimax-m2").launch
+    assert runtime("ktransformers").launch == "" and runtime("ktransformers-legacy", model="minimax-m2").launch == ""
+    from moesim import fit
+    row = fit("minimax-m2", mach, quants=["fp8"], runtime="ktransformers")[0]
+    assert "--chunked-prefill-size 32768" in row["flags"] and any("launch for minimax-m2" in a
+                                                                  for a in row["assumptions"])
+    plain = fit("kimi-k2", mach, quants=["Q4_K_M"], runtime="ktransformers")[0]
+    assert "--chunked-prefill-size" not in plain["flags"]
 
 
 def test_fp8_weights_set_gpu_gemm_and_cpu_rates():

@@ -304,6 +304,8 @@ def _cmd_simulate(args) -> int:
         return 0
     print(f"{d['model']} {d['quant']} on {d['machine']}")
     print(f"runtime {d['runtime']}, placement {d['placement']} ({d['flags']}); fits: {d['fits']}")
+    for a in d.get("assumptions", ()):
+        print(f"  assumed: {a}")
     print(f"context {d['context']}, batch {d['batch']}, {d['mode']} over {d['tokens']} steps, routing {d['routing']}, "
           f"seed {d['seed']}")
     print(f"decode   {d['decode_tok_s']:9.2f} tok/s per sequence, {d['aggregate_tok_s']:9.2f} tok/s aggregate")

@@ -151,5 +151,5 @@ def record(m: Model, q, kv: str, context: int, batch: int, p: Placement, rt: Run
         "max_context": r.max_context,
         "max_batch": r.max_batch,
         "flags": runtime_flags(p, rt, m, machine, context, kv, batch),
-        "assumptions": list(machine.assumptions),
+        "assumptions": list(machine.assumptions) + ([rt.launch] if rt.launch else []),
     }

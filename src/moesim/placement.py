@@ -116,7 +116,11 @@ def runtime_flags(p: Placement, runtime, model, machine, context: int, kv_dtype:
         return " ".join(flags)
     if rid == "ktransformers":
         n = p.arg if p.kind == "gpu-experts" else 0
-        return f"--kt-num-gpu-experts {n} --context-length {context}"
+        d = runtime.decode
+        # the documented launch for this model (runtimes.toml [runtimes.ktransformers.models.<model>])
+        stream = (f" --kt-gpu-prefill-token-threshold {d.layerwise_prefill_tokens} --chunked-prefill-size "
+                  f"{d.layerwise_chunk_tokens}" if runtime.launch and d.layerwise_prefill_tokens > 0 else "")
+        return f"--kt-num-gpu-experts {n} --context-length {context}{stream}"
     if rid == "mlx":
         return f"mlx_lm.generate --max-kv-size {context}"
     return ""

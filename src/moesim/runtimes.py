@@ -28,6 +28,7 @@ class Runtime:
     prefill_step: int = 0
     source: str = ""
     decode: "DecodeParams" = None
+    launch: str = ""              # the model launch settings applied ([runtimes.<id>.models.<model>]), said in words
 
     @property
     def llama_cpp_family(self) -> bool:
@@ -152,10 +153,14 @@ def runtime(id_or_rt: "str | Runtime", calibrated: bool = True, model: str | Non
         raise MoesimError(f"runtime profile {key!r} model {model!r}: unknown launch settings {sorted(unknown)}",
                           "runtime")
     dec.update({k: v for k, v in launch.items() if k != "source"})
+    said = ""
+    if launch:
+        settings = ", ".join(f"{k} {v}" for k, v in launch.items() if k != "source")
+        said = f"{key} launch for {model}: {settings} ({launch.get('source', 'runtimes.toml')})"
     e.pop("decode", None)
     fields = set(Runtime.__dataclass_fields__)
-    return Runtime(id=key, decode=DecodeParams(**dec),
-                   **{k: v for k, v in e.items() if k in fields and k not in ("id", "decode")})
+    return Runtime(id=key, decode=DecodeParams(**dec), launch=said,
+                   **{k: v for k, v in e.items() if k in fields and k not in ("id", "decode", "launch")})
 
 
 def default_runtime(quant, machine) -> Runtime:
