@@ -727,3 +727,17 @@ def test_more_of_any_resource_never_slows_prefill(case, resource, factor):
     base = D.prefill(m, dm, hw, rtab, rt, prompt, 1)[0]
     more = D.prefill(m, dm, dict(hw, **{resource: hw[resource] * factor}), rtab, rt, prompt, 1)[0]
     assert more >= base * (1 - 1e-12)
+
+
+def test_unknown_launch_setting_is_a_clear_error(monkeypatch):
+    """A launch table naming something that is not a runtime parameter fails loudly, naming the profile."""
+    import copy
+    from moesim import _catalog, runtimes
+    real = _catalog.load("runtimes")
+    bad = copy.deepcopy(real)
+    bad["runtimes"]["ktransformers"]["models"]["minimax-m2"]["chunk_size"] = 1
+    load = _catalog.load
+    monkeypatch.setattr(runtimes._catalog, "load", lambda name: bad if name == "runtimes" else load(name))
+    with pytest.raises(MoesimError, match="unknown launch settings.*chunk_size"):
+        runtimes.runtime("ktransformers", model="minimax-m2")
+    assert runtimes.runtime("ktransformers", model="kimi-k2").decode.layerwise_chunk_tokens == 8192
