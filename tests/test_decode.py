@@ -741,3 +741,32 @@ def test_unknown_launch_setting_is_a_clear_error(monkeypatch):
     with pytest.raises(MoesimError, match="unknown launch settings.*chunk_size"):
         runtimes.runtime("ktransformers", model="minimax-m2")
     assert runtimes.runtime("ktransformers", model="kimi-k2").decode.layerwise_chunk_tokens == 8192
+
+
+def test_mxfp4_prefill_gemms_run_at_their_own_mmq_rate():
+    """llama.cpp's MXFP4 MMQ (gpt-oss) runs at gpu_mxfp4_mmq_rel of its Q4 rate on discrete cards and on
+    GB10 alike (GB10 shares the GDDR cards' efficiency); decode and Apple's Metal path are unchanged."""
+    import dataclasses
+    from moesim.models import model
+    from moesim.runtimes import runtime
+    m = model("gpt-oss-20b")
+    mix = Q.kernel_mix(m, "MXFP4")
+    assert mix.mmq_mxfp4 > 0.8 and Q.kernel_mix(m, "Q4_0").mmq_mxfp4 == 0.0
+    lc = runtime("llama.cpp")
+    full = dataclasses.replace(lc, decode=dataclasses.replace(lc.decode, gpu_mxfp4_mmq_rel=1.0))
+    assert lc.decode.gpu_mxfp4_mmq_rel < 0.5
+    p = D.Placement("all-gpu")
+    for gpu in ("rtx-4090", "dgx-spark"):
+        mach = hardware.machine(gpu=gpu)
+        pu = D.Placement("unified") if mach.unified else p
+        slow, fast = (D.lower_machine(mach, r, pu, mix)["prefill_flops"] for r in (lc, full))
+        assert slow == pytest.approx(fast / (mix.mmq_mxfp4 / lc.decode.gpu_mxfp4_mmq_rel + 1 - mix.mmq_mxfp4))
+        a, b = (simulate("gpt-oss-20b", mach, quant="MXFP4", runtime=r, context=2048, prompt=2048, mode="analytic")
+                for r in (lc, full))
+        assert a.prefill_tok_s < b.prefill_tok_s and a.decode_tok_s == pytest.approx(b.decode_tok_s, rel=1e-12)
+    spark = hardware.machine(gpu="dgx-spark")
+    assert D.lower_machine(spark, full, D.Placement("unified"), Q.KernelMix())["prefill_flops"] == pytest.approx(
+        spark.gpu_tflops["fp8"] * 1e12 * lc.decode.prefill_flops_eff)
+    mac = hardware.machine(gpu="m3-max")
+    assert (D.lower_machine(mac, lc, D.Placement("unified"), mix)["prefill_flops"]
+            == D.lower_machine(mac, full, D.Placement("unified"), mix)["prefill_flops"])

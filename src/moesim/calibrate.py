@@ -56,7 +56,7 @@ PARAMS = (
     Param("prefill_flops_eff", 0.02, 1.0, "llama.cpp"),
     Param("prefill_flops_eff_hbm", 0.02, 1.0, "llama.cpp"),
     Param("prefill_flops_eff_unified", 0.02, 1.0, "llama.cpp"),
-    Param("prefill_flops_eff_soc", 0.02, 1.0, "llama.cpp"),
+    Param("gpu_mxfp4_mmq_rel", 0.05, 1.0, "llama.cpp"),
     Param("prefill_flops_eff", 0.02, 1.0, "ktransformers"),
     Param("attn_flops_eff", 0.05, 1.0, "ktransformers"),
     Param("cpu_flops_eff", 0.02, 1.0),

@@ -236,6 +236,12 @@ def _cpu_flops(machine: Machine, d, mix: Q.KernelMix) -> float:
             * _rate_mix(mix.cpu_grid, d.cpu_iquant_rel) * _rate_mix(mix.cpu_fp8, d.cpu_fp8_rel))
 
 
+def _mmq_rel(mix: Q.KernelMix, d) -> float:
+    """Rate factor of llama.cpp's CUDA prefill GEMMs (MMQ) by weight type: K-quants ran without int8 tensor
+    cores before PR #7860 (gpu_kquant_mmq_rel); MXFP4 tiles go through a lookup to int8 (gpu_mxfp4_mmq_rel)."""
+    return _rate_mix(mix.mmq_kquant, d.gpu_kquant_mmq_rel) * _rate_mix(mix.mmq_mxfp4, d.gpu_mxfp4_mmq_rel)
+
+
 # AMX tile FLOP per cycle per core by the routed experts' format: int8 (INT4 is unpacked to int8 tiles)
 # 2048 MACs, bf16 1024 MACs (KT doc/en/AMX.md via RT §5.3); other formats use the AVX-512 path
 _AMX_FLOPS_PER_CYCLE = {"int8": 4096.0, "int4": 4096.0, "int4-g32": 4096.0, "bf16": 2048.0}
@@ -257,10 +263,9 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement, mix: Q.KernelMix)
         launch = d.launch_us_metal if metal else d.launch_us
         pf_eff = d.prefill_flops_eff_unified
         if not metal:
-            # GB10 prefills like a CUDA GPU: llama.cpp's int8 MMQ, whose Blackwell rate equals the fp8
-            # rate (RTX 5090: int8 = fp8 = 838.4 TFLOPS in the catalog), with its own sustained share of
-            # that peak: one SoC power budget feeds the GPU and the CPU, where a discrete card has its own
-            pf_eff = d.prefill_flops_eff_soc * _rate_mix(mix.mmq_kquant, d.gpu_kquant_mmq_rel)
+            # GB10 prefills like a discrete CUDA card: llama.cpp's int8 MMQ, whose Blackwell rate equals the
+            # fp8 rate (RTX 5090: int8 = fp8 = 838.4 TFLOPS in the catalog), at the GDDR cards' share of it
+            pf_eff = d.prefill_flops_eff * _mmq_rel(mix, d)
             if rt.llama_cpp_family:
                 peak = machine.gpu_tflops.get("int8", machine.gpu_tflops.get("fp8", 0.0)) * 1e12 or peak
         return dict(gpu_bw=pool, host_bw=pool, pcie_bw=pool, storage_bw=max(machine.storage_read_gbs, 1e-3) * GB,
@@ -302,8 +307,7 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement, mix: Q.KernelMix)
     # multiplies on dp4a like the GDDR cards
     pf_eff = d.prefill_flops_eff_hbm if (hbm and g.get("tensor_cores", False)) else d.prefill_flops_eff
     if g.get("tensor_cores", False):
-        # K-quant MMQ ran without int8 tensor cores before llama.cpp PR #7860 (gpu_kquant_mmq_rel)
-        pf_eff *= _rate_mix(mix.mmq_kquant, d.gpu_kquant_mmq_rel)
+        pf_eff *= _mmq_rel(mix, d)
     # llama.cpp multiplies quantized weights with int8 tensor-core MMQ kernels (ggml-cuda mmq): its
     # prefill scales with the int8 rate; served runtimes run bf16/fp8 GEMMs
     pf_peak = tf.get("int8", peak_tflops) if rt.llama_cpp_family else peak_tflops

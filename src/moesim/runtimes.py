@@ -50,9 +50,9 @@ class DecodeParams:
     prefill_flops_eff: float
     prefill_flops_eff_hbm: float
     prefill_flops_eff_unified: float
-    prefill_flops_eff_soc: float
     attn_flops_eff: float
     gpu_kquant_mmq_rel: float
+    gpu_mxfp4_mmq_rel: float
     metal_bw_eff: float
     host_bw_eff_desktop: float
     host_bw_eff_server: float
