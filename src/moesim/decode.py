@@ -268,10 +268,10 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement, mix: Q.KernelMix)
             pf_eff = d.prefill_flops_eff * _mmq_rel(mix, d)
             if rt.llama_cpp_family:
                 peak = machine.gpu_tflops.get("int8", machine.gpu_tflops.get("fp8", 0.0)) * 1e12 or peak
+        pf = max(peak * pf_eff, cpu_flops)
         return dict(gpu_bw=pool, host_bw=pool, pcie_bw=pool, storage_bw=max(machine.storage_read_gbs, 1e-3) * GB,
                     gpu_flops=max(gpu_flops, cpu_flops), cpu_flops=cpu_flops, interconnect_bw=pool, unified=1,
-                    prefill_flops=max(peak * pf_eff, cpu_flops), prefill_gemm_flops=max(peak * pf_eff, cpu_flops),
-                    prefill_attn_flops=max(peak * pf_eff, cpu_flops),
+                    prefill_flops=pf, prefill_gemm_flops=pf, prefill_attn_flops=pf,
                     overlap=1 if d.overlap else 0, launch_s=0.0 if cpu_only else launch * 1e-6,
                     sync_s=0.0, dma_s=0.0, allreduce_s=0.0, step_s=d.step_us * 1e-6, seq_s=d.seq_us * 1e-6,
                     amx_flops=0.0, pcie_links=1)
@@ -305,23 +305,24 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement, mix: Q.KernelMix)
     bw_eff = d.gpu_bw_eff if hbm else d.gddr_bw_eff
     # the HBM prefill efficiency describes tensor-core datacenter parts (A100 / H100); Pascal's HBM2 P100
     # multiplies on dp4a like the GDDR cards
-    pf_eff = d.prefill_flops_eff_hbm if (hbm and g.get("tensor_cores", False)) else d.prefill_flops_eff
-    if g.get("tensor_cores", False):
+    tensor_cores = g.get("tensor_cores", False)
+    pf_eff = d.prefill_flops_eff_hbm if (hbm and tensor_cores) else d.prefill_flops_eff
+    if tensor_cores:
         pf_eff *= _mmq_rel(mix, d)
     # llama.cpp multiplies quantized weights with int8 tensor-core MMQ kernels (ggml-cuda mmq): its
     # prefill scales with the int8 rate; served runtimes run bf16/fp8 GEMMs
     pf_peak = tf.get("int8", peak_tflops) if rt.llama_cpp_family else peak_tflops
-    # served runtimes multiply fp8 checkpoints on fp8 tensor cores (block-scaled fp8 GEMMs: DeepGEMM,
-    # CUTLASS, Triton); attention scores stay at the 16-bit rate
-    fp8_rel = tf.get("fp8", 0.0) / peak_tflops if (g.get("tensor_cores", False) and not rt.llama_cpp_family) else 0.0
-    gemm_rel = _rate_mix(mix.fp8, fp8_rel) if fp8_rel > 1.0 else 1.0
-    # their flash-attention kernels run the scores at their own share of the 16-bit peak; llama.cpp's
-    # prefill share covers its whole ubatch
-    attn = (peak_tflops * 1e12 * d.attn_flops_eff * tp if (g.get("tensor_cores", False) and not rt.llama_cpp_family)
-            else pf_peak * 1e12 * pf_eff * tp)
+    pf = pf_peak * 1e12 * pf_eff * tp
+    gemm, attn = pf, pf
+    if tensor_cores and not rt.llama_cpp_family:
+        # served runtimes multiply fp8 checkpoints on fp8 tensor cores (block-scaled fp8 GEMMs: DeepGEMM,
+        # CUTLASS, Triton), and their flash-attention kernels run the scores at their own share of the
+        # 16-bit peak; llama.cpp's prefill share covers its whole ubatch
+        fp8_rel = tf.get("fp8", 0.0) / peak_tflops
+        gemm = pf * (_rate_mix(mix.fp8, fp8_rel) if fp8_rel > 1.0 else 1.0)
+        attn = peak_tflops * 1e12 * d.attn_flops_eff * tp
     return dict(gpu_bw=machine.gpu_bw_gbs * GB * bw_eff * tp, host_bw=host_bw, pcie_bw=pcie,
-                prefill_flops=pf_peak * 1e12 * pf_eff * tp, prefill_gemm_flops=pf_peak * 1e12 * pf_eff * tp * gemm_rel,
-                prefill_attn_flops=attn,
+                prefill_flops=pf, prefill_gemm_flops=gemm, prefill_attn_flops=attn,
                 storage_bw=storage_bw, gpu_flops=peak_tflops * 1e12 * d.gpu_flops_eff * tp, cpu_flops=cpu_flops,
                 interconnect_bw=(scale_up or machine.pcie_gbs or 16.0) * GB, unified=0,
                 overlap=1 if d.overlap else 0,
@@ -478,7 +479,7 @@ def estimate(m: Model, low, machine: Machine, rt: Runtime, p: Placement, context
     rtab = R.lower(dims, R.profile(None, family=m.family), 0)
     tps = 1 + mtp
     dm = lower_model(m, low, p, machine, rt, context, kv, batch * tps, mem.by_class, mem.tier)
-    hw = lower_machine(machine, rt, p, Q.kernel_mix(m, Q.resolve(low.quant, m)))
+    hw = lower_machine(machine, rt, p, Q.kernel_mix(m, low.quant))
     cols = dict(batch=[batch], tokens_per_step=[tps], drafts=[mtp], accepted=[accepted_per_step(mtp, mtp_acceptance)],
                 steps=[1], warmup=[0], policy=[POLICIES["lru"]], mode=[MODES["analytic"]], seed=[0], index=[0])
     res = run(dm, hw, rtab, cols)

@@ -515,8 +515,9 @@ class KernelMix:
     """Byte shares of a configuration's weights in types whose matmul kernels run at their own rate:
     ``cpu_grid``, codebook-grid i-quants among the weights the CPU multiplies (routed experts; every
     linear layer of a model without them); ``mmq_kquant`` / ``mmq_mxfp4``, K-quants / MXFP4 among all
-    linear weights (llama.cpp's GPU prefill GEMMs); ``fp8`` / ``cpu_fp8``, fp8 checkpoint weights among all linear weights (GPU
-    GEMMs on fp8 tensor cores) and among those the CPU multiplies (converted to bf16 first)."""
+    linear weights (llama.cpp's GPU prefill GEMMs); ``fp8`` / ``cpu_fp8``, fp8 checkpoint weights among
+    all linear weights (GPU GEMMs on fp8 tensor cores) and among those the CPU multiplies (converted to
+    bf16 first)."""
 
     cpu_grid: float = 0.0
     mmq_kquant: float = 0.0

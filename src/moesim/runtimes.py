@@ -147,16 +147,15 @@ def runtime(id_or_rt: "str | Runtime", calibrated: bool = True, model: str | Non
         fields_ = set(DecodeParams.__dataclass_fields__)
         dec.update({k: v for k, v in cal.get("params", {}).items() if k in fields_})
         dec.update({k: v for k, v in cal.get("runtime", {}).get(_family(key), {}).items() if k in fields_})
-    launch = e.pop("models", {}).get(model or "", {})
-    unknown = set(launch) - set(DecodeParams.__dataclass_fields__) - {"source"}
+    launch = dict(e.pop("models", {}).get(model or "", {}))
+    source = launch.pop("source", "runtimes.toml")
+    unknown = set(launch) - set(DecodeParams.__dataclass_fields__)
     if unknown:
         raise MoesimError(f"runtime profile {key!r} model {model!r}: unknown launch settings {sorted(unknown)}",
                           "runtime")
-    dec.update({k: v for k, v in launch.items() if k != "source"})
-    said = ""
-    if launch:
-        settings = ", ".join(f"{k} {v}" for k, v in launch.items() if k != "source")
-        said = f"{key} launch for {model}: {settings} ({launch.get('source', 'runtimes.toml')})"
+    dec.update(launch)
+    said = (f"{key} launch for {model}: {', '.join(f'{k} {v}' for k, v in launch.items())} ({source})"
+            if launch else "")
     e.pop("decode", None)
     fields = set(Runtime.__dataclass_fields__)
     return Runtime(id=key, decode=DecodeParams(**dec), launch=said,

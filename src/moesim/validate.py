@@ -51,9 +51,9 @@ _UBATCH_NOTE = re.compile(r"(?:^|[\s;(/-])ub\s+(\d+)\b")
 _KT_THRESHOLD_NOTE = re.compile(r"prefill threshold\s+(\d+)")
 # SGLang's --chunked-prefill-size under ktransformers as notes state it: "chunked prefill 4096"
 _KT_CHUNK_NOTE = re.compile(r"chunked prefill\s+(\d+)")
-# llama-bench's decode test with its own thread count: "tg128 4 threads"
 # a CPU build limited to AVX2 ("July 2024; AVX2"): no AVX-512 / AMX kernels whatever the CPU has
 _AVX2_BUILD_NOTE = re.compile(r"\bAVX2\b")
+# llama-bench's decode test with its own thread count: "tg128 4 threads"
 _DECODE_THREADS_NOTE = re.compile(r"\btg\d*\s+(\d+)\s+threads?\b")
 
 
