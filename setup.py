@@ -53,8 +53,8 @@ else:
 
 extensions = [
     Extension(
-        "moesim._kernel",
-        sources=["src/moesim/_kernel.pyx"] + sorted(str(p) for p in Path("csrc").glob("*.c")),
+        "moesim.engine._kernel",
+        sources=["src/moesim/engine/_kernel.pyx"] + sorted(str(p) for p in Path("csrc").glob("*.c")),
         include_dirs=["csrc", np.get_include()],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_22_API_VERSION")],
         extra_compile_args=list(c_args),

@@ -14,12 +14,19 @@ import time
 
 import numpy as np
 
-from moesim import decode as D, quants as Q, routing as R
-from moesim.hardware import machine
-from moesim.memory import configure, evaluate, lower, _result_from_arrays
-from moesim.models import model
-from moesim.placement import parse
-from moesim.runtimes import runtime
+from moesim.engine import codes as CODES
+from moesim.engine import decode as KD
+from moesim.engine.lower import decode_model as LDM
+from moesim.engine.lower import machine as LHW
+from moesim.spec import quants as Q
+from moesim.engine.lower import routing as LRT
+from moesim.spec import routing as R
+from moesim.spec.hardware import machine
+from moesim.engine.lower.memory import configure, lower
+from moesim.engine.memory import evaluate, _result_from_arrays
+from moesim.ingest import model
+from moesim.spec.placement import parse
+from moesim.spec.runtimes import runtime
 
 
 def tables(mid: str, quant: str, placement: str, batch_tokens: int, host_mem_gb: float = 512):
@@ -29,15 +36,15 @@ def tables(mid: str, quant: str, placement: str, batch_tokens: int, host_mem_gb:
     rt = runtime("llama.cpp")
     p = parse(placement, m, mach)
     mem = _result_from_arrays(evaluate(low, configure(m, low, mach, rt, p, 4096, 1, "f16")), 0)
-    dm = D.lower_model(m, low, p, mach, rt, 4096, "f16", batch_tokens, mem.by_class, mem.tier)
-    hw = D.lower_machine(mach, rt, p, Q.kernel_mix(m, quant))
-    rtab = R.lower(R.RoutingDims.of(m), R.profile(None, family=m.family), seed=0)
+    dm = LDM.lower_model(m, low, p, mach, rt, 4096, "f16", batch_tokens, mem.by_class, mem.tier)
+    hw = LHW.lower_machine(mach, rt, p, Q.kernel_mix(m, quant))
+    rtab = LRT.lower(LRT.RoutingDims.of(m), R.profile(None, family=m.family), seed=0)
     return m, dm, hw, rtab
 
 
 def columns(n, mode, batch, steps, policy="lru"):
     return dict(batch=[batch] * n, tokens_per_step=[1] * n, drafts=[0] * n, accepted=[1.0] * n, steps=[steps] * n,
-                warmup=[0] * n, policy=[D.POLICIES[policy]] * n, mode=[D.MODES[mode]] * n, seed=[0] * n,
+                warmup=[0] * n, policy=[CODES.POLICIES[policy]] * n, mode=[CODES.MODES[mode]] * n, seed=[0] * n,
                 index=list(range(n)))
 
 
@@ -67,13 +74,13 @@ def main():
 
     # ---- Monte Carlo: selections per second
     ref_steps = max(4, args.steps // 16)
-    ref, t_ref = timed(lambda: D.run(dm, hw, rtab, columns(1, "montecarlo", args.batch, ref_steps), engine="reference"))
-    chk = D.run(dm, hw, rtab, columns(1, "montecarlo", args.batch, ref_steps))
+    ref, t_ref = timed(lambda: KD.run(dm, hw, rtab, columns(1, "montecarlo", args.batch, ref_steps), engine="reference"))
+    chk = KD.run(dm, hw, rtab, columns(1, "montecarlo", args.batch, ref_steps))
     assert np.allclose(chk["step_mean"], ref["step_mean"], rtol=1e-9), "C and reference disagree (Monte Carlo)"
     ref_rate = ref["selections"].sum() / t_ref
     print(f"Monte Carlo   reference (pure Python): {ref_rate:14,.0f} expert selections/s")
     for threads in sorted({1, args.threads}):
-        res, t = timed(lambda: D.run(dm, hw, rtab, columns(args.mc_configs, "montecarlo", args.batch, args.steps),
+        res, t = timed(lambda: KD.run(dm, hw, rtab, columns(args.mc_configs, "montecarlo", args.batch, args.steps),
                                      n_threads=threads))
         rate = res["selections"].sum() / t
         print(f"Monte Carlo   C kernel, {threads} thread(s): {rate:14,.0f} expert selections/s "
@@ -81,13 +88,13 @@ def main():
 
     # ---- analytic: configurations per second
     n_ref = 20
-    ref, t_ref = timed(lambda: D.run(dm, hw, rtab, columns(n_ref, "analytic", args.batch, 1), engine="reference"))
-    chk = D.run(dm, hw, rtab, columns(n_ref, "analytic", args.batch, 1))
+    ref, t_ref = timed(lambda: KD.run(dm, hw, rtab, columns(n_ref, "analytic", args.batch, 1), engine="reference"))
+    chk = KD.run(dm, hw, rtab, columns(n_ref, "analytic", args.batch, 1))
     assert np.allclose(chk["step_mean"], ref["step_mean"], rtol=1e-9), "C and reference disagree (analytic)"
     ref_rate = n_ref / t_ref
     print(f"Analytic      reference (pure Python): {ref_rate:14,.1f} configs/s")
     for threads in sorted({1, args.threads}):
-        _, t = timed(lambda: D.run(dm, hw, rtab, columns(args.analytic_configs, "analytic", args.batch, 1),
+        _, t = timed(lambda: KD.run(dm, hw, rtab, columns(args.analytic_configs, "analytic", args.batch, 1),
                                    n_threads=threads))
         rate = args.analytic_configs / t
         print(f"Analytic      C kernel, {threads} thread(s): {rate:14,.0f} configs/s ({rate / ref_rate:,.0f}x reference)")

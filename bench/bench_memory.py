@@ -12,11 +12,12 @@ import time
 
 import numpy as np
 
-from moesim import memory as M
-from moesim.hardware import machine
-from moesim.models import model
-from moesim.placement import parse
-from moesim.runtimes import runtime
+from moesim.engine.lower import memory as M
+from moesim.engine import memory as EMEM
+from moesim.spec.hardware import machine
+from moesim.ingest import model
+from moesim.spec.placement import parse
+from moesim.spec.runtimes import runtime
 
 
 def random_columns(mod, low, n, rng):
@@ -47,15 +48,15 @@ def main():
     ref_cols = {k: v[: args.reference_configs] for k, v in cols.items()}
 
     t = time.perf_counter()
-    ref = M.evaluate(low, ref_cols, engine="reference")
+    ref = EMEM.evaluate(low, ref_cols, engine="reference")
     ref_rate = args.reference_configs / (time.perf_counter() - t)
-    check = M.evaluate(low, ref_cols, engine="c")
+    check = EMEM.evaluate(low, ref_cols, engine="c")
     assert np.array_equal(check["max_context"], ref["max_context"]), "C and reference disagree"
 
     rates = {}
     for threads in sorted({1, args.threads}):
         t = time.perf_counter()
-        M.evaluate(low, cols, n_threads=threads)
+        EMEM.evaluate(low, cols, n_threads=threads)
         rates[threads] = args.configs / (time.perf_counter() - t)
     print(f"model {args.model} {args.quant}: {low.n_layers} layers")
     print(f"reference (pure Python): {ref_rate:12,.0f} configs/s")

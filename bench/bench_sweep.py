@@ -30,9 +30,11 @@ from pathlib import Path
 import numpy as np
 
 import moesim
-from moesim import decode as D
-from moesim import sweep_reference as SR
-from moesim.sweep import Plan, _empty_columns, build_spec, make_machine_cached, normalize_spec, run_range
+from moesim.engine import decode as KD
+from moesim.engine.lower import decode_model as LDM
+from moesim.engine.lower import machine as LHW
+from moesim.engine.reference import sweep as SR
+from moesim.analysis.sweep import Plan, _empty_columns, build_spec, make_machine_cached, normalize_spec, run_range
 
 MACHINE = {"gpu": "rtx-4090", "host": "ddr5-6000x2", "host_mem_gb": 192, "name": "4090-192g"}
 BATCHES = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32]
@@ -97,11 +99,11 @@ def rate_mc_reference(plan: Plan, n: int) -> float:
         ci, bi = divmod(j, plan.n_b)
         ctx, b = int(plan.contexts[ci]), int(plan.batches[bi])
         p = grp.cands[0]
-        dm = D.lower_model(grp.m, grp.low, p, grp.machine, grp.rt, ctx, grp.kv, b)
-        hw = D.lower_machine(grp.machine, grp.rt, p, grp.kernel_mix)
+        dm = LDM.lower_model(grp.m, grp.low, p, grp.machine, grp.rt, ctx, grp.kv, b)
+        hw = LHW.lower_machine(grp.machine, grp.rt, p, grp.kernel_mix)
         cols = dict(batch=[b], tokens_per_step=[1], drafts=[0], accepted=[1.0], steps=[plan.run["tokens"]],
                     warmup=[plan.run["warmup"]], policy=[0], mode=[0], seed=[0], index=[j])
-        D.run(dm, hw, grp.routing, cols, engine="reference")
+        KD.run(dm, hw, grp.routing, cols, engine="reference")
     return n / (time.perf_counter() - t)
 
 
@@ -162,7 +164,7 @@ def main():
     ap.add_argument("--big", type=int, default=0, help="configurations of the Parquet sweep (0: skip)")
     ap.add_argument("--keep", action="store_true", help="keep the big sweep's output")
     args = ap.parse_args()
-    from moesim import _kernel
+    from moesim.engine import _kernel
     print(f"moesim {moesim.__version__}, OpenMP {'on' if _kernel.openmp_enabled() else 'off'}, "
           f"{os.cpu_count()} cores; machine {MACHINE}")
     print(f"grid per row: Q4_K_M x {args.contexts:,} log-spaced contexts (256 .. 1M) x batches {BATCHES}")

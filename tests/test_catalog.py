@@ -11,8 +11,12 @@ import re
 
 import pytest
 
-from moesim import hardware, memory as mem, models, quants
-from moesim.models import Model
+from moesim.spec import hardware
+from moesim.engine import memory as mem
+from moesim import ingest as INGEST
+from moesim.spec import models
+from moesim.spec import quants
+from moesim.spec.models import Model
 
 GIB = 2**30
 MIB = 2**20
@@ -34,7 +38,7 @@ def test_catalog_is_not_empty():
 
 @pytest.mark.parametrize("mid", ALL_IDS)
 def test_every_model_loads(mid):
-    m = models.model(mid)
+    m = INGEST.model(mid)
     assert m.id == mid
     assert m.n_layers > 0 and m.hidden > 0 and m.vocab > 0 and m.max_context > 0
     names = [t.name for t in m.tensors()]
@@ -44,9 +48,9 @@ def test_every_model_loads(mid):
 
 
 # ------------------------------------------------------------------------------------ parameters
-@pytest.mark.parametrize("mid", [i for i in ALL_IDS if models.model(i).published_total_params])
+@pytest.mark.parametrize("mid", [i for i in ALL_IDS if INGEST.model(i).published_total_params])
 def test_total_params_match_published(mid):
-    m = models.model(mid)
+    m = INGEST.model(mid)
     total, _ = m.param_counts()
     pub = m.published_total_params
     assert total == pytest.approx(pub, rel=0.03), f"{mid}: derived total {total / 1e9:.2f}B vs published {pub / 1e9:.2f}B"
@@ -114,7 +118,7 @@ LOOSE_ACTIVE = {
 
 
 def test_every_published_active_count_is_checked():
-    with_active = {i for i in ALL_IDS if models.model(i).published_active_params}
+    with_active = {i for i in ALL_IDS if INGEST.model(i).published_active_params}
     unchecked = with_active - set(PRECISE_ACTIVE) - LOOSE_ACTIVE
     assert not unchecked, f"add these models to PRECISE_ACTIVE or LOOSE_ACTIVE: {sorted(unchecked)}"
 
@@ -122,7 +126,7 @@ def test_every_published_active_count_is_checked():
 @pytest.mark.parametrize("mid", sorted(PRECISE_ACTIVE))
 def test_active_params_precise(mid):
     figure, convention = PRECISE_ACTIVE[mid]
-    m = models.model(mid)
+    m = INGEST.model(mid)
     got = _active(m, convention)
     assert got == pytest.approx(figure, rel=0.03), (
         f"{mid}: derived active ({convention}) {got / 1e9:.3f}B vs published {figure / 1e9:.2f}B")
@@ -130,7 +134,7 @@ def test_active_params_precise(mid):
 
 @pytest.mark.parametrize("mid", sorted(LOOSE_ACTIVE))
 def test_active_params_name_only(mid):
-    m = models.model(mid)
+    m = INGEST.model(mid)
     figure = m.published_active_params
     assert figure, mid
     got = _active(m, "no_embed")
@@ -140,13 +144,13 @@ def test_active_params_name_only(mid):
 
 def test_dense_models_active_equals_total():
     for mid in ("llama-2-7b", "llama-3-8b", "llama-3-70b"):
-        total, active = models.model(mid).param_counts()
+        total, active = INGEST.model(mid).param_counts()
         assert active == total, mid
 
 
 def test_moe_active_fraction_follows_top_k():
     # Mixtral-8x7B: 2 of 8 experts -> routed experts contribute exactly a quarter of their weight.
-    m = models.model("mixtral-8x7b")
+    m = INGEST.model("mixtral-8x7b")
     routed = sum(t.n_elements for t in m.tensors(include_mtp=False) if t.cls == "routed_experts")
     total, active = m.param_counts()
     assert total - active == pytest.approx(routed * (1 - 2 / 8), rel=1e-12)
@@ -195,7 +199,7 @@ def test_kv_bytes_per_token_scales_with_dtype(big_machine):
 
 
 def test_deepseek_v3_mla_terms():
-    m = models.model("deepseek-v3")
+    m = INGEST.model("deepseek-v3")
     terms = [m.kv_terms(l) for l in m.layers]
     assert len(terms) == 61
     assert all(t.elems == 512 + 64 and t.cap == 0 and t.state_bytes == 0 and t.fixed_bytes == 0 for t in terms)
@@ -222,7 +226,7 @@ def test_gpt_oss_120b_sliding_window_state(big_machine):
 
 
 def test_qwen3_next_linear_attention_state_is_context_independent(big_machine):
-    m = models.model("qwen3-next-80b-a3b")
+    m = INGEST.model("qwen3-next-80b-a3b")
     kinds = [l.attention.kind for l in m.layers]
     assert kinds.count("gdn") == 36 and kinds.count("gqa") == 12
     # GDN state: 32 value heads x 128 x 128 fp32 + conv tail 3 x (2 x 16 x 128 + 32 x 128) bf16.
@@ -253,7 +257,7 @@ def test_llama4_chunked_layers_cap(big_machine):
 
 # ------------------------------------------------------------------------------------ GGUF sizes
 def _gguf_bytes(mid: str, quant: str) -> int:
-    return sum(nb for _t, _typ, nb in quants.assign(models.model(mid), quant))
+    return sum(nb for _t, _typ, nb in quants.assign(INGEST.model(mid), quant))
 
 
 # quants.md §2.5: QZ QUANT_OPTIONS sizes "@ Llama-3-8B", G = GiB.
@@ -308,7 +312,7 @@ def _use_more_bits(i: int, n: int) -> bool:
 
 
 def _types(mid: str, quant: str) -> dict:
-    return {t.name: typ for t, typ, _nb in quants.assign(models.model(mid), quant)}
+    return {t.name: typ for t, typ, _nb in quants.assign(INGEST.model(mid), quant)}
 
 
 def _layer_of(name: str) -> int:
@@ -368,7 +372,7 @@ def test_mixtral_eight_expert_rules():
 def test_mxfp4_moe_rules():
     for mid in ("gpt-oss-20b", "qwen3-30b-a3b", "deepseek-v2-lite"):
         seen_exps = seen_other = 0
-        for t, typ, nb in quants.assign(models.model(mid), "MXFP4_MOE"):
+        for t, typ, nb in quants.assign(INGEST.model(mid), "MXFP4_MOE"):
             quantizable = (t.name.endswith("weight") and len(t.shape) >= 2 and "_norm" not in t.name
                            and "ffn_gate_inp" not in t.name)
             if not quantizable:
@@ -385,7 +389,7 @@ def test_mxfp4_moe_rules():
 
 
 def test_fp8_format_keeps_embeddings_and_head_bf16():
-    m = models.model("deepseek-v3")
+    m = INGEST.model("deepseek-v3")
     by_name = {t.name: (t, typ, nb) for t, typ, nb in quants.assign(m, "fp8")}
     for name in ("token_embd.weight", "output.weight", "blk.5.ffn_gate_inp.weight"):
         t, typ, nb = by_name[name]
@@ -410,7 +414,7 @@ def test_fallback_for_rows_not_divisible_by_block():
 # ------------------------------------------------------------------------------------ HF round trip
 @pytest.mark.parametrize("mid", ALL_IDS)
 def test_hf_config_round_trip(mid):
-    cat = models.model(mid)
+    cat = INGEST.model(mid)
     parsed = Model.from_hf_config(models.hf_config(mid), id=mid)
     assert parsed == cat, mid
     assert parsed.param_counts() == cat.param_counts()
@@ -419,8 +423,8 @@ def test_hf_config_round_trip(mid):
 def test_hf_config_round_trip_detects_changes():
     cfg = models.hf_config("qwen3-30b-a3b")
     cfg["num_experts_per_tok"] = 4
-    parsed = Model.from_hf_config(cfg, id="qwen3-30b-a3b", name=models.model("qwen3-30b-a3b").name)
-    assert parsed != models.model("qwen3-30b-a3b")
+    parsed = Model.from_hf_config(cfg, id="qwen3-30b-a3b", name=INGEST.model("qwen3-30b-a3b").name)
+    assert parsed != INGEST.model("qwen3-30b-a3b")
 
 
 def test_hf_config_from_file(tmp_path):
@@ -428,5 +432,5 @@ def test_hf_config_from_file(tmp_path):
     cfg = models.hf_config("mixtral-8x7b")
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     parsed = Model.from_hf_config(tmp_path, id="mixtral-8x7b", name="Mixtral-8x7B")
-    assert parsed == models.model("mixtral-8x7b")
+    assert parsed == INGEST.model("mixtral-8x7b")
     assert parsed.source.startswith("config.json at")

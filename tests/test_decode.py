@@ -9,9 +9,23 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from moesim import MoesimError, decode as D, hardware, quants as Q, routing as R, traces
+from moesim import MoesimError
+from moesim.analysis import resolve as RES
+from moesim.analysis import simulate as D
+from moesim.engine import codes as CODES
+from moesim.engine import decode as KD
+from moesim.engine.lower import attention as ATT
+from moesim.engine.lower import decode_model as LDM
+from moesim.engine.lower import machine as LHW
+from moesim.engine import prefill as PF
+from moesim.spec import hardware
+from moesim.spec import quants as Q
+from moesim.engine.lower import routing as LRT
+from moesim.engine import routing as KRT
+from moesim.spec import routing as R
+from moesim.ingest import traces
 from moesim.errors import KernelError
-from moesim.decode import simulate
+from moesim.analysis.simulate import simulate
 
 RESULT_SCALARS = ("step_mean", "step_p50", "step_p99", "accepted", "hit_rate", "page_hit_rate", "distinct", "reuse",
                   "selections")
@@ -66,9 +80,9 @@ def decode_case(draw, mode=None, policy=None):
         concentration=draw(st.sampled_from([0.0, 0.5, 2.0])), stickiness=draw(st.floats(0.0, 0.6)),
         first_stickiness=draw(st.floats(0.0, 0.6)), last_stickiness=draw(st.floats(0.0, 0.6)),
         request_tokens=draw(st.sampled_from([0, 3, 7])), recall=draw(st.floats(0.0, 1.0)))
-    dims = R.RoutingDims(L, E, k, 4 if grouped else 0, draw(st.integers(max(1, -(-k // (E // 4))), 3)) if grouped else 0)
+    dims = LRT.RoutingDims(L, E, k, 4 if grouped else 0, draw(st.integers(max(1, -(-k // (E // 4))), 3)) if grouped else 0)
     seed = draw(st.integers(0, 2**32))
-    rt = R.lower(dims, prof, seed, prefetch=draw(st.booleans()), scenarios=draw(st.integers(1, 3)))
+    rt = LRT.lower(dims, prof, seed, prefetch=draw(st.booleans()), scenarios=draw(st.integers(1, 3)))
     use_trace = mode == 0 and draw(st.booleans())
     if use_trace:
         tl = draw(st.integers(1, L))
@@ -101,8 +115,8 @@ def test_kernel_matches_reference(mode, policy):
     def check(case):
         dm, hw, rt, cols = case
         assert cols["mode"][0] == mode and cols["policy"][0] == policy
-        c = D.run(dm, hw, rt, cols)
-        p = D.run(dm, hw, rt, cols, engine="reference")
+        c = KD.run(dm, hw, rt, cols)
+        p = KD.run(dm, hw, rt, cols, engine="reference")
         for key in RESULT_SCALARS + RESULT_ARRAYS:
             assert rel_close(c[key], p[key]), (key, c[key], p[key])
 
@@ -110,7 +124,7 @@ def test_kernel_matches_reference(mode, policy):
 
 
 # ------------------------------------------------------------------------------ helpers
-def synthetic(L, E, k, mode=D.EXP_FETCH, slots=0, page=None, **hw_over):
+def synthetic(L, E, k, mode=CODES.EXP_FETCH, slots=0, page=None, **hw_over):
     dm = dict(attn_bytes=np.full(L, 1e6), attn_flops=np.full(L, 1e6), kv_bytes=np.full(L, 1e5),
               score_flops=np.full(L, 1e4), shared_bytes=np.zeros(L), shared_flops=np.zeros(L),
               expert_bytes=np.full(L, 5e6), expert_flops=np.full(L, 1e7), attn_on_gpu=np.ones(L, np.int32),
@@ -127,7 +141,7 @@ def synthetic(L, E, k, mode=D.EXP_FETCH, slots=0, page=None, **hw_over):
 
 def cols(batch=1, steps=200, warmup=20, policy="lru", mode="montecarlo", seed=1, tps=1, n=1):
     return dict(batch=[batch] * n, tokens_per_step=[tps] * n, drafts=[tps - 1] * n, accepted=[1.0] * n,
-                steps=[steps] * n, warmup=[warmup] * n, policy=[D.POLICIES[policy]] * n, mode=[D.MODES[mode]] * n,
+                steps=[steps] * n, warmup=[warmup] * n, policy=[CODES.POLICIES[policy]] * n, mode=[CODES.MODES[mode]] * n,
                 seed=[seed] * n, index=list(range(n)))
 
 
@@ -140,17 +154,17 @@ def independent(s):
 @pytest.mark.parametrize("E,k,s", [(64, 6, 0.2), (64, 8, 0.4), (32, 4, 0.6), (128, 8, 0.6)])
 @pytest.mark.parametrize("batch", [1, 4, 16])
 def test_analytic_agrees_with_montecarlo_under_independent_routing(E, k, s, batch):
-    rt = R.lower(R.RoutingDims(4, E, k), independent(s), seed=1)
+    rt = LRT.lower(LRT.RoutingDims(4, E, k), independent(s), seed=1)
     for C in (2 * k, 3 * k):
         dm, hw = synthetic(4, E, k, slots=C)
-        mc = D.run(dm, hw, rt, cols(batch, steps=3000, warmup=100))
-        an = D.run(dm, hw, rt, cols(batch, mode="analytic"))
+        mc = KD.run(dm, hw, rt, cols(batch, steps=3000, warmup=100))
+        an = KD.run(dm, hw, rt, cols(batch, mode="analytic"))
         assert abs(mc["hit_rate"][0] - an["hit_rate"][0]) <= 0.02, (C, mc["hit_rate"], an["hit_rate"])
         assert abs(an["distinct"][0] / mc["distinct"][0] - 1) <= 0.02
     # static pinning and CPU-served layers too
-    dm, hw = synthetic(4, E, k, mode=D.EXP_SPLIT, slots=2 * k)
-    mc = D.run(dm, hw, rt, cols(batch, steps=3000, warmup=100))
-    an = D.run(dm, hw, rt, cols(batch, mode="analytic"))
+    dm, hw = synthetic(4, E, k, mode=CODES.EXP_SPLIT, slots=2 * k)
+    mc = KD.run(dm, hw, rt, cols(batch, steps=3000, warmup=100))
+    an = KD.run(dm, hw, rt, cols(batch, mode="analytic"))
     assert abs(mc["hit_rate"][0] - an["hit_rate"][0]) <= 0.02
     assert abs(an["step_mean"][0] / mc["step_mean"][0] - 1) <= 0.03
 
@@ -158,10 +172,10 @@ def test_analytic_agrees_with_montecarlo_under_independent_routing(E, k, s, batc
 def test_analytic_distinct_matches_formula_for_uniform_routing():
     """Uniform popularity: expected distinct experts = E (1 - (1 - k/E)^B) (routing.md §4.1)."""
     E, k = 64, 6
-    rt = R.lower(R.RoutingDims(2, E, k), R.profile("generic", zipf_s=0.0, jitter=0.0, concentration=0.0), seed=0)
-    dm, hw = synthetic(2, E, k, mode=D.EXP_GPU)
+    rt = LRT.lower(LRT.RoutingDims(2, E, k), R.profile("generic", zipf_s=0.0, jitter=0.0, concentration=0.0), seed=0)
+    dm, hw = synthetic(2, E, k, mode=CODES.EXP_GPU)
     for B in (1, 4, 8, 16, 64):
-        an = D.run(dm, hw, rt, cols(B, mode="analytic"))
+        an = KD.run(dm, hw, rt, cols(B, mode="analytic"))
         assert an["distinct"][0] == pytest.approx(E * (1 - (1 - k / E) ** B), rel=1e-9)
 
 
@@ -172,14 +186,14 @@ def test_analytic_distinct_matches_formula_for_uniform_routing():
        st.integers(0, 10**6))
 def test_more_bandwidth_never_slower(resource, factor, mode_i, batch, mode, seed):
     E, k = 32, 4
-    rt = R.lower(R.RoutingDims(3, E, k), R.profile("generic"), seed=seed, prefetch=True)
-    modes = [D.EXP_GPU, D.EXP_CPU, D.EXP_SPLIT, D.EXP_FETCH]
+    rt = LRT.lower(LRT.RoutingDims(3, E, k), R.profile("generic"), seed=seed, prefetch=True)
+    modes = [CODES.EXP_GPU, CODES.EXP_CPU, CODES.EXP_SPLIT, CODES.EXP_FETCH]
     dm, hw = synthetic(3, E, k, mode=modes[mode_i], slots=8, page=20)
     dm["allreduce_bytes"] = 1e4
-    base = D.run(dm, hw, rt, cols(batch, steps=40, warmup=5, mode=mode, seed=seed))
+    base = KD.run(dm, hw, rt, cols(batch, steps=40, warmup=5, mode=mode, seed=seed))
     hw2 = dict(hw)
     hw2[resource] *= factor
-    faster = D.run(dm, hw2, rt, cols(batch, steps=40, warmup=5, mode=mode, seed=seed))
+    faster = KD.run(dm, hw2, rt, cols(batch, steps=40, warmup=5, mode=mode, seed=seed))
     assert faster["step_mean"][0] <= base["step_mean"][0] * (1 + 1e-12)
     assert faster["step_p99"][0] <= base["step_p99"][0] * (1 + 1e-12)
 
@@ -188,13 +202,13 @@ def test_more_bandwidth_never_slower(resource, factor, mode_i, batch, mode, seed
 @given(st.integers(1, 6), st.sampled_from(["generic", "gpt-oss", "deepseek-v2"]), st.integers(0, 10**6))
 def test_larger_cache_never_lowers_hit_rate_and_belady_bounds_lru(batch, prof, seed):
     E, k = 32, 4
-    rt = R.lower(R.RoutingDims(2, E, k), R.profile(prof), seed=seed)
+    rt = LRT.lower(LRT.RoutingDims(2, E, k), R.profile(prof), seed=seed)
     prev = {"lru": -1.0, "belady": -1.0}
     for C in range(0, E + 1, 4):
         dm, hw = synthetic(2, E, k, slots=C)
         rates = {}
         for pol in ("lru", "belady", "lfu", "static"):
-            r = D.run(dm, hw, rt, cols(batch, steps=60, warmup=0, policy=pol, seed=seed))
+            r = KD.run(dm, hw, rt, cols(batch, steps=60, warmup=0, policy=pol, seed=seed))
             rates[pol] = r["hit_rate"][0]
             assert 0.0 <= rates[pol] <= 1.0
         assert rates["belady"] >= rates["lru"] - 1e-12
@@ -209,17 +223,17 @@ def test_larger_cache_never_lowers_hit_rate_and_belady_bounds_lru(batch, prof, s
        st.integers(1, 2))
 def test_batch_never_reads_fewer_experts(batch, prof, seed, tps):
     E, k = 64, 4
-    rt = R.lower(R.RoutingDims(3, E, k), R.profile(prof), seed=seed)
-    dm, hw = synthetic(3, E, k, mode=D.EXP_GPU)
-    smaller = D.run(dm, hw, rt, cols(batch - 1, steps=30, warmup=0, seed=seed, tps=tps))
-    larger = D.run(dm, hw, rt, cols(batch, steps=30, warmup=0, seed=seed, tps=tps))
+    rt = LRT.lower(LRT.RoutingDims(3, E, k), R.profile(prof), seed=seed)
+    dm, hw = synthetic(3, E, k, mode=CODES.EXP_GPU)
+    smaller = KD.run(dm, hw, rt, cols(batch - 1, steps=30, warmup=0, seed=seed, tps=tps))
+    larger = KD.run(dm, hw, rt, cols(batch, steps=30, warmup=0, seed=seed, tps=tps))
     assert larger["distinct"][0] >= smaller["distinct"][0]
 
 
 def test_group_limited_routing_stays_in_groups():
     """DeepSeek-V3 style: every token's experts lie in at most topk_group of n_group groups."""
-    dims = R.RoutingDims(2, 64, 8, n_group=8, topk_group=4)
-    reqs = R.sample_requests(dims, R.profile("deepseek"), 3, 50, seed=5)
+    dims = LRT.RoutingDims(2, 64, 8, n_group=8, topk_group=4)
+    reqs = KRT.sample_requests(dims, R.profile("deepseek"), 3, 50, seed=5)
     for r in reqs:
         groups = r // 8
         for tok in groups.reshape(-1, 8):
@@ -229,17 +243,17 @@ def test_group_limited_routing_stays_in_groups():
 
 def test_same_seed_same_result_on_any_thread_count():
     E, k = 64, 6
-    rt = R.lower(R.RoutingDims(4, E, k), R.profile("deepseek-v2"), seed=3, prefetch=True)
+    rt = LRT.lower(LRT.RoutingDims(4, E, k), R.profile("deepseek-v2"), seed=3, prefetch=True)
     dm, hw = synthetic(4, E, k, slots=12, page=40)
     c = cols(batch=3, steps=80, warmup=10, seed=11, n=6)
-    one = D.run(dm, hw, rt, c, n_threads=1)
-    two = D.run(dm, hw, rt, c, n_threads=2)
-    four = D.run(dm, hw, rt, c, n_threads=4)
+    one = KD.run(dm, hw, rt, c, n_threads=1)
+    two = KD.run(dm, hw, rt, c, n_threads=2)
+    four = KD.run(dm, hw, rt, c, n_threads=4)
     for key in RESULT_SCALARS + RESULT_ARRAYS:
         assert np.array_equal(one[key], two[key]) and np.array_equal(one[key], four[key])
     # each configuration index owns its stream: rows differ, reruns repeat
     assert len(set(one["step_mean"].tolist())) > 1
-    assert np.array_equal(D.run(dm, hw, rt, c)["step_mean"], one["step_mean"])
+    assert np.array_equal(KD.run(dm, hw, rt, c)["step_mean"], one["step_mean"])
 
 
 def test_trace_replay_through_kernel_matches_cache_replay():
@@ -249,11 +263,11 @@ def test_trace_replay_through_kernel_matches_cache_replay():
     tokens = np.stack([np.stack([rng.choice(E, size=k, replace=False, p=None) for _ in range(L)])
                        for _ in range(T)]).astype(np.int32)
     tr = traces.Trace(requests=[tokens], layers=list(range(L)), top_k=k, n_experts=E, source="test")
-    rt = R.lower_trace(R.RoutingDims(L, E, k), tr)
+    rt = LRT.lower_trace(LRT.RoutingDims(L, E, k), tr)
     for C in (2, 4, 8):
         dm, hw = synthetic(L, E, k, slots=C)
-        sim = D.run(dm, hw, rt, cols(1, steps=T, warmup=0))
-        direct = R.cache_hit_rates([tokens], E, C)
+        sim = KD.run(dm, hw, rt, cols(1, steps=T, warmup=0))
+        direct = KRT.cache_hit_rates([tokens], E, C)
         assert sim["hit_rate"][0] == pytest.approx(direct.mean(), abs=1e-12)
 
 
@@ -400,43 +414,43 @@ def test_bad_trace_rejected_before_the_kernel(tmp_path):
 def test_kernel_rejects_inconsistent_tables_without_crashing():
     """Raw tables bypass validation: the kernel returns an error code (KernelError), never crashes."""
     dm, hw = synthetic(2, 8, 2, slots=4)
-    rt = R.lower(R.RoutingDims(2, 8, 2), R.profile("generic"), seed=0)
+    rt = LRT.lower(LRT.RoutingDims(2, 8, 2), R.profile("generic"), seed=0)
     bad_hw = dict(hw, gpu_bw=0.0)
     with pytest.raises(KernelError, match="bandwidth"):
-        D.run(dm, bad_hw, rt, cols())
+        KD.run(dm, bad_hw, rt, cols())
     bad_rt = dict(rt, top_k=9)
     with pytest.raises(KernelError, match="routing"):
-        D.run(dm, hw, bad_rt, cols())
+        KD.run(dm, hw, bad_rt, cols())
     bad_dm = dict(dm, moe_index=np.array([0, 5], np.int32))
     with pytest.raises(KernelError):
-        D.run(bad_dm, hw, rt, cols())
+        KD.run(bad_dm, hw, rt, cols())
     bad_trace = dict(rt, trace=np.full((4, 2, 2), 8, np.int32))
     with pytest.raises(KernelError, match="trace"):
-        D.run(dm, hw, bad_trace, cols())
+        KD.run(dm, hw, bad_trace, cols())
 
 
 def test_op_offload_thresholds_follow_the_runtimes():
     """llama.cpp copies CPU experts to the GPU from 32 tokens per step; ik_llama.cpp scales that by
     experts / active: >= 1024 tokens for DeepSeek-V3, >= 512 for Qwen3-235B (RT §1.1, PR #520)."""
-    from moesim.models import model
-    from moesim.runtimes import runtime
-    assert D.op_offload_threshold(runtime("llama.cpp"), model("deepseek-v3")) == 32
-    assert D.op_offload_threshold(runtime("ik_llama.cpp"), model("deepseek-v3")) == 1024
-    assert D.op_offload_threshold(runtime("ik_llama.cpp"), model("qwen3-235b-a22b")) == 512
-    assert math.isinf(D.op_offload_threshold(runtime("vllm"), model("deepseek-v3")))
+    from moesim.ingest import model
+    from moesim.spec.runtimes import runtime
+    assert LDM.op_offload_threshold(runtime("llama.cpp"), model("deepseek-v3")) == 32
+    assert LDM.op_offload_threshold(runtime("ik_llama.cpp"), model("deepseek-v3")) == 1024
+    assert LDM.op_offload_threshold(runtime("ik_llama.cpp"), model("qwen3-235b-a22b")) == 512
+    assert math.isinf(LDM.op_offload_threshold(runtime("vllm"), model("deepseek-v3")))
 
 
 def test_attention_data_parallel_spreads_per_sequence_host_work():
     """tpN-epN-attn-dp runs one scheduler per rank: the per-sequence host overhead of a step is paid
     per rank (batch / N sequences each), so a large batch steps faster than under plain TP."""
-    from moesim.runtimes import runtime
+    from moesim.spec.runtimes import runtime
     mach = hardware.machine(gpu="h200", gpus=8)
-    dp = D.with_parallel(runtime("trtllm"), "tp8-ep8-attn-dp", mach)
-    tp = D.with_parallel(runtime("trtllm"), "tp8", mach)
+    dp = RES.with_parallel(runtime("trtllm"), "tp8-ep8-attn-dp", mach)
+    tp = RES.with_parallel(runtime("trtllm"), "tp8", mach)
     assert dp.decode.data_parallel == 8 and tp.decode.data_parallel == 1
     p = D.Placement("all-gpu")
-    assert D.lower_machine(mach, dp, p, Q.KernelMix())["seq_s"] == pytest.approx(
-        D.lower_machine(mach, tp, p, Q.KernelMix())["seq_s"] / 8)
+    assert LHW.lower_machine(mach, dp, p, Q.KernelMix())["seq_s"] == pytest.approx(
+        LHW.lower_machine(mach, tp, p, Q.KernelMix())["seq_s"] / 8)
     fast = simulate("deepseek-r1", mach, quant="fp8", runtime="trtllm", parallel="tp8-ep8-attn-dp", batch=512,
                     context=2048, mode="analytic")
     slow = simulate("deepseek-r1", mach, quant="fp8", runtime="trtllm", parallel="tp8", batch=512, context=2048,
@@ -446,10 +460,11 @@ def test_attention_data_parallel_spreads_per_sequence_host_work():
 
 def _kt_prefill(quant, cpu, prompt=1024, gpus=1, amx=True):
     import dataclasses
-    from moesim.fit import resolve
-    from moesim.memory import configure, evaluate, _result_from_arrays
-    from moesim.models import model
-    from moesim.runtimes import runtime
+    from moesim.analysis.resolve import resolve
+    from moesim.engine.lower.memory import configure
+    from moesim.engine.memory import evaluate, _result_from_arrays
+    from moesim.ingest import model
+    from moesim.spec.runtimes import runtime
     m = model("deepseek-v3")
     mach = hardware.machine(gpu="rtx-4090", gpus=gpus, host="ddr5-4800x8", cpu=cpu, sockets=2, host_mem_gb=1024)
     kt = runtime("ktransformers")
@@ -457,10 +472,10 @@ def _kt_prefill(quant, cpu, prompt=1024, gpus=1, amx=True):
     q, rt, kv, low, p = resolve(m, quant, mach, kt, "experts-cpu", prompt, 1, None, 0,
                                 "tp%d" % gpus if gpus > 1 else None)
     mem = _result_from_arrays(evaluate(low, configure(m, low, mach, rt, p, prompt, 1, kv, 0)), 0)
-    dm = D.lower_model(m, low, p, mach, rt, prompt, kv, 1, mem.by_class, mem.tier)
-    rtab = R.lower(R.RoutingDims.of(m), R.profile(None, family=m.family), 0)
-    hw = D.lower_machine(mach, rt, p, Q.kernel_mix(m, q))
-    return D.prefill(m, dm, hw, rtab, rt, prompt, 1)[0], dm, hw
+    dm = LDM.lower_model(m, low, p, mach, rt, prompt, kv, 1, mem.by_class, mem.tier)
+    rtab = LRT.lower(LRT.RoutingDims.of(m), R.profile(None, family=m.family), 0)
+    hw = LHW.lower_machine(mach, rt, p, Q.kernel_mix(m, q))
+    return PF.prefill(m, dm, hw, rtab, rt, prompt, 1)[0], dm, hw
 
 
 def test_ktransformers_prefills_on_amx_tiles_for_int8_experts():
@@ -500,16 +515,16 @@ def test_prefill_on_top_of_a_cached_context_is_slower():
     """A prompt appended to `depth` cached tokens attends over depth + prompt / 2 keys on average
     (llama-bench -d): deeper is slower, windowed layers stop growing at their window, and
     simulate's prompt (from an empty cache) does not depend on the decode context."""
-    from moesim.models import model
+    from moesim.ingest import model
     m = model("gpt-oss-120b")
-    shallow, deep = D.prefill_score_flops(m, 2048, 0), D.prefill_score_flops(m, 2048, 32768)
+    shallow, deep = ATT.prefill_score_flops(m, 2048, 0), ATT.prefill_score_flops(m, 2048, 32768)
     windowed = np.array([bool(layer.attention.window) for layer in m.layers])
     assert windowed.any() and (~windowed).any()
     assert np.all(deep[~windowed] > 10 * shallow[~windowed]) and np.allclose(deep[windowed], shallow[windowed])
     mach = hardware.machine(gpu="dgx-spark")
     q, rt, kv, low, p, dm, hw, rtab = _lowered("gpt-oss-120b", "MXFP4", mach, None, "unified", 2048)
-    at0 = D.prefill(m, dm, hw, rtab, rt, 2048, 1)[0]
-    at32k = D.prefill(m, dm, hw, rtab, rt, 2048, 1, depth=32768)[0]
+    at0 = PF.prefill(m, dm, hw, rtab, rt, 2048, 1)[0]
+    at32k = PF.prefill(m, dm, hw, rtab, rt, 2048, 1, depth=32768)[0]
     assert at32k < at0
     a = simulate("gpt-oss-120b", mach, quant="MXFP4", context=4096, prompt=2048, mode="analytic")
     b = simulate("gpt-oss-120b", mach, quant="MXFP4", context=65536, prompt=2048, mode="analytic")
@@ -517,38 +532,39 @@ def test_prefill_on_top_of_a_cached_context_is_slower():
 
 
 def _lowered(mid, quant, mach, runtime, placement, context):
-    from moesim.fit import resolve
-    from moesim.memory import configure, evaluate, _result_from_arrays
-    from moesim.models import model
+    from moesim.analysis.resolve import resolve
+    from moesim.engine.lower.memory import configure
+    from moesim.engine.memory import evaluate, _result_from_arrays
+    from moesim.ingest import model
     m = model(mid)
     q, rt, kv, low, p = resolve(m, quant, mach, runtime, placement, context, 1, None, 0, None)
     mem = _result_from_arrays(evaluate(low, configure(m, low, mach, rt, p, context, 1, kv, 0)), 0)
-    dm = D.lower_model(m, low, p, mach, rt, context, kv, 1, mem.by_class, mem.tier)
-    hw = D.lower_machine(mach, rt, p, Q.kernel_mix(m, q))
-    return q, rt, kv, low, p, dm, hw, R.lower(R.RoutingDims.of(m), R.profile(None, family=m.family), 0)
+    dm = LDM.lower_model(m, low, p, mach, rt, context, kv, 1, mem.by_class, mem.tier)
+    hw = LHW.lower_machine(mach, rt, p, Q.kernel_mix(m, q))
+    return q, rt, kv, low, p, dm, hw, LRT.lower(LRT.RoutingDims.of(m), R.profile(None, family=m.family), 0)
 
 
 def test_moe_prefill_on_gpu_gains_from_a_larger_ubatch():
     """Each ubatch streams every used expert's weights once and an expert's GEMM serves only
     ubatch x top-k / experts tokens, so a larger -ub amortises the streaming: faster prefill."""
     import dataclasses
-    from moesim.models import model
-    from moesim.runtimes import runtime
+    from moesim.ingest import model
+    from moesim.spec.runtimes import runtime
     mach = hardware.machine(gpu="dgx-spark")
     m = model("gpt-oss-120b")
     rates = []
     for ub in (256, 512, 2048):
         rt = dataclasses.replace(runtime("llama.cpp"), ubatch=ub)
         q, rt, kv, low, p, dm, hw, rtab = _lowered("gpt-oss-120b", "MXFP4", mach, rt, "unified", 4096)
-        rates.append(D.prefill(m, dm, hw, rtab, rt, 4096, 1)[0])
+        rates.append(PF.prefill(m, dm, hw, rtab, rt, 4096, 1)[0])
     assert rates[0] < rates[1] < rates[2]
 
 
 def test_cpu_matmul_rate_follows_runtime_kernels_and_quant_family():
     """Mainline llama.cpp multiplies codebook-grid i-quants on the CPU at cpu_iquant_rel of its rate
     (ik_llama.cpp PR #518); ik_llama.cpp's kernels run cpu_kernel_speedup faster (PR #533)."""
-    from moesim.models import model
-    from moesim.runtimes import runtime
+    from moesim.ingest import model
+    from moesim.spec.runtimes import runtime
     m = model("deepseek-r1")
     assert Q.kernel_mix(m, "UD-IQ1_S").cpu_grid > 0.9
     assert Q.kernel_mix(m, "Q4_K_M").cpu_grid == 0.0 and Q.kernel_mix(m, "fp8").cpu_grid == 0.0
@@ -556,12 +572,12 @@ def test_cpu_matmul_rate_follows_runtime_kernels_and_quant_family():
     p = D.Placement("experts-cpu")
     main, ik = runtime("llama.cpp"), runtime("ik_llama.cpp")
     grid = [Q.KernelMix(cpu_grid=s) for s in (0.0, 1.0, 0.5)]
-    k_main, i_main = (D.lower_machine(mach, main, p, x)["cpu_flops"] for x in grid[:2])
-    k_ik, i_ik = (D.lower_machine(mach, ik, p, x)["cpu_flops"] for x in grid[:2])
+    k_main, i_main = (LHW.lower_machine(mach, main, p, x)["cpu_flops"] for x in grid[:2])
+    k_ik, i_ik = (LHW.lower_machine(mach, ik, p, x)["cpu_flops"] for x in grid[:2])
     assert i_main == pytest.approx(k_main * main.decode.cpu_iquant_rel) and main.decode.cpu_iquant_rel < 0.5
     assert k_ik == pytest.approx(k_main * ik.decode.cpu_kernel_speedup) and ik.decode.cpu_kernel_speedup > 1.5
     assert i_ik == pytest.approx(k_ik * ik.decode.cpu_iquant_rel) and i_ik > i_main
-    half = D.lower_machine(mach, main, p, grid[2])["cpu_flops"]
+    half = LHW.lower_machine(mach, main, p, grid[2])["cpu_flops"]
     assert i_main < half < k_main
     cpu = hardware.machine(gpu=None, host="ddr5-6000x2", cpu="ryzen-9-7950x")
     slow = simulate("mixtral-8x7b", cpu, quant="IQ3_XXS", context=512, prompt=512, mode="analytic")
@@ -574,7 +590,7 @@ def test_kquant_prefill_before_int8_tensor_core_mmq():
     """llama.cpp builds before PR #7860 ran K-quant MMQ without int8 tensor cores: a Q4_K_M prefill
     on a 4090 is slower under the llama.cpp-2024h1 profile, a Q4_0 one (only its Q6_K output matrix is a
     K-quant) barely, and decode is unchanged."""
-    from moesim.models import model
+    from moesim.ingest import model
     m = model("llama-3-8b")
     assert Q.kernel_mix(m, "Q4_K_M").mmq_kquant > 0.95 and 0.0 < Q.kernel_mix(m, "Q4_0").mmq_kquant < 0.15
     mach = hardware.machine(gpu="rtx-4090")
@@ -589,9 +605,9 @@ def test_kquant_prefill_before_int8_tensor_core_mmq():
 def test_release_profiles_keep_their_familys_behaviour():
     """ktransformers-legacy places experts like ktransformers (auto: GPU experts / experts on CPU) and
     llama.cpp-2024h1 fits like llama.cpp: a profile for an older release changes speeds, not placement."""
-    from moesim.fit import resolve
-    from moesim.models import model
-    from moesim.runtimes import runtime
+    from moesim.analysis.resolve import resolve
+    from moesim.ingest import model
+    from moesim.spec.runtimes import runtime
     m = model("deepseek-v3")
     mach = hardware.machine("xeon-6454s-4090")
     for new, old in (("ktransformers", "ktransformers-legacy"), ("llama.cpp", "llama.cpp-2024h1")):
@@ -605,9 +621,9 @@ def test_runtime_launch_settings_per_model():
     """A runtime profile carries the launch settings its docs give for a catalog model (`kt run m2.1`:
     GPU prefill threshold 4096, chunked prefill 32768; the Qwen3-Coder-Next tutorial: 2048 / 16384);
     resolve applies them, the standalone ktransformers-legacy server has none."""
-    from moesim.fit import resolve
-    from moesim.models import model
-    from moesim.runtimes import runtime
+    from moesim.analysis.resolve import resolve
+    from moesim.ingest import model
+    from moesim.spec.runtimes import runtime
     plain = runtime("ktransformers").decode
     mm = runtime("ktransformers", model="minimax-m2").decode
     qn = runtime("ktransformers", model="qwen3-next-80b-a3b").decode
@@ -633,22 +649,22 @@ def test_fp8_weights_set_gpu_gemm_and_cpu_rates():
     """fp8 checkpoints: served runtimes run the weight GEMMs on fp8 tensor cores (2x the 16-bit rate on
     a 4090) and the attention scores at attn_flops_eff of the 16-bit peak; CPUs, without fp8 arithmetic,
     multiply them at cpu_fp8_rel. llama.cpp (GGUF, no fp8 type) keeps one MMQ rate."""
-    from moesim.models import model
-    from moesim.runtimes import runtime
+    from moesim.ingest import model
+    from moesim.spec.runtimes import runtime
     m = model("minimax-m2")
     mix = Q.kernel_mix(m, "fp8")
     assert mix.fp8 > 0.99 and mix.cpu_fp8 == 1.0 and Q.kernel_mix(m, "bf16").fp8 == 0.0
     mach = hardware.machine(gpu="rtx-4090", host="ddr5-4800x8", cpu="xeon-platinum-8488c", sockets=2)
     p = D.Placement("experts-cpu")
     kt = runtime("ktransformers")
-    fp8, bf16 = D.lower_machine(mach, kt, p, mix), D.lower_machine(mach, kt, p, Q.KernelMix())
+    fp8, bf16 = LHW.lower_machine(mach, kt, p, mix), LHW.lower_machine(mach, kt, p, Q.KernelMix())
     tf = mach.gpu_tflops
     assert fp8["prefill_gemm_flops"] / fp8["prefill_flops"] == pytest.approx(
         1.0 / (mix.fp8 / (tf["fp8"] / tf["bf16"]) + 1.0 - mix.fp8))
     assert bf16["prefill_gemm_flops"] == bf16["prefill_flops"]
     assert fp8["prefill_attn_flops"] == pytest.approx(tf["bf16"] * 1e12 * kt.decode.attn_flops_eff)
     assert fp8["cpu_flops"] == pytest.approx(bf16["cpu_flops"] * kt.decode.cpu_fp8_rel)
-    lcpp = D.lower_machine(mach, runtime("llama.cpp"), p, Q.KernelMix(fp8=1.0))
+    lcpp = LHW.lower_machine(mach, runtime("llama.cpp"), p, Q.KernelMix(fp8=1.0))
     assert lcpp["prefill_gemm_flops"] == lcpp["prefill_flops"] == lcpp["prefill_attn_flops"]
 
 
@@ -658,12 +674,12 @@ def test_cpu_clock_runs_from_boost_to_base_as_cores_fill(busy):
     """Every core busy on a matmul runs at the base clock (TDP is rated there); fewer busy cores share the
     power budget and clock higher, up to the boost clock: the rate never falls as threads are added and
     per core never rises."""
-    from moesim.runtimes import runtime
+    from moesim.spec.runtimes import runtime
     d = runtime("llama.cpp").decode
 
     def rate(cores):
         mach = hardware.machine(gpu=None, host="ddr5-4800x8", cpu="xeon-gold-6454s", sockets=2, cores=cores)
-        return D.lower_machine(mach, runtime("llama.cpp"), D.Placement("cpu-only"), Q.KernelMix())["cpu_flops"]
+        return LHW.lower_machine(mach, runtime("llama.cpp"), D.Placement("cpu-only"), Q.KernelMix())["cpu_flops"]
 
     unit = 64 * d.cpu_flops_eff * d.cpu_kernel_speedup * 1e9
     assert rate(64) == pytest.approx(64 * 2.2 * unit)                     # 2 x 32 cores, all busy: base
@@ -678,16 +694,16 @@ def test_layerwise_prefill_copies_then_computes():
     layers' expert bytes over the link."""
     prompt = 16384
     rate, dm, hw = _kt_prefill("fp8", "xeon-platinum-8488c", prompt=prompt)
-    from moesim.models import model
-    from moesim.runtimes import runtime
+    from moesim.ingest import model
+    from moesim.spec.runtimes import runtime
     m = model("deepseek-v3")
     rt = runtime("ktransformers")
-    rtab = R.lower(R.RoutingDims.of(m), R.profile(None, family=m.family), 0)
+    rtab = LRT.lower(LRT.RoutingDims.of(m), R.profile(None, family=m.family), 0)
     fast_link = dict(hw, pcie_bw=1e30, host_bw=1e30)
     t_all = prompt / rate
-    t_nolink = prompt / D.prefill(m, dm, fast_link, rtab, rt, prompt, 1)[0]
+    t_nolink = prompt / PF.prefill(m, dm, fast_link, rtab, rt, prompt, 1)[0]
     link = min(hw["pcie_bw"] * hw["pcie_links"], hw["host_bw"])
-    moe = np.asarray(dm["expert_mode"]) != D.EXP_NONE
+    moe = np.asarray(dm["expert_mode"]) != CODES.EXP_NONE
     copy = sum(dm["layer_experts"][l] * dm["expert_bytes"][l] for l in np.nonzero(moe)[0]) / link
     chunks = -(-prompt // rt.decode.layerwise_chunk_tokens)
     assert dm["layerwise_prefill"] and t_all - t_nolink == pytest.approx(chunks * copy, rel=1e-6)
@@ -699,8 +715,8 @@ _PREFILL_CASES = {}
 def _prefill_case(name):
     """Lowered prefill inputs (model, dm, hw, rtab, rt, prompt) for a few real configurations, built once."""
     if name not in _PREFILL_CASES:
-        from moesim.models import model
-        from moesim.runtimes import runtime
+        from moesim.ingest import model
+        from moesim.spec.runtimes import runtime
         if name.startswith("kt"):
             prompt = 8192 if name == "kt-stream" else 2048
             _, dm, hw = _kt_prefill("fp8", "xeon-platinum-8488c", prompt=prompt, gpus=2)
@@ -710,7 +726,7 @@ def _prefill_case(name):
             mach = hardware.machine(gpu="rtx-4090", host="ddr5-6000x2", cpu="ryzen-9-7950x", host_mem_gb=192)
             m, rt = model("qwen3-30b-a3b"), runtime("llama.cpp")
             *_, dm, hw, _ = _lowered("qwen3-30b-a3b", "Q4_K_M", mach, rt, "experts-cpu", prompt)
-        rtab = R.lower(R.RoutingDims.of(m), R.profile(None, family=m.family), 0)
+        rtab = LRT.lower(LRT.RoutingDims.of(m), R.profile(None, family=m.family), 0)
         _PREFILL_CASES[name] = (m, dm, hw, rtab, rt, prompt)
     return _PREFILL_CASES[name]
 
@@ -724,15 +740,16 @@ def test_more_of_any_resource_never_slows_prefill(case, resource, factor):
     """Prefill invariant: more bandwidth or FLOP/s of any kind never lowers prefill tok/s (KT streaming and
     CPU paths, llama.cpp with CPU experts)."""
     m, dm, hw, rtab, rt, prompt = _prefill_case(case)
-    base = D.prefill(m, dm, hw, rtab, rt, prompt, 1)[0]
-    more = D.prefill(m, dm, dict(hw, **{resource: hw[resource] * factor}), rtab, rt, prompt, 1)[0]
+    base = PF.prefill(m, dm, hw, rtab, rt, prompt, 1)[0]
+    more = PF.prefill(m, dm, dict(hw, **{resource: hw[resource] * factor}), rtab, rt, prompt, 1)[0]
     assert more >= base * (1 - 1e-12)
 
 
 def test_unknown_launch_setting_is_a_clear_error(monkeypatch):
     """A launch table naming something that is not a runtime parameter fails loudly, naming the profile."""
     import copy
-    from moesim import _catalog, runtimes
+    from moesim import _catalog
+    from moesim.spec import runtimes
     real = _catalog.load("runtimes")
     bad = copy.deepcopy(real)
     bad["runtimes"]["ktransformers"]["models"]["minimax-m2"]["chunk_size"] = 1
@@ -747,8 +764,8 @@ def test_mxfp4_prefill_gemms_run_at_their_own_mmq_rate():
     """llama.cpp's MXFP4 MMQ (gpt-oss) runs at gpu_mxfp4_mmq_rel of its Q4 rate on discrete cards and on
     GB10 alike (GB10 shares the GDDR cards' efficiency); decode and Apple's Metal path are unchanged."""
     import dataclasses
-    from moesim.models import model
-    from moesim.runtimes import runtime
+    from moesim.ingest import model
+    from moesim.spec.runtimes import runtime
     m = model("gpt-oss-20b")
     mix = Q.kernel_mix(m, "MXFP4")
     assert mix.mmq_mxfp4 > 0.8 and Q.kernel_mix(m, "Q4_0").mmq_mxfp4 == 0.0
@@ -759,14 +776,14 @@ def test_mxfp4_prefill_gemms_run_at_their_own_mmq_rate():
     for gpu in ("rtx-4090", "dgx-spark"):
         mach = hardware.machine(gpu=gpu)
         pu = D.Placement("unified") if mach.unified else p
-        slow, fast = (D.lower_machine(mach, r, pu, mix)["prefill_flops"] for r in (lc, full))
+        slow, fast = (LHW.lower_machine(mach, r, pu, mix)["prefill_flops"] for r in (lc, full))
         assert slow == pytest.approx(fast / (mix.mmq_mxfp4 / lc.decode.gpu_mxfp4_mmq_rel + 1 - mix.mmq_mxfp4))
         a, b = (simulate("gpt-oss-20b", mach, quant="MXFP4", runtime=r, context=2048, prompt=2048, mode="analytic")
                 for r in (lc, full))
         assert a.prefill_tok_s < b.prefill_tok_s and a.decode_tok_s == pytest.approx(b.decode_tok_s, rel=1e-12)
     spark = hardware.machine(gpu="dgx-spark")
-    assert D.lower_machine(spark, full, D.Placement("unified"), Q.KernelMix())["prefill_flops"] == pytest.approx(
+    assert LHW.lower_machine(spark, full, D.Placement("unified"), Q.KernelMix())["prefill_flops"] == pytest.approx(
         spark.gpu_tflops["fp8"] * 1e12 * lc.decode.prefill_flops_eff)
     mac = hardware.machine(gpu="m3-max")
-    assert (D.lower_machine(mac, lc, D.Placement("unified"), mix)["prefill_flops"]
-            == D.lower_machine(mac, full, D.Placement("unified"), mix)["prefill_flops"])
+    assert (LHW.lower_machine(mac, lc, D.Placement("unified"), mix)["prefill_flops"]
+            == LHW.lower_machine(mac, full, D.Placement("unified"), mix)["prefill_flops"])

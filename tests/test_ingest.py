@@ -22,10 +22,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import moesim
-from moesim import hardware, ingest, memory as mem, models, overrides as O, quants as Q
+from moesim.spec import hardware
+from moesim.ingest import gguf as GGUF
+from moesim.ingest import safetensors as ST
+from moesim.engine.lower import memory as mem
+from moesim.engine import memory as EMEM
+from moesim import ingest as models
+from moesim.spec import overrides as O
+from moesim.spec import quants as Q
 from moesim.cli import main
 from moesim.errors import MoesimError
-from moesim.models import Model
+from moesim.spec.models import Model
 
 MACHINE = ["--gpu", "rtx-4090", "--host", "ddr5-6000x2", "--host-mem-gb", "128"]
 
@@ -144,7 +151,7 @@ def _class_of(name: str) -> str:
 def test_reader_agrees_with_gguf_py_reader(gguf_dir):
     path = str(gguf_dir / "tiny.gguf")
     ref = gguf.GGUFReader(path)
-    mine = ingest.read_gguf_header(path)
+    mine = GGUF.read_gguf_header(path)
     assert [t.name for t in mine.tensors] == [t.name for t in ref.tensors]
     for a, b in zip(mine.tensors, ref.tensors):
         assert a.type_name == b.tensor_type.name
@@ -161,11 +168,11 @@ def test_ggml_type_table_matches_gguf_py():
         if t.name == "Q8_1":
             # gguf-py 0.19 says 4 + 4 + 32 = 40 bytes; ggml's block_q8_1 is two fp16 (d, s) + 32 int8 =
             # 36 (static_assert in ggml-common.h, quants.md §1). Never a stored type either way.
-            assert ingest.ggml_type(int(t)) == ("Q8_1", 32, 36)
+            assert GGUF.ggml_type(int(t)) == ("Q8_1", 32, 36)
             continue
-        assert ingest.ggml_type(int(t))[1:] == (blk, size), t.name
+        assert GGUF.ggml_type(int(t))[1:] == (blk, size), t.name
         if t.name in Q.ggml_types():
-            assert ingest.ggml_type(int(t))[0] == t.name
+            assert GGUF.ggml_type(int(t))[0] == t.name
 
 
 def test_gguf_bytes_per_tensor_and_class_exact(tiny):
@@ -196,7 +203,7 @@ def test_gguf_architecture(tiny):
     assert tiny.layers[0].ffn.expert_intermediate == FF
     assert tiny.native_quant == "Q4_K_M"
     # KV bytes follow the architecture: 2 (K, V) x layers x kv heads x head_dim x 2 B
-    r = mem.memory(tiny, hardware.machine("dgx-h200"), "native", context=4096, kv_dtype="f16")
+    r = EMEM.memory(tiny, hardware.machine("dgx-h200"), "native", context=4096, kv_dtype="f16")
     assert r.kv_bytes_per_token == 2 * L * KVH * HD * 2
 
 
@@ -235,8 +242,8 @@ def test_fit_and_simulate_accept_gguf_paths(gguf_dir, capsys):
 def test_split_shards_follow_llama_cpp_naming(gguf_dir):
     names = sorted(p.name for p in gguf_dir.glob("tiny-split-*.gguf"))
     assert names == [f"tiny-split-{i:05d}-of-00003.gguf" for i in (1, 2, 3)]
-    first = ingest.read_gguf_header(gguf_dir / names[0])
-    second = ingest.read_gguf_header(gguf_dir / names[1])
+    first = GGUF.read_gguf_header(gguf_dir / names[0])
+    second = GGUF.read_gguf_header(gguf_dir / names[1])
     assert first.kv["split.count"] == 3 and first.kv["split.no"] == 0 and second.kv["split.no"] == 1
     assert first.kv["split.tensors.count"] == len(tiny_moe_tensors())
     assert "general.name" not in second.kv                       # metadata lives in the first shard
@@ -260,7 +267,7 @@ def _copy_split(src_dir, dst_dir, prefix="tiny-split"):
 
 def _set_kv(path, key: str, value: int, vtype=None):
     """Rewrite one integer KV of a GGUF in place (same width)."""
-    shard = ingest.read_gguf_header(path)
+    shard = GGUF.read_gguf_header(path)
     raw = bytearray(open(path, "rb").read())
     kb = key.encode()
     i = raw.find(struct.pack("<Q", len(kb)) + kb)
@@ -523,7 +530,7 @@ def test_glm_nextn_block_is_mtp_as_llama_cpp_converts_it(tmp_path):
         _add(w, t.name, t.shape, "F32" if len(t.shape) == 1 else "F16")
     _write(w)
     g = Model.from_gguf(tmp_path / "glm.gguf")
-    assert ingest.read_gguf_header(tmp_path / "glm.gguf").alignment == 64
+    assert GGUF.read_gguf_header(tmp_path / "glm.gguf").alignment == 64
     assert g.layers == hf.layers and g.mtp_layers == 1 and g.mtp_layer == hf.mtp_layer
     mtp = [t for t, _ty, _nb in g.stored.table if t.cls == "mtp"]
     assert mtp and all(t.name.startswith("blk.3.") for t in mtp)
@@ -818,7 +825,7 @@ def test_bad_config_file(tmp_path):
 # =================================================================================== safetensors
 def write_safetensors(path, tensors: dict, pad_to: int = 8) -> None:
     """{name: (dtype, torch shape)} as a safetensors file of zeros (header padded like the library)."""
-    bits = ingest.ST_DTYPE_BITS
+    bits = ST.ST_DTYPE_BITS
     header, off = {}, 0
     for name, (dtype, shape) in tensors.items():
         n = int(np.prod(shape)) * bits[dtype] // 8
@@ -879,7 +886,7 @@ def write_hf_checkpoint(d, cfg, fp8=False, shards=2):
         part = {n: tensors[n] for n in names[s * per:(s + 1) * per]}
         write_safetensors(d / fname, part)
         wm.update({n: fname for n in part})
-    total = sum(int(np.prod(s)) * ingest.ST_DTYPE_BITS[dt] // 8 for dt, s in tensors.values())
+    total = sum(int(np.prod(s)) * ST.ST_DTYPE_BITS[dt] // 8 for dt, s in tensors.values())
     (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": wm}))
     return tensors, total
 
@@ -961,7 +968,7 @@ def test_hostile_safetensors(tmp_path, mutate, match):
     p = tmp_path / "h.safetensors"
     _hostile_st(p, mutate)
     with pytest.raises(MoesimError, match=match) as ei:
-        ingest.read_safetensors_header(p)
+        ST.read_safetensors_header(p)
     assert str(p) in str(ei.value)
 
 
@@ -1028,7 +1035,7 @@ def small_gguf(tmp_path_factory):
 
 
 def _header_end(path) -> int:
-    return ingest.read_gguf_header(path).data_offset
+    return GGUF.read_gguf_header(path).data_offset
 
 
 def _patch(raw: bytes, find: bytes, new: bytes, after: int = 0) -> bytes:
@@ -1178,6 +1185,6 @@ def test_fuzz_safetensors_header(tmp_path_factory, data):
         buf[pos] = data.draw(st.sampled_from(list(b'{}[]",:-0123456789 eE.xa\xff\x00')))
     p.write_bytes(bytes(buf))
     try:
-        ingest.read_safetensors_header(p)
+        ST.read_safetensors_header(p)
     except MoesimError as exc:
         assert str(p) in str(exc)

@@ -10,8 +10,15 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from moesim import MoesimError, hardware, memory as mem, models, quants, reference
-from moesim.placement import PLACEMENT_CODES
+from moesim import MoesimError
+from moesim.spec import hardware
+from moesim.engine import codes as CODES
+from moesim.engine.lower import memory as mem
+from moesim.engine import memory as EMEM
+from moesim import ingest as models
+from moesim.spec import quants
+from moesim.engine.reference import memory as reference
+from moesim.spec.placement import PLACEMENT_CODES
 
 # A spread of architectures: GQA with sliding windows and sinks (gpt-oss), GDN linear attention
 # (qwen3-next), DeepSeek-V4 compressed attention (ratio terms), dense MHA (llama-2), KDA + MLA
@@ -128,8 +135,8 @@ def assert_same_results(c: dict, r: dict, where: str = ""):
 def test_c_matches_reference(case):
     mid, quant, low, rows = case
     cols = to_cols(rows)
-    c = mem.evaluate(low, cols, engine="c")
-    r = mem.evaluate(low, cols, engine="reference")
+    c = EMEM.evaluate(low, cols, engine="c")
+    r = EMEM.evaluate(low, cols, engine="reference")
     assert_same_results(c, r, f"{mid} {quant}")
 
 
@@ -142,8 +149,8 @@ def test_host_bit_fractional_buffers():
                kv_granularity=1, gpu_fixed=0.0, gpu_buf0=0.0, gpu_buf_ctx=0.0, host_fixed=0.0, host_buf0=1.0,
                host_buf_ctx=0.1)
     cols = to_cols([row])
-    c, r = mem.evaluate(low, cols), mem.evaluate(low, cols, engine="reference")
-    assert r["fits"][0] == mem.FITS_GPU      # only buffers live in host RAM
+    c, r = EMEM.evaluate(low, cols), EMEM.evaluate(low, cols, engine="reference")
+    assert r["fits"][0] == CODES.FITS_GPU      # only buffers live in host RAM
     assert_same_results(c, r)
 
 
@@ -153,7 +160,7 @@ def test_c_matches_reference_numpy_random(mid):
     for quant in ("Q4_K_M", "native"):
         low = lowered(mid, quant)
         cols = random_cols(low, 20, rng)
-        assert_same_results(mem.evaluate(low, cols), mem.evaluate(low, cols, engine="reference"), f"{mid} {quant}")
+        assert_same_results(EMEM.evaluate(low, cols), EMEM.evaluate(low, cols, engine="reference"), f"{mid} {quant}")
 
 
 def test_differential_sees_every_placement_and_outcome():
@@ -161,7 +168,7 @@ def test_differential_sees_every_placement_and_outcome():
     rng = np.random.default_rng(7)
     low = lowered("mixtral-8x7b", "Q4_K_M")
     cols = random_cols(low, 400, rng)
-    res = mem.evaluate(low, cols)
+    res = EMEM.evaluate(low, cols)
     assert set(cols["placement"]) == set(PLACEMENT_CODES.values())
     assert (res["fits"] == 0).any() and (res["fits"] != 0).any()
     assert ((res["max_context"] > 0) & (res["max_context"] < low.max_context)).any()
@@ -176,7 +183,7 @@ def test_more_context_never_needs_less_memory(case, contexts):
     mid, quant, low, rows = case
     contexts = sorted(min(c, low.max_context) for c in contexts)
     cols = to_cols([dict(rows[0], context=c) for c in contexts])
-    res = mem.evaluate(low, cols)
+    res = EMEM.evaluate(low, cols)
     totals = res["tier"].sum(axis=1)
     assert np.all(np.diff(totals) >= 0), (mid, quant, contexts, totals)
     assert np.all(np.diff(res["tier"][:, 0]) >= 0), "GPU tier shrank with more context"
@@ -194,7 +201,7 @@ def test_more_memory_never_fits_less(case, factors, field):
     base = rows[0]
     scale = total_weights(low) if base[field] == 0 else base[field]
     caps = sorted(f * scale for f in factors)
-    res = mem.evaluate(low, to_cols([dict(base, **{field: c}) for c in caps]))
+    res = EMEM.evaluate(low, to_cols([dict(base, **{field: c}) for c in caps]))
     fits = res["fits"] != 0
     assert not np.any(fits[:-1] & ~fits[1:]), (mid, quant, field, caps, res["fits"])
     assert np.all(np.diff(res["max_context"]) >= 0), (field, res["max_context"])
@@ -214,7 +221,7 @@ def test_smaller_quant_never_needs_more(mid):
     assert sizes[0] < sizes[-1] / 3
     # The same order through the whole memory() path.
     machine = hardware.machine("dgx-h200")
-    totals = [mem.memory(mid, machine, q, context=4096).tier.sum() for q in ORDERED_GGUF]
+    totals = [EMEM.memory(mid, machine, q, context=4096).tier.sum() for q in ORDERED_GGUF]
     assert totals == sorted(totals), (mid, totals)
 
 
@@ -261,15 +268,15 @@ def boundary_case(draw):
 @given(boundary_case())
 def test_max_context_is_the_boundary(kw):
     m = models.model(kw["model"])
-    r = mem.memory(context=1, **kw)
+    r = EMEM.memory(context=1, **kw)
     mc = r.max_context
     assert 0 <= mc <= m.max_context
     if mc == 0:
         assert r.fits == "no"
         return
-    assert mem.memory(context=mc, **kw).fits != "no", kw
+    assert EMEM.memory(context=mc, **kw).fits != "no", kw
     if mc < m.max_context:
-        assert mem.memory(context=mc + 1, **kw).fits == "no", kw
+        assert EMEM.memory(context=mc + 1, **kw).fits == "no", kw
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -278,24 +285,24 @@ def test_max_batch_is_the_boundary(kw, context):
     m = models.model(kw["model"])
     kw = dict(kw, context=min(context, m.max_context))
     del kw["batch"]
-    r = mem.memory(batch=1, **kw)
+    r = EMEM.memory(batch=1, **kw)
     mb = r.max_batch
     if mb == 0:
         assert r.fits == "no"
         return
-    assert mem.memory(batch=mb, **kw).fits != "no", kw
+    assert EMEM.memory(batch=mb, **kw).fits != "no", kw
     if mb < 2**30:
-        assert mem.memory(batch=mb + 1, **kw).fits == "no", kw
+        assert EMEM.memory(batch=mb + 1, **kw).fits == "no", kw
 
 
 def test_boundary_cases_reach_the_interior():
     """The boundary strategy is not vacuous: interior max_context/max_batch occur for fixed cases."""
     machine = hardware.machine(gpu="rtx-4090", gpus=1, gpu_mem_gb=24, host="ddr5-6000x2", host_mem_gb=64)
-    r = mem.memory("qwen3-30b-a3b", machine, "Q4_K_M", context=8192, batch=4, placement="n-cpu-moe=30")
+    r = EMEM.memory("qwen3-30b-a3b", machine, "Q4_K_M", context=8192, batch=4, placement="n-cpu-moe=30")
     assert 0 < r.max_context < 40960 and 0 < r.max_batch < 2**30
-    assert mem.memory("qwen3-30b-a3b", machine, "Q4_K_M", context=r.max_context, batch=4,
+    assert EMEM.memory("qwen3-30b-a3b", machine, "Q4_K_M", context=r.max_context, batch=4,
                       placement="n-cpu-moe=30").fits != "no"
-    assert mem.memory("qwen3-30b-a3b", machine, "Q4_K_M", context=r.max_context + 1, batch=4,
+    assert EMEM.memory("qwen3-30b-a3b", machine, "Q4_K_M", context=r.max_context + 1, batch=4,
                       placement="n-cpu-moe=30").fits == "no"
 
 
@@ -304,9 +311,9 @@ def test_threads_match_serial_bit_for_bit():
     for mid, quant in (("deepseek-v4-flash", "native"), ("mixtral-8x7b", "Q4_K_M")):
         low = lowered(mid, quant)
         cols = random_cols(low, 200, rng)
-        serial = mem.evaluate(low, cols, n_threads=1)
+        serial = EMEM.evaluate(low, cols, n_threads=1)
         for threads in (2, 3):
-            par = mem.evaluate(low, cols, n_threads=threads)
+            par = EMEM.evaluate(low, cols, n_threads=threads)
             for k in RESULT_FLOATS + RESULT_INTS:
                 assert par[k].dtype == serial[k].dtype
                 assert np.array_equal(par[k], serial[k]), (mid, threads, k)
@@ -333,7 +340,7 @@ def test_max_context_brute_force(mid, quant, gran, batch, target):
     low = lowered(mid, quant)
     # GPU capacity: what the configuration needs at `target` tokens (C tier, itself differential-tested).
     probe = _fixed_cols(low, context=target, batch=batch, kv_granularity=gran, gpu_capacity=1e15)
-    need = mem.evaluate(low, to_cols([probe]))["tier"][0, 0]
+    need = EMEM.evaluate(low, to_cols([probe]))["tier"][0, 0]
     row = dict(probe, gpu_capacity=need)
     cfg = {k: (int(v) if k in mem.INT_CONFIG_FIELDS else float(v)) for k, v in row.items()}
     fits = [reference.account(low, cfg, c, batch)[6] != 0 for c in range(1, 2001)]
@@ -343,23 +350,23 @@ def test_max_context_brute_force(mid, quant, gran, batch, target):
     # increasing in the padded context, so the next one does not).
     expected = -(-target // gran) * gran
     assert last == expected
-    c = mem.evaluate(low, to_cols([row]))
+    c = EMEM.evaluate(low, to_cols([row]))
     assert c["max_context"][0] == last
     # C's fits at each context agrees with the brute force.
-    sweep = mem.evaluate(low, to_cols([dict(row, context=x) for x in range(1, 2001)]))
+    sweep = EMEM.evaluate(low, to_cols([dict(row, context=x) for x in range(1, 2001)]))
     assert list(sweep["fits"] != 0) == fits
 
 
 def test_max_batch_brute_force():
     low = lowered("qwen3-30b-a3b", "Q4_K_M")
     probe = _fixed_cols(low, context=3000, batch=357, gpu_capacity=1e15, placement=PLACEMENT_CODES["experts-cpu"])
-    need = mem.evaluate(low, to_cols([probe]))["tier"][0, 0]
+    need = EMEM.evaluate(low, to_cols([probe]))["tier"][0, 0]
     row = dict(probe, gpu_capacity=need)
     cfg = {k: (int(v) if k in mem.INT_CONFIG_FIELDS else float(v)) for k, v in row.items()}
     fits = [reference.account(low, cfg, 3000, b)[6] != 0 for b in range(1, 1001)]
     assert fits[:357] == [True] * 357 and not any(fits[357:])
-    assert mem.evaluate(low, to_cols([row]))["max_batch"][0] == 357
-    assert mem.evaluate(low, to_cols([dict(row, gpu_capacity=need * (1 - 1e-9))]))["max_batch"][0] == 356
+    assert EMEM.evaluate(low, to_cols([row]))["max_batch"][0] == 357
+    assert EMEM.evaluate(low, to_cols([dict(row, gpu_capacity=need * (1 - 1e-9))]))["max_batch"][0] == 356
 
 
 # ------------------------------------------------------------------------------ accounting spot checks
@@ -367,29 +374,29 @@ def test_placements_move_experts():
     machine = hardware.machine(gpu="rtx-4090", gpus=1, host="ddr5-6000x2", host_mem_gb=192)
     low = lowered("qwen3-30b-a3b", "Q4_K_M")
     routed = low.weights_by_class["routed_experts"]
-    all_gpu = mem.memory("qwen3-30b-a3b", machine, "Q4_K_M", context=4096)
-    exp_cpu = mem.memory("qwen3-30b-a3b", machine, "Q4_K_M", context=4096, placement="experts-cpu")
+    all_gpu = EMEM.memory("qwen3-30b-a3b", machine, "Q4_K_M", context=4096)
+    exp_cpu = EMEM.memory("qwen3-30b-a3b", machine, "Q4_K_M", context=4096, placement="experts-cpu")
     r_idx = mem.CLASSES.index("routed_experts")
     assert all_gpu.by_class[r_idx, 0] == pytest.approx(routed, rel=1e-12) and all_gpu.by_class[r_idx, 1] == 0
     assert exp_cpu.by_class[r_idx, 1] == pytest.approx(routed, rel=1e-12) and exp_cpu.by_class[r_idx, 0] == 0
     assert exp_cpu.weights == all_gpu.weights
-    half = mem.memory("qwen3-30b-a3b", machine, "Q4_K_M", context=4096, placement="n-cpu-moe=24")
+    half = EMEM.memory("qwen3-30b-a3b", machine, "Q4_K_M", context=4096, placement="n-cpu-moe=24")
     assert half.by_class[r_idx, 1] == pytest.approx(routed / 2, rel=1e-9)
 
 
 def test_cpu_only_machine_places_nothing_on_gpu():
     machine = hardware.machine("epyc-9654-cpu")
-    r = mem.memory("qwen3-30b-a3b", machine, "Q4_K_M", context=4096, placement="cpu-only")
+    r = EMEM.memory("qwen3-30b-a3b", machine, "Q4_K_M", context=4096, placement="cpu-only")
     assert r.tier[0] == 0 and r.fits == "host"
     with pytest.raises(MoesimError) as e:
-        mem.memory("qwen3-30b-a3b", machine, "Q4_K_M", context=4096, placement="all-gpu")
+        EMEM.memory("qwen3-30b-a3b", machine, "Q4_K_M", context=4096, placement="all-gpu")
     assert e.value.field == "placement"
 
 
 def test_batch_multiplies_cache():
     machine = hardware.machine("dgx-h200")
-    one = mem.memory("gpt-oss-20b", machine, "native", context=8192)
-    four = mem.memory("gpt-oss-20b", machine, "native", context=8192, batch=4)
+    one = EMEM.memory("gpt-oss-20b", machine, "native", context=8192)
+    four = EMEM.memory("gpt-oss-20b", machine, "native", context=8192, batch=4)
     assert four.kv == 4 * one.kv
     assert four.weights == one.weights
 
@@ -411,44 +418,44 @@ def _raises(field: str, fn, *words):
 
 
 def test_unknown_model_suggests_nearest(machine):
-    err = _raises("model", lambda: mem.memory("deepseek-v3x", machine, "Q4_K_M"), "deepseek-v3x", "did you mean")
+    err = _raises("model", lambda: EMEM.memory("deepseek-v3x", machine, "Q4_K_M"), "deepseek-v3x", "did you mean")
     assert str(err).index("'deepseek-v3'") < str(err).index("?")
     _raises("model", lambda: models.model("qwen3-30b-a3"), "'qwen3-30b-a3b'")
 
 
 def test_unknown_quant(machine):
-    _raises("quant", lambda: mem.memory("llama-2-7b", machine, "Q4_K_Q"), "Q4_K_Q", "Q4_K_M")
+    _raises("quant", lambda: EMEM.memory("llama-2-7b", machine, "Q4_K_Q"), "Q4_K_Q", "Q4_K_M")
     _raises("quant", lambda: quants.resolve("fp9"), "fp9")
 
 
 @pytest.mark.parametrize("value", [0, -1, -4096, float("nan"), float("inf"), 2.5, True, None, "many"])
 @pytest.mark.parametrize("field", ["context", "batch"])
 def test_bad_context_and_batch(machine, field, value):
-    _raises(field, lambda: mem.memory("llama-2-7b", machine, "Q4_K_M", **{field: value}))
+    _raises(field, lambda: EMEM.memory("llama-2-7b", machine, "Q4_K_M", **{field: value}))
 
 
 def test_mxfp4_moe_on_dense_model(machine):
-    _raises("quant", lambda: mem.memory("llama-2-7b", machine, "MXFP4_MOE"), "MXFP4_MOE")
-    _raises("quant", lambda: mem.memory("llama-2-7b", machine, "mxfp4"))
+    _raises("quant", lambda: EMEM.memory("llama-2-7b", machine, "MXFP4_MOE"), "MXFP4_MOE")
+    _raises("quant", lambda: EMEM.memory("llama-2-7b", machine, "mxfp4"))
 
 
 def test_n_cpu_moe_beyond_layers(machine):
     assert models.model("qwen3-30b-a3b").n_layers == 48
-    _raises("placement", lambda: mem.memory("qwen3-30b-a3b", machine, "Q4_K_M", placement="n-cpu-moe=999"),
+    _raises("placement", lambda: EMEM.memory("qwen3-30b-a3b", machine, "Q4_K_M", placement="n-cpu-moe=999"),
             "999", "48")
-    mem.memory("qwen3-30b-a3b", machine, "Q4_K_M", placement="n-cpu-moe=48")  # the limit itself is fine
+    EMEM.memory("qwen3-30b-a3b", machine, "Q4_K_M", placement="n-cpu-moe=48")  # the limit itself is fine
 
 
 def test_gpu_experts_on_dense_model(machine):
-    _raises("placement", lambda: mem.memory("llama-2-7b", machine, "Q4_K_M", placement="gpu-experts=4"), "dense")
-    _raises("placement", lambda: mem.memory("llama-2-7b", machine, "Q4_K_M", placement="experts-cpu"))
+    _raises("placement", lambda: EMEM.memory("llama-2-7b", machine, "Q4_K_M", placement="gpu-experts=4"), "dense")
+    _raises("placement", lambda: EMEM.memory("llama-2-7b", machine, "Q4_K_M", placement="experts-cpu"))
 
 
 def test_bad_placement_spellings(machine):
-    _raises("placement", lambda: mem.memory("qwen3-30b-a3b", machine, "Q4_K_M", placement="n-cpu-moe"))
-    _raises("placement", lambda: mem.memory("qwen3-30b-a3b", machine, "Q4_K_M", placement="n-cpu-moe=-1"))
-    _raises("placement", lambda: mem.memory("qwen3-30b-a3b", machine, "Q4_K_M", placement="al-gpu"), "all-gpu")
-    _raises("placement", lambda: mem.memory("qwen3-30b-a3b", machine, "Q4_K_M", placement="gpu-experts=129"))
+    _raises("placement", lambda: EMEM.memory("qwen3-30b-a3b", machine, "Q4_K_M", placement="n-cpu-moe"))
+    _raises("placement", lambda: EMEM.memory("qwen3-30b-a3b", machine, "Q4_K_M", placement="n-cpu-moe=-1"))
+    _raises("placement", lambda: EMEM.memory("qwen3-30b-a3b", machine, "Q4_K_M", placement="al-gpu"), "all-gpu")
+    _raises("placement", lambda: EMEM.memory("qwen3-30b-a3b", machine, "Q4_K_M", placement="gpu-experts=129"))
 
 
 def test_host_on_unified_chip():
@@ -472,16 +479,16 @@ def test_other_machine_errors():
 
 
 def test_mtp_on_model_without_mtp(machine):
-    _raises("mtp", lambda: mem.memory("llama-2-7b", machine, "Q4_K_M", mtp=1))
-    with_mtp = mem.memory("glm-4.5-air", machine, "Q4_K_M", mtp=1)
-    without = mem.memory("glm-4.5-air", machine, "Q4_K_M")
+    _raises("mtp", lambda: EMEM.memory("llama-2-7b", machine, "Q4_K_M", mtp=1))
+    with_mtp = EMEM.memory("glm-4.5-air", machine, "Q4_K_M", mtp=1)
+    without = EMEM.memory("glm-4.5-air", machine, "Q4_K_M")
     assert with_mtp.weights > without.weights and with_mtp.kv > without.kv
 
 
 def test_unknown_kv_dtype_and_engine(machine):
-    _raises("kv_dtype", lambda: mem.memory("llama-2-7b", machine, "Q4_K_M", kv_dtype="q9"), "q9")
+    _raises("kv_dtype", lambda: EMEM.memory("llama-2-7b", machine, "Q4_K_M", kv_dtype="q9"), "q9")
     low = lowered("llama-2-7b", "Q4_K_M")
     cols = to_cols([_fixed_cols(low, gpu_capacity=1e12)])
-    _raises("engine", lambda: mem.evaluate(low, cols, engine="fortran"))
+    _raises("engine", lambda: EMEM.evaluate(low, cols, engine="fortran"))
     bad = dict(cols, batch=np.array([1, 2]))
-    _raises("batch", lambda: mem.evaluate(low, bad))
+    _raises("batch", lambda: EMEM.evaluate(low, bad))

@@ -11,7 +11,11 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from moesim import routing, traces
+from moesim.analysis import routing_fit as RF
+from moesim.engine.lower import routing as LRT
+from moesim.engine import routing as KRT
+from moesim.spec import routing
+from moesim.ingest import traces
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 
@@ -76,7 +80,7 @@ def python_lru(requests, capacity: int) -> np.ndarray:
 def test_kernel_lru_equals_python_lru_on_traces(name):
     tr = trace(name)
     for C in capacities(tr):
-        kernel = routing.cache_hit_rates(tr.requests, tr.n_experts, C, "lru")
+        kernel = KRT.cache_hit_rates(tr.requests, tr.n_experts, C, "lru")
         expected = python_lru(tr.requests, C)
         assert kernel.shape == (len(tr.layers),)
         assert list(kernel) == list(expected), f"capacity {C}"
@@ -99,7 +103,7 @@ def small_requests(draw):
 @given(small_requests())
 def test_kernel_lru_equals_python_lru_random(case):
     E, reqs, C = case
-    assert list(routing.cache_hit_rates(reqs, E, C, "lru")) == list(python_lru(reqs, min(C, E)))
+    assert list(KRT.cache_hit_rates(reqs, E, C, "lru")) == list(python_lru(reqs, min(C, E)))
 
 
 # ------------------------------------------------------------------------------- (b) hit-rate invariants
@@ -108,8 +112,8 @@ def test_hit_rates_monotone_and_belady_bounds_lru(name):
     tr = trace(name)
     E = tr.n_experts
     caps = sorted(set(capacities(tr)) | {1, tr.top_k + 1, E - 1} - {0})
-    lru = np.array([routing.cache_hit_rates(tr.requests, E, C, "lru") for C in caps])
-    belady = np.array([routing.cache_hit_rates(tr.requests, E, C, "belady") for C in caps])
+    lru = np.array([KRT.cache_hit_rates(tr.requests, E, C, "lru") for C in caps])
+    belady = np.array([KRT.cache_hit_rates(tr.requests, E, C, "belady") for C in caps])
     for rates in (lru, belady):
         assert np.all((rates >= 0) & (rates <= 1))
         assert np.all(np.diff(rates, axis=0) >= 0), "hit rate fell as the cache grew"
@@ -122,8 +126,8 @@ def test_hit_rates_monotone_and_belady_bounds_lru(name):
 @given(small_requests())
 def test_belady_at_least_lru_random(case):
     E, reqs, C = case
-    lru = routing.cache_hit_rates(reqs, E, C, "lru")
-    belady = routing.cache_hit_rates(reqs, E, C, "belady")
+    lru = KRT.cache_hit_rates(reqs, E, C, "lru")
+    belady = KRT.cache_hit_rates(reqs, E, C, "belady")
     assert np.all(belady >= lru - 1e-12)
     assert np.all((lru >= 0) & (lru <= 1) & (belady <= 1))
 
@@ -132,7 +136,7 @@ def test_belady_is_the_offline_optimum():
     # one layer, E = 4, C = 2, the same four experts twice: MIN (evict the expert whose next access is
     # furthest) hits 3 and 1 in the second token (2 of 8 accesses); the step-level ranking hits only one
     req = np.array([[[3, 0, 2, 1]], [[3, 0, 2, 1]]], dtype=np.int32)
-    assert routing.cache_hit_rates([req], 4, 2, "belady")[0] == 2 / 8
+    assert KRT.cache_hit_rates([req], 4, 2, "belady")[0] == 2 / 8
 
 
 # ------------------------------------------------------------------------------- (c) fitted profiles
@@ -140,13 +144,13 @@ def test_belady_is_the_offline_optimum():
 def test_fitted_profile_reproduces_trace(pid):
     tr = trace(FITTED[pid])
     E, k = tr.n_experts, tr.top_k
-    target = routing.trace_stats(tr.requests, E, k)
+    target = RF.trace_stats(tr.requests, E, k)
     prof = routing.profile(pid)
     assert prof.request_tokens > 0
-    dims = routing.RoutingDims(min(len(tr.layers), 8), E, k)
+    dims = LRT.RoutingDims(min(len(tr.layers), 8), E, k)
     # a seed and request count other than the fit's (seed 0, 48 requests)
-    reqs = routing.sample_requests(dims, prof, 64, prof.request_tokens, seed=20261)
-    model = routing.trace_stats(reqs, E, k)
+    reqs = KRT.sample_requests(dims, prof, 64, prof.request_tokens, seed=20261)
+    model = RF.trace_stats(reqs, E, k)
     for key in ("reuse", "lru_2k"):
         assert abs(model[key] - target[key]) <= 0.05, (key, model, target)
     assert abs(model["lru_3k"] - target["lru_3k"]) <= 0.08, model
@@ -156,11 +160,11 @@ def test_fitted_profile_reproduces_trace(pid):
 @settings(max_examples=20, deadline=None)
 @given(st.sampled_from(sorted(FITTED)), st.integers(0, 2**62))
 def test_sampling_reproducible(pid, seed):
-    dims = routing.RoutingDims(4, 16, 2)
+    dims = LRT.RoutingDims(4, 16, 2)
     prof = routing.profile(pid)
-    a = routing.sample_requests(dims, prof, 3, 40, seed)
-    b = routing.sample_requests(dims, prof, 3, 40, seed)
-    c = routing.sample_requests(dims, prof, 3, 40, seed + 1)
+    a = KRT.sample_requests(dims, prof, 3, 40, seed)
+    b = KRT.sample_requests(dims, prof, 3, 40, seed)
+    c = KRT.sample_requests(dims, prof, 3, 40, seed + 1)
     assert len(a) == 3 and all(x.shape == (40, 4, 2) and x.dtype == np.int32 for x in a)
     assert all(np.array_equal(x, y) for x, y in zip(a, b))
     assert not all(np.array_equal(x, y) for x, y in zip(a, c))
@@ -175,10 +179,10 @@ def test_sampling_reproducible(pid, seed):
 def test_sampling_reproducible_at_trace_shape(pid):
     prof = routing.profile(pid)
     dims = {"gpt-oss": (8, 32, 4), "deepseek-v2": (8, 64, 6), "mixtral": (8, 8, 2), "olmoe": (1, 64, 8)}[pid]
-    dims = routing.RoutingDims(*dims)
-    a = routing.sample_requests(dims, prof, 2, 64, 7)
-    b = routing.sample_requests(dims, prof, 2, 64, 7)
-    c = routing.sample_requests(dims, prof, 2, 64, 8)
+    dims = LRT.RoutingDims(*dims)
+    a = KRT.sample_requests(dims, prof, 2, 64, 7)
+    b = KRT.sample_requests(dims, prof, 2, 64, 7)
+    c = KRT.sample_requests(dims, prof, 2, 64, 8)
     assert all(np.array_equal(x, y) for x, y in zip(a, b))
     assert not any(np.array_equal(x, y) for x, y in zip(a, c))
 

@@ -14,11 +14,14 @@ import pytest
 
 import moesim
 from moesim import MoesimError
-from moesim import decode as D
-from moesim import sweep_reference as SR
-from moesim.sweep import (Plan, SweepTable, build_spec, ctx_eval, kv_read_fn, machine_label, make_machine_cached,
-                          normalize_spec, read, run_range, score_fn)
-from moesim.sweep import sweep
+from moesim.engine import decode as KD
+from moesim.engine.lower import attention as ATT
+from moesim.engine.lower import decode_model as LDM
+from moesim.engine.lower import machine as LHW
+from moesim.engine.reference import sweep as SR
+from moesim.analysis.sweep import Plan, SweepTable, build_spec, machine_label, make_machine_cached, normalize_spec, read, run_range
+from moesim.engine.lower.attention import ctx_eval, kv_read_fn, score_fn
+from moesim.analysis.sweep import sweep
 
 pa = pytest.importorskip("pyarrow")
 
@@ -116,9 +119,9 @@ def test_sweep_agrees_with_fit():
 
 def test_context_functions_match_decode():
     """The per-layer KV-read and score-FLOP functions equal decode's per-layer formulas, in C and Python."""
-    from moesim import _kernel
-    from moesim import quants as Q
-    from moesim.memory import lower
+    from moesim.engine import _kernel
+    from moesim.spec import quants as Q
+    from moesim.engine.lower.memory import lower
     for mid in moesim.model_ids():
         m = moesim.model(mid)
         low = lower(m, Q.resolve("Q8_0", m))
@@ -127,8 +130,8 @@ def test_context_functions_match_decode():
             for l in sorted({0, m.n_layers // 2, m.n_layers - 1} | set(range(min(4, m.n_layers)))):
                 kf, sf = kv_read_fn(m, low, l, kvb), score_fn(m.layers[l])
                 for c in (1, 3, 127, 128, 129, 2047, 2048, 2049, 4096, 65537, 1 << 20):
-                    ref_kv = D._kv_read_bytes(m, low, l, c, kvb)
-                    ref_sf = D._score_flops(m.layers[l], c)
+                    ref_kv = ATT._kv_read_bytes(m, low, l, c, kvb)
+                    ref_sf = ATT._score_flops(m.layers[l], c)
                     for got_kv, got_sf in ((ctx_eval(kf, c), ctx_eval(sf, c)),
                                            (_kernel.ctx_eval(*kf, c), _kernel.ctx_eval(*sf, c))):
                         assert _close(got_kv, ref_kv, 1e-12), (mid, l, c, got_kv, ref_kv)
@@ -180,18 +183,18 @@ def test_montecarlo_rows_equal_kernel_runs_and_threads():
         np.testing.assert_array_equal(a.columns[k], b.columns[k], err_msg=k)
     plan = _plan(**kw)
     grp = plan.group(0)
-    from moesim.placement import parse
+    from moesim.spec.placement import parse
     m, mach = grp.m, grp.machine
     for i in range(plan.total):
         g, j = divmod(i, plan.block)
         grp = plan.group(g)
         p = parse(plan.values["placements"][grp.ix["placements"]], m, mach)
         ctx, b_ = int(a["context"][i]), int(a["batch"][i])
-        dm = D.lower_model(m, grp.low, p, mach, grp.rt, ctx, grp.kv, b_)
-        hw = D.lower_machine(mach, grp.rt, p, grp.kernel_mix)
+        dm = LDM.lower_model(m, grp.low, p, mach, grp.rt, ctx, grp.kv, b_)
+        hw = LHW.lower_machine(mach, grp.rt, p, grp.kernel_mix)
         cols = dict(batch=[b_], tokens_per_step=[1], drafts=[0], accepted=[1.0], steps=[24], warmup=[6],
                     policy=[0], mode=[0], seed=[11], index=[i])
-        res = D.run(dm, hw, grp.routing, cols)
+        res = KD.run(dm, hw, grp.routing, cols)
         assert _close(a["tpot_ms"][i], 1e3 * res["step_mean"][0]), i
         assert _close(a["tpot_p99_ms"][i], 1e3 * res["step_p99"][0]), i
         hit = res["hit_rate"][0]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from moesim import MoesimError
-from moesim.traces import load
+from moesim.ingest.traces import load
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 need_traces = pytest.mark.skipif(not TRACES.is_dir(), reason="../shared/traces not present")

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moesim import calibrate as C, validate as V
+from moesim.analysis import calibrate as C
+from moesim.analysis import validate as V
 from moesim.errors import MoesimError
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "validation" / "calibration.csv"
@@ -167,7 +168,7 @@ def test_calibration_is_deterministic_and_bounded():
 
 
 def test_calibration_file_is_layered_over_priors(tmp_path, monkeypatch):
-    from moesim import runtimes
+    from moesim.spec import runtimes
     report = {"params": {"gpu_bw_eff": 0.5, "llama.cpp.sync_us": 123.0},
               "priors": {"gpu_bw_eff": 0.8, "llama.cpp.sync_us": 20.0},
               "bounds": {"gpu_bw_eff": [0.3, 1.0], "llama.cpp.sync_us": [1, 3000]},

@@ -1,3 +1,5 @@
+
 from .cli import main
+
 
 raise SystemExit(main())

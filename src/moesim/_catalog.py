@@ -5,6 +5,7 @@ import functools
 import sys
 from importlib import resources
 
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on Python 3.10 only

@@ -14,6 +14,7 @@ import sys
 from . import __version__
 from .errors import MoesimError
 
+
 GiB = 2**30
 
 
@@ -58,7 +59,7 @@ def _add_machine_flags(p):
 
 
 def _machine_from(args):
-    from .hardware import machine
+    from .spec.hardware import machine
     return machine(args.machine, gpu=args.gpu, gpus=args.gpus, gpu_mem_gb=args.gpu_mem_gb, host=args.host,
                    sockets=args.sockets, cores=args.cores, host_mem_gb=args.host_mem_gb, pcie=args.pcie,
                    storage=args.storage, cpu=args.cpu)
@@ -69,7 +70,7 @@ class _TensorOverride(argparse.Action):
     llama.cpp appends them to tensor_buft_overrides in the order it parses them."""
 
     def __call__(self, parser, namespace, values, option_string=None):
-        from . import overrides as O
+        from .spec import overrides as O
         acc = list(getattr(namespace, self.dest, None) or [])
         if self.const == "cpu-moe":
             acc.append(O.cpu_moe())
@@ -188,7 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_models(args) -> int:
-    from .models import model, model_ids
+    from .ingest import model
+    from .spec.models import model_ids
     rows = []
     for mid in model_ids():
         m = model(mid)
@@ -208,7 +210,7 @@ def _cmd_models(args) -> int:
 
 
 def _cmd_hardware(args) -> int:
-    from .hardware import hardware_ids
+    from .spec.hardware import hardware_ids
     from . import _catalog
     ids = hardware_ids()
     if args.json:
@@ -231,7 +233,7 @@ def _cmd_hardware(args) -> int:
 
 
 def _cmd_quants(args) -> int:
-    from . import quants as Q
+    from .spec import quants as Q
     data = {"gguf_ftypes": Q.ftype_ids(), "formats": Q.format_ids(), "kv_dtypes": Q.kv_dtype_ids(),
             "ggml_types": {k: {"block": v["block"], "bytes": v["bytes"], "bpw": 8 * v["bytes"] / v["block"]}
                            for k, v in Q.ggml_types().items()}}
@@ -252,8 +254,8 @@ def _fmt_bytes(b: float) -> str:
 
 
 def _cmd_fit(args) -> int:
-    from .fit import fit
-    from .models import model as get_model
+    from .analysis.fit import fit
+    from .ingest import model as get_model
     mach = _machine_from(args)
     m = get_model(args.model)
     rows = fit(m, mach, quants=args.quant, context=args.context, batch=args.batch,
@@ -283,13 +285,13 @@ def _cmd_fit(args) -> int:
 
 
 def _cmd_simulate(args) -> int:
-    from .decode import simulate
-    from .models import model as get_model
+    from .analysis.simulate import simulate
+    from .ingest import model as get_model
     mach = _machine_from(args)
     m = get_model(args.model)
     placement = args.placement
     if args.tensor_overrides:
-        from .fit import placement_from_overrides
+        from .analysis.resolve import placement_from_overrides
         if placement not in (None, "auto"):
             raise MoesimError("give either --placement or --override-tensor, not both", "placement")
         placement = placement_from_overrides(m, args.tensor_overrides, args.quant)
@@ -339,7 +341,7 @@ def _human(b: float) -> str:
 
 
 def _cmd_inspect(args) -> int:
-    from .ingest import inspect
+    from .analysis.inspect import inspect
     d = inspect(args.path, overrides=args.tensor_overrides or (), n_gpu_layers=args.n_gpu_layers, gpu=args.device,
                 context=args.context, kv_dtype=args.kv_dtype, tensors=args.tensors)
     if args.json:
@@ -392,7 +394,7 @@ def _cmd_inspect(args) -> int:
 
 
 def _cmd_validate(args) -> int:
-    from . import validate as V
+    from .analysis import validate as V
     rep = V.validate(args.data, calibrated=not args.uncalibrated)
     if args.plot:
         V.plot(rep, args.plot)
@@ -406,7 +408,7 @@ def _cmd_validate(args) -> int:
 
 
 def _cmd_calibrate(args) -> int:
-    from . import calibrate as C
+    from .analysis import calibrate as C
 
     def progress(i, n, group):
         print(f"\rcross-validation {i}/{n}: {group[:60]:60}", end="" if i < n else "\n", file=sys.stderr,
@@ -426,7 +428,7 @@ def _cmd_calibrate(args) -> int:
 
 def _cmd_sweep(args) -> int:
     import time
-    from .sweep import sweep
+    from .analysis.sweep import sweep
     t0 = time.perf_counter()
     man = sweep(args.spec, out=args.out, format=args.format, threads=args.threads, scheduler=args.scheduler,
                 local_workers=args.local_workers, progress=args.progress)

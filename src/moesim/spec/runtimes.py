@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import _catalog
-from .errors import MoesimError, unknown_id
+from .. import _catalog
+from ..errors import MoesimError, unknown_id
+
 
 MIB = 2**20
 

@@ -17,12 +17,24 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import quants as Q
-from . import routing as R
-from ._catalog import load as _load_catalog
-from .errors import MoesimError
-from .hardware import GB, Machine, machine as make_machine
-from .models import model as get_model
+from ..spec import quants as Q
+from ..engine.lower import routing as R_routing
+from ..spec import routing as R
+from ..spec.runtimes import runtime as get_runtime
+from ..engine.codes import MODES, POLICIES
+from ..engine.decode import run
+from ..engine.lower.decode_model import lower_model
+from ..engine.lower.machine import lower_machine
+from ..engine.lower.memory import configure
+from ..engine.memory import evaluate, _result_from_arrays
+from ..engine.prefill import prefill
+from .resolve import resolve
+from .simulate import accepted_per_step
+from .._catalog import load as _load_catalog
+from ..errors import MoesimError
+from ..spec.hardware import GB, Machine, machine as make_machine
+from ..ingest import model as get_model
+
 
 REQUIRED_COLUMNS = ("id", "quality", "model", "quant", "runtime", "gpu", "gpus", "placement", "batch",
                     "decode_tok_s", "prefill_tok_s", "source")
@@ -262,24 +274,19 @@ class Prepared:
 
     def predict(self, rt=None) -> tuple:
         """(decode tok/s per sequence, prefill tok/s) with runtime ``rt`` (default: as built)."""
-        from . import decode as D
         rt = rt or self.rt
-        hw = D.lower_machine(self.cfg.machine, rt, self.p, self.kernel_mix)
+        hw = lower_machine(self.cfg.machine, rt, self.p, self.kernel_mix)
         hw_dec = hw
         if self.cfg.decode_threads:
             # each decode thread streams at most core_bw_gbs: the run's own thread count caps host bandwidth
             mach = dataclasses.replace(self.cfg.machine, cores=self.cfg.decode_threads)
-            hw_dec = D.lower_machine(mach, rt, self.p, self.kernel_mix)
-        res = D.run(self.dm, hw_dec, self.rtab, self.cols)
-        pf, _ = D.prefill(self.m, self.dm, hw, self.rtab, rt, self.cfg.prompt, 1, depth=self.cfg.prompt_depth)
+            hw_dec = lower_machine(mach, rt, self.p, self.kernel_mix)
+        res = run(self.dm, hw_dec, self.rtab, self.cols)
+        pf, _ = prefill(self.m, self.dm, hw, self.rtab, rt, self.cfg.prompt, 1, depth=self.cfg.prompt_depth)
         return float(res["accepted"][0] / res["step_mean"][0]), pf
 
 
 def prepare(cfg: RowConfig, calibrated: bool = True) -> Prepared:
-    from . import decode as D
-    from .fit import resolve
-    from .memory import configure, evaluate, _result_from_arrays
-    from .runtimes import runtime as get_runtime
     m = get_model(cfg.model)
     try:
         rt = get_runtime(cfg.runtime, calibrated=calibrated, model=cfg.model) if cfg.runtime else None
@@ -296,11 +303,11 @@ def prepare(cfg: RowConfig, calibrated: bool = True) -> Prepared:
     except MoesimError as exc:
         raise Skip(str(exc)) from None
     tps = 1 + cfg.mtp
-    dm = D.lower_model(m, low, p, cfg.machine, rt, cfg.context, kv, cfg.batch * tps, mem.by_class, mem.tier)
-    rtab = R.lower(R.RoutingDims.of(m), R.profile(None, family=m.family), 0)
+    dm = lower_model(m, low, p, cfg.machine, rt, cfg.context, kv, cfg.batch * tps, mem.by_class, mem.tier)
+    rtab = R_routing.lower(R_routing.RoutingDims.of(m), R.profile(None, family=m.family), 0)
     cols = dict(batch=[cfg.batch], tokens_per_step=[tps], drafts=[cfg.mtp],
-                accepted=[D.accepted_per_step(cfg.mtp, DEFAULTS["mtp_acceptance"])], steps=[1], warmup=[0],
-                policy=[D.POLICIES["lru"]], mode=[D.MODES["analytic"]], seed=[0], index=[0])
+                accepted=[accepted_per_step(cfg.mtp, DEFAULTS["mtp_acceptance"])], steps=[1], warmup=[0],
+                policy=[POLICIES["lru"]], mode=[MODES["analytic"]], seed=[0], index=[0])
     return Prepared(cfg=cfg, m=m, low=low, p=p, rt=rt, dm=dm, rtab=rtab, cols=cols, mem=mem,
                     roofline_tok_s=roofline(m, low, p, cfg.machine), kernel_mix=Q.kernel_mix(m, q))
 

@@ -29,15 +29,19 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__
-from . import quants as Q
-from ._catalog import catalog_version
-from .errors import KernelError, MoesimError, unknown_id
-from .hardware import Machine, machine as make_machine
-from .memory import check_count, configure, default_kv_dtype, evaluate, lower
-from .models import model as get_model
-from .placement import Placement, parse as parse_placement
-from .runtimes import default_runtime, runtime as get_runtime
+from .. import __version__
+from ..spec import quants as Q
+from .._catalog import catalog_version
+from ..errors import KernelError, MoesimError, unknown_id
+from ..spec.hardware import Machine, machine as make_machine
+from ..spec.limits import check_count
+from ..engine.lower.memory import configure, default_kv_dtype, lower
+from ..engine.memory import evaluate
+from ..ingest import model as get_model
+from ..spec.placement import Placement, parse as parse_placement
+from ..spec.runtimes import default_runtime, runtime as get_runtime
+from ..engine.lower.attention import kv_read_fn, score_fn
+
 
 SCHEMA_VERSION = 1
 AXES = ("models", "quants", "machines", "runtimes", "kv_dtypes", "placements", "policies", "contexts", "batches")
@@ -548,61 +552,6 @@ def placement_candidates(m, mach: Machine, rt, spec: str) -> tuple:
     return cands, _RULE_LLAMA
 
 
-# =============================================================================== context functions
-_NOCAP = -1
-_DSA_TOPK = 2048
-_RATIO_TOPK = {4: 512, 128: 8192}
-
-
-def kv_read_fn(m, low, l: int, kvb: float) -> tuple:
-    """decode._kv_read_bytes of layer l as a context function ((a1, a2, b1, b2, s), (c1, c2, r, k1))."""
-    a = m.layers[l].attention
-    if a.kind == "mla" and a.index_heads:
-        return (float(low.kv_fixed[l]), float(low.kv_elems[l] * kvb), 0.0, 0.0, 0.0), (_NOCAP, _DSA_TOPK, 0, _NOCAP)
-    cap = int(low.kv_cap[l])
-    ratio = int(low.kv_ratio[l])
-    a1 = float(low.kv_elems[l] * kvb + low.kv_fixed[l])
-    b1 = b2 = 0.0
-    k1 = _NOCAP
-    if ratio > 0:
-        b1, b2 = float(low.kv_ratio_elems[l] * kvb), float(low.kv_ratio_fixed[l])
-        k1 = _RATIO_TOPK.get(ratio, _NOCAP)
-    return (a1, 0.0, b1, b2, float(low.kv_state[l])), (cap if cap > 0 else _NOCAP, _NOCAP, max(ratio, 0), k1)
-
-
-def score_fn(layer) -> tuple:
-    """decode._score_flops of a layer as a context function."""
-    a = layer.attention
-    if a.kind == "gqa":
-        cap = a.window or a.chunk
-        return (4.0 * a.n_heads * a.head_dim, 0.0, 0.0, 0.0, 0.0), (cap if cap else _NOCAP, _NOCAP, 0, _NOCAP)
-    if a.kind == "mla":
-        a1 = 2.0 * a.n_heads * (2 * a.kv_lora_rank + a.qk_rope_head_dim)
-        if a.index_heads:
-            return (a1, 2.0 * a.index_heads * a.index_head_dim, 0.0, 0.0, 0.0), (_DSA_TOPK, _NOCAP, 0, _NOCAP)
-        return (a1, 0.0, 0.0, 0.0, 0.0), (_NOCAP, _NOCAP, 0, _NOCAP)
-    if a.kind == "dsv4":
-        a1 = 4.0 * a.n_heads * a.head_dim
-        r = a.compress_ratio
-        return (a1, 0.0, a1 if r else 0.0, 0.0, 0.0), (a.window, _NOCAP, r if r else 0, _RATIO_TOPK.get(r, 0))
-    return (0.0, 0.0, 0.0, 0.0, 4.0 * a.lin_v_heads * a.lin_k_dim * a.lin_v_dim), (_NOCAP, _NOCAP, 0, _NOCAP)
-
-
-def ctx_eval(fn: tuple, c: int) -> float:
-    """Pure-Python twin of ms_ctx_eval."""
-    (a1, a2, b1, b2, s), (c1, c2, r, k1) = fn
-    v = a1 * float(c1 if 0 <= c1 < c else c)
-    if a2 != 0.0:
-        v += a2 * float(c2 if 0 <= c2 < c else c)
-    if r > 0:
-        e = c // r
-        if b1 != 0.0:
-            v += b1 * float(k1 if 0 <= k1 < e else e)
-        if b2 != 0.0:
-            v += b2 * float(e)
-    return v + s
-
-
 # =============================================================================== one group
 _MEM_CFG_KEYS = ("kv_bytes_per_elem", "mtp", "n_gpus", "gpu_capacity", "host_capacity", "storage_capacity",
                  "storage_spill", "embed_on_gpu", "kv_granularity", "gpu_fixed", "gpu_buf0", "gpu_buf_ctx",
@@ -613,7 +562,8 @@ class Group:
     """One group's lowered tables: memory (SweepMemory) and decode variants (SweepDecode), grown on demand."""
 
     def __init__(self, plan: Plan, g: int):
-        from . import routing as R
+        from ..engine.lower import routing as R_routing
+        from ..spec import routing as R
         self.plan = plan
         self.g = g
         ix = plan.group_axes(g)
@@ -640,11 +590,11 @@ class Group:
         self.place_codes = np.array([plan._codes["placement"][str(p)] for p in self.cands], dtype=np.int32)
         self.E = m.n_experts
         self.mem_tables = self._memory_tables()
-        from . import _kernel
+        from ..engine import _kernel
         self.mem = _kernel.SweepMemory(self.mem_tables)
         cfg = configure(m, self.low, self.machine, self.rt, self.cands[0], 1, 1, self.kv, 0)
         self.kv_bytes_per_token = float(evaluate(self.low, cfg)["kv_bytes_per_token"][0])
-        self.routing = R.lower(R.RoutingDims.of(m), R.profile(None, family=m.family), plan.run["seed"])
+        self.routing = R_routing.lower(R_routing.RoutingDims.of(m), R.profile(None, family=m.family), plan.run["seed"])
         self.layer_kv = [kv_read_fn(m, self.low, l, self.kvb) for l in range(m.n_layers)]
         self.layer_sf = [score_fn(layer) for layer in m.layers]
         fns: dict = {}
@@ -717,12 +667,13 @@ class Group:
     def _op_offload(self, p: Placement, tokens_per_step: int) -> bool:
         """decode.lower_model's choice to copy CPU experts to the GPU at this step size (the one thing
         about a placement's lowered model that depends on the batch)."""
-        from .decode import op_offload_threshold
+        from ..engine.lower.decode_model import op_offload_threshold
         cpu_only = p.kind == "cpu-only" or self.machine.n_gpus == 0
         return not cpu_only and tokens_per_step >= op_offload_threshold(self.rt, self.m)
 
     def _lowered(self, j: int, b: int) -> tuple:
-        from .decode import lower_machine, lower_model
+        from ..engine.lower.machine import lower_machine
+        from ..engine.lower.decode_model import lower_model
         p = self.cands[j]
         flag = self._op_offload(p, b)
         if (j, flag) not in self._dm:
@@ -756,7 +707,8 @@ class Group:
 
     def add_variants(self, keys) -> None:
         """Lower the decode variants of these keys (one analytic kernel run per placement and page-cache size)."""
-        from .decode import prefill, run
+        from ..engine.prefill import prefill
+        from ..engine.decode import run
         todo: dict = {}
         for key in sorted(set(int(k) for k in keys) - set(self.keys)):
             j, ps, bi = self.decode_key(key)
@@ -810,7 +762,7 @@ class Group:
         self._build_decode()
 
     def _build_decode(self) -> None:
-        from . import _kernel
+        from ..engine import _kernel
         # the kernel indexes variants in sorted-key order
         vf = np.array([self.variants[i][0] for i in self.table_index]).reshape(-1, 13)
         vi = np.array([self.variants[i][1] for i in self.table_index]).reshape(-1, 3)
@@ -832,7 +784,7 @@ class Group:
         self.dec = _kernel.SweepDecode(t)
 
     def resolve_variants(self, keys: np.ndarray, variant: np.ndarray) -> None:
-        from . import _kernel
+        from ..engine import _kernel
         for _ in range(1000):
             unknown, missing = _kernel.sweep_lookup(keys, self.table_keys, variant)
             if unknown == 0:
@@ -926,7 +878,7 @@ def run_range(plan: Plan, start: int, end: int, threads: int = 1, buffers: dict 
     """Columns of global configurations [start, end) (rows dropped by filters removed). With
     ``buffers`` (from :func:`_empty_columns`, at least end - start rows, reused across chunks so the
     kernels write into memory already mapped) the columns returned are views into them."""
-    from . import _kernel
+    from ..engine import _kernel
     n = end - start
     if buffers is None:
         buffers = _empty_columns(plan, n)

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import MoesimError
+from ..errors import MoesimError
+
 
 _MAX_FILE_BYTES = 512 * 2**20
 

@@ -21,10 +21,12 @@ import functools
 import math
 from dataclasses import dataclass
 
-from . import _catalog
+from .. import _catalog
 from .checkpoint import Scheme, hf_module_path
-from .errors import MoesimError, unknown_id
-from .models import Model, Tensor
+from ..errors import MoesimError, unknown_id
+from .models import Model
+from .layers import Tensor
+
 
 _LINEAR_CLASSES = {"attention", "dense_ffn", "shared_experts", "routed_experts", "mtp"}
 _FFN_CLASSES = {"dense_ffn", "shared_experts", "routed_experts"}

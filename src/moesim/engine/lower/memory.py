@@ -8,23 +8,21 @@ runs the pure-Python twin in :mod:`moesim.reference` instead of C.
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import quants as Q
-from .errors import KernelError, MoesimError
-from .hardware import Machine
-from .models import Model
-from .placement import Placement, parse as parse_placement
-from .runtimes import MIB, Runtime, default_runtime, runtime as get_runtime
+from ...spec import quants as Q
+from ...spec.hardware import Machine
+from ...spec.models import Model
+from ...spec.placement import Placement
+from ...spec.runtimes import MIB, Runtime
+
 
 CLASSES = ("attention", "router", "shared_experts", "routed_experts", "dense_ffn", "embeddings", "lm_head",
            "mtp", "kv_cache", "state", "buffers")
 WEIGHT_CLASSES = CLASSES[:8]
 TIERS = ("gpu", "host", "storage")
-FITS_GPU, FITS_HOST, FITS_STORAGE = 1, 2, 4
 
 CONFIG_FIELDS = ("context", "batch", "kv_bytes_per_elem", "placement", "placement_arg", "mtp", "n_gpus",
                  "gpu_capacity", "host_capacity", "storage_capacity", "storage_spill", "embed_on_gpu",
@@ -103,26 +101,6 @@ def lower(model: Model, quant) -> LoweredModel:
     return _lower_cached(model, q)
 
 
-# --------------------------------------------------------------------------------- validation
-def check_count(value, name: str, minimum: int = 1) -> int:
-    """A whole number >= minimum, or a MoesimError naming the field (bools, NaN and floats refused)."""
-    if isinstance(value, bool) or value is None:
-        raise MoesimError(f"must be an integer >= {minimum}, got {value!r}", name)
-    if isinstance(value, (float, np.floating)):
-        if not math.isfinite(value) or int(value) != value:
-            raise MoesimError(f"must be an integer >= {minimum}, got {value!r}", name)
-        value = int(value)
-    try:
-        iv = int(value)
-    except (TypeError, ValueError):
-        raise MoesimError(f"must be an integer >= {minimum}, got {value!r}", name) from None
-    if iv < minimum:
-        raise MoesimError(f"must be >= {minimum}, got {iv}", name)
-    if iv > 2**40:
-        raise MoesimError(f"is implausibly large ({iv})", name)
-    return iv
-
-
 def configure(model: Model, low: LoweredModel, machine: Machine, runtime: Runtime, placement: Placement,
               context: int, batch: int, kv_dtype: str, mtp: int = 0) -> dict:
     """The ms_mem_config_t fields for one configuration (all inputs already validated)."""
@@ -189,88 +167,6 @@ def _sglang_mem_fraction(machine: Machine) -> float:
     if gib > 60:
         reserved = max(reserved, 10 * 1024)
     return max(0.1, (gib * 1024 - reserved) / (gib * 1024))
-
-
-# --------------------------------------------------------------------------------- results
-@dataclass
-class MemoryResult:
-    """Memory of one configuration. Bytes are floats (exact integers below 2**53)."""
-
-    by_class: np.ndarray            # [len(CLASSES), len(TIERS)]
-    tier: np.ndarray                # [len(TIERS)]
-    weights: float
-    kv: float
-    state: float
-    kv_bytes_per_token: float
-    fits_bits: int
-    max_context: int
-    max_batch: int
-
-    @property
-    def fits(self) -> str:
-        if not self.fits_bits:
-            return "no"
-        return "+".join(t for t, bit in zip(TIERS, (FITS_GPU, FITS_HOST, FITS_STORAGE)) if self.fits_bits & bit)
-
-    def weights_by_class(self) -> dict:
-        return {c: float(self.by_class[i].sum()) for i, c in enumerate(WEIGHT_CLASSES)}
-
-    def memory_by_tier(self) -> dict:
-        out = {}
-        for j, tier in enumerate(TIERS):
-            classes = {c: float(self.by_class[i, j]) for i, c in enumerate(CLASSES) if self.by_class[i, j]}
-            if tier == "storage":
-                classes = {"spilled_weights": float(self.tier[j])} if self.tier[j] else {}
-            out[tier] = {"total": float(self.tier[j]), "by_class": classes}
-        return out
-
-
-def _result_from_arrays(res: dict, i: int) -> MemoryResult:
-    return MemoryResult(by_class=res["by_class"][i].copy(), tier=res["tier"][i].copy(), weights=float(res["weights"][i]),
-                        kv=float(res["kv"][i]), state=float(res["state"][i]),
-                        kv_bytes_per_token=float(res["kv_bytes_per_token"][i]), fits_bits=int(res["fits"][i]),
-                        max_context=int(res["max_context"][i]), max_batch=int(res["max_batch"][i]))
-
-
-def evaluate(low: LoweredModel, cfgs: dict, n_threads: int = 1, engine: str = "c") -> dict:
-    """Evaluate configurations given as equal-length arrays per CONFIG_FIELDS; returns result arrays."""
-    cols = {}
-    n = None
-    for f in CONFIG_FIELDS:
-        arr = np.atleast_1d(np.asarray(cfgs[f], dtype=np.int64 if f in INT_CONFIG_FIELDS else np.float64))
-        n = len(arr) if n is None else n
-        if len(arr) != n:
-            raise MoesimError(f"config column {f} has {len(arr)} rows, expected {n}", f)
-        cols[f] = np.ascontiguousarray(arr)
-    if engine == "reference":
-        from . import reference
-        return reference.memory_many(low, cols)
-    if engine != "c":
-        raise MoesimError(f"engine must be 'c' or 'reference', got {engine!r}", "engine")
-    from . import _kernel
-    code, bad, res = _kernel.memory_many(low, cols, int(n_threads))
-    if code != 0:
-        raise KernelError(f"C kernel error at configuration {bad}: {_kernel.strerror(code)}")
-    return res
-
-
-def memory(model, machine: Machine, quant="native", context: int = 4096, batch: int = 1, kv_dtype: str | None = None,
-           placement="all-gpu", runtime=None, mtp: int = 0, engine: str = "c") -> MemoryResult:
-    """Memory of one configuration (validated); see :func:`moesim.fit` for the automatic placement."""
-    from .models import model as get_model
-    m = get_model(model)
-    q = Q.resolve(quant, m)
-    rt = get_runtime(runtime, model=m.id) if runtime is not None else default_runtime(q, machine)
-    context = check_count(context, "context")
-    batch = check_count(batch, "batch")
-    mtp = check_count(mtp, "mtp", minimum=0)
-    if mtp and not m.mtp_layers:
-        raise MoesimError(f"{m.id} has no MTP modules", "mtp")
-    kv = Q.canonical_kv_dtype(kv_dtype or default_kv_dtype(q, rt, m))
-    p = parse_placement(placement, m, machine)
-    low = lower(m, q)
-    cfg = configure(m, low, machine, rt, p, context, batch, kv, mtp)
-    return _result_from_arrays(evaluate(low, cfg, engine=engine), 0)
 
 
 def default_kv_dtype(q: Q.Quant, rt: Runtime, m: Model) -> str:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import math
 
-FITS_GPU, FITS_HOST, FITS_STORAGE = 1, 2, 4
+from ..codes import FITS_GPU, FITS_HOST, FITS_STORAGE
+
+
 LIMIT = 1 << 30
 
 
@@ -160,7 +162,7 @@ def memory_one(t: dict, ctx: int, b: int, bi: int, n_b: int) -> dict:
 
 def _ctx_eval(f5, c4, c: int) -> float:
     """ms_ctx_eval on one (coefficients, caps) pair (the one Python definition lives in moesim.sweep)."""
-    from .sweep import ctx_eval
+    from ..lower.attention import ctx_eval
     return ctx_eval((tuple(float(x) for x in f5), tuple(int(x) for x in c4)), c)
 
 

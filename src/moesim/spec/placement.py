@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import MoesimError
+from ..errors import MoesimError
+
 
 # Codes shared with csrc/moesim.h (MS_PLACE_*).
 PLACEMENT_CODES = {
@@ -36,7 +37,7 @@ def parse(spec: "str | Placement", model=None, machine=None) -> Placement:
             raise MoesimError(f"expected a placement name, got {spec!r}", "placement")
         name, _, arg = spec.strip().lower().partition("=")
         if name not in PLACEMENT_CODES:
-            from .errors import unknown_id
+            from ..errors import unknown_id
             raise unknown_id("placement", name, list(PLACEMENT_CODES), "placement")
         if name in _NEEDS_ARG and not arg:
             raise MoesimError(f"{name} needs a count, e.g. {name}=8", "placement")

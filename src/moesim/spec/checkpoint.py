@@ -33,7 +33,8 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
-from .errors import MoesimError
+from ..errors import MoesimError
+
 
 FIELD = "quantization_config"
 
@@ -224,7 +225,7 @@ def _compressed_tensors(q: Mapping) -> Scheme:
             label = "mxfp4"
         targets = q.get("targets", "Linear")
         targets = [targets] if isinstance(targets, str) else list(targets)
-        from .models import TENSOR_CLASSES
+        from .layers import TENSOR_CLASSES
         tg = tuple(f"cls:{t}" if t in TENSOR_CLASSES or t == "experts" else t for t in targets)
         groups.append(Group(tg, fmt, label))
         head = "Linear" in tg

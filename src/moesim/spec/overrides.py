@@ -1,4 +1,4 @@
-"""llama.cpp tensor placement on real tensor names: ``-ot REGEX=DEVICE``, ``--cpu-moe``, ``--n-cpu-moe N``
+r"""llama.cpp tensor placement on real tensor names: ``-ot REGEX=DEVICE``, ``--cpu-moe``, ``--n-cpu-moe N``
 and ``-ngl``, applied exactly as llama.cpp applies them.
 
 llama.cpp (``common/arg.cpp``, ``common/common.h``, ``src/llama-model-loader.cpp``, ``src/llama-model.cpp``):
@@ -6,9 +6,9 @@ llama.cpp (``common/arg.cpp``, ``common/common.h``, ``src/llama-model-loader.cpp
 * ``--override-tensor/-ot`` takes ``PATTERN=BUFFER_TYPE[,PATTERN=BUFFER_TYPE...]``
   (``parse_tensor_buffer_overrides``: split on ``,``, each at its first ``=``); the option may repeat and
   every override is appended to ``tensor_buft_overrides`` in command-line order.
-* ``--cpu-moe`` appends ``LLM_FFN_EXPS_REGEX = "\\.ffn_(up|down|gate|gate_up)_(ch|)exps"`` -> CPU
+* ``--cpu-moe`` appends ``LLM_FFN_EXPS_REGEX = "\.ffn_(up|down|gate|gate_up)_(ch|)exps"`` -> CPU
   (``llm_ffn_exps_cpu_override``); ``--n-cpu-moe N`` appends, for i = 0..N-1,
-  ``llm_ffn_exps_block_regex(i) = "blk\\.<i>" + LLM_FFN_EXPS_REGEX`` -> CPU.
+  ``llm_ffn_exps_block_regex(i) = "blk\.<i>" + LLM_FFN_EXPS_REGEX`` -> CPU.
 * When a tensor is created, the loader walks the overrides in order and the first whose
   ``std::regex`` (ECMAScript) matches anywhere in the full tensor name (``std::regex_search``) decides
   the buffer type (``break`` on the first hit).
@@ -18,7 +18,7 @@ llama.cpp (``common/arg.cpp``, ``common/common.h``, ``src/llama-model-loader.cpp
   offloading the input layer").
 
 Python's :mod:`re` stands in for ``std::regex``: patterns using syntax std::regex's ECMAScript grammar
-lacks (``(?P<..>)``, ``(?<=..)``, inline flags, ``\\A``/``\\Z``) are refused rather than given a meaning
+lacks (``(?P<..>)``, ``(?<=..)``, inline flags, ``\A``/``\Z``) are refused rather than given a meaning
 llama.cpp would not give them.
 """
 from __future__ import annotations
@@ -26,8 +26,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from .errors import MoesimError
+from ..errors import MoesimError
 from .models import Model
+
 
 LLM_FFN_EXPS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
 CPU = "CPU"

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import __version__
-from .errors import MoesimError
-from .runtimes import DecodeParams, FAMILIES, decode_priors
+from .. import __version__
+from ..errors import MoesimError
+from ..spec.runtimes import DecodeParams, FAMILIES, decode_priors
 from . import validate as V
 
 

@@ -9,8 +9,9 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from . import _catalog
-from .errors import MoesimError, unknown_id
+from .. import _catalog
+from ..errors import MoesimError, unknown_id
+
 
 GB = 1e9
 
@@ -248,4 +249,3 @@ def _storage(st) -> tuple:
     info = h["storage"][key]
     # Capacity: consumer drives hold the model file; treat storage as large enough (4 TB default).
     return float(info.get("rand_read_gbs", info.get("seq_read_gbs", 0.0))), float(info.get("capacity_bytes", 4e12))
-

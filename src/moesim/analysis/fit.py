@@ -1,0 +1,52 @@
+"""``moesim fit``: for each quantization, where the model goes on a machine, whether it fits, and limits.
+
+Placement is chosen the way the runtime would (llama.cpp ``--fit``: everything on the GPU if it fits,
+else the fewest layers' routed experts in host RAM via ``--n-cpu-moe``, else fewer whole layers on the
+GPU; ktransformers: as many experts per layer on the GPU as fit; served runtimes: all on GPU or nothing).
+"""
+from __future__ import annotations
+
+from ..errors import MoesimError
+from ..spec.hardware import Machine
+from ..spec.limits import check_count
+from ..ingest import model as get_model
+from .resolve import _eval, placement_from_overrides, resolve
+from .records import record
+
+
+DEFAULT_FIT_QUANTS = ("Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "BF16")
+
+
+def fit(model, machine: Machine, quants=None, context: int = 4096, batch: int = 1, kv_dtype: str | None = None,
+        placement: str | None = None, runtime: str | None = None, mtp: int = 0, overrides=None) -> list:
+    """One dict per quantization with the memory view (JSON field names of DESIGN §4).
+
+    *model* may be a catalog id, a :class:`Model` or a path (GGUF, config.json, safetensors); a model
+    read from a weights file is fitted as stored (exact per-tensor bytes) unless *quants* asks otherwise.
+    *overrides*: llama.cpp ``-ot PATTERN=DEVICE`` strings, mapped to the equivalent placement."""
+    m = get_model(model)
+    context = check_count(context, "context")
+    batch = check_count(batch, "batch")
+    mtp = check_count(mtp, "mtp", minimum=0)
+    if mtp and not m.mtp_layers:
+        raise MoesimError(f"{m.id} has no MTP modules", "mtp")
+    if overrides:
+        if placement not in (None, "auto"):
+            raise MoesimError("give either --placement or --override-tensor, not both", "placement")
+        placement = placement_from_overrides(m, overrides)
+    if quants is None or len(quants) == 0:
+        quants = (["native"] if m.stored is not None
+                  else [q for q in DEFAULT_FIT_QUANTS if q != "MXFP4_MOE" or m.n_experts])
+    elif isinstance(quants, str):
+        quants = [quants]
+    out = []
+    for qname in quants:
+        q, rt, kv, low, p = resolve(m, qname, machine, runtime, placement, context, batch, kv_dtype, mtp)
+        r = _eval(m, low, machine, rt, p, context, batch, kv, mtp)
+        rec = record(m, q, kv, context, batch, p, rt, machine, r, mtp)
+        rec["decode_tok_s"] = rec["prefill_tok_s"] = None
+        if r.fits_bits:
+            from .simulate import estimate
+            rec["decode_tok_s"], rec["prefill_tok_s"] = estimate(m, low, machine, rt, p, context, batch, kv, r, mtp)
+        out.append(rec)
+    return out

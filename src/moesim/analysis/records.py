@@ -1,0 +1,40 @@
+"""The fit record: the JSON object ``moesim fit`` prints for one configuration."""
+from __future__ import annotations
+
+from ..spec.hardware import Machine
+from ..engine.memory import MemoryResult
+from ..spec.models import Model
+from ..spec.placement import Placement, runtime_flags
+from ..spec.runtimes import Runtime
+
+
+def record(m: Model, q, kv: str, context: int, batch: int, p: Placement, rt: Runtime, machine: Machine,
+           r: MemoryResult, mtp: int) -> dict:
+    tiers = r.memory_by_tier()
+    fits = r.fits
+    if machine.unified:
+        # one physical pool: the GPU tier is the wired (GPU-visible) share of it
+        tiers = {("unified" if k == "gpu" else k): v for k, v in tiers.items()}
+        fits = "+".join("unified" if t == "gpu" else t for t in fits.split("+")) if fits != "no" else fits
+    return {
+        "model": m.id,
+        "quant": q.id,
+        "quant_source": "file" if q.is_stored else ("checkpoint" if q.scheme is not None else "rules"),
+        "kv_dtype": kv,
+        "context": context,
+        "batch": batch,
+        "placement": str(p),
+        "runtime": rt.id,
+        "machine": machine.describe(),
+        "weights_bytes": r.weights,
+        "weights_bytes_by_class": r.weights_by_class(),
+        "kv_bytes_per_token": r.kv_bytes_per_token,
+        "kv_bytes": r.kv,
+        "state_bytes": r.state,
+        "memory_by_tier": tiers,
+        "fits": fits,
+        "max_context": r.max_context,
+        "max_batch": r.max_batch,
+        "flags": runtime_flags(p, rt, m, machine, context, kv, batch),
+        "assumptions": list(machine.assumptions) + ([rt.launch] if rt.launch else []),
+    }

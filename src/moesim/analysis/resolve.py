@@ -1,0 +1,110 @@
+"""Resolving a configuration the way the runtime would: placement (``--fit``), runtime and parallelism."""
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from ..spec import quants as Q
+from ..errors import MoesimError
+from ..spec.hardware import Machine
+from ..spec.models import Model
+from .._search import largest_true
+from ..engine.memory import MemoryResult, evaluate, _result_from_arrays
+from ..engine.lower.memory import configure, default_kv_dtype, lower
+from ..spec.placement import Placement, parse as parse_placement
+from ..spec.runtimes import Runtime, default_runtime, runtime as get_runtime
+
+
+_PARALLEL_RE = re.compile(r"^(?:(tp|ep|pp)(\d+)(?:-ep(\d+))?(?:-attn-dp)?|layer-split|row-split|pipeline)$")
+
+
+def with_parallel(rt: Runtime, parallel: str | None, machine: Machine) -> Runtime:
+    """The runtime with its multi-GPU layout set by ``--parallel`` (tp8, tp4-ep4, ep8, tp8-ep8-attn-dp,
+    layer-split, row-split, pipeline): tensor/expert parallel layouts read every GPU's memory at
+    once (bandwidth adds, all-reduce per layer); layer split and pipelines walk the GPUs in turn."""
+    if parallel is None:
+        return rt
+    if not isinstance(parallel, str):
+        raise MoesimError(f"expected a layout such as tp8 or layer-split, got {parallel!r}", "parallel")
+    spec = parallel.strip().lower()
+    m = _PARALLEL_RE.match(spec)
+    if not m:
+        raise MoesimError(f"unknown layout {parallel!r}: use tpN, epN, tpN-epM[-attn-dp], layer-split, "
+                          "row-split or pipeline", "parallel")
+    degree = int(m.group(2)) if m.group(2) else machine.n_gpus
+    if degree > max(1, machine.n_gpus):
+        raise MoesimError(f"{parallel} spans {degree} GPUs and the machine has {machine.n_gpus} "
+                          "(multi-node layouts are not modelled)", "parallel")
+    split = spec in ("layer-split", "pipeline") or (m.group(1) == "pp")
+    # attention data parallelism: each rank schedules, samples and attends its own share of the batch
+    dp = degree if spec.endswith("-attn-dp") else 1
+    return dataclasses.replace(rt, decode=dataclasses.replace(rt.decode, tensor_parallel=not split, data_parallel=dp))
+
+
+def _eval(m: Model, low, machine: Machine, rt: Runtime, p: Placement, context: int, batch: int, kv: str,
+          mtp: int) -> MemoryResult:
+    cfg = configure(m, low, machine, rt, p, context, batch, kv, mtp)
+    return _result_from_arrays(evaluate(low, cfg), 0)
+
+
+def auto_placement(m: Model, low, machine: Machine, rt: Runtime, context: int, batch: int, kv: str,
+                   mtp: int = 0) -> Placement:
+    """The placement the runtime's own fitting would choose (see module docstring)."""
+    if machine.unified:
+        return Placement("unified")
+    if machine.n_gpus == 0:
+        return Placement("cpu-only")
+
+    def fits(p: Placement) -> bool:
+        return _eval(m, low, machine, rt, p, context, batch, kv, mtp).fits_bits != 0
+
+    if rt.family == "ktransformers" and m.n_experts:
+        n = largest_true(lambda k: fits(Placement("gpu-experts", k)), 0, m.n_experts)
+        return Placement("gpu-experts", n) if n else Placement("experts-cpu")
+    if fits(Placement("all-gpu")):
+        return Placement("all-gpu")
+    if not rt.llama_cpp_family:
+        return Placement("all-gpu")  # served runtimes do not offload: report that it does not fit
+    L = m.n_layers
+    if m.n_experts:
+        # fewest layers whose experts go to host RAM: largest k with experts of layers >= L-k... on GPU
+        n_gpu_layers = largest_true(lambda k: fits(Placement("n-cpu-moe", L - k)), 0, L)
+        if n_gpu_layers is not None:
+            return Placement("n-cpu-moe", L - n_gpu_layers) if n_gpu_layers < L else Placement("all-gpu")
+    k = largest_true(lambda k: fits(Placement("layers-gpu", k)), 0, L)
+    if k:
+        return Placement("layers-gpu", k)
+    if fits(Placement("cpu-only")):
+        return Placement("cpu-only")
+    # Nothing fits: report the usual hybrid layout so the shortfall is visible where it matters.
+    return Placement("experts-cpu") if m.n_experts else Placement("all-gpu")
+
+
+def resolve(m: Model, quant, machine: Machine, runtime=None, placement=None, context: int = 4096, batch: int = 1,
+            kv_dtype: str | None = None, mtp: int = 0, parallel: str | None = None) -> tuple:
+    """(quant, runtime, KV dtype, lowered model, placement) of one configuration: the runtime the
+    format implies unless given, its default KV dtype, and the placement its own fitting would pick
+    for ``placement`` None / "auto". Shared by fit, simulate and validate."""
+    q = Q.resolve(quant, m)
+    rt = get_runtime(runtime, model=m.id) if runtime is not None else default_runtime(q, machine)
+    rt = with_parallel(rt, parallel, machine)
+    kv = Q.canonical_kv_dtype(kv_dtype or default_kv_dtype(q, rt, m))
+    low = lower(m, q)
+    if placement in (None, "auto"):
+        p = auto_placement(m, low, machine, rt, context, batch, kv, mtp)
+    else:
+        p = parse_placement(placement, m, machine)
+    return q, rt, kv, low, p
+
+
+def placement_from_overrides(m: Model, overrides, quant="native") -> Placement:
+    """The placement llama.cpp ``-ot PATTERN=DEVICE`` overrides realise, when moesim's memory view can
+    express it (all-gpu, experts-cpu, n-cpu-moe=N); otherwise a MoesimError pointing at ``inspect``."""
+    from ..spec.overrides import as_overrides, assign_devices, equivalent_placement
+    ovs = as_overrides(overrides)
+    p = equivalent_placement(m, assign_devices(m, ovs, quant=quant))
+    if p is None:
+        raise MoesimError("these overrides move tensors in a way the memory view cannot express (it knows "
+                          "all-gpu, experts-cpu and n-cpu-moe=N: routed experts of the first N layers on the CPU); "
+                          "`moesim inspect MODEL -ot ...` shows the bytes per device", "--override-tensor")
+    return p

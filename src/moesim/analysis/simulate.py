@@ -1,0 +1,193 @@
+"""Decode simulation: ``moesim.simulate`` and its lowering to the C kernel (csrc/ms_decode.c).
+
+Lowering turns (model, quant, placement, machine, runtime, context) into per-layer bytes and FLOPs
+with the place each layer's attention and routed experts run (``ms_decode_model_t``), the machine
+into effective rates and latencies (``ms_machine_t``), and a routing profile or trace into tables
+(``ms_routing_t``, see :mod:`moesim.routing`). ``engine="reference"`` runs the pure-Python twin.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import __version__
+from ..spec import quants as Q
+from ..engine.lower import routing as R_routing
+from ..spec import routing as R
+from .._catalog import load as _load_catalog
+from ..errors import MoesimError, unknown_id
+from ..spec.hardware import Machine
+from ..spec.limits import check_count
+from ..engine.lower.memory import configure
+from ..engine.memory import evaluate, _result_from_arrays
+from ..spec.models import Model
+from ..ingest import model as get_model
+from ..spec.placement import Placement
+from ..spec.runtimes import Runtime
+from ..engine.decode import LINKS, PHASES, RESOURCES, run
+from ..engine.codes import MODES, POLICIES
+from ..engine.lower.machine import lower_machine
+from ..engine.lower.decode_model import lower_model
+from ..engine.prefill import prefill
+
+
+# ------------------------------------------------------------------------------- public API
+@dataclass
+class Result:
+    """Decode (and prefill) of one configuration. Times per token are per sequence."""
+
+    decode_tok_s: float
+    aggregate_tok_s: float
+    prefill_tok_s: float
+    ttft_s: float
+    tpot_ms: dict
+    breakdown: dict
+    bottleneck: str
+    expert_hit_rate: float | None
+    page_cache_hit_rate: float | None
+    distinct_experts_per_step: float
+    reuse: float
+    bytes_per_token: dict
+    memory: dict
+    mode: str
+    policy: str
+    tokens: int
+    seed: int
+    routing: str
+    provenance: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        out = dict(self.memory)
+        out.update({k: getattr(self, k) for k in (
+            "decode_tok_s", "aggregate_tok_s", "prefill_tok_s", "ttft_s", "tpot_ms", "breakdown", "bottleneck",
+            "expert_hit_rate", "page_cache_hit_rate", "distinct_experts_per_step", "reuse", "bytes_per_token",
+            "mode", "policy", "tokens", "seed", "routing", "provenance")})
+        return out
+
+
+def _check_fraction(value, name: str, lo: float = 0.0, hi: float = 1.0) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)) or not math.isfinite(value) \
+            or not (lo <= value <= hi):
+        raise MoesimError(f"must be a number in [{lo:g}, {hi:g}], got {value!r}", name)
+    return float(value)
+
+
+def accepted_per_step(drafts: int, acceptance: float) -> float:
+    """Expected tokens per verify step with a chain of ``drafts`` drafts, each accepted with
+    probability ``acceptance`` given its predecessor was: 1 + a + a^2 + ... + a^n."""
+    return 1.0 + sum(acceptance ** i for i in range(1, drafts + 1))
+
+
+def simulate(model, machine: Machine, quant="native", context: int = 4096, batch: int = 1, placement=None,
+             runtime=None, kv_dtype: str | None = None, policy: str = "lru", cache_experts: int | None = None,
+             prefetch_recall: float | None = None, tokens: int = 256, warmup: int | None = None, seed: int = 0,
+             mode: str = "montecarlo", trace=None, routing=None, mtp: int = 0, mtp_acceptance: float = 0.8,
+             prompt: int = 512, parallel: str | None = None, engine: str = "c") -> Result:
+    """Simulate decoding ``tokens`` steps of ``batch`` sequences at KV depth ``context`` (see DESIGN §3)."""
+    from .records import record
+    from .resolve import resolve
+    from ..ingest import traces as T
+    m = get_model(model)
+    if not isinstance(machine, Machine):
+        raise MoesimError("expected a moesim.machine(...)", "machine")
+    context = check_count(context, "context")
+    batch = check_count(batch, "batch")
+    tokens = check_count(tokens, "tokens")
+    prompt = check_count(prompt, "prompt")
+    seed = check_count(seed, "seed", minimum=0)
+    mtp = check_count(mtp, "mtp", minimum=0)
+    if mtp and not m.mtp_layers:
+        raise MoesimError(f"{m.id} has no MTP modules", "mtp")
+    mtp_acceptance = _check_fraction(mtp_acceptance, "mtp_acceptance")
+    if not isinstance(policy, str) or policy.lower() not in POLICIES:
+        raise unknown_id("cache policy", policy, POLICIES, "policy")
+    policy = policy.lower()
+    if not isinstance(mode, str) or mode.lower() not in MODES:
+        raise unknown_id("mode", mode, MODES, "mode")
+    mode = mode.lower()
+    if mode == "analytic" and policy == "belady":
+        raise MoesimError("belady is an offline bound that needs the future: use mode='montecarlo'", "policy")
+    if cache_experts is not None:
+        cache_experts = check_count(cache_experts, "cache_experts", minimum=0)
+    if prefetch_recall is not None:
+        prefetch_recall = _check_fraction(prefetch_recall, "prefetch_recall")
+    if warmup is None:
+        warmup = 0 if trace is not None else min(32, tokens // 4)
+    warmup = check_count(warmup, "warmup", minimum=0)
+    if warmup >= tokens:
+        raise MoesimError(f"must be smaller than tokens ({tokens}), got {warmup}", "warmup")
+
+    q, rt, kv, low, p = resolve(m, quant, machine, runtime, placement, context, batch, kv_dtype, mtp, parallel)
+    if cache_experts is not None:
+        if p.kind != "offload-cache" and placement not in (None, "auto"):
+            raise MoesimError(f"cache_experts applies to the offload-cache placement, not {p}", "cache_experts")
+        p = Placement("offload-cache", min(cache_experts, m.n_experts))
+    cfg = configure(m, low, machine, rt, p, context, batch, kv, mtp)
+    mem = _result_from_arrays(evaluate(low, cfg), 0)
+    memory = record(m, q, kv, context, batch, p, rt, machine, mem, mtp)
+
+    dims = R_routing.RoutingDims.of(m)
+    prefetch = prefetch_recall is not None and prefetch_recall > 0
+    if trace is not None:
+        tr = trace if isinstance(trace, T.Trace) else T.load(trace)
+        if dims.n_layers == 0:
+            raise MoesimError(f"{m.id} is dense: a routing trace does not apply", "trace")
+        rtab = R_routing.lower_trace(dims, tr, prefetch_recall or 0.0)
+        routing_name = f"trace {getattr(tr, 'source', '') or 'replay'}"
+    else:
+        prof = R.profile(routing, family=m.family) if not isinstance(routing, R.RoutingProfile) else routing
+        if prefetch:
+            prof = R.profile(prof, recall=prefetch_recall)
+        rtab = R_routing.lower(dims, prof, seed, prefetch=prefetch)
+        routing_name = prof.id
+    drafts = mtp
+    tps = 1 + drafts
+    dm = lower_model(m, low, p, machine, rt, context, kv, batch * tps, mem.by_class, mem.tier)
+    hw = lower_machine(machine, rt, p, Q.kernel_mix(m, q))
+    accepted = accepted_per_step(drafts, mtp_acceptance)
+    cols = dict(batch=[batch], tokens_per_step=[tps], drafts=[drafts], accepted=[accepted], steps=[tokens],
+                warmup=[warmup], policy=[POLICIES[policy]], mode=[MODES[mode]], seed=[seed], index=[0])
+    res = run(dm, hw, rtab, cols, engine=engine)
+    pf_tok_s, ttft = prefill(m, dm, hw, rtab, rt, prompt, batch)
+    return _result(res, 0, batch, memory, mode, policy, tokens, seed, routing_name, pf_tok_s, ttft)
+
+
+def estimate(m: Model, low, machine: Machine, rt: Runtime, p: Placement, context: int, batch: int, kv: str,
+             mem, mtp: int = 0, mtp_acceptance: float = 0.8, prompt: int = 512) -> tuple:
+    """(decode tok/s per sequence, prefill tok/s) on the analytic path with the family's routing
+    profile: what ``moesim fit`` reports next to the memory view."""
+    dims = R_routing.RoutingDims.of(m)
+    rtab = R_routing.lower(dims, R.profile(None, family=m.family), 0)
+    tps = 1 + mtp
+    dm = lower_model(m, low, p, machine, rt, context, kv, batch * tps, mem.by_class, mem.tier)
+    hw = lower_machine(machine, rt, p, Q.kernel_mix(m, low.quant))
+    cols = dict(batch=[batch], tokens_per_step=[tps], drafts=[mtp], accepted=[accepted_per_step(mtp, mtp_acceptance)],
+                steps=[1], warmup=[0], policy=[POLICIES["lru"]], mode=[MODES["analytic"]], seed=[0], index=[0])
+    res = run(dm, hw, rtab, cols)
+    pf, _ = prefill(m, dm, hw, rtab, rt, prompt, batch)
+    return float(res["accepted"][0] / res["step_mean"][0]), pf
+
+
+def _result(res: dict, i: int, batch: int, memory: dict, mode: str, policy: str, tokens: int, seed: int,
+            routing_name: str, pf_tok_s: float, ttft: float) -> Result:
+    acc = float(res["accepted"][i])
+    step = float(res["step_mean"][i])
+    by_res = {name: float(res["by_resource"][i][k]) / acc for k, name in enumerate(RESOURCES)}
+    by_phase = {name: float(res["by_phase"][i][k]) / acc for k, name in enumerate(PHASES)}
+    per_token = batch * acc
+    hit = float(res["hit_rate"][i])
+    page = float(res["page_hit_rate"][i])
+    return Result(
+        decode_tok_s=acc / step, aggregate_tok_s=batch * acc / step, prefill_tok_s=pf_tok_s, ttft_s=ttft,
+        tpot_ms={"mean": 1e3 * step / acc, "p50": 1e3 * float(res["step_p50"][i]) / acc,
+                 "p99": 1e3 * float(res["step_p99"][i]) / acc},
+        breakdown={"by_phase": by_phase, "by_resource": by_res, "seconds_per_token": step / acc},
+        bottleneck=max(by_res, key=by_res.get),
+        expert_hit_rate=None if hit < 0 else hit, page_cache_hit_rate=None if page < 0 else page,
+        distinct_experts_per_step=float(res["distinct"][i]), reuse=float(res["reuse"][i]),
+        bytes_per_token={name: float(res["bytes"][i][k]) / per_token for k, name in enumerate(LINKS)},
+        memory=memory, mode=mode, policy=policy, tokens=tokens, seed=seed, routing=routing_name,
+        provenance={"moesim": __version__, "catalog": _load_catalog("models").get("catalog_version", ""),
+                    "seed": seed})

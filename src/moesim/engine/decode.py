@@ -1,0 +1,31 @@
+"""Decode kernel driver: result layout (resources, phases, links) and the call into C or its twin."""
+from __future__ import annotations
+
+from ..errors import KernelError, MoesimError
+
+
+RESOURCES = ("gpu_memory", "gpu_compute", "host_memory", "cpu_compute", "pcie", "storage", "latency",
+             "interconnect")
+PHASES = ("attention", "experts", "transfer", "sync_launch", "head_drafts", "step_overhead")
+LINKS = ("gpu_memory", "host_memory", "pcie", "storage")
+CONFIG_FIELDS = ("batch", "tokens_per_step", "drafts", "accepted", "steps", "warmup", "policy", "mode", "seed",
+                 "index")
+
+
+# ------------------------------------------------------------------------------- running
+def run(dm: dict, hw: dict, rt: dict, cols: dict, n_threads: int = 1, engine: str = "c") -> dict:
+    """Evaluate configurations (columns of CONFIG_FIELDS) on lowered tables; returns result arrays."""
+    n = len(cols["batch"])
+    for f in CONFIG_FIELDS:
+        if len(cols[f]) != n:
+            raise MoesimError(f"config column {f} has {len(cols[f])} rows, expected {n}", f)
+    if engine == "reference":
+        from .reference import decode as reference
+        return reference.decode_many(dm, hw, rt, cols)
+    if engine != "c":
+        raise MoesimError(f"engine must be 'c' or 'reference', got {engine!r}", "engine")
+    from . import _kernel
+    code, bad, res = _kernel.decode_many(dm, hw, rt, cols, int(n_threads))
+    if code:
+        raise KernelError(f"C kernel error at configuration {bad}: {_kernel.strerror(code)}")
+    return res

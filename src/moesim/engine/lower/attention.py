@@ -1,0 +1,105 @@
+"""Attention's context dependence, in one place: KV bytes read and score FLOPs per layer at a context."""
+from __future__ import annotations
+
+import numpy as np
+
+from ...spec.models import Model
+
+
+def _score_flops(layer, context: int) -> float:
+    """Attention-score FLOPs per token (QK^T and AV) at KV depth ``context``."""
+    a = layer.attention
+    if a.kind == "gqa":
+        span = min(context, a.window or a.chunk or context)
+        return 4.0 * a.n_heads * a.head_dim * span
+    if a.kind == "mla":
+        span = min(context, 2048) if a.index_heads else context   # DSA attends to the indexer's top 2048 (RT §2.2)
+        flops = 2.0 * a.n_heads * (2 * a.kv_lora_rank + a.qk_rope_head_dim) * span
+        if a.index_heads:
+            flops += 2.0 * a.index_heads * a.index_head_dim * context
+        return flops
+    if a.kind == "dsv4":
+        topk = {4: 512, 128: 8192}.get(a.compress_ratio, 0)        # c4a / c128a top-k (RT §2.2)
+        span = min(context, a.window) + (min(context // a.compress_ratio, topk) if a.compress_ratio else 0)
+        return 4.0 * a.n_heads * a.head_dim * span
+    # kda / gdn: read and update a fixed state per head
+    return 4.0 * a.lin_v_heads * a.lin_k_dim * a.lin_v_dim
+
+
+def _kv_read_bytes(model: Model, low, l: int, context: int, kvb: float) -> float:
+    """KV / state bytes one sequence reads in layer l per step."""
+    a = model.layers[l].attention
+    cap = int(low.kv_cap[l])
+    tokens = min(context, cap) if cap > 0 else context
+    if a.kind == "mla" and a.index_heads:
+        # DSA: indexer keys for every token, latents only for the selected 2048
+        return low.kv_fixed[l] * context + low.kv_elems[l] * kvb * min(context, 2048)
+    read = (low.kv_elems[l] * kvb + low.kv_fixed[l]) * tokens
+    ratio = int(low.kv_ratio[l])
+    if ratio > 0:
+        entries = context // ratio
+        topk = {4: 512, 128: 8192}.get(ratio, entries)
+        read += min(entries, topk) * low.kv_ratio_elems[l] * kvb + entries * low.kv_ratio_fixed[l]
+    return read + float(low.kv_state[l])
+
+
+# ------------------------------------------------------------------------------- prefill
+def prefill_score_flops(m: Model, prompt: int, depth: int = 0) -> np.ndarray:
+    """Attention-score FLOPs per prompt token and layer: a prompt of ``prompt`` tokens appended to
+    ``depth`` cached ones attends, on average, over depth + prompt / 2 keys."""
+    return np.array([_score_flops(layer, depth + max(1, prompt // 2)) for layer in m.layers])
+
+
+# =============================================================================== context functions
+_NOCAP = -1
+_DSA_TOPK = 2048
+_RATIO_TOPK = {4: 512, 128: 8192}
+
+
+def kv_read_fn(m, low, l: int, kvb: float) -> tuple:
+    """decode._kv_read_bytes of layer l as a context function ((a1, a2, b1, b2, s), (c1, c2, r, k1))."""
+    a = m.layers[l].attention
+    if a.kind == "mla" and a.index_heads:
+        return (float(low.kv_fixed[l]), float(low.kv_elems[l] * kvb), 0.0, 0.0, 0.0), (_NOCAP, _DSA_TOPK, 0, _NOCAP)
+    cap = int(low.kv_cap[l])
+    ratio = int(low.kv_ratio[l])
+    a1 = float(low.kv_elems[l] * kvb + low.kv_fixed[l])
+    b1 = b2 = 0.0
+    k1 = _NOCAP
+    if ratio > 0:
+        b1, b2 = float(low.kv_ratio_elems[l] * kvb), float(low.kv_ratio_fixed[l])
+        k1 = _RATIO_TOPK.get(ratio, _NOCAP)
+    return (a1, 0.0, b1, b2, float(low.kv_state[l])), (cap if cap > 0 else _NOCAP, _NOCAP, max(ratio, 0), k1)
+
+
+def score_fn(layer) -> tuple:
+    """decode._score_flops of a layer as a context function."""
+    a = layer.attention
+    if a.kind == "gqa":
+        cap = a.window or a.chunk
+        return (4.0 * a.n_heads * a.head_dim, 0.0, 0.0, 0.0, 0.0), (cap if cap else _NOCAP, _NOCAP, 0, _NOCAP)
+    if a.kind == "mla":
+        a1 = 2.0 * a.n_heads * (2 * a.kv_lora_rank + a.qk_rope_head_dim)
+        if a.index_heads:
+            return (a1, 2.0 * a.index_heads * a.index_head_dim, 0.0, 0.0, 0.0), (_DSA_TOPK, _NOCAP, 0, _NOCAP)
+        return (a1, 0.0, 0.0, 0.0, 0.0), (_NOCAP, _NOCAP, 0, _NOCAP)
+    if a.kind == "dsv4":
+        a1 = 4.0 * a.n_heads * a.head_dim
+        r = a.compress_ratio
+        return (a1, 0.0, a1 if r else 0.0, 0.0, 0.0), (a.window, _NOCAP, r if r else 0, _RATIO_TOPK.get(r, 0))
+    return (0.0, 0.0, 0.0, 0.0, 4.0 * a.lin_v_heads * a.lin_k_dim * a.lin_v_dim), (_NOCAP, _NOCAP, 0, _NOCAP)
+
+
+def ctx_eval(fn: tuple, c: int) -> float:
+    """Pure-Python twin of ms_ctx_eval."""
+    (a1, a2, b1, b2, s), (c1, c2, r, k1) = fn
+    v = a1 * float(c1 if 0 <= c1 < c else c)
+    if a2 != 0.0:
+        v += a2 * float(c2 if 0 <= c2 < c else c)
+    if r > 0:
+        e = c // r
+        if b1 != 0.0:
+            v += b1 * float(k1 if 0 <= k1 < e else e)
+        if b2 != 0.0:
+            v += b2 * float(e)
+    return v + s

@@ -1,0 +1,137 @@
+"""Lowering (model, quant, placement, machine, runtime, context) to ``ms_decode_model_t``."""
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from ...spec import quants as Q
+from ...spec.hardware import Machine
+from ...spec.models import Model
+from ...spec.placement import Placement
+from ...spec.runtimes import Runtime
+from ..codes import EXP_CPU, EXP_FETCH, EXP_GPU, EXP_SPLIT
+from .machine import _AMX_FLOPS_PER_CYCLE
+from .attention import _kv_read_bytes, _score_flops
+
+
+# ------------------------------------------------------------------------------- model lowering
+@functools.lru_cache(maxsize=128)
+def _params(model: Model) -> dict:
+    """Parameter counts per (class, layer) plus global ones; MTP modules under key 'mtp'."""
+    L = model.n_layers
+    per = {c: np.zeros(L) for c in ("attention", "router", "shared_experts", "routed_experts", "dense_ffn")}
+    glob = {"embeddings": 0.0, "lm_head": 0.0, "mtp": 0.0, "mtp_routed": 0.0}
+    for t in model.tensors(include_mtp=True):
+        n = float(t.n_elements)
+        if t.cls == "mtp":
+            glob["mtp"] += n
+            if "_exps" in t.name:
+                glob["mtp_routed"] += n
+        elif t.cls in glob:
+            glob[t.cls] += n
+        else:
+            per[t.cls][t.layer] += n
+    per.update(glob)
+    return per
+
+
+def op_offload_threshold(rt: Runtime, m: Model) -> float:
+    """Tokens per step from which the runtime copies CPU-resident experts to the GPU instead of
+    computing them on the CPU (llama.cpp: 32; ik_llama.cpp: 32 x experts / active; RT §1.1)."""
+    n = rt.decode.op_offload_min_batch
+    if n <= 0:
+        return math.inf
+    if rt.decode.op_offload_sparse and m.top_k:
+        return n * m.n_experts / m.top_k
+    return n
+
+
+def lower_model(m: Model, low, p: Placement, machine: Machine, rt: Runtime, context: int, kv_dtype: str,
+                tokens_per_step: int, mem_by_class=None, mem_tier=None, cache_slots: int | None = None) -> dict:
+    """The ms_decode_model_t arrays for one configuration."""
+    L = m.n_layers
+    par = _params(m)
+    kvb = Q.kv_dtype_bytes(kv_dtype)
+    cpu_only = p.kind == "cpu-only" or machine.n_gpus == 0
+    on_gpu = np.ones(L, dtype=np.int32)
+    if cpu_only:
+        on_gpu[:] = 0
+    elif p.kind == "layers-gpu":
+        on_gpu[:] = [1 if l >= L - p.arg else 0 for l in range(L)]
+    mode = np.zeros(L, dtype=np.int32)
+    slots = np.zeros(L, dtype=np.int32)
+    moe_index = np.full(L, -1, dtype=np.int32)
+    E = m.n_experts
+    op_offload = not cpu_only and tokens_per_step >= op_offload_threshold(rt, m)
+    j = 0
+    for l, layer in enumerate(m.layers):
+        if layer.ffn.kind != "moe":
+            continue
+        moe_index[l] = j
+        j += 1
+        if cpu_only:
+            mode[l] = EXP_CPU
+        elif p.kind in ("all-gpu", "unified"):
+            mode[l] = EXP_GPU
+        elif p.kind == "experts-cpu":
+            mode[l] = EXP_CPU
+        elif p.kind == "n-cpu-moe":
+            mode[l] = EXP_CPU if l < p.arg else EXP_GPU
+        elif p.kind == "layers-gpu":
+            mode[l] = EXP_GPU if on_gpu[l] else EXP_CPU
+        elif p.kind == "gpu-experts":
+            mode[l] = EXP_GPU if p.arg >= E else (EXP_SPLIT if p.arg > 0 else EXP_CPU)
+            slots[l] = min(p.arg, E)
+        elif p.kind == "offload-cache":
+            mode[l] = EXP_FETCH
+            slots[l] = min(cache_slots if cache_slots is not None else p.arg, E)
+        if op_offload and mode[l] == EXP_CPU and on_gpu[l]:
+            # llama.cpp: >= 32 tokens in a step send CPU-resident expert matmuls to the GPU,
+            # copying the used experts each step (RT §1.1)
+            mode[l], slots[l] = EXP_FETCH, 0
+    # Host page cache: when mmap'd weights spill to storage, only part of the host experts stay in RAM.
+    page_slots = np.full(L, max(E, 1), dtype=np.int32)
+    if mem_tier is not None and mem_tier[2] > 0 and E:
+        host_routed = float(mem_by_class[3][1])
+        frac = max(0.0, 1.0 - mem_tier[2] / host_routed) if host_routed > 0 else 0.0
+        page_slots[:] = int(math.floor(E * frac))
+    n_exp = np.maximum(low.n_experts, 1)
+    expert_params = par["routed_experts"] / n_exp
+    tp = machine.n_gpus if (rt.decode.tensor_parallel and machine.n_gpus > 1 and not cpu_only) else 1
+    quant = Q.resolve(low.quant, m)
+    mtp_modules = max(1, m.mtp_layers)
+    draft_bytes = draft_flops = 0.0
+    if m.mtp_layers:
+        last = m.n_layers - 1
+        routed_one = low.expert_one[last] if low.n_experts[last] else 0.0
+        mtp_routed_bytes = routed_one * (m.mtp_layer.ffn.n_experts if m.mtp_layer.ffn.kind == "moe" else 0)
+        k_active = m.mtp_layer.ffn.top_k if m.mtp_layer.ffn.kind == "moe" else 0
+        draft_bytes = (low.mtp / mtp_modules - mtp_routed_bytes + k_active * routed_one) + low.head
+        draft_flops = 2.0 * ((par["mtp"] - par["mtp_routed"]) / mtp_modules
+                             + par["mtp_routed"] / mtp_modules * (k_active / max(1, m.mtp_layer.ffn.n_experts))
+                             + par["lm_head"])
+    return dict(
+        attn_bytes=low.attn + low.router,
+        attn_flops=2.0 * (par["attention"] + par["router"]),
+        kv_bytes=np.array([_kv_read_bytes(m, low, l, context, kvb) for l in range(L)]),
+        score_flops=np.array([_score_flops(layer, context) for layer in m.layers]),
+        shared_bytes=low.shared + low.dense,
+        shared_flops=2.0 * (par["shared_experts"] + par["dense_ffn"]),
+        expert_bytes=np.array(low.expert_one, dtype=np.float64),
+        expert_flops=2.0 * expert_params,
+        attn_on_gpu=on_gpu, expert_mode=mode, slots=slots, page_slots=page_slots, moe_index=moe_index,
+        head_bytes=float(low.head), head_flops=2.0 * par["lm_head"],
+        head_on_gpu=0 if (cpu_only or (p.kind == "layers-gpu" and p.arg == 0)) else 1,
+        draft_bytes=float(draft_bytes), draft_flops=float(draft_flops),
+        # ktransformers layerwise prefill: chunks of at least this many tokens stream whole expert layers
+        # (native formats only)
+        layerwise_prefill=(rt.decode.layerwise_prefill_tokens
+                           if rt.decode.layerwise_prefill_tokens > 0 and not quant.is_gguf else 0),
+        layer_experts=np.asarray(low.n_experts, dtype=np.float64),
+        amx_flops_per_cycle=_AMX_FLOPS_PER_CYCLE.get(quant.id, 0.0),
+        # f32 hidden state each way plus k ids and weights (RT §1.3)
+        act_bytes=0.0 if cpu_only else float(2 * m.hidden * 4 + 8 * max(1, m.top_k)),
+        allreduce_bytes=(2 * 2.0 * m.hidden * 2 * (tp - 1) / tp) if tp > 1 else 0.0,
+    )

@@ -1,0 +1,146 @@
+"""Lowering a machine under a runtime to ``ms_machine_t``: effective bandwidths, FLOP/s, latencies."""
+from __future__ import annotations
+
+from ...spec import quants as Q
+from ..._catalog import load as _load_catalog
+from ...spec.hardware import GB, Machine
+from ...spec.placement import Placement
+from ...spec.runtimes import Runtime
+
+
+# SIMD FLOPs per cycle per core (fp32 FMA lanes x 2 x FMA units) by the widest ISA the catalog lists.
+_FLOPS_PER_CYCLE = (("amx", 64.0), ("avx512", 64.0), ("avx2", 32.0), ("neon", 32.0))
+_DEFAULT_CORES, _DEFAULT_GHZ = 8, 3.5   # when the catalog has no CPU part (assumed desktop)
+
+
+# ------------------------------------------------------------------------------- machine lowering
+def _cpu_part(machine: Machine) -> dict:
+    return _load_catalog("hardware")["cpu"].get(machine.cpu or "", {})
+
+
+def _core_cycles(machine: Machine) -> float:
+    """Core-cycles per second of the cores the run uses. With every core busy on a matmul they run at the
+    base clock (vendors rate TDP at the base frequency with all cores active on a high-complexity load,
+    Intel ARK's definition); the boost clock is for one busy core. In between, the clock moves linearly
+    with the share of idle cores (assumed): the power budget of the idle cores goes to the busy ones."""
+    cpu = _cpu_part(machine)
+    base = float(cpu.get("base_ghz", cpu.get("boost_ghz", _DEFAULT_GHZ)))
+    boost = float(cpu.get("boost_ghz", base))
+    total = int(cpu.get("cores", 0)) * max(1, machine.sockets)
+    busy = machine.cores or total or _DEFAULT_CORES
+    if total and boost > base:
+        # busy x clock peaks at total (base + boost) / (2 (boost - base)) cores: one more thread never slows
+        busy = min(busy, total * (base + boost) / (2.0 * (boost - base)))
+    idle = min(1.0, max(0.0, 1.0 - busy / total)) if total else 0.0
+    return busy * (base + (boost - base) * idle) * 1e9
+
+
+def _rate_mix(share: float, rel: float) -> float:
+    """Rate factor when ``share`` of the bytes run at ``rel`` of the rate and the rest at 1: the
+    times per FLOP mix."""
+    return 1.0 / (share / rel + (1.0 - share))
+
+
+def _cpu_flops(machine: Machine, d, mix: Q.KernelMix) -> float:
+    """CPU matmul FLOP/s of runtime parameters ``d``: codebook-grid i-quants run at cpu_iquant_rel, fp8
+    weights (no fp8 arithmetic on CPUs: converted to bf16 before the dot products) at cpu_fp8_rel."""
+    isa = tuple(machine.cpu_isa) or ("avx2",)
+    per_cycle = next((v for key, v in _FLOPS_PER_CYCLE if key in isa), 16.0)
+    return (_core_cycles(machine) * per_cycle * d.cpu_flops_eff * d.cpu_kernel_speedup
+            * _rate_mix(mix.cpu_grid, d.cpu_iquant_rel) * _rate_mix(mix.cpu_fp8, d.cpu_fp8_rel))
+
+
+def _mmq_rel(mix: Q.KernelMix, d) -> float:
+    """Rate factor of llama.cpp's CUDA prefill GEMMs (MMQ) by weight type: K-quants ran without int8 tensor
+    cores before PR #7860 (gpu_kquant_mmq_rel); MXFP4 tiles go through a lookup to int8 (gpu_mxfp4_mmq_rel)."""
+    return _rate_mix(mix.mmq_kquant, d.gpu_kquant_mmq_rel) * _rate_mix(mix.mmq_mxfp4, d.gpu_mxfp4_mmq_rel)
+
+
+# AMX tile FLOP per cycle per core by the routed experts' format: int8 (INT4 is unpacked to int8 tiles)
+# 2048 MACs, bf16 1024 MACs (KT doc/en/AMX.md via RT §5.3); other formats use the AVX-512 path
+_AMX_FLOPS_PER_CYCLE = {"int8": 4096.0, "int4": 4096.0, "int4-g32": 4096.0, "bf16": 2048.0}
+
+
+def lower_machine(machine: Machine, rt: Runtime, p: Placement, mix: Q.KernelMix) -> dict:
+    """Effective rates (bytes/s, FLOP/s) and latencies (s) of ms_machine_t; ``mix`` is
+    quants.kernel_mix of the configuration (the weight types set the CPU and GPU GEMM rates)."""
+    d = rt.decode
+    cpu_only = p.kind == "cpu-only" or machine.n_gpus == 0
+    if machine.unified:
+        # Apple chips run Metal (RT §1.9, §6); NVIDIA's GB10 (DGX Spark) runs CUDA with graphs
+        metal = _load_catalog("hardware")["unified"].get(machine.gpu, {}).get("vendor") == "apple"
+        eff = d.metal_bw_eff if metal else d.gddr_bw_eff      # GB10: LPDDR5X through CUDA
+        pool = machine.gpu_bw_gbs * GB * eff
+        peak = machine.gpu_tflops.get("fp16", 0.0) * 1e12
+        gpu_flops = peak * d.gpu_flops_eff
+        cpu_flops = _cpu_flops(machine, d, mix)
+        launch = d.launch_us_metal if metal else d.launch_us
+        pf_eff = d.prefill_flops_eff_unified
+        if not metal:
+            # GB10 prefills like a discrete CUDA card: llama.cpp's int8 MMQ, whose Blackwell rate equals the
+            # fp8 rate (RTX 5090: int8 = fp8 = 838.4 TFLOPS in the catalog), at the GDDR cards' share of it
+            pf_eff = d.prefill_flops_eff * _mmq_rel(mix, d)
+            if rt.llama_cpp_family:
+                peak = machine.gpu_tflops.get("int8", machine.gpu_tflops.get("fp8", 0.0)) * 1e12 or peak
+        pf = max(peak * pf_eff, cpu_flops)
+        return dict(gpu_bw=pool, host_bw=pool, pcie_bw=pool, storage_bw=max(machine.storage_read_gbs, 1e-3) * GB,
+                    gpu_flops=max(gpu_flops, cpu_flops), cpu_flops=cpu_flops, interconnect_bw=pool, unified=1,
+                    prefill_flops=pf, prefill_gemm_flops=pf, prefill_attn_flops=pf,
+                    overlap=1 if d.overlap else 0, launch_s=0.0 if cpu_only else launch * 1e-6,
+                    sync_s=0.0, dma_s=0.0, allreduce_s=0.0, step_s=d.step_us * 1e-6, seq_s=d.seq_us * 1e-6,
+                    amx_flops=0.0, pcie_links=1)
+    server = machine.channels > 4
+    host_eff = d.host_bw_eff_server if server else d.host_bw_eff_desktop
+    if machine.sockets > 1:
+        host_eff *= d.cross_socket_eff
+    host_bw = machine.host_bw_gbs * GB * host_eff
+    if machine.cores:
+        # a few threads cannot saturate many channels: each core streams at most core_bw_gbs(_server)
+        host_bw = min(host_bw, machine.cores * (d.core_bw_gbs_server if server else d.core_bw_gbs) * GB)
+    cpu_flops = _cpu_flops(machine, d, mix)
+    amx = _core_cycles(machine) * d.amx_flops_eff if (d.amx_prefill and "amx" in machine.cpu_isa) else 0.0
+    storage_bw = max(machine.storage_read_gbs, 1e-3) * GB
+    if cpu_only:
+        return dict(gpu_bw=host_bw, host_bw=host_bw, pcie_bw=host_bw, storage_bw=storage_bw, gpu_flops=cpu_flops,
+                    prefill_flops=cpu_flops, prefill_gemm_flops=cpu_flops, prefill_attn_flops=cpu_flops,
+                    cpu_flops=cpu_flops, interconnect_bw=host_bw, unified=0, overlap=0, launch_s=0.0, sync_s=0.0,
+                    dma_s=0.0, allreduce_s=0.0, step_s=d.step_us * 1e-6, seq_s=d.seq_us * 1e-6,
+                    amx_flops=amx, pcie_links=1)
+    hw = _load_catalog("hardware")
+    g = hw["gpu"].get(machine.gpu, {})
+    tp = machine.n_gpus if (d.tensor_parallel and machine.n_gpus > 1) else 1
+    tf = machine.gpu_tflops
+    peak_tflops = max(tf.get("bf16", 0.0), tf.get("fp16", 0.0), tf.get("fp32", 0.0), 1.0)
+    pinned = machine.pcie_pinned_gbs or machine.pcie_gbs * 0.88 or 12.0
+    pcie = pinned * GB * (1.0 if d.pinned_experts else d.pcie_pageable)
+    graphs = g.get("cuda_graphs", True)
+    scale_up = g.get("scale_up", {}).get("gbs", 0.0) if isinstance(g.get("scale_up"), dict) else 0.0
+    hbm = str(g.get("memory_type", "")).startswith("hbm")
+    bw_eff = d.gpu_bw_eff if hbm else d.gddr_bw_eff
+    # the HBM prefill efficiency describes tensor-core datacenter parts (A100 / H100); Pascal's HBM2 P100
+    # multiplies on dp4a like the GDDR cards
+    tensor_cores = g.get("tensor_cores", False)
+    pf_eff = d.prefill_flops_eff_hbm if (hbm and tensor_cores) else d.prefill_flops_eff
+    if tensor_cores:
+        pf_eff *= _mmq_rel(mix, d)
+    # llama.cpp multiplies quantized weights with int8 tensor-core MMQ kernels (ggml-cuda mmq): its
+    # prefill scales with the int8 rate; served runtimes run bf16/fp8 GEMMs
+    pf_peak = tf.get("int8", peak_tflops) if rt.llama_cpp_family else peak_tflops
+    pf = pf_peak * 1e12 * pf_eff * tp
+    gemm, attn = pf, pf
+    if tensor_cores and not rt.llama_cpp_family:
+        # served runtimes multiply fp8 checkpoints on fp8 tensor cores (block-scaled fp8 GEMMs: DeepGEMM,
+        # CUTLASS, Triton), and their flash-attention kernels run the scores at their own share of the
+        # 16-bit peak; llama.cpp's prefill share covers its whole ubatch
+        fp8_rel = tf.get("fp8", 0.0) / peak_tflops
+        gemm = pf * (_rate_mix(mix.fp8, fp8_rel) if fp8_rel > 1.0 else 1.0)
+        attn = peak_tflops * 1e12 * d.attn_flops_eff * tp
+    return dict(gpu_bw=machine.gpu_bw_gbs * GB * bw_eff * tp, host_bw=host_bw, pcie_bw=pcie,
+                prefill_flops=pf, prefill_gemm_flops=gemm, prefill_attn_flops=attn,
+                storage_bw=storage_bw, gpu_flops=peak_tflops * 1e12 * d.gpu_flops_eff * tp, cpu_flops=cpu_flops,
+                interconnect_bw=(scale_up or machine.pcie_gbs or 16.0) * GB, unified=0,
+                overlap=1 if d.overlap else 0,
+                launch_s=(d.launch_us if graphs else d.launch_us_nograph) * 1e-6, sync_s=d.sync_us * 1e-6,
+                dma_s=d.dma_us * 1e-6, allreduce_s=d.allreduce_us * 1e-6 if tp > 1 else 0.0,
+                step_s=d.step_us * 1e-6, seq_s=d.seq_us * 1e-6 / max(1, d.data_parallel),
+                amx_flops=amx, pcie_links=tp)

@@ -1,0 +1,122 @@
+"""Lowering a routing profile or a recorded trace to the arrays of ``ms_routing_t``."""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...errors import MoesimError
+from ...spec.routing import N_SCENARIOS, RoutingProfile
+
+
+# ------------------------------------------------------------------------------- inclusion probabilities
+def inclusion_probabilities(weights: np.ndarray, k: int) -> np.ndarray:
+    """P(expert in a token's top-k) under Gumbel-top-k on ``weights`` (rows are independent cases).
+
+    Rosén's approximation for order sampling with exponential order variables (Gumbel-top-k is
+    the k smallest of Exp(w_i)): pi_i = 1 - exp(-w_i t) with t solving sum_i pi_i = k.
+    """
+    w = np.atleast_2d(np.asarray(weights, dtype=np.float64))
+    w = w / w.sum(axis=1, keepdims=True)
+    out = np.empty_like(w)
+    for r in range(w.shape[0]):
+        row = w[r]
+        if k >= np.count_nonzero(row):
+            out[r] = (row > 0).astype(float)
+            continue
+        lo, hi = 0.0, 1.0
+        while np.sum(1 - np.exp(-row * hi)) < k:
+            lo, hi = hi, hi * 2
+        for _ in range(200):
+            mid = 0.5 * (lo + hi)
+            if np.sum(1 - np.exp(-row * mid)) < k:
+                lo = mid
+            else:
+                hi = mid
+        out[r] = 1 - np.exp(-row * hi)
+    return out
+
+
+# ------------------------------------------------------------------------------- lowering
+@dataclass(frozen=True)
+class RoutingDims:
+    """The routing shape of a model: MoE layers, experts, top-k, expert groups."""
+
+    n_layers: int
+    n_experts: int
+    top_k: int
+    n_group: int = 0
+    topk_group: int = 0
+
+    @classmethod
+    def of(cls, model) -> "RoutingDims":
+        moe = model.moe_layers
+        if not moe:
+            return cls(0, 0, 0)
+        f = moe[0].ffn
+        for l in moe:
+            if (l.ffn.n_experts, l.ffn.top_k) != (f.n_experts, f.top_k):
+                raise MoesimError(f"{model.id}: MoE layers differ in experts/top-k; the kernel needs one shape",
+                                  "model")
+        grouped = f.n_group > 1 and f.topk_group < f.n_group
+        return cls(len(moe), f.n_experts, f.top_k, f.n_group if grouped else 0, f.topk_group if grouped else 0)
+
+
+def lower(dims: RoutingDims, prof: RoutingProfile, seed: int = 0, prefetch: bool = False,
+          scenarios: int = N_SCENARIOS) -> dict:
+    """Kernel routing tables for a profile. The popularity permutation is drawn from ``seed``."""
+    return dict(_lower_cached(dims, prof, int(seed) & (2**63 - 1), bool(prefetch), int(scenarios)))
+
+
+@functools.lru_cache(maxsize=64)
+def _lower_cached(dims: RoutingDims, prof: RoutingProfile, seed: int, prefetch: bool, scenarios: int) -> dict:
+    L, E, k = dims.n_layers, dims.n_experts, dims.top_k
+    rt = dict(n_layers=L, n_experts=E, top_k=k, n_group=dims.n_group, topk_group=dims.topk_group,
+              concentration=float(prof.concentration), request_tokens=int(prof.request_tokens))
+    if L == 0:
+        return rt
+    rng = np.random.default_rng([seed, 0x5EED])
+    log_pop = np.empty((L, E))
+    ranks = np.log(np.arange(1, E + 1, dtype=np.float64))
+    for l in range(L):
+        s_l = prof.zipf_s * rng.uniform(1 - prof.jitter, 1 + prof.jitter)
+        perm = rng.permutation(E)
+        log_pop[l, perm] = -s_l * ranks
+    g = np.exp(log_pop - log_pop.max(axis=1, keepdims=True))
+    g /= g.sum(axis=1, keepdims=True)
+    if prof.concentration > 0:
+        S = max(1, scenarios)
+        q = np.empty((S, L, E))
+        for s in range(S):
+            w = np.stack([rng.dirichlet(np.maximum(prof.concentration * E * g[l], 1e-12)) for l in range(L)])
+            q[s] = inclusion_probabilities(np.maximum(w, 1e-300), k)
+    else:
+        q = inclusion_probabilities(g, k)[None]
+    from .._kernel import q_tables
+    rt.update(q_tables=q_tables(q, k), log_pop=log_pop, stickiness=prof.layer_stickiness(L),
+              recall=np.full(L, prof.recall if prefetch else 0.0),
+              hot=np.argsort(-log_pop, axis=1, kind="stable").astype(np.int32), q=q)
+    return rt
+
+
+def lower_trace(dims: RoutingDims, trace, prefetch_recall: float = 0.0) -> dict:
+    """Kernel tables replaying a recorded trace; model MoE layer l reads trace layer l mod trace layers."""
+    if trace.top_k != dims.top_k:
+        raise MoesimError(f"trace has top-{trace.top_k} routing, the model top-{dims.top_k}", "trace")
+    if trace.n_experts > dims.n_experts:
+        raise MoesimError(f"trace uses {trace.n_experts} experts, the model has {dims.n_experts}", "trace")
+    tokens = np.concatenate([np.asarray(r, dtype=np.int32) for r in trace.requests], axis=0)
+    if tokens.ndim != 3 or tokens.shape[0] == 0:
+        raise MoesimError("trace holds no tokens", "trace")
+    if tokens.min() < 0 or tokens.max() >= dims.n_experts:
+        raise MoesimError("trace expert id out of range", "trace")
+    L, E, k, TL = dims.n_layers, dims.n_experts, dims.top_k, tokens.shape[1]
+    freq = np.zeros((L, E))
+    for l in range(L):
+        freq[l] = np.bincount(tokens[:, l % TL, :].ravel(), minlength=E)
+    q = freq / tokens.shape[0]
+    from .._kernel import q_tables
+    return dict(q_tables=q_tables(q[None], k), n_layers=L, n_experts=E, top_k=k, n_group=0, topk_group=0, concentration=0.0, request_tokens=0,
+                log_pop=np.log(freq + 0.5), stickiness=np.zeros(L), recall=np.full(L, float(prefetch_recall)),
+                hot=np.argsort(-freq, axis=1, kind="stable").astype(np.int32), q=q[None], trace=tokens)

@@ -1,0 +1,150 @@
+"""Pure-Python twin of ``csrc/ms_memory.c``: bytes per tier, fits, max context and batch."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..._search import largest_true
+from ..codes import ALL_GPU, ATT, BUF, CPU_ONLY, DENSE, EMBED, EXPERTS_CPU, GPU, GPU_EXPERTS, HEAD, HOST, KV, LAYERS_GPU, MTP, N_CLASSES, N_CPU_MOE, N_TIERS, OFFLOAD_CACHE, ROUTED, ROUTER, SHARED, STATE, UNIFIED
+
+
+def _layer_on_gpu(L, cfg, l):
+    if cfg["placement"] == CPU_ONLY:
+        return False
+    if cfg["placement"] == LAYERS_GPU:
+        return l >= L - cfg["placement_arg"]
+    return True
+
+
+def _experts_split(low, cfg, l):
+    """(routed experts on GPU, routed experts in host RAM) for layer l."""
+    e = int(low.n_experts[l])
+    p, a = cfg["placement"], cfg["placement_arg"]
+    if e == 0:
+        return 0, 0
+    if p in (ALL_GPU, UNIFIED):
+        return e, 0
+    if p in (EXPERTS_CPU, CPU_ONLY):
+        return 0, e
+    if p == N_CPU_MOE:
+        return (0, e) if l < a else (e, 0)
+    if p == GPU_EXPERTS:
+        g = min(a, e)
+        return g, e - g
+    if p == LAYERS_GPU:
+        return (e, 0) if _layer_on_gpu(low.n_layers, cfg, l) else (0, e)
+    if p == OFFLOAD_CACHE:
+        return min(a, e), e
+    raise ValueError(p)
+
+
+def _cache(low, l, c, kvb):
+    cap = int(low.kv_cap[l])
+    tokens = min(c, cap) if cap > 0 else c
+    kv = (low.kv_elems[l] * kvb + low.kv_fixed[l]) * tokens
+    ratio = int(low.kv_ratio[l])
+    if ratio > 0:
+        kv += (c // ratio) * (low.kv_ratio_elems[l] * kvb + low.kv_ratio_fixed[l])
+    return kv, float(low.kv_state[l])
+
+
+def account(low, cfg, context, batch):
+    """Return (by_class, tier, weights, kv, state, kv_slope, fits_bits) for one context and batch."""
+    L = low.n_layers
+    gran = cfg["kv_granularity"]
+    c = context if gran <= 1 else -(-context // gran) * gran
+    kvb = cfg["kv_bytes_per_elem"]
+    bc = [[0.0] * N_TIERS for _ in range(N_CLASSES)]
+    any_gpu = False
+    kv_total = state_total = slope = 0.0
+    for l in range(L):
+        t = GPU if _layer_on_gpu(L, cfg, l) else HOST
+        any_gpu = any_gpu or t == GPU
+        bc[ATT][t] += low.attn[l]
+        bc[ROUTER][t] += low.router[l]
+        bc[SHARED][t] += low.shared[l]
+        bc[DENSE][t] += low.dense[l]
+        g, h = _experts_split(low, cfg, l)
+        any_gpu = any_gpu or g > 0
+        bc[ROUTED][GPU] += g * low.expert_one[l]
+        bc[ROUTED][HOST] += h * low.expert_one[l]
+        kv, st = _cache(low, l, c, kvb)
+        bc[KV][t] += kv * batch
+        bc[STATE][t] += st * batch
+        kv_total += kv * batch
+        state_total += st * batch
+        if low.kv_cap[l] == 0:
+            slope += low.kv_elems[l] * kvb + low.kv_fixed[l]
+        if low.kv_ratio[l] > 0:
+            slope += (low.kv_ratio_elems[l] * kvb + low.kv_ratio_fixed[l]) / low.kv_ratio[l]
+    head_t = HOST if (cfg["placement"] == CPU_ONLY or (cfg["placement"] == LAYERS_GPU and cfg["placement_arg"] == 0)) else GPU
+    emb_t = GPU if (cfg["embed_on_gpu"] and head_t == GPU) else HOST
+    bc[EMBED][emb_t] += low.embed
+    bc[HEAD][head_t] += low.head
+    if cfg["mtp"] and low.mtp_layers > 0:
+        bc[MTP][head_t] += low.mtp
+        kv, st = _cache(low, L - 1, c, kvb)
+        bc[KV][head_t] += kv * batch * low.mtp_layers
+        bc[STATE][head_t] += st * batch * low.mtp_layers
+        kv_total += kv * batch * low.mtp_layers
+        state_total += st * batch * low.mtp_layers
+    any_gpu = any_gpu or head_t == GPU
+    if cfg["n_gpus"] > 0 and any_gpu:
+        bc[BUF][GPU] = cfg["n_gpus"] * (cfg["gpu_fixed"] + cfg["gpu_buf0"] + cfg["gpu_buf_ctx"] * c)
+    host_buffers = cfg["host_fixed"] + cfg["host_buf0"] + cfg["host_buf_ctx"] * c
+    bc[BUF][HOST] = host_buffers
+
+    gpu = sum(bc[k][GPU] for k in range(N_CLASSES))
+    host = sum(bc[k][HOST] for k in range(N_CLASSES))
+    host_weights = sum(bc[k][HOST] for k in range(MTP + 1))
+    spill = 0.0
+    if host > cfg["host_capacity"] and cfg["storage_spill"]:
+        spill = min(host - cfg["host_capacity"], host_weights, cfg["storage_capacity"])
+    tier = [gpu, host - spill, spill]
+    weights = sum(bc[k][GPU] + bc[k][HOST] for k in range(MTP + 1))
+    fits = 0
+    if gpu <= cfg["n_gpus"] * cfg["gpu_capacity"] and host - spill <= cfg["host_capacity"]:
+        if gpu > 0 and cfg["n_gpus"] > 0:
+            fits |= 1
+        if host - spill - bc[BUF][HOST] > 0:
+            fits |= 2
+        if spill > 0:
+            fits |= 4
+        if fits == 0:
+            fits = 2
+    if gpu > 0 and cfg["n_gpus"] == 0:
+        fits = 0
+    return bc, tier, weights, kv_total, state_total, slope, fits
+
+
+def memory_one(low, cfg):
+    ctx, b = cfg["context"], cfg["batch"]
+    max_ctx = largest_true(lambda x: account(low, cfg, x, b)[6] != 0, 1, low.max_context) or 0
+    hi = 1
+    while hi < 2**30 and account(low, cfg, ctx, hi)[6]:
+        hi *= 2
+    max_b = largest_true(lambda x: account(low, cfg, ctx, x)[6] != 0, 1, min(hi, 2**30)) or 0
+    bc, tier, weights, kv, state, slope, fits = account(low, cfg, ctx, b)
+    return dict(by_class=bc, tier=tier, weights=weights, kv=kv, state=state, kv_bytes_per_token=slope, fits=fits,
+                max_context=max(0, max_ctx), max_batch=max(0, max_b))
+
+
+def memory_many(low, cols):
+    n = len(cols["context"])
+    out = {k: [] for k in ("by_class", "tier", "weights", "kv", "state", "kv_bytes_per_token", "fits",
+                           "max_context", "max_batch")}
+    for i in range(n):
+        cfg = {k: (int(v[i]) if v.dtype.kind == "i" else float(v[i])) for k, v in cols.items()}
+        r = memory_one(low, cfg)
+        for k in out:
+            out[k].append(r[k])
+    return {
+        "by_class": np.array(out["by_class"], dtype=np.float64).reshape(n, N_CLASSES, N_TIERS),
+        "tier": np.array(out["tier"], dtype=np.float64).reshape(n, N_TIERS),
+        "weights": np.array(out["weights"], dtype=np.float64),
+        "kv": np.array(out["kv"], dtype=np.float64),
+        "state": np.array(out["state"], dtype=np.float64),
+        "kv_bytes_per_token": np.array(out["kv_bytes_per_token"], dtype=np.float64),
+        "fits": np.array(out["fits"], dtype=np.int32),
+        "max_context": np.array(out["max_context"], dtype=np.int64),
+        "max_batch": np.array(out["max_batch"], dtype=np.int64),
+    }

@@ -1,0 +1,72 @@
+"""Kernel drivers over routing: sampled requests, per-step unions, cache hit rates, reuse."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import MoesimError, unknown_id
+from .lower.routing import RoutingDims, lower
+from ..spec.routing import RoutingProfile, profile
+
+
+# ------------------------------------------------------------------------------- statistics
+def step_unions(tokens: np.ndarray) -> tuple:
+    """Batch-1 step unions of a [T, L, k] token array: (sel [T, L, k], nsel [T, L]), each token's
+    distinct experts in expert-id order (the order the decode kernel serves a step in)."""
+    T, L, k = tokens.shape
+    srt = np.sort(np.asarray(tokens, dtype=np.int32), axis=2)
+    nsel = np.full((T, L), k, dtype=np.int32)
+    sel = srt.copy()
+    if k > 1:
+        dup = srt[:, :, 1:] == srt[:, :, :-1]
+        for t, l in zip(*np.nonzero(np.any(dup, axis=2))):
+            u = np.unique(srt[t, l])
+            sel[t, l, :len(u)] = u
+            nsel[t, l] = len(u)
+    return sel, nsel
+
+
+def cache_hit_rates(requests, n_experts: int, capacity: int, policy: str = "lru", hot=None) -> np.ndarray:
+    """Per-layer hit rate of a per-layer expert cache of ``capacity`` replaying batch-1 requests
+    (each request starts with a cold cache), in the C kernel."""
+    from . import _kernel
+    from .codes import POLICIES
+    if policy not in POLICIES:
+        raise unknown_id("cache policy", policy, POLICIES, "policy")
+    hits = acc = 0.0
+    for r in requests:
+        sel, nsel = step_unions(np.asarray(r))
+        code, h, a = _kernel.cache_replay(sel, nsel, int(n_experts), int(capacity), POLICIES[policy], hot, 0)
+        if code:
+            raise MoesimError(f"cache replay failed: {_kernel.strerror(code)}", "trace")
+        hits, acc = hits + h, acc + a
+    return hits / np.maximum(acc, 1)
+
+
+def reuse(requests) -> float:
+    """Fraction of a token's k experts (same layer) that the next token of the request picks again."""
+    num = den = 0
+    for r in requests:
+        r = np.asarray(r)
+        if len(r) < 2:
+            continue
+        prev, nxt = r[:-1], r[1:]
+        num += int(np.sum(np.any(nxt[..., :, None] == prev[..., None, :], axis=-1)))
+        den += nxt.size
+    return num / den if den else 0.0
+
+
+def sample_requests(dims: RoutingDims, prof: RoutingProfile, n_requests: int, tokens: int, seed: int = 0) -> list:
+    """``n_requests`` independent requests of ``tokens`` decode tokens each ([tokens, layers, k]
+    arrays) drawn by the C kernel's sampler; request i uses stream (seed, i)."""
+    from . import _kernel
+    from ..errors import KernelError
+    rt = lower(dims, profile(prof, request_tokens=0), seed)
+    out = []
+    for i in range(n_requests):
+        cols = dict(batch=[1], tokens_per_step=[1], drafts=[0], accepted=[1.0], steps=[tokens], warmup=[0],
+                    policy=[0], mode=[0], seed=[seed], index=[i])
+        code, picks = _kernel.route_sample(rt, cols)
+        if code:
+            raise KernelError(f"routing sampler: {_kernel.strerror(code)}")
+        out.append(picks[:, 0, 0])
+    return out

@@ -1,0 +1,421 @@
+"""Model architecture specs: parsed from Hugging Face ``config.json`` fields, lowered to a tensor inventory.
+
+One parser serves both the built-in catalog (whose entries *are* HF config fields, see
+``catalog/models.toml``) and user-supplied configs (:meth:`Model.from_hf_config`), so the two
+cannot disagree. A :class:`Model` is a tuple of :class:`Layer` (attention + FFN) plus embeddings,
+head and MTP modules; :meth:`Model.tensors` names every weight tensor the way llama.cpp's GGUF
+files do (``blk.N.ffn_down_exps.weight``), with ggml shapes ``(ne0, ne1, ne2)`` where ``ne0`` is the
+row (input) length. Quantization rules and ``-ot`` placement work on those names.
+"""
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from .. import _catalog
+from .checkpoint import Scheme, scheme_from_config
+from ..errors import MoesimError, unknown_id
+from .layers import KVTerms, Layer, StoredWeights, Tensor
+from .architectures import _PARSERS, _mtp_layer, _native_quant_from_config, _opt, _req
+
+
+@dataclass(frozen=True)
+class Model:
+    """A model architecture. Build with :func:`model` (catalog id or a file path), :meth:`from_hf_config`,
+    :meth:`from_gguf` or :meth:`from_safetensors`."""
+
+    id: str
+    name: str = field(compare=False)
+    family: str
+    hidden: int
+    vocab: int
+    tie_embeddings: bool
+    layers: tuple
+    max_context: int
+    mtp_layers: int = 0
+    mtp_layer: Layer | None = None
+    native_quant: str = "bf16"
+    quantization_config: Mapping | None = field(default=None, compare=False)
+    expert_dtype: str | None = None
+    published_total_params: float | None = field(default=None, compare=False)
+    published_active_params: float | None = field(default=None, compare=False)
+    published_active_excludes_embeddings: bool = field(default=False, compare=False)
+    source: str = field(default="", compare=False)
+    quant_scheme: "Scheme | None" = None
+    stored: StoredWeights | None = None
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_hf_config(cls, config: Mapping | str | os.PathLike, id: str | None = None, **meta) -> "Model":
+        """Parse a Hugging Face ``config.json`` (a path, a directory holding one, or a dict)."""
+        if not isinstance(config, Mapping):
+            if not isinstance(config, (str, os.PathLike)):
+                raise MoesimError(f"expected a config dict or a path, got {type(config).__name__}", "config")
+            return _artifact_reader("config")(config, id, **meta)
+        where = meta.get("source") or "config"
+        try:
+            return _parse(dict(config), id or str(config.get("_name_or_path", "model")), meta)
+        except MoesimError:
+            raise
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError, RecursionError) as exc:
+            # a field of the wrong JSON type (a string where a count belongs, a list of objects...)
+            raise MoesimError(f"{where}: malformed config ({type(exc).__name__}: {exc})", "config") from None
+
+    @classmethod
+    def from_gguf(cls, path: str | os.PathLike) -> "Model":
+        """Read a GGUF file (following ``-0000k-of-0000N.gguf`` splits): architecture from its metadata,
+        the exact type and bytes of every tensor from its tensor table (no weights are read)."""
+        return _artifact_reader("gguf")(path)
+
+    @classmethod
+    def from_safetensors(cls, path: str | os.PathLike, config: Mapping | str | os.PathLike | None = None) -> "Model":
+        """A model from ``model.safetensors.index.json`` and/or safetensors headers (no weights read); the
+        architecture comes from *config* or the ``config.json`` beside the files."""
+        return _artifact_reader("safetensors")(path, config)
+
+    # ------------------------------------------------------------------ derived views
+    @property
+    def n_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def moe_layers(self) -> tuple:
+        return tuple(l for l in self.layers if l.ffn.kind == "moe")
+
+    @property
+    def n_experts(self) -> int:
+        """Routed experts per MoE layer (0 for a dense model)."""
+        moe = self.moe_layers
+        return moe[0].ffn.n_experts if moe else 0
+
+    @property
+    def top_k(self) -> int:
+        moe = self.moe_layers
+        return moe[0].ffn.top_k if moe else 0
+
+    def tensors(self, include_mtp: bool = True) -> list:
+        """Every weight tensor, named as llama.cpp names them in GGUF files.
+
+        A model read from a GGUF file returns the file's own tensors (real names and shapes)."""
+        if self.stored is not None and self.stored.container == "gguf":
+            return [t for t, _typ, _nb in self.stored.table if include_mtp or t.cls != "mtp"]
+        out = [Tensor("token_embd.weight", (self.hidden, self.vocab), "embeddings")]
+        for layer in self.layers:
+            out.extend(_layer_tensors(self, layer, f"blk.{layer.index}.", None))
+        out.append(Tensor("output_norm.weight", (self.hidden,), "lm_head"))
+        if not self.tie_embeddings:
+            out.append(Tensor("output.weight", (self.hidden, self.vocab), "lm_head"))
+        if include_mtp and self.mtp_layer is not None:
+            for m in range(self.mtp_layers):
+                idx = self.n_layers + m
+                prefix = f"blk.{idx}."
+                out.extend(_layer_tensors(self, self.mtp_layer, prefix, "mtp"))
+                out.append(Tensor(prefix + "nextn.eh_proj.weight", (2 * self.hidden, self.hidden), "mtp", idx))
+                for nm in ("nextn.enorm.weight", "nextn.hnorm.weight", "nextn.shared_head_norm.weight"):
+                    out.append(Tensor(prefix + nm, (self.hidden,), "mtp", idx))
+        return out
+
+    def param_counts(self) -> tuple:
+        """(total, active) parameters, embeddings and head counted, MTP excluded, norms included."""
+        total = active = 0
+        for t in self.tensors(include_mtp=False):
+            n = t.n_elements
+            total += n
+            if t.cls == "routed_experts" and 0 <= t.layer < self.n_layers and self.layers[t.layer].ffn.n_experts:
+                ffn = self.layers[t.layer].ffn
+                active += n * ffn.top_k / ffn.n_experts
+            else:
+                active += n
+        return total, active
+
+    def kv_terms(self, layer: Layer) -> KVTerms:
+        """Cache bytes of one layer for one sequence, as the affine/capped terms of :class:`KVTerms`.
+
+        Element counts are in the KV dtype; ``fixed_bytes`` are caches with their own dtype (DSA
+        indexer keys: fp8 + one fp32 scale per 128, AIC-sdk ``indexer_cache_entry_bytes``).
+        """
+        a = layer.attention
+        if a.kind == "gqa":
+            return KVTerms(elems=2 * a.n_kv_heads * a.head_dim, cap=a.window or a.chunk)
+        if a.kind == "mla":
+            # llama.cpp/FlashMLA cache the compressed latent plus the rope key; V is a view of it.
+            fixed = 0.0
+            if a.index_heads:
+                fixed = a.index_head_dim + 4 * (a.index_head_dim / 128)
+            return KVTerms(elems=a.kv_lora_rank + a.qk_rope_head_dim, fixed_bytes=fixed)
+        if a.kind in ("kda", "gdn"):
+            # Fixed recurrent state, fp32: heads x d_k x d_v, plus the short-conv tail of
+            # (kernel - 1) columns over the q/k/v channels in bf16 (models.md §5, §8).
+            heads = a.lin_v_heads
+            state = heads * a.lin_k_dim * a.lin_v_dim * 4
+            conv_channels = a.lin_k_heads * a.lin_k_dim * 2 + a.lin_v_heads * a.lin_v_dim
+            state += (a.conv_kernel - 1) * conv_channels * 2
+            return KVTerms(state_bytes=float(state))
+        if a.kind == "dsv4":
+            # AIC-sdk get_kvcache_bytes_per_sequence (models.md, DeepSeek-V4): a sliding window of
+            # min(C, 128) entries of head_dim, plus C // ratio compressed entries, plus the fp32
+            # compressor state; ratio 4 layers add an fp4 indexer cache of index_head_dim per entry.
+            r = a.compress_ratio
+            terms = dict(elems=a.head_dim, cap=a.window)
+            if r > 0:
+                coff = 2 if r == 4 else 1
+                state = 2 * r * coff * a.head_dim * 4
+                ratio_fixed = 0.0
+                if r == 4:
+                    ratio_fixed = a.index_head_dim * 0.5
+                    state += 2 * r * 2 * a.index_head_dim * 4
+                terms.update(ratio=r, ratio_elems=a.head_dim, ratio_fixed_bytes=ratio_fixed,
+                             state_bytes=float(state))
+            return KVTerms(**terms)
+        raise AssertionError(a.kind)
+
+
+# ---------------------------------------------------------------------------------- tensors
+def _layer_tensors(model: Model, layer: Layer, p: str, force_cls: str | None) -> list:
+    h = model.hidden
+    li = layer.index if force_cls is None else -1
+    a, f = layer.attention, layer.ffn
+    out = []
+
+    def add(name, shape, cls):
+        out.append(Tensor(p + name, tuple(int(x) for x in shape), force_cls or cls, li if li >= 0 else
+                          (model.n_layers if force_cls else -1)))
+
+    add("attn_norm.weight", (h,), "attention")
+    if a.kind == "gqa":
+        q_out = a.n_heads * a.head_dim * (2 if a.output_gate else 1)
+        kv_out = a.n_kv_heads * a.head_dim
+        add("attn_q.weight", (h, q_out), "attention")
+        add("attn_k.weight", (h, kv_out), "attention")
+        add("attn_v.weight", (h, kv_out), "attention")
+        add("attn_output.weight", (a.n_heads * a.head_dim, h), "attention")
+        if a.bias:
+            add("attn_q.bias", (q_out,), "attention")
+            add("attn_k.bias", (kv_out,), "attention")
+            add("attn_v.bias", (kv_out,), "attention")
+        if a.qk_norm:
+            add("attn_q_norm.weight", (a.head_dim,), "attention")
+            add("attn_k_norm.weight", (a.head_dim,), "attention")
+        if a.sinks:
+            add("attn_sinks.weight", (a.n_heads,), "attention")
+            add("attn_output.bias", (h,), "attention")
+    elif a.kind == "mla":
+        qk = a.qk_nope_head_dim + a.qk_rope_head_dim
+        if a.q_lora_rank:
+            add("attn_q_a.weight", (h, a.q_lora_rank), "attention")
+            add("attn_q_a_norm.weight", (a.q_lora_rank,), "attention")
+            add("attn_q_b.weight", (a.q_lora_rank, a.n_heads * qk), "attention")
+        else:
+            add("attn_q.weight", (h, a.n_heads * qk), "attention")
+        add("attn_kv_a_mqa.weight", (h, a.kv_lora_rank + a.qk_rope_head_dim), "attention")
+        add("attn_kv_a_norm.weight", (a.kv_lora_rank,), "attention")
+        add("attn_k_b.weight", (a.qk_nope_head_dim, a.kv_lora_rank, a.n_heads), "attention")
+        add("attn_v_b.weight", (a.kv_lora_rank, a.v_head_dim, a.n_heads), "attention")
+        add("attn_output.weight", (a.n_heads * a.v_head_dim, h), "attention")
+        if a.output_gate:
+            add("attn_gate.weight", (h, a.n_heads * a.v_head_dim), "attention")
+        if a.own_indexer:
+            q_in = a.q_lora_rank or h
+            add("indexer.attn_q_b.weight", (q_in, a.index_heads * a.index_head_dim), "attention")
+            add("indexer.attn_k.weight", (h, a.index_head_dim), "attention")
+            add("indexer.k_norm.weight", (a.index_head_dim,), "attention")
+            add("indexer.proj.weight", (h, a.index_heads), "attention")
+    elif a.kind in ("kda", "gdn"):
+        qk = a.lin_k_heads * a.lin_k_dim
+        vd = a.lin_v_heads * a.lin_v_dim
+        if a.kind == "gdn":
+            add("ssm_in.weight", (h, 2 * qk + 2 * vd), "attention")
+            add("ssm_beta_alpha.weight", (h, 2 * a.lin_v_heads), "attention")
+            add("ssm_conv1d.weight", (a.conv_kernel, 2 * qk + vd), "attention")
+            add("ssm_dt.bias", (a.lin_v_heads,), "attention")
+            add("ssm_a", (a.lin_v_heads,), "attention")
+            add("ssm_norm.weight", (a.lin_v_dim,), "attention")
+            add("ssm_out.weight", (vd, h), "attention")
+        else:
+            add("attn_q.weight", (h, qk), "attention")
+            add("attn_k.weight", (h, qk), "attention")
+            add("attn_v.weight", (h, vd), "attention")
+            add("attn_output.weight", (vd, h), "attention")
+            add("ssm_conv1d.weight", (a.conv_kernel, 2 * qk + vd), "attention")
+            if a.full_rank_gate:
+                add("ssm_f.weight", (h, qk), "attention")
+            else:
+                add("ssm_f_a.weight", (h, a.lin_k_dim), "attention")
+                add("ssm_f_b.weight", (a.lin_k_dim, qk), "attention")
+            add("ssm_g_a.weight", (h, a.lin_v_dim), "attention")
+            add("ssm_g_b.weight", (a.lin_v_dim, vd), "attention")
+            add("ssm_beta.weight", (h, a.lin_v_heads), "attention")
+            add("ssm_a", (a.lin_v_heads,), "attention")
+            add("ssm_dt.bias", (qk,), "attention")
+            add("ssm_norm.weight", (a.lin_v_dim,), "attention")
+    elif a.kind == "dsv4":
+        add("attn_q_a.weight", (h, a.q_lora_rank), "attention")
+        add("attn_q_a_norm.weight", (a.q_lora_rank,), "attention")
+        add("attn_q_b.weight", (a.q_lora_rank, a.n_heads * a.head_dim), "attention")
+        add("attn_kv.weight", (h, a.head_dim), "attention")
+        add("attn_kv_norm.weight", (a.head_dim,), "attention")
+        add("attn_o_a.weight", (a.n_heads * a.head_dim // a.o_groups, a.o_groups * a.o_lora_rank), "attention")
+        add("attn_o_b.weight", (a.o_groups * a.o_lora_rank, h), "attention")
+        add("attn_sinks.weight", (a.n_heads,), "attention")
+        if a.compress_ratio:
+            coff = 2 if a.compress_ratio == 4 else 1
+            add("attn_comp_kv.weight", (h, a.head_dim * coff), "attention")
+            add("attn_comp_gate.weight", (h, a.head_dim * coff), "attention")
+            add("attn_comp_ape.weight", (a.head_dim * coff, a.compress_ratio), "attention")
+            if a.compress_ratio == 4:
+                add("indexer.attn_q_b.weight", (a.q_lora_rank, a.index_heads * a.index_head_dim), "attention")
+                add("indexer.proj.weight", (h, a.index_heads), "attention")
+                add("indexer.comp_kv.weight", (h, a.index_head_dim * 2), "attention")
+                add("indexer.comp_gate.weight", (h, a.index_head_dim * 2), "attention")
+        if a.hc_mult:
+            mix = (2 + a.hc_mult) * a.hc_mult
+            add("hc_attn_fn.weight", (a.hc_mult * h, mix), "attention")
+            add("hc_ffn_fn.weight", (a.hc_mult * h, mix), "attention")
+
+    add("ffn_norm.weight", (h,), "attention")
+    if f.kind == "dense":
+        add("ffn_gate.weight", (h, f.intermediate), "dense_ffn")
+        add("ffn_up.weight", (h, f.intermediate), "dense_ffn")
+        add("ffn_down.weight", (f.intermediate, h), "dense_ffn")
+    else:
+        e, fi = f.n_experts, f.expert_intermediate
+        d = f.latent_dim or h
+        add("ffn_gate_inp.weight", (h, e), "router")
+        if f.router_bias:
+            add("exp_probs_b.bias", (e,), "router")
+        if f.latent_dim:
+            add("ffn_latent_down.weight", (h, d), "router")
+            add("ffn_latent_up.weight", (d, h), "router")
+        add("ffn_gate_exps.weight", (d, fi, e), "routed_experts")
+        add("ffn_up_exps.weight", (d, fi, e), "routed_experts")
+        add("ffn_down_exps.weight", (fi, d, e), "routed_experts")
+        if f.expert_bias:
+            add("ffn_gate_exps.bias", (fi, e), "routed_experts")
+            add("ffn_up_exps.bias", (fi, e), "routed_experts")
+            add("ffn_down_exps.bias", (d, e), "routed_experts")
+        if f.n_shared:
+            s = f.shared_intermediate * f.n_shared
+            add("ffn_gate_shexp.weight", (h, s), "shared_experts")
+            add("ffn_up_shexp.weight", (h, s), "shared_experts")
+            add("ffn_down_shexp.weight", (s, h), "shared_experts")
+            if f.shared_gate:
+                add("ffn_gate_inp_shexp.weight", (h,), "shared_experts")
+    return out
+
+
+def _parse(cfg: dict, id: str, meta: dict) -> Model:
+    mt = str(cfg.get("model_type", "")).lower()
+    text = cfg.get("text_config")
+    if isinstance(text, Mapping) and mt in ("kimi_k3", "llama4"):
+        inner = dict(text)
+        inner.setdefault("quantization_config", cfg.get("quantization_config"))
+        family_cfg, family = inner, mt
+    else:
+        family_cfg, family = cfg, mt
+    parser = _PARSERS.get(family)
+    if parser is None:
+        raise MoesimError(f"unsupported architecture model_type={mt!r}; supported: "
+                          + ", ".join(sorted(_PARSERS)), "model_type")
+    c = family_cfg
+    hidden = _req(c, "d_model" if family == "dbrx" else "hidden_size", id)
+    layers, extra = parser(c, hidden, id)
+    if not layers:
+        raise MoesimError("the config describes no layers", "num_hidden_layers")
+    vocab = _req(c, "vocab_size", id)
+    max_ctx = int(_opt(c, "max_position_embeddings", _opt(c, "max_seq_len", 0)) or 0)
+    if max_ctx <= 0:
+        raise MoesimError("config lacks max_position_embeddings", "max_position_embeddings")
+    mtp_layers = int(extra.pop("mtp_layers", 0) or 0)
+    scheme = scheme_from_config({"quantization_config": cfg.get("quantization_config"),
+                                 "expert_dtype": c.get("expert_dtype", cfg.get("expert_dtype"))})
+    return Model(
+        id=id,
+        name=meta.get("name", id),
+        family=family,
+        hidden=hidden,
+        vocab=vocab,
+        tie_embeddings=bool(_opt(c, "tie_word_embeddings", False)),
+        layers=tuple(layers),
+        max_context=max_ctx,
+        mtp_layers=mtp_layers,
+        mtp_layer=_mtp_layer(layers, hidden) if mtp_layers else None,
+        native_quant=meta.get("native_quant") or _native_quant_from_config(cfg, scheme),
+        quantization_config=cfg.get("quantization_config"),
+        expert_dtype=c.get("expert_dtype"),
+        published_total_params=meta.get("published_total_params"),
+        published_active_params=meta.get("published_active_params"),
+        published_active_excludes_embeddings=bool(meta.get("published_active_excludes_embeddings", False)),
+        source=meta.get("source", ""),
+        quant_scheme=scheme,
+    )
+
+
+# ---------------------------------------------------------------------------------- catalog
+def _merged_config(entries: Mapping, mid: str, seen: tuple = ()) -> dict:
+    entry = entries[mid]
+    base = entry.get("base")
+    cfg: dict = {}
+    if base:
+        if base in seen or base not in entries:
+            raise MoesimError(f"catalog entry {mid!r} has a bad base {base!r}", "base")
+        cfg = _merged_config(entries, base, seen + (mid,))
+    for key, value in entry.get("config", {}).items():
+        if isinstance(value, Mapping) and isinstance(cfg.get(key), Mapping):
+            merged = dict(cfg[key])
+            merged.update(value)
+            cfg[key] = merged
+        else:
+            cfg[key] = copy.deepcopy(value)
+    return cfg
+
+
+def model_ids() -> list:
+    return sorted(_catalog.load("models")["models"])
+
+
+_MODEL_CACHE: dict = {}
+
+
+def catalog_model(id: str) -> Model:
+    """The catalog model *id* (``catalog/models.toml``), parsed once and cached. Paths are read by
+    :func:`moesim.ingest.model`, which falls back to this."""
+    if not isinstance(id, str):
+        raise MoesimError(f"expected a model id string, got {type(id).__name__}", "model")
+    key = id.strip().lower()
+    if key in _MODEL_CACHE:
+        return _MODEL_CACHE[key]
+    entries = _catalog.load("models")["models"]
+    if key not in entries:
+        raise unknown_id("model", id, entries, "model")
+    entry = entries[key]
+    meta = {k: v for k, v in entry.items() if k not in ("config", "base")}
+    m = _parse(_merged_config(entries, key), key, meta)
+    _MODEL_CACHE[key] = m
+    return m
+
+
+def is_catalog_id(text: str) -> bool:
+    return text.strip().lower() in _catalog.load("models")["models"]
+
+
+# The artifact readers (GGUF, safetensors, config.json on disk) live in moesim.ingest, the layer above;
+# it registers them here when imported (``import moesim`` does), so that Model.from_gguf and friends stay
+# where users look for them without this layer importing upward.
+ARTIFACT_READERS: dict = {}
+
+
+def _artifact_reader(kind: str):
+    reader = ARTIFACT_READERS.get(kind)
+    if reader is None:
+        raise MoesimError(f"no {kind} reader registered: import moesim.ingest first", "model")
+    return reader
+
+
+def hf_config(id: str) -> dict:
+    """The catalog entry's HF config dict (what ``Model.from_hf_config`` would be given)."""
+    entries = _catalog.load("models")["models"]
+    if id not in entries:
+        raise unknown_id("model", id, entries, "model")
+    return _merged_config(entries, id)
