@@ -18,7 +18,7 @@ from moesim.engine import memory as EMEM
 from moesim import ingest as models
 from moesim.spec import quants
 from moesim.engine.reference import memory as reference
-from moesim.spec.placement import PLACEMENT_CODES
+from moesim.engine.codes import PLACEMENT_CODES
 
 # A spread of architectures: GQA with sliding windows and sinks (gpt-oss), GDN linear attention
 # (qwen3-next), DeepSeek-V4 compressed attention (ratio terms), dense MHA (llama-2), KDA + MLA

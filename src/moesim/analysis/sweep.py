@@ -40,6 +40,7 @@ from ..engine.memory import evaluate
 from ..ingest import model as get_model
 from ..spec.placement import Placement, parse as parse_placement
 from ..spec.runtimes import default_runtime, runtime as get_runtime
+from ..engine.codes import MODES, POLICIES, SWEEP_AUTO_KT, SWEEP_AUTO_LLAMA, SWEEP_FIXED, placement_code
 from ..engine.lower.attention import kv_read_fn, score_fn
 
 
@@ -53,8 +54,6 @@ SECTIONS = ("axes", "zip", "filter", "run")
 RUN_DEFAULTS = {"mode": "analytic", "seed": 0, "chunk_size": 1 << 19, "prompt": 512, "tokens": 256,
                 "warmup": None}
 FORMATS = {"parquet": ".parquet", "csv": ".csv", "jsonl": ".jsonl"}
-MODES = ("analytic", "montecarlo")
-POLICY_CODES = {"lru": 0, "lfu": 1, "static": 2, "belady": 3}
 RESOURCES = ("gpu_memory", "gpu_compute", "host_memory", "cpu_compute", "pcie", "storage", "latency",
              "interconnect")
 _TIERS = ("gpu", "host", "storage")
@@ -69,7 +68,6 @@ FILTERABLE = ("context", "batch", "weights_bytes", "kv_bytes_per_token", "kv_byt
               "host_bytes", "storage_bytes", "max_context", "max_batch", "decode_tok_s", "aggregate_tok_s",
               "tpot_ms", "tpot_p50_ms", "tpot_p99_ms", "prefill_tok_s", "expert_hit_rate")
 _INT_COLUMNS = {"context", "batch", "max_context", "max_batch"}
-_RULE_FIXED, _RULE_LLAMA, _RULE_KT = 0, 1, 2
 
 
 def column_names(mode: str) -> tuple:
@@ -247,8 +245,8 @@ def _normalize_axis(name: str, value, models=()) -> "list | dict":
                     s = str(parse_placement(s)).replace("=-1", "")
             elif name == "policies":
                 s = s.lower()
-                if s not in POLICY_CODES:
-                    raise unknown_id("cache policy", s, POLICY_CODES, "policy")
+                if s not in POLICIES:
+                    raise unknown_id("cache policy", s, POLICIES, "policy")
         except MoesimError as exc:
             raise _err(w, str(exc)) from None
         out.append(s)
@@ -533,23 +531,23 @@ def placement_candidates(m, mach: Machine, rt, spec: str) -> tuple:
     """(candidate placements, rule) the group's configurations choose from (moesim.fit.auto_placement
     resolved per configuration in C for llama.cpp and ktransformers)."""
     if spec != "auto":
-        return [parse_placement(spec, m, mach)], _RULE_FIXED
+        return [parse_placement(spec, m, mach)], SWEEP_FIXED
     if mach.unified:
-        return [Placement("unified")], _RULE_FIXED
+        return [Placement("unified")], SWEEP_FIXED
     if mach.n_gpus == 0:
-        return [Placement("cpu-only")], _RULE_FIXED
+        return [Placement("cpu-only")], SWEEP_FIXED
     L, E = m.n_layers, m.n_experts
     if rt.family == "ktransformers" and E:
-        return [Placement("gpu-experts", k) for k in range(E + 1)] + [Placement("experts-cpu")], _RULE_KT
+        return [Placement("gpu-experts", k) for k in range(E + 1)] + [Placement("experts-cpu")], SWEEP_AUTO_KT
     if not rt.llama_cpp_family:
-        return [Placement("all-gpu")], _RULE_FIXED
+        return [Placement("all-gpu")], SWEEP_FIXED
     cands = [Placement("all-gpu")]
     if E:
         cands += [Placement("n-cpu-moe", n) for n in range(L + 1)]
     cands += [Placement("layers-gpu", k) for k in range(L + 1)] + [Placement("cpu-only")]
     if E:
         cands.append(Placement("experts-cpu"))
-    return cands, _RULE_LLAMA
+    return cands, SWEEP_AUTO_LLAMA
 
 
 # =============================================================================== one group
@@ -580,7 +578,7 @@ class Group:
         self.rt = plan.resolved[("rt", ix["models"], ix["quants"], ix["machines"], ix["runtimes"])]
         self.kv = plan.resolved[("kv", ix["models"], ix["quants"], ix["machines"], ix["runtimes"], ix["kv_dtypes"])]
         self.cands, self.rule = plan.resolved[("p", ix["models"], ix["machines"], ix["placements"], self.rt.id)]
-        self.policy = POLICY_CODES[self.labels["policy"]]
+        self.policy = POLICIES[self.labels["policy"]]
         self.low = lower(m, self.q)
         self.kernel_mix = Q.kernel_mix(m, self.q)
         self.kvb = Q.kv_dtype_bytes(self.kv)
@@ -643,7 +641,7 @@ class Group:
                 idx[p.kind] = j
             w = place_weights(m, low, p, bool(cfg_gpu["embed_on_gpu"]))
             cpu_only = p.kind == "cpu-only" or mach.n_gpus == 0
-            pl["code"].append(p.code)
+            pl["code"].append(placement_code(p))
             pl["arg"].append(max(0, p.arg))
             pl["layout"].append(1 if p.kind == "cpu-only" else (2 + p.arg if p.kind == "layers-gpu" else 0))
             pl["cfg"].append(1 if cpu_only else 0)

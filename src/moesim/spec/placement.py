@@ -6,11 +6,9 @@ from dataclasses import dataclass
 from ..errors import MoesimError
 
 
-# Codes shared with csrc/moesim.h (MS_PLACE_*).
-PLACEMENT_CODES = {
-    "all-gpu": 0, "experts-cpu": 1, "n-cpu-moe": 2, "gpu-experts": 3,
-    "layers-gpu": 4, "cpu-only": 5, "unified": 6, "offload-cache": 7,
-}
+# The --placement names (DESIGN §4); engine.codes.PLACEMENT_CODES gives each its kernel code.
+PLACEMENTS = ("all-gpu", "experts-cpu", "n-cpu-moe", "gpu-experts", "layers-gpu", "cpu-only", "unified",
+              "offload-cache")
 _NEEDS_ARG = {"n-cpu-moe", "gpu-experts", "layers-gpu"}
 _OPTIONAL_ARG = {"offload-cache"}
 
@@ -19,10 +17,6 @@ _OPTIONAL_ARG = {"offload-cache"}
 class Placement:
     kind: str
     arg: int = 0
-
-    @property
-    def code(self) -> int:
-        return PLACEMENT_CODES[self.kind]
 
     def __str__(self) -> str:
         return f"{self.kind}={self.arg}" if self.kind in _NEEDS_ARG | _OPTIONAL_ARG else self.kind
@@ -36,9 +30,9 @@ def parse(spec: "str | Placement", model=None, machine=None) -> Placement:
         if not isinstance(spec, str) or not spec.strip():
             raise MoesimError(f"expected a placement name, got {spec!r}", "placement")
         name, _, arg = spec.strip().lower().partition("=")
-        if name not in PLACEMENT_CODES:
+        if name not in PLACEMENTS:
             from ..errors import unknown_id
-            raise unknown_id("placement", name, list(PLACEMENT_CODES), "placement")
+            raise unknown_id("placement", name, list(PLACEMENTS), "placement")
         if name in _NEEDS_ARG and not arg:
             raise MoesimError(f"{name} needs a count, e.g. {name}=8", "placement")
         if arg and name not in _NEEDS_ARG | _OPTIONAL_ARG:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...spec import quants as Q
+from ..codes import placement_code
 from ...spec.hardware import Machine
 from ...spec.models import Model
 from ...spec.placement import Placement
@@ -137,7 +138,7 @@ def configure(model: Model, low: LoweredModel, machine: Machine, runtime: Runtim
     if (runtime.id == "sglang" or runtime.family == "ktransformers") and machine.n_gpus and not machine.unified:
         gpu_cap = machine.gpu_mem_bytes * _sglang_mem_fraction(machine)
     cfg = dict(
-        context=context, batch=batch, kv_bytes_per_elem=kvb, placement=placement.code,
+        context=context, batch=batch, kv_bytes_per_elem=kvb, placement=placement_code(placement),
         placement_arg=max(0, placement.arg), mtp=1 if mtp else 0, n_gpus=0 if cpu_only else machine.n_gpus,
         gpu_capacity=gpu_cap, host_capacity=host_cap,
         storage_capacity=machine.storage_bytes, storage_spill=1 if (runtime.storage_spill and machine.storage_bytes) else 0,

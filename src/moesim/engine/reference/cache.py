@@ -1,7 +1,7 @@
 """Pure-Python twin of ``csrc/ms_cache.c``: the expert caches (LRU, LFU, static, Belady)."""
 from __future__ import annotations
 
-from ..codes import BELADY, LFU, STATIC
+from ..codes import POLICY_BELADY, POLICY_LFU, POLICY_STATIC
 
 
 class Cache:
@@ -14,7 +14,7 @@ class Cache:
         self.freq = [0.0] * n_experts
         self.last = [-1.0] * n_experts
         self.next_use = [0.0] * n_experts
-        if policy == STATIC:
+        if policy == POLICY_STATIC:
             self.slots = [int(e) for e in hot[:self.capacity]]
         self.resident = set(self.slots)
         self.need = set()
@@ -29,7 +29,7 @@ class Cache:
         self.freq[e] += 1.0
         self.last[e] = tick
         self.next_use[e] = next_use
-        if hit or self.policy == STATIC or self.capacity == 0:
+        if hit or self.policy == POLICY_STATIC or self.capacity == 0:
             return hit
         if len(self.slots) < self.capacity:
             self.slots.append(e)
@@ -41,10 +41,10 @@ class Cache:
                     best = i
                     continue
                 a, b = self.slots[i], self.slots[best]
-                if self.policy == LFU:
+                if self.policy == POLICY_LFU:
                     if self.freq[a] < self.freq[b] or (self.freq[a] == self.freq[b] and self.last[a] < self.last[b]):
                         best = i
-                elif self.policy == BELADY:
+                elif self.policy == POLICY_BELADY:
                     if self.next_use[a] > self.next_use[b]:
                         best = i
                 elif self.last[a] < self.last[b]:

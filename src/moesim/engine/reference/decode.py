@@ -9,7 +9,10 @@ import math
 
 import numpy as np
 
-from ..codes import BELADY, B_GPU, B_HOST, B_PCIE, B_STORAGE, EXP_CPU, EXP_FETCH, EXP_GPU, EXP_NONE, EXP_SPLIT, LRU, P_ATT, P_EXP, P_HEAD, P_OVER, P_SYNC, P_XFER, R_CPU_FLOPS, R_GPU_FLOPS, R_GPU_MEM, R_HOST_MEM, R_LATENCY, R_NET, R_PCIE, R_STORAGE, STATIC
+from ..codes import (BYTES_GPU_MEM, BYTES_HOST_MEM, BYTES_PCIE, BYTES_STORAGE, EXP_CPU, EXP_FETCH, EXP_GPU, EXP_NONE,
+    EXP_SPLIT, PHASE_ATTENTION, PHASE_EXPERTS, PHASE_HEAD, PHASE_OVERHEAD, PHASE_SYNC, PHASE_TRANSFER, POLICY_BELADY,
+    POLICY_LRU, POLICY_STATIC, RES_CPU_COMPUTE, RES_GPU_COMPUTE, RES_GPU_MEM, RES_HOST_MEM, RES_INTERCONNECT,
+    RES_LATENCY, RES_PCIE, RES_STORAGE)
 from .cache import Cache, next_use
 from .rng import M64, Rng
 
@@ -134,19 +137,19 @@ def _layer_time(dm, hw, l, w, seqs, toks, acc):
     nbytes = dm["attn_bytes"][l] + dm["shared_bytes"][l] + seqs * dm["kv_bytes"][l]
     flops = toks * (dm["attn_flops"][l] + dm["score_flops"][l] + dm["shared_flops"][l])
     if dm["attn_on_gpu"][l]:
-        ta, r = argmax([(nbytes / hw["gpu_bw"], R_GPU_MEM), (flops / hw["gpu_flops"], R_GPU_FLOPS)])
-        acc["bytes"][B_GPU] += nbytes
+        ta, r = argmax([(nbytes / hw["gpu_bw"], RES_GPU_MEM), (flops / hw["gpu_flops"], RES_GPU_COMPUTE)])
+        acc["bytes"][BYTES_GPU_MEM] += nbytes
     else:
-        ta, r = argmax([(nbytes / hw["host_bw"], R_HOST_MEM), (flops / hw["cpu_flops"], R_CPU_FLOPS)])
-        acc["bytes"][B_HOST] += nbytes
-    put(r, P_ATT, ta)
+        ta, r = argmax([(nbytes / hw["host_bw"], RES_HOST_MEM), (flops / hw["cpu_flops"], RES_CPU_COMPUTE)])
+        acc["bytes"][BYTES_HOST_MEM] += nbytes
+    put(r, PHASE_ATTENTION, ta)
     total += ta
     if dm["attn_on_gpu"][l] and hw["launch_s"] > 0:
-        put(R_LATENCY, P_SYNC, hw["launch_s"])
+        put(RES_LATENCY, PHASE_SYNC, hw["launch_s"])
         total += hw["launch_s"]
     if dm["allreduce_bytes"] > 0 and dm["attn_on_gpu"][l]:
         tr = hw["allreduce_s"] + toks * dm["allreduce_bytes"] / hw["interconnect_bw"]
-        put(R_NET, P_XFER, tr)
+        put(RES_INTERCONNECT, PHASE_TRANSFER, tr)
         total += tr
     if dm["expert_mode"][l] == EXP_NONE:
         return total
@@ -154,40 +157,40 @@ def _layer_time(dm, hw, l, w, seqs, toks, acc):
     g_bytes, c_bytes = w["n_res"] * eb, w["n_cpu"] * eb
     demand = (w["n_fetch"] - w["n_pref"]) * eb
     tg_mem, tg_fl = g_bytes / hw["gpu_bw"], w["pairs_gpu"] * ef / hw["gpu_flops"]
-    t_g, r_g = max(tg_mem, tg_fl), (R_GPU_MEM if tg_mem >= tg_fl else R_GPU_FLOPS)
+    t_g, r_g = max(tg_mem, tg_fl), (RES_GPU_MEM if tg_mem >= tg_fl else RES_GPU_COMPUTE)
     tc_mem, tc_fl = c_bytes / hw["host_bw"], w["pairs_cpu"] * ef / hw["cpu_flops"]
-    t_c, r_c = max(tc_mem, tc_fl), (R_HOST_MEM if tc_mem >= tc_fl else R_CPU_FLOPS)
+    t_c, r_c = max(tc_mem, tc_fl), (RES_HOST_MEM if tc_mem >= tc_fl else RES_CPU_COMPUTE)
     t_p = demand / hw["pcie_bw"]
     t_h = (c_bytes + demand) / hw["host_bw"]
     t_s = w["n_disk"] * eb / hw["storage_bw"]
-    acc["bytes"][B_GPU] += g_bytes
-    acc["bytes"][B_HOST] += c_bytes + (w["n_fetch"] + w["n_waste"]) * eb
-    acc["bytes"][B_PCIE] += (w["n_fetch"] + w["n_waste"]) * eb
-    acc["bytes"][B_STORAGE] += w["n_disk"] * eb
+    acc["bytes"][BYTES_GPU_MEM] += g_bytes
+    acc["bytes"][BYTES_HOST_MEM] += c_bytes + (w["n_fetch"] + w["n_waste"]) * eb
+    acc["bytes"][BYTES_PCIE] += (w["n_fetch"] + w["n_waste"]) * eb
+    acc["bytes"][BYTES_STORAGE] += w["n_disk"] * eb
     if hw["overlap"]:
-        te, r = argmax([(t_g, r_g), (t_c, r_c), (t_p, R_PCIE), (t_h, R_HOST_MEM), (t_s, R_STORAGE),
-                        ((g_bytes + c_bytes) / hw["gpu_bw"] if hw["unified"] else 0.0, R_GPU_MEM)])
-        put(r, P_XFER if r == R_PCIE else P_EXP, te)
+        te, r = argmax([(t_g, r_g), (t_c, r_c), (t_p, RES_PCIE), (t_h, RES_HOST_MEM), (t_s, RES_STORAGE),
+                        ((g_bytes + c_bytes) / hw["gpu_bw"] if hw["unified"] else 0.0, RES_GPU_MEM)])
+        put(r, PHASE_TRANSFER if r == RES_PCIE else PHASE_EXPERTS, te)
     else:
-        tcpu, r = argmax([(t_c, r_c), (t_h, R_HOST_MEM), (t_s, R_STORAGE)])
-        put(r, P_EXP, tcpu)
-        put(r_g, P_EXP, t_g)
-        put(R_PCIE, P_XFER, t_p)
+        tcpu, r = argmax([(t_c, r_c), (t_h, RES_HOST_MEM), (t_s, RES_STORAGE)])
+        put(r, PHASE_EXPERTS, tcpu)
+        put(r_g, PHASE_EXPERTS, t_g)
+        put(RES_PCIE, PHASE_TRANSFER, t_p)
         te = tcpu + t_g + t_p
         if hw["unified"] and (g_bytes + c_bytes) / hw["gpu_bw"] > t_g + tcpu:
             extra = (g_bytes + c_bytes) / hw["gpu_bw"] - (t_g + tcpu)
-            put(R_GPU_MEM, P_EXP, extra)
+            put(RES_GPU_MEM, PHASE_EXPERTS, extra)
             te += extra
     total += te
     if w["n_cpu"] > 0:
         tact = toks * dm["act_bytes"] / hw["pcie_bw"]
-        put(R_LATENCY, P_SYNC, hw["sync_s"])
-        put(R_PCIE, P_XFER, tact)
-        acc["bytes"][B_PCIE] += toks * dm["act_bytes"]
+        put(RES_LATENCY, PHASE_SYNC, hw["sync_s"])
+        put(RES_PCIE, PHASE_TRANSFER, tact)
+        acc["bytes"][BYTES_PCIE] += toks * dm["act_bytes"]
         total += hw["sync_s"] + tact
     if w["n_fetch"] - w["n_pref"] > 0 and hw["dma_s"] > 0:
         td = (w["n_fetch"] - w["n_pref"]) * hw["dma_s"]
-        put(R_LATENCY, P_SYNC, td)
+        put(RES_LATENCY, PHASE_SYNC, td)
         total += td
     return total
 
@@ -202,29 +205,29 @@ def _step_time(dm, hw, c, work, acc):
             continue
         bg = (w["n_pref"] + w["n_waste"]) * dm["expert_bytes"][l] / hw["pcie_bw"]
         if bg > lt[l - 1]:
-            acc["res"][R_PCIE] += bg - lt[l - 1]
-            acc["phase"][P_XFER] += bg - lt[l - 1]
+            acc["res"][RES_PCIE] += bg - lt[l - 1]
+            acc["phase"][PHASE_TRANSFER] += bg - lt[l - 1]
             lt[l - 1] = bg
     on_gpu = dm["head_on_gpu"]
     bw = hw["gpu_bw"] if on_gpu else hw["host_bw"]
     fl = hw["gpu_flops"] if on_gpu else hw["cpu_flops"]
-    rm, rf = (R_GPU_MEM, R_GPU_FLOPS) if on_gpu else (R_HOST_MEM, R_CPU_FLOPS)
+    rm, rf = (RES_GPU_MEM, RES_GPU_COMPUTE) if on_gpu else (RES_HOST_MEM, RES_CPU_COMPUTE)
     th_m, th_f = dm["head_bytes"] / bw, toks * dm["head_flops"] / fl
     fixed = th_m if th_m >= th_f else th_f
     acc["res"][rm if th_m >= th_f else rf] += fixed
-    acc["phase"][P_HEAD] += fixed
-    acc["bytes"][B_GPU if on_gpu else B_HOST] += dm["head_bytes"]
+    acc["phase"][PHASE_HEAD] += fixed
+    acc["bytes"][BYTES_GPU_MEM if on_gpu else BYTES_HOST_MEM] += dm["head_bytes"]
     if c["drafts"] > 0:
         dm_t, df_t = dm["draft_bytes"] / bw, seqs * dm["draft_flops"] / fl
         td = c["drafts"] * (dm_t if dm_t >= df_t else df_t)
         acc["res"][rm if dm_t >= df_t else rf] += td
-        acc["phase"][P_HEAD] += td
-        acc["bytes"][B_GPU if on_gpu else B_HOST] += c["drafts"] * dm["draft_bytes"]
+        acc["phase"][PHASE_HEAD] += td
+        acc["bytes"][BYTES_GPU_MEM if on_gpu else BYTES_HOST_MEM] += c["drafts"] * dm["draft_bytes"]
         fixed += td
     ts = hw["step_s"] + hw.get("seq_s", 0.0) * seqs
     if ts > 0:
-        acc["res"][R_LATENCY] += ts
-        acc["phase"][P_OVER] += ts
+        acc["res"][RES_LATENCY] += ts
+        acc["phase"][PHASE_OVERHEAD] += ts
         fixed += ts
     return fixed + sum(lt)
 
@@ -244,7 +247,7 @@ def decode_montecarlo(dm, hw, rt, c):
     sel, cnt, rnum, rden, selections, _ = route(rt, c)
     T, warm, policy = c["steps"], c["warmup"], c["policy"]
     W = min(E, c["batch"] * c["tokens_per_step"] * rt["top_k"])
-    nu = next_use(sel, T, L, max(W, 1)) if policy == BELADY else None
+    nu = next_use(sel, T, L, max(W, 1)) if policy == POLICY_BELADY else None
     hot = rt.get("hot")
     recall = rt.get("recall")
     gpu_c, page_c = {}, {}
@@ -253,8 +256,8 @@ def decode_montecarlo(dm, hw, rt, c):
         if l < 0:
             continue
         cap = int(dm["slots"][i]) if mode in (EXP_SPLIT, EXP_FETCH) else 0
-        gpu_c[l] = Cache(E, cap, STATIC if mode == EXP_SPLIT else policy, hot[l])
-        page_c[l] = Cache(E, int(dm["page_slots"][i]), LRU, hot[l])
+        gpu_c[l] = Cache(E, cap, POLICY_STATIC if mode == EXP_SPLIT else policy, hot[l])
+        page_c[l] = Cache(E, int(dm["page_slots"][i]), POLICY_LRU, hot[l])
     prng = Rng(c["seed"], c["index"], M64)
     acc = _new_acc()
     times = []
@@ -352,7 +355,7 @@ def che_hits(p, capacity):
 
 
 def decode_analytic(dm, hw, rt, c):
-    if c["policy"] == BELADY:
+    if c["policy"] == POLICY_BELADY:
         raise ValueError("belady needs montecarlo")
     n = len(dm["attn_bytes"])
     E, K = rt["n_experts"], rt["top_k"]
@@ -401,7 +404,7 @@ def decode_analytic(dm, hw, rt, c):
             loads += D
         else:
             C = float(dm["slots"][i])
-            if c["policy"] == LRU:
+            if c["policy"] == POLICY_LRU:
                 hsum = dsum = 0.0
                 for j in range(S):
                     pc = []

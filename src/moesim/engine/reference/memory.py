@@ -4,13 +4,16 @@ from __future__ import annotations
 import numpy as np
 
 from ..._search import largest_true
-from ..codes import ALL_GPU, ATT, BUF, CPU_ONLY, DENSE, EMBED, EXPERTS_CPU, GPU, GPU_EXPERTS, HEAD, HOST, KV, LAYERS_GPU, MTP, N_CLASSES, N_CPU_MOE, N_TIERS, OFFLOAD_CACHE, ROUTED, ROUTER, SHARED, STATE, UNIFIED
+from ..codes import (CLASS_ATTENTION, CLASS_BUFFERS, CLASS_DENSE, CLASS_EMBED, CLASS_HEAD, CLASS_KV, CLASS_MTP,
+    CLASS_ROUTED, CLASS_ROUTER, CLASS_SHARED, CLASS_STATE, N_CLASSES, N_TIERS, PLACE_ALL_GPU, PLACE_CPU_ONLY,
+    PLACE_EXPERTS_CPU, PLACE_GPU_EXPERTS, PLACE_LAYERS_GPU, PLACE_N_CPU_MOE, PLACE_OFFLOAD_CACHE, PLACE_UNIFIED,
+    TIER_GPU, TIER_HOST)
 
 
 def _layer_on_gpu(L, cfg, l):
-    if cfg["placement"] == CPU_ONLY:
+    if cfg["placement"] == PLACE_CPU_ONLY:
         return False
-    if cfg["placement"] == LAYERS_GPU:
+    if cfg["placement"] == PLACE_LAYERS_GPU:
         return l >= L - cfg["placement_arg"]
     return True
 
@@ -21,18 +24,18 @@ def _experts_split(low, cfg, l):
     p, a = cfg["placement"], cfg["placement_arg"]
     if e == 0:
         return 0, 0
-    if p in (ALL_GPU, UNIFIED):
+    if p in (PLACE_ALL_GPU, PLACE_UNIFIED):
         return e, 0
-    if p in (EXPERTS_CPU, CPU_ONLY):
+    if p in (PLACE_EXPERTS_CPU, PLACE_CPU_ONLY):
         return 0, e
-    if p == N_CPU_MOE:
+    if p == PLACE_N_CPU_MOE:
         return (0, e) if l < a else (e, 0)
-    if p == GPU_EXPERTS:
+    if p == PLACE_GPU_EXPERTS:
         g = min(a, e)
         return g, e - g
-    if p == LAYERS_GPU:
+    if p == PLACE_LAYERS_GPU:
         return (e, 0) if _layer_on_gpu(low.n_layers, cfg, l) else (0, e)
-    if p == OFFLOAD_CACHE:
+    if p == PLACE_OFFLOAD_CACHE:
         return min(a, e), e
     raise ValueError(p)
 
@@ -57,55 +60,55 @@ def account(low, cfg, context, batch):
     any_gpu = False
     kv_total = state_total = slope = 0.0
     for l in range(L):
-        t = GPU if _layer_on_gpu(L, cfg, l) else HOST
-        any_gpu = any_gpu or t == GPU
-        bc[ATT][t] += low.attn[l]
-        bc[ROUTER][t] += low.router[l]
-        bc[SHARED][t] += low.shared[l]
-        bc[DENSE][t] += low.dense[l]
+        t = TIER_GPU if _layer_on_gpu(L, cfg, l) else TIER_HOST
+        any_gpu = any_gpu or t == TIER_GPU
+        bc[CLASS_ATTENTION][t] += low.attn[l]
+        bc[CLASS_ROUTER][t] += low.router[l]
+        bc[CLASS_SHARED][t] += low.shared[l]
+        bc[CLASS_DENSE][t] += low.dense[l]
         g, h = _experts_split(low, cfg, l)
         any_gpu = any_gpu or g > 0
-        bc[ROUTED][GPU] += g * low.expert_one[l]
-        bc[ROUTED][HOST] += h * low.expert_one[l]
+        bc[CLASS_ROUTED][TIER_GPU] += g * low.expert_one[l]
+        bc[CLASS_ROUTED][TIER_HOST] += h * low.expert_one[l]
         kv, st = _cache(low, l, c, kvb)
-        bc[KV][t] += kv * batch
-        bc[STATE][t] += st * batch
+        bc[CLASS_KV][t] += kv * batch
+        bc[CLASS_STATE][t] += st * batch
         kv_total += kv * batch
         state_total += st * batch
         if low.kv_cap[l] == 0:
             slope += low.kv_elems[l] * kvb + low.kv_fixed[l]
         if low.kv_ratio[l] > 0:
             slope += (low.kv_ratio_elems[l] * kvb + low.kv_ratio_fixed[l]) / low.kv_ratio[l]
-    head_t = HOST if (cfg["placement"] == CPU_ONLY or (cfg["placement"] == LAYERS_GPU and cfg["placement_arg"] == 0)) else GPU
-    emb_t = GPU if (cfg["embed_on_gpu"] and head_t == GPU) else HOST
-    bc[EMBED][emb_t] += low.embed
-    bc[HEAD][head_t] += low.head
+    head_t = TIER_HOST if (cfg["placement"] == PLACE_CPU_ONLY or (cfg["placement"] == PLACE_LAYERS_GPU and cfg["placement_arg"] == 0)) else TIER_GPU
+    emb_t = TIER_GPU if (cfg["embed_on_gpu"] and head_t == TIER_GPU) else TIER_HOST
+    bc[CLASS_EMBED][emb_t] += low.embed
+    bc[CLASS_HEAD][head_t] += low.head
     if cfg["mtp"] and low.mtp_layers > 0:
-        bc[MTP][head_t] += low.mtp
+        bc[CLASS_MTP][head_t] += low.mtp
         kv, st = _cache(low, L - 1, c, kvb)
-        bc[KV][head_t] += kv * batch * low.mtp_layers
-        bc[STATE][head_t] += st * batch * low.mtp_layers
+        bc[CLASS_KV][head_t] += kv * batch * low.mtp_layers
+        bc[CLASS_STATE][head_t] += st * batch * low.mtp_layers
         kv_total += kv * batch * low.mtp_layers
         state_total += st * batch * low.mtp_layers
-    any_gpu = any_gpu or head_t == GPU
+    any_gpu = any_gpu or head_t == TIER_GPU
     if cfg["n_gpus"] > 0 and any_gpu:
-        bc[BUF][GPU] = cfg["n_gpus"] * (cfg["gpu_fixed"] + cfg["gpu_buf0"] + cfg["gpu_buf_ctx"] * c)
+        bc[CLASS_BUFFERS][TIER_GPU] = cfg["n_gpus"] * (cfg["gpu_fixed"] + cfg["gpu_buf0"] + cfg["gpu_buf_ctx"] * c)
     host_buffers = cfg["host_fixed"] + cfg["host_buf0"] + cfg["host_buf_ctx"] * c
-    bc[BUF][HOST] = host_buffers
+    bc[CLASS_BUFFERS][TIER_HOST] = host_buffers
 
-    gpu = sum(bc[k][GPU] for k in range(N_CLASSES))
-    host = sum(bc[k][HOST] for k in range(N_CLASSES))
-    host_weights = sum(bc[k][HOST] for k in range(MTP + 1))
+    gpu = sum(bc[k][TIER_GPU] for k in range(N_CLASSES))
+    host = sum(bc[k][TIER_HOST] for k in range(N_CLASSES))
+    host_weights = sum(bc[k][TIER_HOST] for k in range(CLASS_MTP + 1))
     spill = 0.0
     if host > cfg["host_capacity"] and cfg["storage_spill"]:
         spill = min(host - cfg["host_capacity"], host_weights, cfg["storage_capacity"])
     tier = [gpu, host - spill, spill]
-    weights = sum(bc[k][GPU] + bc[k][HOST] for k in range(MTP + 1))
+    weights = sum(bc[k][TIER_GPU] + bc[k][TIER_HOST] for k in range(CLASS_MTP + 1))
     fits = 0
     if gpu <= cfg["n_gpus"] * cfg["gpu_capacity"] and host - spill <= cfg["host_capacity"]:
         if gpu > 0 and cfg["n_gpus"] > 0:
             fits |= 1
-        if host - spill - bc[BUF][HOST] > 0:
+        if host - spill - bc[CLASS_BUFFERS][TIER_HOST] > 0:
             fits |= 2
         if spill > 0:
             fits |= 4
