@@ -114,6 +114,8 @@ int ms_memory_many(const ms_model_t *model, const ms_mem_config_t *cfgs, int64_t
 /* ---- random numbers: xoshiro256** seeded through splitmix64 from (seed, a, b) so every
  * configuration and sequence owns its stream (numpy.random style: state passed in). */
 typedef struct { uint64_t s[4]; } ms_rng_t;
+/* One step of splitmix64 (Vigna's reference): advances *x and returns the next output. */
+uint64_t ms_splitmix64_next(uint64_t *x);
 void ms_rng_init(ms_rng_t *rng, uint64_t seed, uint64_t a, uint64_t b);
 uint64_t ms_rng_next(ms_rng_t *rng);
 double ms_rng_uniform(ms_rng_t *rng);      /* in (0, 1), never 0 or 1 */

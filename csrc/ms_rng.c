@@ -1,13 +1,14 @@
 /*
  * Random streams: xoshiro256** (Blackman & Vigna) seeded through splitmix64. A stream is named by
  * (seed, a, b), e.g. (user seed, configuration index, sequence index), so results never depend on
- * which thread ran a configuration. moesim/reference.py repeats these functions bit for bit.
+ * which thread ran a configuration. engine/reference/rng.py repeats these functions bit for bit;
+ * tests/data/rng_known_answers.json holds vectors of the published reference implementations.
  */
 #include <math.h>
 
 #include "moesim.h"
 
-static uint64_t splitmix64(uint64_t *x)
+uint64_t ms_splitmix64_next(uint64_t *x)
 {
     uint64_t z = (*x += 0x9E3779B97F4A7C15ULL);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
@@ -20,9 +21,9 @@ static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 void ms_rng_init(ms_rng_t *rng, uint64_t seed, uint64_t a, uint64_t b)
 {
     uint64_t x = seed;
-    x = splitmix64(&x) ^ a;
-    x = splitmix64(&x) ^ b;
-    for (int i = 0; i < 4; i++) rng->s[i] = splitmix64(&x);
+    x = ms_splitmix64_next(&x) ^ a;
+    x = ms_splitmix64_next(&x) ^ b;
+    for (int i = 0; i < 4; i++) rng->s[i] = ms_splitmix64_next(&x);
 }
 
 uint64_t ms_rng_next(ms_rng_t *rng)

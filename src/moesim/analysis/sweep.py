@@ -37,6 +37,7 @@ from ..spec.hardware import Machine, machine as make_machine
 from ..spec.limits import check_count
 from ..engine.lower.memory import configure, default_kv_dtype, lower
 from ..engine.memory import evaluate
+from ..engine.glue import handle_library_error
 from ..ingest import model as get_model
 from ..spec.placement import Placement, parse as parse_placement
 from ..spec.runtimes import default_runtime, runtime as get_runtime
@@ -903,9 +904,7 @@ def run_range(plan: Plan, start: int, end: int, threads: int = 1, buffers: dict 
         view["key"] = key[s0:s1]
         code, bad = _kernel.sweep_memory(grp.mem, plan.contexts, plan.batches, plan.fast_zipped, a - g * plan.block,
                                          b - a, threads, view)
-        if code:
-            raise KernelError(f"sweep memory kernel error at configuration {start + s0 + max(bad, 0)}: "
-                              f"{_kernel.strerror(code)}")
+        handle_library_error(code, "ms_sweep_memory", start + s0 + max(bad, 0))
         cols["kv_bytes_per_token"][s0:s1] = grp.kv_bytes_per_token
         var = variant[s0:s1]
         grp.resolve_variants(view["key"], var)
@@ -915,9 +914,7 @@ def run_range(plan: Plan, start: int, end: int, threads: int = 1, buffers: dict 
         else:
             idx = np.arange(a, b, dtype=np.uint64)
             code, bad = _kernel.sweep_montecarlo(grp.dec, view["context"], view["batch"], var, idx, threads, dview)
-        if code:
-            raise KernelError(f"sweep decode kernel error at configuration {start + s0 + max(bad, 0)}: "
-                              f"{_kernel.strerror(code)}")
+        handle_library_error(code, "ms_sweep_analytic" if not mc else "ms_sweep_montecarlo", start + s0 + max(bad, 0))
     filt = plan.norm["filter"]
     for k, bounds in filt.items():
         if k == "skip_inapplicable":

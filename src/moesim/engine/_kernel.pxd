@@ -7,6 +7,13 @@ cdef extern from "moesim.h" nogil:
 
     const char *ms_strerror(int err)
 
+    ctypedef struct ms_rng_t:
+        uint64_t s[4]
+    uint64_t ms_splitmix64_next(uint64_t *x)
+    void ms_rng_init(ms_rng_t *rng, uint64_t seed, uint64_t a, uint64_t b)
+    uint64_t ms_rng_next(ms_rng_t *rng)
+    double ms_rng_uniform(ms_rng_t *rng)
+
     ctypedef struct ms_model_t:
         int32_t n_layers
         const double *attn

@@ -6,7 +6,7 @@ one. Python code and the pure-Python twins import these instead of retyping lite
 """
 from __future__ import annotations
 
-# Error codes (ms_strerror has the messages; glue.raise_for turns them into exceptions).
+# Error codes (ms_strerror has the messages; glue.handle_library_error turns them into exceptions).
 ERR_NULL_ARGUMENT, ERR_BAD_SIZE, ERR_BAD_PLACEMENT, ERR_BAD_CONTEXT = -1, -2, -3, -4
 ERR_BAD_CAPACITY, ERR_NO_MEMORY, ERR_BAD_ROUTING, ERR_BAD_POLICY = -5, -6, -7, -8
 ERR_BAD_TRACE, ERR_BAD_WORKSPACE, ERR_BAD_MACHINE, ERR_BAD_SWEEP = -9, -10, -11, -12

@@ -1,7 +1,8 @@
 """Decode kernel driver: result layout (resources, phases, links) and the call into C or its twin."""
 from __future__ import annotations
 
-from ..errors import KernelError, MoesimError
+from ..errors import MoesimError
+from .glue import handle_library_error
 
 
 RESOURCES = ("gpu_memory", "gpu_compute", "host_memory", "cpu_compute", "pcie", "storage", "latency",
@@ -26,6 +27,5 @@ def run(dm: dict, hw: dict, rt: dict, cols: dict, n_threads: int = 1, engine: st
         raise MoesimError(f"engine must be 'c' or 'reference', got {engine!r}", "engine")
     from . import _kernel
     code, bad, res = _kernel.decode_many(dm, hw, rt, cols, int(n_threads))
-    if code:
-        raise KernelError(f"C kernel error at configuration {bad}: {_kernel.strerror(code)}")
+    handle_library_error(code, "ms_decode_many", bad)
     return res

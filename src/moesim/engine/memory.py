@@ -6,7 +6,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..spec import quants as Q
-from ..errors import KernelError, MoesimError
+from ..errors import MoesimError
+from .glue import handle_library_error
 from ..spec.hardware import Machine
 from ..spec.placement import parse as parse_placement
 from ..spec.runtimes import default_runtime, runtime as get_runtime
@@ -73,8 +74,7 @@ def evaluate(low: LoweredModel, cfgs: dict, n_threads: int = 1, engine: str = "c
         raise MoesimError(f"engine must be 'c' or 'reference', got {engine!r}", "engine")
     from . import _kernel
     code, bad, res = _kernel.memory_many(low, cols, int(n_threads))
-    if code != 0:
-        raise KernelError(f"C kernel error at configuration {bad}: {_kernel.strerror(code)}")
+    handle_library_error(code, "ms_memory_many", bad)
     return res
 
 

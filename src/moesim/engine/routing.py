@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import MoesimError, unknown_id
+from .glue import handle_library_error
 from .lower.routing import RoutingDims, lower
 from ..spec.routing import RoutingProfile, profile
 
@@ -36,8 +37,7 @@ def cache_hit_rates(requests, n_experts: int, capacity: int, policy: str = "lru"
     for r in requests:
         sel, nsel = step_unions(np.asarray(r))
         code, h, a = _kernel.cache_replay(sel, nsel, int(n_experts), int(capacity), POLICIES[policy], hot, 0)
-        if code:
-            raise MoesimError(f"cache replay failed: {_kernel.strerror(code)}", "trace")
+        handle_library_error(code, "ms_cache_replay")
         hits, acc = hits + h, acc + a
     return hits / np.maximum(acc, 1)
 
@@ -59,14 +59,12 @@ def sample_requests(dims: RoutingDims, prof: RoutingProfile, n_requests: int, to
     """``n_requests`` independent requests of ``tokens`` decode tokens each ([tokens, layers, k]
     arrays) drawn by the C kernel's sampler; request i uses stream (seed, i)."""
     from . import _kernel
-    from ..errors import KernelError
     rt = lower(dims, profile(prof, request_tokens=0), seed)
     out = []
     for i in range(n_requests):
         cols = dict(batch=[1], tokens_per_step=[1], drafts=[0], accepted=[1.0], steps=[tokens], warmup=[0],
                     policy=[0], mode=[0], seed=[seed], index=[i])
         code, picks = _kernel.route_sample(rt, cols)
-        if code:
-            raise KernelError(f"routing sampler: {_kernel.strerror(code)}")
+        handle_library_error(code, "ms_route_sample", i)
         out.append(picks[:, 0, 0])
     return out
