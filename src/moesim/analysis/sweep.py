@@ -43,6 +43,7 @@ from ..spec.placement import Placement, parse as parse_placement
 from ..spec.runtimes import default_runtime, runtime as get_runtime
 from ..engine.codes import MODES, POLICIES, SWEEP_AUTO_KT, SWEEP_AUTO_LLAMA, SWEEP_FIXED, placement_code
 from ..engine.lower.attention import kv_read_fn, score_fn
+from ..engine.lower.placement import placement_candidates
 
 
 SCHEMA_VERSION = 1
@@ -526,29 +527,6 @@ class Plan:
             while len(self._groups) > 8:
                 self._groups.popitem(last=False)
         return grp
-
-
-def placement_candidates(m, mach: Machine, rt, spec: str) -> tuple:
-    """(candidate placements, rule) the group's configurations choose from (moesim.fit.auto_placement
-    resolved per configuration in C for llama.cpp and ktransformers)."""
-    if spec != "auto":
-        return [parse_placement(spec, m, mach)], SWEEP_FIXED
-    if mach.unified:
-        return [Placement("unified")], SWEEP_FIXED
-    if mach.n_gpus == 0:
-        return [Placement("cpu-only")], SWEEP_FIXED
-    L, E = m.n_layers, m.n_experts
-    if rt.family == "ktransformers" and E:
-        return [Placement("gpu-experts", k) for k in range(E + 1)] + [Placement("experts-cpu")], SWEEP_AUTO_KT
-    if not rt.llama_cpp_family:
-        return [Placement("all-gpu")], SWEEP_FIXED
-    cands = [Placement("all-gpu")]
-    if E:
-        cands += [Placement("n-cpu-moe", n) for n in range(L + 1)]
-    cands += [Placement("layers-gpu", k) for k in range(L + 1)] + [Placement("cpu-only")]
-    if E:
-        cands.append(Placement("experts-cpu"))
-    return cands, SWEEP_AUTO_LLAMA
 
 
 # =============================================================================== one group
