@@ -7,40 +7,14 @@ from ...spec.models import Model
 
 
 def _score_flops(layer, context: int) -> float:
-    """Attention-score FLOPs per token (QK^T and AV) at KV depth ``context``."""
-    a = layer.attention
-    if a.kind == "gqa":
-        span = min(context, a.window or a.chunk or context)
-        return 4.0 * a.n_heads * a.head_dim * span
-    if a.kind == "mla":
-        span = min(context, 2048) if a.index_heads else context   # DSA attends to the indexer's top 2048 (RT §2.2)
-        flops = 2.0 * a.n_heads * (2 * a.kv_lora_rank + a.qk_rope_head_dim) * span
-        if a.index_heads:
-            flops += 2.0 * a.index_heads * a.index_head_dim * context
-        return flops
-    if a.kind == "dsv4":
-        topk = {4: 512, 128: 8192}.get(a.compress_ratio, 0)        # c4a / c128a top-k (RT §2.2)
-        span = min(context, a.window) + (min(context // a.compress_ratio, topk) if a.compress_ratio else 0)
-        return 4.0 * a.n_heads * a.head_dim * span
-    # kda / gdn: read and update a fixed state per head
-    return 4.0 * a.lin_v_heads * a.lin_k_dim * a.lin_v_dim
+    """Attention-score FLOPs per token (QK^T and AV) at KV depth ``context``: the layer's row of the
+    context table (:func:`score_fn`), the one definition simulate, prefill and sweeps share."""
+    return ctx_eval(score_fn(layer), context)
 
 
 def _kv_read_bytes(model: Model, low, l: int, context: int, kvb: float) -> float:
-    """KV / state bytes one sequence reads in layer l per step."""
-    a = model.layers[l].attention
-    cap = int(low.kv_cap[l])
-    tokens = min(context, cap) if cap > 0 else context
-    if a.kind == "mla" and a.index_heads:
-        # DSA: indexer keys for every token, latents only for the selected 2048
-        return low.kv_fixed[l] * context + low.kv_elems[l] * kvb * min(context, 2048)
-    read = (low.kv_elems[l] * kvb + low.kv_fixed[l]) * tokens
-    ratio = int(low.kv_ratio[l])
-    if ratio > 0:
-        entries = context // ratio
-        topk = {4: 512, 128: 8192}.get(ratio, entries)
-        read += min(entries, topk) * low.kv_ratio_elems[l] * kvb + entries * low.kv_ratio_fixed[l]
-    return read + float(low.kv_state[l])
+    """KV / state bytes one sequence reads in layer l per step, from the context table (:func:`kv_read_fn`)."""
+    return ctx_eval(kv_read_fn(model, low, l, kvb), context)
 
 
 # ------------------------------------------------------------------------------- prefill
@@ -51,13 +25,17 @@ def prefill_score_flops(m: Model, prompt: int, depth: int = 0) -> np.ndarray:
 
 
 # =============================================================================== context functions
+# A layer's context dependence as coefficients and caps ((a1, a2, b1, b2, s), (c1, c2, r, k1)):
+#   a1*min(C, c1) + a2*min(C, c2) + b1*min(C // r, k1) + b2*(C // r) + s      (a cap of -1: none)
+# evaluated by ms_ctx_eval in C and ctx_eval here. engine/reference/attention.py writes the same physics
+# out directly, as the independent twin the tests hold this table to.
 _NOCAP = -1
-_DSA_TOPK = 2048
-_RATIO_TOPK = {4: 512, 128: 8192}
+_DSA_TOPK = 2048                       # DSA attends to the indexer's top 2048 (RT §2.2)
+_RATIO_TOPK = {4: 512, 128: 8192}      # DeepSeek-V4 c4a / c128a compressed-KV top-k (RT §2.2)
 
 
 def kv_read_fn(m, low, l: int, kvb: float) -> tuple:
-    """decode._kv_read_bytes of layer l as a context function ((a1, a2, b1, b2, s), (c1, c2, r, k1))."""
+    """KV / state bytes one sequence reads per step in layer l, as a context function."""
     a = m.layers[l].attention
     if a.kind == "mla" and a.index_heads:
         return (float(low.kv_fixed[l]), float(low.kv_elems[l] * kvb), 0.0, 0.0, 0.0), (_NOCAP, _DSA_TOPK, 0, _NOCAP)
@@ -73,7 +51,7 @@ def kv_read_fn(m, low, l: int, kvb: float) -> tuple:
 
 
 def score_fn(layer) -> tuple:
-    """decode._score_flops of a layer as a context function."""
+    """Attention-score FLOPs per token of a layer, as a context function."""
     a = layer.attention
     if a.kind == "gqa":
         cap = a.window or a.chunk
