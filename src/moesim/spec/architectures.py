@@ -5,6 +5,7 @@ from typing import Mapping
 
 from .checkpoint import Scheme
 from ..errors import MoesimError
+from .limits import ARCH_BOUNDS, check_bounded
 from .layers import Attention, FFN, Layer
 
 
@@ -15,6 +16,8 @@ def _req(cfg: Mapping, key: str, where: str):
     v = cfg[key]
     if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v <= 0 or int(v) != v:
         raise MoesimError(f"must be a positive integer, got {v!r}", key)
+    if key in ARCH_BOUNDS:
+        check_bounded(int(v), key, where)
     return int(v)
 
 

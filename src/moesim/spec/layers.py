@@ -4,6 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from ..errors import MoesimError
+from .limits import check_dims
+
 
 # Tensor classes used for memory accounting and placement.
 TENSOR_CLASSES = (
@@ -59,6 +62,14 @@ class Attention:
     o_groups: int = 0
     hc_mult: int = 0
 
+    def __post_init__(self):
+        if self.kind not in ATTENTION_KINDS:
+            raise MoesimError(f"unknown attention kind {self.kind!r}; known: {', '.join(ATTENTION_KINDS)}", "attention")
+        check_dims(self, f"{self.kind} attention")
+        if self.n_heads < 1 and self.kind in ("gqa", "mla", "dsv4"):
+            raise MoesimError(f"{self.kind} attention needs at least one head, got {self.n_heads}",
+                              "num_attention_heads")
+
 
 @dataclass(frozen=True)
 class FFN:
@@ -77,6 +88,14 @@ class FFN:
     expert_bias: bool = False
     router_bias: bool = False
     shared_gate: bool = False
+
+    def __post_init__(self):
+        if self.kind not in ("dense", "moe"):
+            raise MoesimError(f"unknown FFN kind {self.kind!r}; known: dense, moe", "ffn")
+        check_dims(self, f"{self.kind} FFN")
+        if self.kind == "moe" and not 1 <= self.top_k <= self.n_experts:
+            raise MoesimError(f"top-k must be in [1, {self.n_experts}] (the routed experts), got {self.top_k}",
+                              "num_experts_per_tok")
 
 
 @dataclass(frozen=True)

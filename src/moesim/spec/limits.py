@@ -26,3 +26,57 @@ def check_count(value, name: str, minimum: int = 1) -> int:
     if iv > 2**40:
         raise MoesimError(f"is implausibly large ({iv})", name)
     return iv
+
+
+# --------------------------------------------------------------------------------- plausibility
+# Upper bounds on architecture fields, so that a tiny hostile file cannot declare a model that takes
+# gigabytes to describe, and a typo cannot become a silent wrong number. Each sits well above the
+# largest published open model (models.toml: Llama-3-70B's 80 layers, Kimi K2's 384 routed experts,
+# Qwen3-Next's 512, Gemma-class 262,144-token vocabularies, Llama-4-Scout's 10M-token context) and
+# at or under what the C kernel supports (csrc/moesim.h: MS_MAX_MOE_LAYERS 256, MS_MAX_TOP_K 512).
+ARCH_BOUNDS = {
+    "num_hidden_layers": 256,
+    "hidden_size": 65536,
+    "vocab_size": 1 << 22,
+    "num_attention_heads": 4096,
+    "num_key_value_heads": 4096,
+    "head_dim": 8192,
+    "intermediate_size": 1 << 20,
+    "n_routed_experts": 16384,
+    "num_experts_per_tok": 512,
+    "n_shared_experts": 64,
+    "max_position_embeddings": 1 << 28,
+}
+# dataclass field -> the config.json name its bound and errors use
+_FIELD_BOUND = {
+    "n_heads": "num_attention_heads", "n_kv_heads": "num_key_value_heads", "head_dim": "head_dim",
+    "lin_k_heads": "num_attention_heads", "lin_v_heads": "num_attention_heads", "index_heads": "num_attention_heads",
+    "intermediate": "intermediate_size", "expert_intermediate": "intermediate_size",
+    "shared_intermediate": "intermediate_size", "latent_dim": "hidden_size",
+    "n_experts": "n_routed_experts", "top_k": "num_experts_per_tok", "n_shared": "n_shared_experts",
+    "n_group": "n_routed_experts", "topk_group": "n_routed_experts",
+}
+_DEFAULT_BOUND = 1 << 24        # ranks, head dims, windows, chunks, ratios: far above any published value
+
+
+def check_dims(obj, where: str) -> None:
+    """Every integer field of a layer spec (Attention, FFN) is a whole number in [0, its bound];
+    a MoesimError names the field (config.json spelling where there is one) and the bound."""
+    for name, value in vars(obj).items():
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            continue
+        field = _FIELD_BOUND.get(name, name)
+        bound = ARCH_BOUNDS.get(field, _DEFAULT_BOUND)
+        if value < 0:
+            raise MoesimError(f"{where}: must be >= 0, got {int(value)}", field)
+        if value > bound:
+            raise MoesimError(f"{where}: {int(value):,} is above the plausible maximum {bound:,}", field)
+
+
+def check_bounded(value: int, field: str, where: str = "") -> int:
+    """A positive architecture count at or under ARCH_BOUNDS[field]."""
+    bound = ARCH_BOUNDS[field]
+    if value > bound:
+        prefix = f"{where}: " if where else ""
+        raise MoesimError(f"{prefix}{value:,} is above the plausible maximum {bound:,}", field)
+    return value

@@ -1,0 +1,74 @@
+"""Never a silent wrong number: hostile or mistyped model fields are refused at the boundary, naming
+the field and its bound (regressions of the never-lie issue)."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+import moesim
+from moesim import MoesimError
+from moesim.spec.limits import ARCH_BOUNDS
+
+DS_V2_LITE = {
+    "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2", "hidden_size": 2048,
+    "intermediate_size": 10944, "moe_intermediate_size": 1408, "num_hidden_layers": 27, "num_attention_heads": 16,
+    "num_key_value_heads": 16, "n_shared_experts": 2, "n_routed_experts": 64, "num_experts_per_tok": 6,
+    "first_k_dense_replace": 1, "moe_layer_freq": 1, "kv_lora_rank": 512, "q_lora_rank": None,
+    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "vocab_size": 102400,
+    "max_position_embeddings": 163840, "torch_dtype": "bfloat16", "n_group": 1, "topk_group": 1,
+}
+LLAMA = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008,
+    "max_position_embeddings": 4096, "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32,
+    "tie_word_embeddings": False, "torch_dtype": "float16", "vocab_size": 32000,
+}
+
+
+def _load(tmp_path, cfg):
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    return moesim.Model.from_hf_config(tmp_path)
+
+
+def test_reference_configs_load(tmp_path):
+    assert _load(tmp_path, DS_V2_LITE).n_experts == 64
+    assert _load(tmp_path, LLAMA).n_layers == 32
+
+
+@pytest.mark.parametrize("base, key, value", [
+    (LLAMA, "head_dim", -1),                       # gave -768 B/token of KV and a max batch of 2**30
+    (DS_V2_LITE, "n_shared_experts", -1000),       # gave -371.8 GiB of weights and -210 tok/s
+    (DS_V2_LITE, "kv_lora_rank", -1),
+    (DS_V2_LITE, "moe_intermediate_size", -1000),
+    (LLAMA, "num_key_value_heads", -1),
+])
+def test_negative_sizes_are_refused_naming_the_field(tmp_path, base, key, value):
+    with pytest.raises(MoesimError) as exc:
+        _load(tmp_path, dict(base, **{key: value}))
+    assert exc.value.field and str(value) in str(exc.value)
+
+
+def test_a_million_layers_is_refused_before_any_work(tmp_path):
+    t0 = time.perf_counter()
+    with pytest.raises(MoesimError, match="num_hidden_layers.*plausible maximum 256"):
+        _load(tmp_path, dict(LLAMA, num_hidden_layers=10**6))
+    assert time.perf_counter() - t0 < 5.0
+
+
+@pytest.mark.parametrize("key", ["hidden_size", "vocab_size", "num_attention_heads", "intermediate_size"])
+def test_implausibly_large_dims_are_refused(tmp_path, key):
+    with pytest.raises(MoesimError, match=key):
+        _load(tmp_path, dict(LLAMA, **{key: ARCH_BOUNDS[key] * 4}))
+
+
+def test_top_k_above_the_experts_is_refused(tmp_path):
+    with pytest.raises(MoesimError, match="num_experts_per_tok"):
+        _load(tmp_path, dict(DS_V2_LITE, num_experts_per_tok=65))
+
+
+def test_every_catalog_model_is_within_the_bounds():
+    for mid in moesim.model_ids():
+        m = moesim.model(mid)
+        assert m.n_layers <= ARCH_BOUNDS["num_hidden_layers"]
+        assert m.max_context <= ARCH_BOUNDS["max_position_embeddings"]
