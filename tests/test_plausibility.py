@@ -72,3 +72,44 @@ def test_every_catalog_model_is_within_the_bounds():
         m = moesim.model(mid)
         assert m.n_layers <= ARCH_BOUNDS["num_hidden_layers"]
         assert m.max_context <= ARCH_BOUNDS["max_position_embeddings"]
+
+
+# ------------------------------------------------------------------------------- entry points
+def test_context_beyond_the_model_maximum_is_refused_with_the_limit():
+    # fit llama-2-7b --context 8192 used to say it fits and print -c 8192; the model's limit is 4096
+    with pytest.raises(MoesimError, match="4,096") as exc:
+        moesim.fit("llama-2-7b", "desktop-4090", quants=["Q4_K_M"], context=8192)
+    assert exc.value.field == "context"
+    with pytest.raises(MoesimError, match="163,840"):
+        moesim.simulate("deepseek-r1", "desktop-4090", quant="Q2_K", context=1048576, mode="analytic")
+
+
+def test_allow_beyond_max_context_keeps_it_and_says_so():
+    rec = moesim.fit("llama-2-7b", "desktop-4090", quants=["Q4_K_M"], context=8192,
+                     allow_beyond_max_context=True)[0]
+    assert rec["context"] == 8192 and any("beyond llama-2-7b's trained maximum" in a for a in rec["assumptions"])
+    res = moesim.simulate("llama-2-7b", "desktop-4090", quant="Q4_K_M", context=8192, mode="analytic",
+                          allow_beyond_max_context=True)
+    assert any("4,096" in a for a in res.memory["assumptions"])
+
+
+def test_an_absurd_context_is_refused_even_when_allowed():
+    # --context 1000000000000 printed decode 0.00 tok/s
+    with pytest.raises(MoesimError, match="plausible maximum"):
+        moesim.simulate("llama-2-7b", "desktop-4090", context=10**12, allow_beyond_max_context=True)
+
+
+def test_a_machine_id_string_is_accepted_by_every_entry_point():
+    # moesim.fit(model, "desktop-4090") raised a raw AttributeError
+    by_id = moesim.fit("qwen3-30b-a3b", "desktop-4090", quants=["Q4_K_M"])[0]
+    by_obj = moesim.fit("qwen3-30b-a3b", moesim.machine("desktop-4090"), quants=["Q4_K_M"])[0]
+    assert by_id == by_obj
+    a = moesim.simulate("qwen3-30b-a3b", "desktop-4090", quant="Q4_K_M", mode="analytic")
+    b = moesim.simulate("qwen3-30b-a3b", moesim.machine("desktop-4090"), quant="Q4_K_M", mode="analytic")
+    assert a.decode_tok_s == b.decode_tok_s
+    for bad in (42, None, ["desktop-4090"]):
+        with pytest.raises(MoesimError) as exc:
+            moesim.fit("qwen3-30b-a3b", bad)
+        assert exc.value.field == "machine"
+    with pytest.raises(MoesimError, match="did you mean"):
+        moesim.fit("qwen3-30b-a3b", "desktop-409")

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from ..errors import MoesimError
 from ..spec.hardware import Machine
-from ..spec.limits import check_count
+from ..spec.hardware import as_machine
+from ..spec.limits import check_context, check_count
 from ..ingest import model as get_model
 from .resolve import _eval, placement_from_overrides, resolve
 from .records import record
@@ -18,14 +19,18 @@ DEFAULT_FIT_QUANTS = ("Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "BF1
 
 
 def fit(model, machine: Machine, quants=None, context: int = 4096, batch: int = 1, kv_dtype: str | None = None,
-        placement: str | None = None, runtime: str | None = None, mtp: int = 0, overrides=None) -> list:
+        placement: str | None = None, runtime: str | None = None, mtp: int = 0, overrides=None,
+        allow_beyond_max_context: bool = False) -> list:
     """One dict per quantization with the memory view (JSON field names of DESIGN §4).
 
     *model* may be a catalog id, a :class:`Model` or a path (GGUF, config.json, safetensors); a model
     read from a weights file is fitted as stored (exact per-tensor bytes) unless *quants* asks otherwise.
-    *overrides*: llama.cpp ``-ot PATTERN=DEVICE`` strings, mapped to the equivalent placement."""
+    *overrides*: llama.cpp ``-ot PATTERN=DEVICE`` strings, mapped to the equivalent placement.
+    *machine*: a :func:`moesim.machine`, a catalog machine id or a dict of its keywords. A context above
+    the model's trained maximum is refused unless *allow_beyond_max_context*."""
     m = get_model(model)
-    context = check_count(context, "context")
+    machine = as_machine(machine)
+    context, notes = check_context(context, m, allow_beyond_max_context)
     batch = check_count(batch, "batch")
     mtp = check_count(mtp, "mtp", minimum=0)
     if mtp and not m.mtp_layers:
@@ -43,7 +48,7 @@ def fit(model, machine: Machine, quants=None, context: int = 4096, batch: int = 
     for qname in quants:
         q, rt, kv, low, p = resolve(m, qname, machine, runtime, placement, context, batch, kv_dtype, mtp)
         r = _eval(m, low, machine, rt, p, context, batch, kv, mtp)
-        rec = record(m, q, kv, context, batch, p, rt, machine, r, mtp)
+        rec = record(m, q, kv, context, batch, p, rt, machine, r, mtp, notes)
         rec["decode_tok_s"] = rec["prefill_tok_s"] = None
         if r.fits_bits:
             from .simulate import estimate

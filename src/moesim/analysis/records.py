@@ -9,7 +9,9 @@ from ..spec.runtimes import Runtime
 
 
 def record(m: Model, q, kv: str, context: int, batch: int, p: Placement, rt: Runtime, machine: Machine,
-           r: MemoryResult, mtp: int) -> dict:
+           r: MemoryResult, mtp: int, notes=()) -> dict:
+    """The fit record of one resolved configuration; *notes* are assumptions the entry point made
+    (a context beyond the trained maximum, say) and are listed with the machine's and runtime's."""
     tiers = r.memory_by_tier()
     fits = r.fits
     if machine.unified:
@@ -36,5 +38,5 @@ def record(m: Model, q, kv: str, context: int, batch: int, p: Placement, rt: Run
         "max_context": r.max_context,
         "max_batch": r.max_batch,
         "flags": runtime_flags(p, rt, m, machine, context, kv, batch),
-        "assumptions": list(machine.assumptions) + ([rt.launch] if rt.launch else []),
+        "assumptions": list(machine.assumptions) + ([rt.launch] if rt.launch else []) + list(notes),
     }

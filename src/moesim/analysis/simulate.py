@@ -19,7 +19,8 @@ from ..spec import routing as R
 from .._catalog import load as _load_catalog
 from ..errors import MoesimError, unknown_id
 from ..spec.hardware import Machine
-from ..spec.limits import check_count
+from ..spec.hardware import as_machine
+from ..spec.limits import check_context, check_count
 from ..engine.lower.memory import configure
 from ..engine.memory import evaluate, _result_from_arrays
 from ..spec.models import Model
@@ -84,15 +85,18 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
              runtime=None, kv_dtype: str | None = None, policy: str = "lru", cache_experts: int | None = None,
              prefetch_recall: float | None = None, tokens: int = 256, warmup: int | None = None, seed: int = 0,
              mode: str = "montecarlo", trace=None, routing=None, mtp: int = 0, mtp_acceptance: float = 0.8,
-             prompt: int = 512, parallel: str | None = None, engine: str = "c") -> Result:
-    """Simulate decoding ``tokens`` steps of ``batch`` sequences at KV depth ``context`` (see DESIGN §3)."""
+             prompt: int = 512, parallel: str | None = None, engine: str = "c",
+             allow_beyond_max_context: bool = False) -> Result:
+    """Simulate decoding ``tokens`` steps of ``batch`` sequences at KV depth ``context`` (see DESIGN §3).
+
+    *machine*: a :func:`moesim.machine`, a catalog machine id or a dict of its keywords. A context above
+    the model's trained maximum is refused unless *allow_beyond_max_context*."""
     from .records import record
     from .resolve import resolve
     from ..ingest import traces as T
     m = get_model(model)
-    if not isinstance(machine, Machine):
-        raise MoesimError("expected a moesim.machine(...)", "machine")
-    context = check_count(context, "context")
+    machine = as_machine(machine)
+    context, notes = check_context(context, m, allow_beyond_max_context)
     batch = check_count(batch, "batch")
     tokens = check_count(tokens, "tokens")
     prompt = check_count(prompt, "prompt")
@@ -126,7 +130,7 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
         p = Placement("offload-cache", min(cache_experts, m.n_experts))
     cfg = configure(m, low, machine, rt, p, context, batch, kv, mtp)
     mem = _result_from_arrays(evaluate(low, cfg), 0)
-    memory = record(m, q, kv, context, batch, p, rt, machine, mem, mtp)
+    memory = record(m, q, kv, context, batch, p, rt, machine, mem, mtp, notes)
 
     dims = R_routing.RoutingDims.of(m)
     prefetch = prefetch_recall is not None and prefetch_recall > 0

@@ -249,3 +249,19 @@ def _storage(st) -> tuple:
     info = h["storage"][key]
     # Capacity: consumer drives hold the model file; treat storage as large enough (4 TB default).
     return float(info.get("rand_read_gbs", info.get("seq_read_gbs", 0.0))), float(info.get("capacity_bytes", 4e12))
+
+
+def as_machine(value, field: str = "machine") -> Machine:
+    """The one rule every entry point applies: a :class:`Machine`, a catalog machine id, or a dict of
+    :func:`machine` keywords; anything else is a MoesimError naming *field*."""
+    if isinstance(value, Machine):
+        return value
+    if isinstance(value, str):
+        return machine(value)
+    if isinstance(value, dict):
+        try:
+            return machine(**value)
+        except TypeError as exc:
+            raise MoesimError(f"not a machine description: {exc}", field) from None
+    raise MoesimError(f"expected a moesim.machine(...), a catalog machine id or a dict of machine keywords, "
+                      f"got {type(value).__name__}", field)

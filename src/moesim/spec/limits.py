@@ -80,3 +80,22 @@ def check_bounded(value: int, field: str, where: str = "") -> int:
         prefix = f"{where}: " if where else ""
         raise MoesimError(f"{prefix}{value:,} is above the plausible maximum {bound:,}", field)
     return value
+
+
+def check_context(context, model, allow_beyond_max_context: bool = False) -> tuple:
+    """(context, assumptions): a context at or under the model's trained maximum, or a MoesimError that
+    names the limit. With *allow_beyond_max_context* a longer one is kept (memory and speed extrapolate;
+    quality is not modelled) and the returned assumption says so. Never above ARCH_BOUNDS."""
+    context = check_count(context, "context")
+    hard = ARCH_BOUNDS["max_position_embeddings"]
+    if context > hard:
+        raise MoesimError(f"{context:,} tokens is above the plausible maximum {hard:,}", "context")
+    limit = int(getattr(model, "max_context", 0) or 0)
+    if limit <= 0 or context <= limit:
+        return context, []
+    if not allow_beyond_max_context:
+        raise MoesimError(f"{context:,} is above {model.id}'s maximum context of {limit:,} tokens "
+                          "(max_position_embeddings); pass allow_beyond_max_context=True "
+                          "(--allow-beyond-max-context) to extrapolate", "context")
+    return context, [f"context {context:,} is beyond {model.id}'s trained maximum of {limit:,} "
+                     "(allow_beyond_max_context): memory and speed extrapolate, quality is not modelled"]
