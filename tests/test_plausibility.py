@@ -113,3 +113,14 @@ def test_a_machine_id_string_is_accepted_by_every_entry_point():
         assert exc.value.field == "machine"
     with pytest.raises(MoesimError, match="did you mean"):
         moesim.fit("qwen3-30b-a3b", "desktop-409")
+
+
+def test_a_huge_draft_length_is_refused_at_once():
+    # --mtp 2147483648 hung in a Python loop
+    t0 = time.perf_counter()
+    for fn in (lambda: moesim.simulate("deepseek-v3", "dgx-h200", quant="Q4_K_M", mtp=2**31, mode="analytic"),
+               lambda: moesim.fit("deepseek-v3", "dgx-h200", quants=["Q4_K_M"], mtp=2**31)):
+        with pytest.raises(MoesimError, match="<= 64") as exc:
+            fn()
+        assert exc.value.field == "mtp"
+    assert time.perf_counter() - t0 < 5.0

@@ -9,7 +9,7 @@ from __future__ import annotations
 from ..errors import MoesimError
 from ..spec.hardware import Machine
 from ..spec.hardware import as_machine
-from ..spec.limits import check_context, check_count
+from ..spec.limits import MAX_DRAFTS, check_context, check_count
 from ..ingest import model as get_model
 from .resolve import _eval, placement_from_overrides, resolve
 from .records import record
@@ -32,7 +32,7 @@ def fit(model, machine: Machine, quants=None, context: int = 4096, batch: int = 
     machine = as_machine(machine)
     context, notes = check_context(context, m, allow_beyond_max_context)
     batch = check_count(batch, "batch")
-    mtp = check_count(mtp, "mtp", minimum=0)
+    mtp = check_count(mtp, "mtp", minimum=0, maximum=MAX_DRAFTS)
     if mtp and not m.mtp_layers:
         raise MoesimError(f"{m.id} has no MTP modules", "mtp")
     if overrides:

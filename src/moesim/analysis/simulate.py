@@ -20,7 +20,7 @@ from .._catalog import load as _load_catalog
 from ..errors import MoesimError, unknown_id
 from ..spec.hardware import Machine
 from ..spec.hardware import as_machine
-from ..spec.limits import check_context, check_count
+from ..spec.limits import MAX_DRAFTS, check_context, check_count
 from ..engine.lower.memory import configure
 from ..engine.memory import evaluate, _result_from_arrays
 from ..spec.models import Model
@@ -101,7 +101,7 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
     tokens = check_count(tokens, "tokens")
     prompt = check_count(prompt, "prompt")
     seed = check_count(seed, "seed", minimum=0)
-    mtp = check_count(mtp, "mtp", minimum=0)
+    mtp = check_count(mtp, "mtp", minimum=0, maximum=MAX_DRAFTS)
     if mtp and not m.mtp_layers:
         raise MoesimError(f"{m.id} has no MTP modules", "mtp")
     mtp_acceptance = _check_fraction(mtp_acceptance, "mtp_acceptance")

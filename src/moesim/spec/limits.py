@@ -9,8 +9,9 @@ from ..errors import MoesimError
 
 
 # --------------------------------------------------------------------------------- validation
-def check_count(value, name: str, minimum: int = 1) -> int:
-    """A whole number >= minimum, or a MoesimError naming the field (bools, NaN and floats refused)."""
+def check_count(value, name: str, minimum: int = 1, maximum: int = 2**40) -> int:
+    """A whole number in [minimum, maximum], or a MoesimError naming the field and the bound (bools,
+    NaN and fractional floats refused)."""
     if isinstance(value, bool) or value is None:
         raise MoesimError(f"must be an integer >= {minimum}, got {value!r}", name)
     if isinstance(value, (float, np.floating)):
@@ -23,9 +24,15 @@ def check_count(value, name: str, minimum: int = 1) -> int:
         raise MoesimError(f"must be an integer >= {minimum}, got {value!r}", name) from None
     if iv < minimum:
         raise MoesimError(f"must be >= {minimum}, got {iv}", name)
-    if iv > 2**40:
-        raise MoesimError(f"is implausibly large ({iv})", name)
+    if iv > maximum:
+        raise MoesimError(f"must be <= {maximum:,}, got {iv:,}", name)
     return iv
+
+
+# Draft tokens per verify step: runtimes verify chains of a few drafts (DeepSeek-V3: one MTP module);
+# llama.cpp switches to its batched-expert path at 32 tokens per step (reference/runtimes.md §1.1), and
+# 64 is far past any draft length in use.
+MAX_DRAFTS = 64
 
 
 # --------------------------------------------------------------------------------- plausibility
