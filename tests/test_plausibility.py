@@ -124,3 +124,17 @@ def test_a_huge_draft_length_is_refused_at_once():
             fn()
         assert exc.value.field == "mtp"
     assert time.perf_counter() - t0 < 5.0
+
+
+@pytest.mark.parametrize("label, modelled", [("UD-Q2_K_XL", "IQ2_M"), ("IQ3_K", "IQ3_S"), ("Q4_K", "Q4_K_M")])
+def test_a_quant_alias_is_listed_in_the_assumptions(label, modelled):
+    rec = moesim.fit("deepseek-r1", "desktop-4090", quants=[label])[0]
+    assert rec["quant"] == modelled
+    assert any(repr(label) in a and modelled in a for a in rec["assumptions"])
+    res = moesim.simulate("deepseek-r1", "desktop-4090", quant=label, mode="analytic")
+    assert any(repr(label) in a for a in res.memory["assumptions"])
+
+
+def test_a_plain_spelling_is_not_an_alias():
+    rec = moesim.fit("deepseek-r1", "desktop-4090", quants=["q4_k_m"])[0]
+    assert not any("modelled as" in a for a in rec["assumptions"])

@@ -7,6 +7,7 @@ GPU; ktransformers: as many experts per layer on the GPU as fit; served runtimes
 from __future__ import annotations
 
 from ..errors import MoesimError
+from ..spec import quants as Q
 from ..spec.hardware import Machine
 from ..spec.hardware import as_machine
 from ..spec.limits import MAX_DRAFTS, check_context, check_count
@@ -48,7 +49,8 @@ def fit(model, machine: Machine, quants=None, context: int = 4096, batch: int = 
     for qname in quants:
         q, rt, kv, low, p = resolve(m, qname, machine, runtime, placement, context, batch, kv_dtype, mtp)
         r = _eval(m, low, machine, rt, p, context, batch, kv, mtp)
-        rec = record(m, q, kv, context, batch, p, rt, machine, r, mtp, notes)
+        alias = Q.alias_note(qname, q)
+        rec = record(m, q, kv, context, batch, p, rt, machine, r, mtp, notes + ([alias] if alias else []))
         rec["decode_tok_s"] = rec["prefill_tok_s"] = None
         if r.fits_bits:
             from .simulate import estimate

@@ -130,7 +130,8 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
         p = Placement("offload-cache", min(cache_experts, m.n_experts))
     cfg = configure(m, low, machine, rt, p, context, batch, kv, mtp)
     mem = _result_from_arrays(evaluate(low, cfg), 0)
-    memory = record(m, q, kv, context, batch, p, rt, machine, mem, mtp, notes)
+    alias = Q.alias_note(quant, q)
+    memory = record(m, q, kv, context, batch, p, rt, machine, mem, mtp, notes + ([alias] if alias else []))
 
     dims = R_routing.RoutingDims.of(m)
     prefetch = prefetch_recall is not None and prefetch_recall > 0

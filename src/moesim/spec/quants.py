@@ -551,3 +551,19 @@ def _kernel_mix_cached(model: Model, quant: Quant) -> KernelMix:
     linear = ("attention", "dense_ffn", "shared_experts", "routed_experts", "lm_head")
     return KernelMix(cpu_grid=share(cpu_cls, "cpu_grid"), mmq_kquant=share(linear, "mmq_kquant"),
                      mmq_mxfp4=share(linear, "mmq_mxfp4"), fp8=share(linear, "fp8"), cpu_fp8=share(cpu_cls, "fp8"))
+
+
+def alias_note(requested, q: Quant) -> "str | None":
+    """The assumption to list when a requested quantization name is modelled as another one (an alias
+    of quants.toml: ``UD-Q2_K_XL`` as IQ2_M, ``IQ3_K`` as IQ3_S, ``Q4_K`` as Q4_K_M), else None."""
+    if not isinstance(requested, str):
+        return None
+    raw = requested.strip()
+    if raw.lower() in ("native", "file", "stored") or _same_spelling(raw, q.id):
+        return None
+    return f"quant {raw!r} is modelled as {q.id} (an alias in moesim's quantization catalog)"
+
+
+def _same_spelling(a: str, b: str) -> bool:
+    norm = lambda s: s.strip().lower().replace("-", "_")  # noqa: E731
+    return norm(a) == norm(b)
