@@ -205,3 +205,148 @@ def test_kv_bytes_per_token_counts_mtp_modules(mid):
     # uncapped attention: the cache is exactly kv_bytes_per_token x context
     assert _close(o["kv"], o["kv_bytes_per_token"] * 4096)
     assert _close(r.kv_bytes_per_token, o["kv_bytes_per_token"])
+
+
+# ------------------------------------------------------------------- automatic placement, implemented once
+from moesim._search import largest_true                       # noqa: E402
+from moesim.analysis import resolve as RES                    # noqa: E402
+from moesim.engine.codes import SWEEP_FIXED                   # noqa: E402
+from moesim.engine.lower.placement import placement_candidates  # noqa: E402
+from moesim.engine.reference import sweep as SREF             # noqa: E402
+from moesim.spec.placement import Placement                   # noqa: E402
+
+
+def _old_auto_placement(m, low, machine, rt, context, batch, kv, mtp=0):
+    """The Python bisection analysis/resolve.py used before fit called the C choose(), kept as a test
+    oracle: each candidate evaluated by the per-layer memory kernel (ms_memory)."""
+    if machine.unified:
+        return Placement("unified")
+    if machine.n_gpus == 0:
+        return Placement("cpu-only")
+
+    def fits(p):
+        cfg = LMEM.configure(m, low, machine, rt, p, context, batch, kv, mtp)
+        return int(EMEM.evaluate(low, cfg)["fits"][0]) != 0
+
+    if rt.family == "ktransformers" and m.n_experts:
+        n = largest_true(lambda k: fits(Placement("gpu-experts", k)), 0, m.n_experts)
+        return Placement("gpu-experts", n) if n else Placement("experts-cpu")
+    if fits(Placement("all-gpu")):
+        return Placement("all-gpu")
+    if not rt.llama_cpp_family:
+        return Placement("all-gpu")
+    L = m.n_layers
+    if m.n_experts:
+        n_gpu_layers = largest_true(lambda k: fits(Placement("n-cpu-moe", L - k)), 0, L)
+        if n_gpu_layers is not None:
+            return Placement("n-cpu-moe", L - n_gpu_layers) if n_gpu_layers < L else Placement("all-gpu")
+    k = largest_true(lambda k: fits(Placement("layers-gpu", k)), 0, L)
+    if k:
+        return Placement("layers-gpu", k)
+    if fits(Placement("cpu-only")):
+        return Placement("cpu-only")
+    return Placement("experts-cpu") if m.n_experts else Placement("all-gpu")
+
+
+_AUTO_MACHINES = ["desktop-4090", "4090-small-host", "rtx3060-tiny", "2x3090", "xeon-6454s-4090", "dgx-h100",
+                  "epyc-9654-cpu", "dgx-spark"]
+_AUTO_CONTEXTS = [1, 4096, 32768, 131072, 10**6]
+
+
+def _auto_case(mid, quant, machine, runtime, context, batch, mtp):
+    m = ingest.model(mid)
+    q = Q.resolve(quant, m)
+    rt = get_runtime(runtime, model=m.id) if runtime is not None else default_runtime(q, machine)
+    kv = Q.canonical_kv_dtype(LMEM.default_kv_dtype(q, rt, m))
+    low = LMEM.lower(m, q)
+    return m, low, rt, kv
+
+
+@pytest.mark.parametrize("mid", M.model_ids())
+def test_auto_placement_identical_to_the_old_bisection(mid):
+    """fit's automatic placement (the C choose()) equals the former Python bisection on every catalog
+    model x machines x contexts x batches x runtimes (llama.cpp, ktransformers, vLLM) x MTP."""
+    m = ingest.model(mid)
+    seen = set()
+    n = 0
+    for mname in _AUTO_MACHINES:
+        machine = _machine(mname)
+        for runtime in (None, "ktransformers", "vllm"):
+            for mtp in ((0, 1) if m.mtp_layers else (0,)):
+                mm, low, rt, kv = _auto_case(mid, "Q4_K_M", machine, runtime, 1, 1, mtp)
+                for ctx in _AUTO_CONTEXTS:
+                    for b in (1, 8):
+                        want = _old_auto_placement(mm, low, machine, rt, ctx, b, kv, mtp)
+                        got = RES.auto_placement(mm, low, machine, rt, ctx, b, kv, mtp)
+                        assert got == want, (mid, mname, rt.id, mtp, ctx, b, str(got), str(want))
+                        seen.add(want.kind)
+                        n += 1
+    assert n >= 80 and len(seen) >= 2
+
+
+@pytest.mark.parametrize("quant", ["Q2_K", "Q8_0", "BF16", "native", "IQ2_XXS"])
+@pytest.mark.parametrize("mid", ["qwen3-30b-a3b", "deepseek-r1", "gpt-oss-120b", "llama-3-70b", "glm-4.5-air",
+                                 "qwen3-next-80b-a3b", "deepseek-v4-flash"])
+def test_auto_placement_identical_across_quants(mid, quant):
+    m = ingest.model(mid)
+    for mname in ("desktop-4090", "4090-small-host", "2x3090"):
+        machine = _machine(mname)
+        for runtime in (None, "ktransformers"):
+            try:
+                mm, low, rt, kv = _auto_case(mid, quant, machine, runtime, 1, 1, 0)
+            except MoesimError:
+                continue
+            for ctx in (1, 8192, 65536, m.max_context):
+                for b in (1, 3, 64):
+                    want = _old_auto_placement(mm, low, machine, rt, ctx, b, kv)
+                    assert RES.auto_placement(mm, low, machine, rt, ctx, b, kv) == want, (mname, rt.id, ctx, b)
+
+
+def test_auto_placement_reaches_every_branch():
+    """The comparison above is not vacuous: it sees all-gpu, n-cpu-moe, layers-gpu, gpu-experts,
+    experts-cpu, cpu-only and unified answers."""
+    kinds = set()
+    cases = [("qwen3-30b-a3b", "rtx3060-tiny", None), ("deepseek-r1", "desktop-4090", None),
+             ("deepseek-r1", "rtx3060-tiny", None), ("llama-3-70b", "desktop-4090", None),
+             ("qwen3-30b-a3b", "desktop-4090", "ktransformers"), ("deepseek-r1", "4090-small-host", "ktransformers"),
+             ("llama-3-8b", "epyc-9654-cpu", None), ("qwen3-30b-a3b", "dgx-spark", None),
+             ("qwen3-30b-a3b", "desktop-4090", None), ("kimi-k2", "rtx3060-tiny", None)]
+    for mid, mname, runtime in cases:
+        machine = _machine(mname)
+        m, low, rt, kv = _auto_case(mid, "Q4_K_M", machine, runtime, 1, 1, 0)
+        for ctx in (1, 4096, 131072):
+            kinds.add(RES.auto_placement(m, low, machine, rt, ctx, 1, kv).kind)
+    assert {"all-gpu", "n-cpu-moe", "layers-gpu", "gpu-experts", "experts-cpu", "cpu-only", "unified"} <= kinds, kinds
+
+
+def test_auto_placement_kernel_equals_python_twin_of_choose():
+    """The same tables through engine/reference/sweep.py choose() (the Python twin) pick the same candidate."""
+    for mid, mname, runtime, mtp in (("deepseek-r1", "desktop-4090", None, 1), ("qwen3-30b-a3b", "rtx3060-tiny", None, 0),
+                                     ("glm-4.5-air", "4090-small-host", "ktransformers", 1),
+                                     ("llama-3-70b", "2x3090", None, 0)):
+        machine = _machine(mname)
+        m, low, rt, kv = _auto_case(mid, "Q4_K_M", machine, runtime, 1, 1, mtp)
+        cands, rule = placement_candidates(m, machine, rt, "auto")
+        assert rule != SWEEP_FIXED
+        t = RES.placement_tables(m, low, machine, rt, kv, mtp, cands, rule)
+        for ctx in (1, 2048, 40000, m.max_context):
+            for b in (1, 5):
+                got = RES.auto_placement(m, low, machine, rt, ctx, b, kv, mtp)
+                assert cands[SREF.choose(t, ctx, b)] == got, (mid, ctx, b)
+
+
+def test_auto_placement_kernel_rejects_bad_input():
+    from moesim.engine import _kernel
+    from moesim.errors import KernelError
+    machine = _machine("desktop-4090")
+    m, low, rt, kv = _auto_case("qwen3-30b-a3b", "Q4_K_M", machine, None, 1, 1, 0)
+    cands, rule = placement_candidates(m, machine, rt, "auto")
+    mem = _kernel.SweepMemory(RES.placement_tables(m, low, machine, rt, kv, 0, cands, rule))
+    assert _kernel.auto_placement(mem, 0, 1)[0] == CODES.ERR_BAD_CONTEXT
+    assert _kernel.auto_placement(mem, 1, 0)[0] == CODES.ERR_BAD_SIZE
+    t = RES.placement_tables(m, low, machine, rt, kv, 0, cands, rule)
+    t["i_layers_gpu"] = len(cands)                            # candidate index out of range
+    code, _ = _kernel.auto_placement(_kernel.SweepMemory(t), 1, 1)
+    assert code == CODES.ERR_BAD_SWEEP
+    with pytest.raises(KernelError):
+        RES.handle_library_error(code, "ms_auto_placement")
