@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import math
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
@@ -22,6 +23,17 @@ from moesim.engine.reference import oracle
 from moesim.spec import hardware, models as M, quants as Q
 from moesim.spec.placement import parse as parse_placement
 from moesim.spec.runtimes import default_runtime, runtime as get_runtime
+from moesim._catalog import load as load_catalog
+from moesim._search import largest_true
+from moesim.analysis import resolve as RES
+from moesim.engine import prefill as PF
+from moesim.engine.codes import EXP_CPU, EXP_FETCH, EXP_GPU, EXP_NONE, EXP_SPLIT
+from moesim.engine.codes import SWEEP_FIXED
+from moesim.engine.lower.decode_model import lower_model
+from moesim.engine.lower.machine import lower_machine
+from moesim.engine.lower.placement import placement_candidates
+from moesim.engine.reference import sweep as SREF
+from moesim.spec.placement import Placement
 
 # ---------------------------------------------------------------------------------------- machines
 _MACHINE_SPECS = {
@@ -208,12 +220,6 @@ def test_kv_bytes_per_token_counts_mtp_modules(mid):
 
 
 # ------------------------------------------------------------------- automatic placement, implemented once
-from moesim._search import largest_true                       # noqa: E402
-from moesim.analysis import resolve as RES                    # noqa: E402
-from moesim.engine.codes import SWEEP_FIXED                   # noqa: E402
-from moesim.engine.lower.placement import placement_candidates  # noqa: E402
-from moesim.engine.reference import sweep as SREF             # noqa: E402
-from moesim.spec.placement import Placement                   # noqa: E402
 
 
 def _old_auto_placement(m, low, machine, rt, context, batch, kv, mtp=0):
@@ -350,3 +356,214 @@ def test_auto_placement_kernel_rejects_bad_input():
     assert code == CODES.ERR_BAD_SWEEP
     with pytest.raises(KernelError):
         RES.handle_library_error(code, "ms_auto_placement")
+
+
+# ------------------------------------------------------------------- hand-worked lowerings
+# Written from the architectures' formulas and the published config numbers of
+# src/moesim/catalog/models.toml, not by calling the code under test. GGUF conventions (llama.cpp
+# quantize): 1-D tensors (norms) and the router ffn_gate_inp stay F32; BF16 is 2 bytes per weight;
+# Q8_0 is 32 weights in a 34-byte block (int8 + an fp16 scale).
+
+
+BPW = {"BF16": 2.0, "Q8_0": 34.0 / 32.0}   # bytes per weight of the 2-D/3-D tensors
+F32 = 4.0
+
+# name: (hidden, layers, vocab, heads, kv heads, head dim, q/k norm, experts, top-k, FFN width)
+HAND = {
+    # mixtral-8x7b: hidden_size 4096, 32 layers, vocab 32000, 32 heads, 8 KV heads (head dim 4096/32),
+    # 8 local experts, 2 per token, intermediate_size 14336
+    "mixtral-8x7b": (4096, 32, 32000, 32, 8, 128, False, 8, 2, 14336),
+    # qwen3-30b-a3b: hidden 2048, 48 layers, vocab 151936, 32 heads, 4 KV heads, head_dim 128 (q/k norms),
+    # 128 experts, 8 per token, moe_intermediate_size 768
+    "qwen3-30b-a3b": (2048, 48, 151936, 32, 4, 128, True, 128, 8, 768),
+    # llama-3-8b (dense): hidden 4096, 32 layers, vocab 128256, 32 heads, 8 KV heads, intermediate 14336
+    "llama-3-8b": (4096, 32, 128256, 32, 8, 128, False, 0, 0, 14336),
+}
+
+
+def hand(mid, quant):
+    h, L, V, H, KV, hd, qkn, E, k, F = HAND[mid]
+    bpw = BPW[quant]
+    attn_w = h * (H * hd) + 2 * h * (KV * hd) + (H * hd) * h      # q, k, v, o projections
+    norms = 2 * h + (2 * hd if qkn else 0)                        # attn_norm, ffn_norm (+ q_norm, k_norm)
+    router = h * E
+    ffn = 3 * h * F                                               # gate, up, down of one expert / the dense MLP
+    return dict(
+        L=L, E=E, k=k, h=h,
+        attn_bytes=attn_w * bpw + norms * F32, attn_params=attn_w + norms,
+        router_bytes=router * F32, router_params=router,
+        expert_bytes=ffn * bpw if E else 0.0, expert_params=ffn if E else 0.0,
+        dense_bytes=0.0 if E else ffn * bpw, dense_params=0 if E else ffn,
+        head_bytes=h * V * bpw + h * F32, head_params=h * V + h,  # output.weight + output_norm
+        embed_bytes=h * V * bpw,
+        kv_elems=2 * KV * hd,                                     # K and V per token per layer
+        score_per_token=4.0 * H * hd,                             # QK^T and AV, 2 FLOPs per MAC
+    )
+
+
+@pytest.mark.parametrize("quant", ["BF16", "Q8_0"])
+@pytest.mark.parametrize("mid", list(HAND))
+def test_lower_memory_by_hand(mid, quant):
+    m = ingest.model(mid)
+    x = hand(mid, quant)
+    low = LMEM.lower(m, quant)
+    assert low.n_layers == x["L"]
+    np.testing.assert_array_equal(low.attn, np.full(x["L"], x["attn_bytes"]))
+    np.testing.assert_array_equal(low.router, np.full(x["L"], x["router_bytes"]))
+    np.testing.assert_array_equal(low.expert_one, np.full(x["L"], x["expert_bytes"]))
+    np.testing.assert_array_equal(low.n_experts, np.full(x["L"], x["E"]))
+    np.testing.assert_array_equal(low.dense, np.full(x["L"], x["dense_bytes"]))
+    np.testing.assert_array_equal(low.shared, np.zeros(x["L"]))
+    np.testing.assert_array_equal(low.kv_elems, np.full(x["L"], float(x["kv_elems"])))
+    assert not low.kv_cap.any() and not low.kv_ratio.any() and not low.kv_state.any()
+    assert low.head == x["head_bytes"] and low.embed == x["embed_bytes"]
+    # KV bytes per token at f16: 2 bytes per element over every layer
+    r = EMEM.memory(mid, _machine("dgx-h100"), quant, context=1024, batch=3, kv_dtype="f16", runtime="llama.cpp")
+    assert r.kv_bytes_per_token == x["L"] * x["kv_elems"] * 2
+    assert r.kv == 3 * 1024 * x["L"] * x["kv_elems"] * 2 and r.state == 0.0
+    # q8_0 KV: 34 bytes per 32 elements
+    r8 = EMEM.memory(mid, _machine("dgx-h100"), quant, context=1024, kv_dtype="q8_0", runtime="llama.cpp")
+    assert r8.kv_bytes_per_token == x["L"] * x["kv_elems"] * 34 / 32
+    want_w = x["L"] * (x["attn_bytes"] + x["router_bytes"] + x["E"] * x["expert_bytes"] + x["dense_bytes"]) \
+        + x["head_bytes"] + x["embed_bytes"]
+    assert r.weights == want_w
+
+
+def test_hand_expert_sizes_match_published_formula():
+    """The worked numbers themselves: a Mixtral expert is 3 x 4096 x 14336 weights, 352 MB in BF16."""
+    assert hand("mixtral-8x7b", "BF16")["expert_bytes"] == 352_321_536
+    assert hand("qwen3-30b-a3b", "BF16")["expert_bytes"] == 9_437_184
+    assert hand("mixtral-8x7b", "Q8_0")["expert_bytes"] == 187_170_816
+    # total parameters against the catalog's published counts (46.7B Mixtral, 30.5B Qwen3, 8.03B Llama 3)
+    for mid, published in (("mixtral-8x7b", 46.7e9), ("qwen3-30b-a3b", 30.5e9), ("llama-3-8b", 8.03e9)):
+        x = hand(mid, "BF16")
+        total = (x["L"] * (x["attn_params"] + x["router_params"] + x["E"] * x["expert_params"] + x["dense_params"])
+                 + x["head_params"] + x["embed_bytes"] / 2)
+        assert abs(total / published - 1) < 0.01, (mid, total)
+
+
+@pytest.mark.parametrize("mid", list(HAND))
+def test_lower_model_by_hand(mid):
+    m = ingest.model(mid)
+    x = hand(mid, "BF16")
+    low = LMEM.lower(m, "BF16")
+    mach = _machine("desktop-4090")
+    rt = get_runtime("llama.cpp")
+    C = 4096
+    places = [Placement("all-gpu"), Placement("layers-gpu", 10), Placement("cpu-only")]
+    if x["E"]:
+        places += [Placement("experts-cpu"), Placement("n-cpu-moe", 5), Placement("gpu-experts", 3),
+                   Placement("offload-cache", 4)]
+    for p in places:
+        dm = lower_model(m, low, p, mach, rt, C, "f16", 1)
+        L = x["L"]
+        np.testing.assert_array_equal(dm["attn_bytes"], np.full(L, x["attn_bytes"] + x["router_bytes"]))
+        np.testing.assert_array_equal(dm["attn_flops"], np.full(L, 2.0 * (x["attn_params"] + x["router_params"])))
+        np.testing.assert_array_equal(dm["kv_bytes"], np.full(L, x["kv_elems"] * 2.0 * C))
+        np.testing.assert_array_equal(dm["score_flops"], np.full(L, x["score_per_token"] * C))
+        np.testing.assert_array_equal(dm["shared_bytes"], np.full(L, x["dense_bytes"]))
+        np.testing.assert_array_equal(dm["shared_flops"], np.full(L, 2.0 * x["dense_params"]))
+        np.testing.assert_array_equal(dm["expert_bytes"], np.full(L, x["expert_bytes"]))
+        np.testing.assert_array_equal(dm["expert_flops"], np.full(L, 2.0 * x["expert_params"]))
+        assert dm["head_bytes"] == x["head_bytes"] and dm["head_flops"] == 2.0 * x["head_params"]
+        cpu = p.kind == "cpu-only"
+        # hidden state in f32 each way plus k expert ids and weights (8 bytes each) per token
+        assert dm["act_bytes"] == (0.0 if cpu else 2 * x["h"] * 4 + 8 * max(1, x["k"]))
+        on = [0 if cpu else (1 if p.kind != "layers-gpu" or l >= L - 10 else 0) for l in range(L)]
+        assert list(dm["attn_on_gpu"]) == on
+        assert dm["head_on_gpu"] == (0 if cpu else 1)
+        want_mode = {
+            "all-gpu": [EXP_GPU] * L, "cpu-only": [EXP_CPU] * L, "experts-cpu": [EXP_CPU] * L,
+            "layers-gpu": [EXP_GPU if o else EXP_CPU for o in on],
+            "n-cpu-moe": [EXP_CPU] * 5 + [EXP_GPU] * (L - 5), "gpu-experts": [EXP_SPLIT] * L,
+            "offload-cache": [EXP_FETCH] * L}[p.kind]
+        assert list(dm["expert_mode"]) == (want_mode if x["E"] else [EXP_NONE] * L), p
+        if p.kind in ("gpu-experts", "offload-cache"):
+            assert list(dm["slots"]) == [p.arg] * L
+        assert dm["draft_bytes"] == 0.0 and dm["allreduce_bytes"] == 0.0
+
+
+def test_lower_machine_by_hand():
+    """desktop-4090 under llama.cpp, from the catalog's published part numbers and the runtime's
+    efficiencies: RTX 4090 1008 GB/s GDDR6X and 165.2 / 660.6 TFLOPS bf16 / int8; DDR5-6000 x 2
+    channels; PCIe 4.0 x16 with 23.9 GB/s measured pinned; Ryzen 9 7950X 16 cores at 4.5 GHz base, AVX-512."""
+    hw_cat = load_catalog("hardware")
+    gpu = hw_cat["gpu"]["rtx-4090"]
+    cpu = hw_cat["cpu"]["ryzen-9-7950x"]
+    mach = _machine("desktop-4090")
+    rt = get_runtime("llama.cpp")
+    d = rt.decode
+    m = ingest.model("mixtral-8x7b")
+    got = lower_machine(mach, rt, Placement("all-gpu"), Q.kernel_mix(m, "BF16"))
+    assert gpu["mem_bw_gbs"] == 1008.0 and gpu["tflops"]["bf16"] == 165.2 and gpu["tflops"]["int8"] == 660.6
+    assert math.isclose(got["gpu_bw"], 1008e9 * d.gddr_bw_eff, rel_tol=1e-12)            # GDDR, not HBM
+    assert math.isclose(got["gpu_flops"], 165.2e12 * d.gpu_flops_eff, rel_tol=1e-12)
+    # llama.cpp prefills through int8 MMQ tensor-core kernels; BF16 weights: no K-quant / MXFP4 factor
+    assert math.isclose(got["prefill_flops"], 660.6e12 * d.prefill_flops_eff, rel_tol=1e-12)
+    ddr = 6000e6 * 8 * 2                                                                # MT/s x 8 bytes x channels
+    assert math.isclose(got["host_bw"], min(ddr * d.host_bw_eff_desktop, 16 * d.core_bw_gbs * 1e9), rel_tol=1e-12)
+    assert math.isclose(got["pcie_bw"], 23.9e9 * d.pcie_pageable, rel_tol=1e-12)       # pageable host buffers
+    # all 16 cores busy run at the base clock; AVX-512: 64 fp32 FLOPs per cycle per core
+    assert cpu["cores"] == 16 and cpu["base_ghz"] == 4.5
+    assert math.isclose(got["cpu_flops"], 16 * 4.5e9 * 64 * d.cpu_flops_eff * d.cpu_kernel_speedup, rel_tol=1e-12)
+    assert got["interconnect_bw"] == 31.5e9                                             # PCIe 4.0 x16 raw
+    assert got["launch_s"] == d.launch_us * 1e-6 and got["sync_s"] == d.sync_us * 1e-6
+    assert got["unified"] == 0 and got["pcie_links"] == 1 and got["allreduce_s"] == 0.0
+    cpu_only = lower_machine(mach, rt, Placement("cpu-only"), Q.kernel_mix(m, "BF16"))
+    assert cpu_only["gpu_bw"] == got["host_bw"] and cpu_only["gpu_flops"] == got["cpu_flops"]
+    assert cpu_only["launch_s"] == 0.0
+
+
+def _hand_hw():
+    d = get_runtime("llama.cpp").decode
+    gemm = 660.6e12 * d.prefill_flops_eff
+    return dict(gpu_bw=1008e9 * d.gddr_bw_eff, pcie_bw=23.9e9 * d.pcie_pageable, gemm=gemm, launch=d.launch_us * 1e-6)
+
+
+def test_prefill_dense_by_hand():
+    """llama-3-8b BF16 all on the 4090 under llama.cpp, a 512-token prompt: one 512-token ubatch reads
+    every layer's weights once and runs 512 tokens of GEMMs plus attention over an average depth of 256."""
+    m = ingest.model("llama-3-8b")
+    x = hand("llama-3-8b", "BF16")
+    mach, rt = _machine("desktop-4090"), get_runtime("llama.cpp")
+    low = LMEM.lower(m, "BF16")
+    p = Placement("all-gpu")
+    dm = lower_model(m, low, p, mach, rt, 1, "f16", 1)
+    hw = lower_machine(mach, rt, p, Q.kernel_mix(m, "BF16"))
+    tok_s, ttft = PF.prefill(m, dm, hw, {"n_layers": 0}, rt, 512, 1)
+    h = _hand_hw()
+    per_layer_w = x["attn_bytes"] + x["router_bytes"] + x["dense_bytes"]
+    per_tok = 2.0 * (x["attn_params"] + x["router_params"] + x["dense_params"]) / h["gemm"] \
+        + x["score_per_token"] * 256 / h["gemm"]
+    t = x["L"] * (per_layer_w / h["gpu_bw"] + 512 * per_tok + h["launch"]) \
+        + x["head_bytes"] / h["gpu_bw"] + 2.0 * x["head_params"] / h["gemm"]
+    assert math.isclose(ttft, t, rel_tol=1e-9)
+    assert math.isclose(tok_s, 512 / t, rel_tol=1e-9)
+
+
+@pytest.mark.parametrize("place", ["all-gpu", "experts-cpu"])
+def test_prefill_moe_by_hand(place):
+    """mixtral-8x7b BF16, 512-token prompt, uniform routing (each expert picked with probability k/E = 1/4
+    per token): a ubatch of n tokens uses 8 (1 - (3/4)^n) distinct experts per layer. All on the GPU they
+    are read once and multiplied for n x k token-expert pairs; in host RAM llama.cpp copies the used
+    experts over PCIe (op offload, ubatch >= 32) and computes them on the GPU, copy then compute."""
+    m = ingest.model("mixtral-8x7b")
+    x = hand("mixtral-8x7b", "BF16")
+    mach, rt = _machine("desktop-4090"), get_runtime("llama.cpp")
+    low = LMEM.lower(m, "BF16")
+    p = Placement(place)
+    dm = lower_model(m, low, p, mach, rt, 1, "f16", 1)
+    hw = lower_machine(mach, rt, p, Q.kernel_mix(m, "BF16"))
+    rtab = {"n_layers": x["L"], "top_k": 2, "q": np.full((1, x["L"], 8), 0.25)}
+    tok_s, ttft = PF.prefill(m, dm, hw, rtab, rt, 512, 1)
+    h = _hand_hw()
+    n = 512
+    distinct = 8 * (1 - 0.75 ** n)
+    pairs = n * 2
+    per_tok = 2.0 * (x["attn_params"] + x["router_params"]) / h["gemm"] + x["score_per_token"] * 256 / h["gemm"]
+    dense = (x["attn_bytes"] + x["router_bytes"]) / h["gpu_bw"] + n * per_tok + h["launch"]
+    compute = distinct * x["expert_bytes"] / h["gpu_bw"] + pairs * 2.0 * x["expert_params"] / h["gemm"]
+    experts = compute if place == "all-gpu" else distinct * x["expert_bytes"] / h["pcie_bw"] + compute
+    t = x["L"] * (dense + experts) + x["head_bytes"] / h["gpu_bw"] + 2.0 * x["head_params"] / h["gemm"]
+    assert math.isclose(ttft, t, rel_tol=1e-9)
+    assert math.isclose(tok_s, n / t, rel_tol=1e-9)
