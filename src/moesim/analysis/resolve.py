@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
+import types
 
 import numpy as np
 
@@ -89,10 +90,15 @@ def placement_tables(m: Model, low, machine: Machine, rt: Runtime, kv: str, mtp:
     pl: dict = {k: [] for k in ("code", "arg", "layout", "cfg", "any_gpu", "label", "w_gpu", "w_host",
                                 "routed_host")}
     idx = {"all-gpu": -1, "n-cpu-moe": -1, "layers-gpu": -1, "cpu-only": -1, "experts-cpu": -1, "gpu-experts": -1}
+    # the same float64 values as Python floats and lists: place_weights indexes them per layer and
+    # candidate, where numpy scalars would cost 10x (the sums are the same numbers either way)
+    plain = types.SimpleNamespace(**{k: getattr(low, k).tolist() for k in ("attn", "router", "shared", "dense",
+                                                                           "n_experts", "expert_one")},
+                                  head=float(low.head), embed=float(low.embed))
     for j, p in enumerate(cands):
         if idx.get(p.kind, 0) == -1:
             idx[p.kind] = j
-        w = place_weights(m, low, p, bool(cfgs[0]["embed_on_gpu"]))
+        w = place_weights(m, plain, p, bool(cfgs[0]["embed_on_gpu"]))
         if n_mtp:
             head_gpu = not (p.kind == "cpu-only" or (p.kind == "layers-gpu" and p.arg == 0))
             w["w_gpu" if head_gpu else "w_host"] += float(low.mtp)
