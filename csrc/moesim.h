@@ -394,4 +394,14 @@ int ms_sweep_montecarlo(const ms_sweep_decode_t *d, const int64_t *context, cons
                         const int32_t *variant, const uint64_t *index, int64_t n, int n_threads, void *workspace,
                         int64_t ws_bytes, ms_sweep_dec_out_t *out, int64_t *err_index);
 
+/* =====================================================================================================
+ * Automatic placement of one configuration (csrc/ms_place.c).
+ *
+ * The runtime's own fitting (llama.cpp --fit, ktransformers) is implemented once, in the sweep's
+ * choose(); moesim.fit asks it for one (context, batch) through this entry point. g is a group table
+ * as for ms_sweep_memory (candidates in the order engine.lower.placement lists them); *chosen gets
+ * the index into g->places of the candidate picked (0 for MS_SWEEP_FIXED).
+ * ===================================================================================================== */
+int ms_auto_placement(const ms_sweep_mem_t *g, int64_t context, int64_t batch, int32_t *chosen);
+
 #endif

@@ -41,4 +41,20 @@ int ms_cache_access(ms_cache_t *c, int32_t e, double tick, double next_use);
 void ms_next_use(const int32_t *sel, const int32_t *nsel, int64_t n_steps, int32_t n_layers, int32_t width,
                  int32_t n_experts, int32_t *next_use, int32_t *last_seen);
 
+/* ---- ms_sweep.c internals shared with ms_place.c (the automatic placement, implemented once) ---- */
+
+/* The context- and batch-dependent part of account() for one KV layout and configuration,
+ * cached while successive evaluations share (layout, cfg, context, batch); {-1, -1, 0...}: empty. */
+typedef struct {
+    int32_t layout, cfg;
+    int64_t ctx, b;
+    double kv_g, kv_h, st_g, st_h, buf_g, buf_h;
+} kvpart_t;
+
+/* 0 or the MS_ERR_* code of a malformed group table. */
+int ms_sweep_check_mem(const ms_sweep_mem_t *g);
+/* The candidate (index into g->places) the group's automatic-placement rule (MS_SWEEP_AUTO_*) picks at
+ * (ctx, b); k caches partial sums, *hint is the previous answer of the search (-1: none). */
+int32_t ms_sweep_choose(const ms_sweep_mem_t *g, int64_t ctx, int64_t b, kvpart_t *k, int64_t *hint);
+
 #endif

@@ -4,7 +4,8 @@
  * Memory mirrors ms_memory.c's account() over layer kinds instead of layers: every byte count is an
  * exact integer (or a short dyadic fraction) far below 2^53, so the sums are the same numbers in any
  * order and fits / max context / max batch agree with ms_memory exactly (tests hold them equal).
- * The automatic placement mirrors moesim.fit.auto_placement (llama.cpp --fit, ktransformers).
+ * The automatic placement (llama.cpp --fit, ktransformers) is ms_sweep_choose, its one implementation:
+ * moesim.fit reaches it through ms_place.c.
  * Decode adds, per attention kind, max(bytes / bw, FLOPs / rate) at the configuration's context to a
  * per-variant constant: the analytic kernel's step time with attention zeroed (attention is the only
  * context-dependent term of the cost model). Prefill is a per-variant constant: the prompt is prefilled
@@ -14,6 +15,7 @@
 #include <string.h>
 
 #include "moesim.h"
+#include "ms_internal.h"
 
 #ifdef MOESIM_HAVE_OPENMP
 #include <omp.h>
@@ -42,13 +44,7 @@ typedef struct {
     int32_t fits;
 } mem_eval_t;
 
-/* The context- and batch-dependent part of account() for one KV layout and configuration,
- * cached while successive evaluations share (layout, cfg, context, batch). */
-typedef struct {
-    int32_t layout, cfg;
-    int64_t ctx, b;
-    double kv_g, kv_h, st_g, st_h, buf_g, buf_h;
-} kvpart_t;
+/* kvpart_t (the cached context- and batch-dependent part of account()) is in ms_internal.h */
 
 /* Direct-mapped memo of a pure function of (place, x): any hit is the exact value. */
 #define MEMO_SLOTS 1024
@@ -313,7 +309,7 @@ static int64_t largest_true(const ms_sweep_mem_t *g, int32_t first, int reverse,
 }
 
 /* moesim.fit.auto_placement for the rules the C loop resolves per configuration. */
-static int32_t choose(const ms_sweep_mem_t *g, int64_t ctx, int64_t b, kvpart_t *k, int64_t *hint)
+int32_t ms_sweep_choose(const ms_sweep_mem_t *g, int64_t ctx, int64_t b, kvpart_t *k, int64_t *hint)
 {
     int32_t L = g->n_layers;
     if (g->rule == MS_SWEEP_AUTO_KT) {
@@ -334,7 +330,7 @@ static int32_t choose(const ms_sweep_mem_t *g, int64_t ctx, int64_t b, kvpart_t 
     return g->i_experts_cpu >= 0 ? g->i_experts_cpu : g->i_all_gpu;
 }
 
-static int check_mem(const ms_sweep_mem_t *g)
+int ms_sweep_check_mem(const ms_sweep_mem_t *g)
 {
     if (g == NULL || g->places == NULL || g->per_token == NULL || g->gpu_count == NULL) return MS_ERR_NULL_ARGUMENT;
     if (g->n_places < 1 || g->n_kinds < 0 || g->n_layouts < 1 || g->max_context < 1 || g->n_layers < 1)
@@ -369,7 +365,7 @@ static void memory_one(const ms_sweep_mem_t *g, int64_t ctx, int64_t b, int32_t 
         if (ws->auto_cp[bi] == cp) {
             j = (int32_t) ws->auto_j[bi];
         } else {
-            j = choose(g, ctx, b, k, &ws->hint[bi]);
+            j = ms_sweep_choose(g, ctx, b, k, &ws->hint[bi]);
             ws->auto_cp[bi] = cp;
             ws->auto_j[bi] = j;
         }
@@ -444,7 +440,7 @@ static void ws_init(mem_ws_t *ws, char *base, int32_t n_b)
 int ms_sweep_memory(const ms_sweep_mem_t *g, const ms_sweep_axes_t *axes, int64_t j0, int64_t n, int n_threads,
                     void *workspace, int64_t ws_bytes, ms_sweep_mem_out_t *out, int64_t *err_index)
 {
-    int rc = check_mem(g);
+    int rc = ms_sweep_check_mem(g);
     int64_t per = 0, bad = -1;
     if (err_index) *err_index = -1;
     if (rc) return rc;

@@ -268,3 +268,7 @@ cdef extern from "moesim.h" nogil:
     int ms_sweep_montecarlo(const ms_sweep_decode_t *d, const int64_t *context, const int64_t *batch,
                             const int32_t *variant, const uint64_t *index, int64_t n, int n_threads,
                             void *workspace, int64_t ws_bytes, ms_sweep_dec_out_t *out, int64_t *err_index)
+
+# ---- automatic placement of one configuration (csrc/ms_place.c; glue in _place.pxi)
+cdef extern from "moesim.h" nogil:
+    int ms_auto_placement(const ms_sweep_mem_t *g, int64_t context, int64_t batch, int32_t *chosen)

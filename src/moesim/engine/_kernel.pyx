@@ -758,3 +758,6 @@ def sweep_montecarlo(SweepDecode dec, context, batch, variant, index, int n_thre
     finally:
         free(ws)
     return code, bad
+
+
+include "_place.pxi"

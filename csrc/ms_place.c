@@ -1,0 +1,27 @@
+/*
+ * Automatic placement of one configuration: the placement the runtime's own fitting picks (llama.cpp
+ * --fit: everything on the GPU, else the fewest layers' routed experts in host RAM, else fewer whole
+ * layers, then CPU only; ktransformers: as many experts per layer on the GPU as fit).
+ *
+ * The rule itself is ms_sweep_choose (ms_sweep.c), written once for sweeps and fit alike; this file
+ * only checks the inputs and runs it for a single (context, batch) with an empty cache and no hint.
+ * Its Python twin is engine/reference/sweep.py choose().
+ */
+#include <stddef.h>
+
+#include "moesim.h"
+#include "ms_internal.h"
+
+int ms_auto_placement(const ms_sweep_mem_t *g, int64_t context, int64_t batch, int32_t *chosen)
+{
+    kvpart_t k = {-1, -1, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
+    int64_t hint = -1;
+    int rc;
+    if (chosen == NULL) return MS_ERR_NULL_ARGUMENT;
+    rc = ms_sweep_check_mem(g);
+    if (rc != 0) return rc;
+    if (context < 1) return MS_ERR_BAD_CONTEXT;
+    if (batch < 1) return MS_ERR_BAD_SIZE;
+    *chosen = g->rule == MS_SWEEP_FIXED ? 0 : ms_sweep_choose(g, context, batch, &k, &hint);
+    return 0;
+}
