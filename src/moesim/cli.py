@@ -1,7 +1,8 @@
 """The ``moesim`` command line (DESIGN §4 flag vocabulary).
 
 Errors in input print one line on stderr (``moesim: error: <field>: <message>``) and exit 2; never a
-traceback (set MOESIM_DEBUG=1 to see one for an internal error).
+traceback. An internal error prints one line and exits 3; MOESIM_TRACEBACK=1 lets it raise instead.
+(MOESIM_DEBUG is the build's switch for a bounds-checked kernel, read only by setup.py.)
 This module parses arguments and dispatches; ``analysis`` computes and ``report`` renders.
 """
 from __future__ import annotations
@@ -358,9 +359,9 @@ def main(argv=None) -> int:
     except BrokenPipeError:
         return 0
     except Exception as exc:  # an internal bug: one line unless debugging
-        if os.environ.get("MOESIM_DEBUG"):
+        if os.environ.get("MOESIM_TRACEBACK", "") not in ("", "0"):
             raise
-        print(f"moesim: internal error: {type(exc).__name__}: {exc} (set MOESIM_DEBUG=1 for a traceback)",
+        print(f"moesim: internal error: {type(exc).__name__}: {exc} (set MOESIM_TRACEBACK=1 for a traceback)",
               file=sys.stderr)
         return 3
 
