@@ -134,3 +134,22 @@ def test_simulate_bad_input_one_line(capsys, argv, field):
     code, out, err = run(capsys, "simulate", "qwen3-30b-a3b", *MACHINE, "--quant", "Q4_K_M", *argv)
     assert code == 2
     assert err.count("\n") == 1 and field in err and "Traceback" not in err
+
+
+def test_internal_error_is_one_line_unless_moesim_traceback(capsys, monkeypatch):
+    """MOESIM_TRACEBACK lets an internal error raise; MOESIM_DEBUG (the bounds-checked build) does not."""
+    from moesim import cli
+
+    def boom(args):
+        raise RuntimeError("boom")
+
+    monkeypatch.setitem(cli._COMMANDS, "models", boom)
+    monkeypatch.delenv("MOESIM_TRACEBACK", raising=False)
+    monkeypatch.setenv("MOESIM_DEBUG", "1")
+    code, out, err = run(capsys, "models")
+    assert code == 3 and err == "moesim: internal error: RuntimeError: boom (set MOESIM_TRACEBACK=1 for a traceback)\n"
+    monkeypatch.setenv("MOESIM_TRACEBACK", "0")
+    assert run(capsys, "models")[0] == 3
+    monkeypatch.setenv("MOESIM_TRACEBACK", "1")
+    with pytest.raises(RuntimeError, match="boom"):
+        main(["models"])

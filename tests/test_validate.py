@@ -12,6 +12,7 @@ import pytest
 from moesim.analysis import calibrate as C
 from moesim.analysis import validate as V
 from moesim.errors import MoesimError
+from moesim.report.plots import validation_plot
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "validation" / "calibration.csv"
 COLUMNS = ["id", "quality", "model", "quant", "kv_dtype", "runtime", "gpu", "gpus", "gpu_mem_gb", "host_cpu",
@@ -91,7 +92,7 @@ def test_validate_report_on_a_small_csv(tmp_path):
     r1 = next(r for r in rep["rows"] if r["id"] == "LC-1")
     assert r1["decode_err"] == pytest.approx(r1["decode_predicted"] / 40 - 1)
     assert "median_abs_pct_err" in s and "p90_abs_pct_err" in s and "by_class" in s
-    V.plot(rep, tmp_path / "v.png")
+    validation_plot(rep, tmp_path / "v.png")
     assert (tmp_path / "v.png").stat().st_size > 1000
 
 

@@ -1,7 +1,9 @@
 """The ``moesim`` command line (DESIGN §4 flag vocabulary).
 
 Errors in input print one line on stderr (``moesim: error: <field>: <message>``) and exit 2; never a
-traceback (set MOESIM_DEBUG=1 to see one for an internal error).
+traceback. An internal error prints one line and exits 3; MOESIM_TRACEBACK=1 lets it raise instead.
+(MOESIM_DEBUG is the build's switch for a bounds-checked kernel, read only by setup.py.)
+This module parses arguments and dispatches; ``analysis`` computes and ``report`` renders.
 """
 from __future__ import annotations
 
@@ -14,8 +16,6 @@ import sys
 from . import __version__
 from .errors import MoesimError
 
-
-GiB = 2**30
 
 
 class _Parser(argparse.ArgumentParser):
@@ -91,14 +91,14 @@ _OT_HELP = ("llama.cpp tensor override PATTERN=DEVICE (repeatable, comma lists a
             "'\\.ffn_.*_exps\\.=CPU'; mapped to the equivalent placement")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="moesim", description="Will this MoE model run on this machine, and how fast?")
-    p.add_argument("--version", action="version", version=f"moesim {__version__}")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+def _add_listing_parsers(sub) -> None:
     for name, help_ in (("models", "list catalog models"), ("hardware", "list catalog hardware"),
                         ("quants", "list quantizations and KV cache dtypes")):
         s = sub.add_parser(name, help=help_)
         s.add_argument("--json", action="store_true")
+
+
+def _add_fit_parser(sub) -> None:
     f = sub.add_parser("fit", help="memory per tier, fit and limits for each quantization")
     f.add_argument("model", help=_MODEL_HELP)
     _add_machine_flags(f)
@@ -113,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("-ot", "--override-tensor", dest="tensor_overrides", action=_TensorOverride, help=_OT_HELP)
     f.add_argument("--json", action="store_true")
 
+
+def _add_simulate_parser(sub) -> None:
     s = sub.add_parser("simulate", help="token-level decode simulation: tok/s, p50/p99, breakdown, hit rates")
     s.add_argument("model", help=_MODEL_HELP)
     _add_machine_flags(s)
@@ -138,6 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-ot", "--override-tensor", dest="tensor_overrides", action=_TensorOverride, help=_OT_HELP)
     s.add_argument("--json", action="store_true")
 
+
+def _add_inspect_parser(sub) -> None:
     i = sub.add_parser("inspect", help="what a GGUF / safetensors / config.json describes: architecture, "
                                        "bytes per tensor class and type, what fitting it needs")
     i.add_argument("path", help="GGUF file (any shard), config.json or directory, safetensors index or file")
@@ -154,12 +158,16 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--tensors", action="store_true", help="list every tensor (and its device with -ot)")
     i.add_argument("--json", action="store_true")
 
+
+def _add_validate_parser(sub) -> None:
     v = sub.add_parser("validate", help="predictions vs published measurements (../shared/validation format)")
     v.add_argument("data", help="CSV of measured runs (validation/README.md columns)")
     v.add_argument("--plot", help="write a log-log predicted-vs-measured figure (PNG/SVG)")
     v.add_argument("--uncalibrated", action="store_true", help="use the sourced priors, not calibration.toml")
     v.add_argument("--json", action="store_true")
 
+
+def _add_sweep_parser(sub) -> None:
     w = sub.add_parser("sweep", help="evaluate a grid of configurations (SPEC.toml) into chunked Parquet/CSV/JSONL "
                                      "files; resumable; optionally on dask.distributed")
     w.add_argument("spec", help="sweep spec TOML: [axes] models, quants, machines, contexts, batches, placements, "
@@ -179,114 +187,77 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--no-progress", dest="progress", action="store_false")
     w.add_argument("--json", action="store_true", help="print the manifest as JSON")
 
+
+def _add_calibrate_parser(sub) -> None:
     c = sub.add_parser("calibrate", help="fit the decode model's efficiencies and overheads to measurements")
     c.add_argument("data", help="CSV of measured runs (validation/README.md columns)")
     c.add_argument("--out", help="write the fitted parameters as a calibration TOML (the catalog's is "
                                  "src/moesim/catalog/calibration.toml)")
     c.add_argument("--no-cv", action="store_true", help="skip leave-one-source-out cross-validation")
     c.add_argument("--json", action="store_true")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="moesim", description="Will this MoE model run on this machine, and how fast?")
+    p.add_argument("--version", action="version", version=f"moesim {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for add in (_add_listing_parsers, _add_fit_parser, _add_simulate_parser, _add_inspect_parser,
+                _add_validate_parser, _add_sweep_parser, _add_calibrate_parser):
+        add(sub)
     return p
 
 
+def _print_json(data, **kw) -> int:
+    print(json.dumps(data, indent=1, **kw))
+    return 0
+
+
 def _cmd_models(args) -> int:
-    from .ingest import model
-    from .spec.models import model_ids
-    rows = []
-    for mid in model_ids():
-        m = model(mid)
-        total, active = m.param_counts()
-        rows.append({"id": mid, "name": m.name, "family": m.family, "layers": m.n_layers,
-                     "experts": m.n_experts, "top_k": m.top_k, "total_params": total, "active_params": active,
-                     "max_context": m.max_context, "native_quant": m.native_quant})
+    from .report import listings, text
+    rows = listings.models()
     if args.json:
-        print(json.dumps(rows, indent=1))
-        return 0
-    print(f"{'id':24} {'total':>8} {'active':>8} {'layers':>6} {'experts':>9} {'context':>9}  native")
-    for r in rows:
-        ex = f"{r['experts']}/{r['top_k']}" if r["experts"] else "dense"
-        print(f"{r['id']:24} {r['total_params'] / 1e9:7.1f}B {r['active_params'] / 1e9:7.1f}B {r['layers']:6d} "
-              f"{ex:>9} {r['max_context']:9d}  {r['native_quant']}")
+        return _print_json(rows)
+    print(text.models_text(rows))
     return 0
 
 
 def _cmd_hardware(args) -> int:
-    from .spec.hardware import hardware_ids
-    from . import _catalog
-    ids = hardware_ids()
+    from .report import listings, text
+    ids, hw = listings.hardware()
     if args.json:
-        print(json.dumps(ids, indent=1))
-        return 0
-    hw = _catalog.load("hardware")
-    for section in ("machine", "gpu", "unified"):
-        print(f"{section}:")
-        for i in ids[section]:
-            e = hw[section][i]
-            extra = ""
-            if section == "gpu":
-                extra = f"{e['memory_bytes'] / GiB:6.0f} GiB {e['mem_bw_gbs']:7.0f} GB/s"
-            elif section == "unified":
-                extra = f"{e['default_memory_gb']:6.0f} GB  {e['mem_bw_gbs']:7.0f} GB/s"
-            print(f"  {i:26} {extra}  {e.get('name', '')}")
-    for section in ("cpu", "host_memory", "link", "storage"):
-        print(f"{section}: " + ", ".join(ids[section]))
+        return _print_json(ids)
+    print(text.hardware_text(ids, hw))
     return 0
 
 
 def _cmd_quants(args) -> int:
-    from .spec import quants as Q
-    data = {"gguf_ftypes": Q.ftype_ids(), "formats": Q.format_ids(), "kv_dtypes": Q.kv_dtype_ids(),
-            "ggml_types": {k: {"block": v["block"], "bytes": v["bytes"], "bpw": 8 * v["bytes"] / v["block"]}
-                           for k, v in Q.ggml_types().items()}}
+    from .report import listings, text
+    data = listings.quants()
     if args.json:
-        print(json.dumps(data, indent=1))
-        return 0
-    print("GGUF file types: " + ", ".join(data["gguf_ftypes"]))
-    print("checkpoint formats: " + ", ".join(data["formats"]))
-    print("KV cache dtypes: " + ", ".join(data["kv_dtypes"]))
-    print("ggml tensor types (block, bytes, bits/weight):")
-    for k, v in sorted(data["ggml_types"].items(), key=lambda kv: kv[1]["bpw"]):
-        print(f"  {k:8} {v['block']:4d} {v['bytes']:4d} {v['bpw']:7.4f}")
+        return _print_json(data)
+    print(text.quants_text(data))
     return 0
-
-
-def _fmt_bytes(b: float) -> str:
-    return f"{b / GiB:7.1f} GiB" if b else "      -    "
 
 
 def _cmd_fit(args) -> int:
     from .analysis.fit import fit
     from .ingest import model as get_model
+    from .report.text import fit_text
     mach = _machine_from(args)
     m = get_model(args.model)
     rows = fit(m, mach, quants=args.quant, context=args.context, batch=args.batch,
                kv_dtype=args.kv_dtype, placement=args.placement, runtime=args.runtime, mtp=args.mtp,
                overrides=args.tensor_overrides)
     if args.json:
-        print(json.dumps(rows, indent=1))
-        return 0
-    r0 = rows[0]
-    print(f"{r0['model']} on {r0['machine']}")
-    print(f"context {args.context}, batch {args.batch}; runtime {r0['runtime']}")
-    for a in r0["assumptions"]:
-        print(f"  assumed: {a}")
-    print(f"{'quant':10} {'weights':>11} {'placement':>15} {'GPU':>11} {'host':>11} {'storage':>11} "
-          f"{'fits':>17} {'max context':>11} {'max batch':>9} {'tok/s':>8}  KV")
-    for r in rows:
-        t = r["memory_by_tier"]
-        gpu_tier = t.get("gpu") or t.get("unified")
-        tok_s = f"{r['decode_tok_s']:8.1f}" if r.get("decode_tok_s") else "       -"
-        print(f"{r['quant']:10} {_fmt_bytes(r['weights_bytes'])} {r['placement']:>15} {_fmt_bytes(gpu_tier['total'])} "
-              f"{_fmt_bytes(t['host']['total'])} {_fmt_bytes(t['storage']['total'])} {r['fits']:>17} "
-              f"{r['max_context']:11d} {r['max_batch']:9d} {tok_s}  {r['kv_dtype']}")
-    print("runtime flags:")
-    for r in rows:
-        print(f"  {r['quant']:10} {r['flags']}")
+        return _print_json(rows)
+    print(fit_text(rows, args.context, args.batch))
     return 0
 
 
 def _cmd_simulate(args) -> int:
     from .analysis.simulate import simulate
     from .ingest import model as get_model
+    from .report.text import simulate_text
     mach = _machine_from(args)
     m = get_model(args.model)
     placement = args.placement
@@ -302,108 +273,34 @@ def _cmd_simulate(args) -> int:
                  mtp_acceptance=args.mtp_acceptance, prompt=args.prompt, parallel=args.parallel)
     d = r.to_dict()
     if args.json:
-        print(json.dumps(d, indent=1))
-        return 0
-    print(f"{d['model']} {d['quant']} on {d['machine']}")
-    print(f"runtime {d['runtime']}, placement {d['placement']} ({d['flags']}); fits: {d['fits']}")
-    for a in d.get("assumptions", ()):
-        print(f"  assumed: {a}")
-    print(f"context {d['context']}, batch {d['batch']}, {d['mode']} over {d['tokens']} steps, routing {d['routing']}, "
-          f"seed {d['seed']}")
-    print(f"decode   {d['decode_tok_s']:9.2f} tok/s per sequence, {d['aggregate_tok_s']:9.2f} tok/s aggregate")
-    t = d["tpot_ms"]
-    print(f"TPOT     mean {t['mean']:.2f} ms, p50 {t['p50']:.2f} ms, p99 {t['p99']:.2f} ms")
-    print(f"prefill  {d['prefill_tok_s']:9.1f} tok/s, TTFT {d['ttft_s']:.2f} s for a {args.prompt}-token prompt")
-    print(f"bottleneck: {d['bottleneck']}")
-    if d["expert_hit_rate"] is not None:
-        print(f"GPU expert hit rate {d['expert_hit_rate']:.3f} ({d['policy']})")
-    if d["page_cache_hit_rate"] is not None:
-        print(f"host page-cache hit rate {d['page_cache_hit_rate']:.3f}")
-    print(f"distinct experts per MoE layer per step {d['distinct_experts_per_step']:.2f}, "
-          f"consecutive-token reuse {d['reuse']:.3f}")
-    per = d["breakdown"]["seconds_per_token"]
-    print("time per token by resource:")
-    for k, v in sorted(d["breakdown"]["by_resource"].items(), key=lambda kv: -kv[1]):
-        if v > 0:
-            print(f"  {k:14} {v * 1e3:9.3f} ms  {100 * v / per:5.1f} %")
-    print("bytes per token:")
-    for k, v in d["bytes_per_token"].items():
-        if v > 0:
-            print(f"  {k:14} {v / 1e9:9.3f} GB")
+        return _print_json(d)
+    print(simulate_text(d, args.prompt))
     return 0
-
-
-def _human(b: float) -> str:
-    for unit, size in (("GiB", GiB), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(b) >= size:
-            return f"{b / size:.2f} {unit}"
-    return f"{b:.0f} B"
 
 
 def _cmd_inspect(args) -> int:
     from .analysis.inspect import inspect
+    from .report.text import inspect_text
     d = inspect(args.path, overrides=args.tensor_overrides or (), n_gpu_layers=args.n_gpu_layers, gpu=args.device,
                 context=args.context, kv_dtype=args.kv_dtype, tensors=args.tensors)
     if args.json:
-        print(json.dumps(d, indent=1, default=str))
-        return 0
-    print(f"{d['path']}  ({d['format']}{', ' + str(len(d['files'])) + ' files' if len(d.get('files') or []) > 1 else ''})")
-    a = d.get("architecture")
-    if a:
-        att = ", ".join(f"{n} {k}" for k, n in a["attention"].items())
-        moe = (f"{a['moe_layers']} MoE layers, {a['experts']} experts top-{a['top_k']}"
-               + (f" + {a['shared_experts']} shared" if a["shared_experts"] else "")) if a["experts"] else "dense"
-        print(f"{a['name']}: {a['family']}, {a['layers']} layers ({att}), hidden {a['hidden']}, vocab {a['vocab']}, "
-              f"{moe}; max context {a['max_context']}" + (f"; {a['mtp_layers']} MTP" if a["mtp_layers"] else ""))
-        print(f"parameters {a['total_params'] / 1e9:.2f}B total, {a['active_params'] / 1e9:.2f}B active per token")
-    exact = "exact, from the file's tensor table" if d["exact"] else "derived from the architecture and quantization"
-    print(f"weights: {d['tensors']} tensors, {_human(d['weights_bytes'])} ({d['weights_bytes']:.0f} bytes; {exact})"
-          + (f", plus {_human(d['mtp_bytes'])} MTP" if d.get("mtp_bytes") else ""))
-    if d.get("weights_bytes_by_class"):
-        print("by class:")
-        for c, b in d["weights_bytes_by_class"].items():
-            if b:
-                types = ", ".join(f"{t} {_human(v)}" for t, v in sorted(d["formats_by_class"][c].items(),
-                                                                         key=lambda kv: -kv[1]))
-                print(f"  {c:15} {_human(b):>12}   [{types}]")
-    print("by type:")
-    for t, v in sorted(d["bytes_by_type"].items(), key=lambda kv: -kv[1]["bytes"]):
-        print(f"  {t:12} {v['tensors']:6d} tensors {_human(v['bytes']):>12}")
-    if "fit_needs" in d:
-        n = d["fit_needs"]
-        print(f"to fit at context {n['context']}: weights {_human(n['weights_bytes'])} + KV cache "
-              f"{_human(n['kv_bytes'])} ({d['kv_dtype']}, {d['kv_bytes_per_token']:.0f} B/token)"
-              + (f" + recurrent state {_human(n['state_bytes'])}" if n["state_bytes"] else "")
-              + f" = {_human(n['total_bytes'])} for one sequence, before runtime buffers")
-    if "placement" in d:
-        pl = d["placement"]
-        print("placement" + (f" ({' '.join('-ot ' + o for o in pl['overrides'])})" if pl["overrides"] else "") + ":")
-        for dev, v in sorted(pl["by_device"].items()):
-            cls = ", ".join(f"{c} {_human(b)}" for c, b in v["by_class"].items() if b)
-            print(f"  {dev:8} {_human(v['total']):>12} in {v['tensors']} tensors  [{cls}]")
-        if pl.get("equivalent"):
-            print(f"  = moesim placement {pl['equivalent']}")
-        for name, dev in (pl.get("tensors") or {}).items():
-            print(f"    {name:48} {dev}")
-    elif args.tensors and d.get("tensor_table"):
-        for t in d["tensor_table"]:
-            print(f"  {t['name']:48} {t['type']:8} {str(tuple(t['shape'])):28} {t['bytes']:14d}  {t['class']}")
-    for note in d.get("notes") or []:
-        print(f"note: {note}")
+        return _print_json(d, default=str)
+    print(inspect_text(d, tensors=args.tensors))
     return 0
 
 
 def _cmd_validate(args) -> int:
-    from .analysis import validate as V
-    rep = V.validate(args.data, calibrated=not args.uncalibrated)
+    from .analysis.validate import validate
+    from .report.text import validate_text
+    rep = validate(args.data, calibrated=not args.uncalibrated)
     if args.plot:
-        V.plot(rep, args.plot)
+        from .report.plots import validation_plot
+        validation_plot(rep, args.plot)
     if args.json:
-        print(json.dumps(rep, indent=1))
-    else:
-        print(V.format_text(rep))
-        if args.plot:
-            print(f"figure: {args.plot}")
+        return _print_json(rep)
+    print(validate_text(rep))
+    if args.plot:
+        print(f"figure: {args.plot}")
     return 0
 
 
@@ -418,29 +315,25 @@ def _cmd_calibrate(args) -> int:
     if args.out:
         C.write_toml(rep, args.out, "moesim calibrate " + " ".join(sys.argv[2:] if len(sys.argv) > 2 else [args.data]))
     if args.json:
-        print(json.dumps(rep, indent=1))
-    else:
-        print(C.format_text(rep))
-        if args.out:
-            print(f"written: {args.out}")
+        return _print_json(rep)
+    print(C.format_text(rep))
+    if args.out:
+        print(f"written: {args.out}")
     return 0
 
 
 def _cmd_sweep(args) -> int:
     import time
     from .analysis.sweep import sweep
+    from .report.text import sweep_text
     t0 = time.perf_counter()
     man = sweep(args.spec, out=args.out, format=args.format, threads=args.threads, scheduler=args.scheduler,
                 local_workers=args.local_workers, progress=args.progress)
     dt = time.perf_counter() - t0
     if args.json:
         print(json.dumps({k: v for k, v in man.items() if k != "spec"}, indent=1, sort_keys=True))
-    elif man.get("already_complete"):
-        print(f"{args.out}: already complete ({man['rows']} rows in {man['n_chunks']} {man['format']} files); "
-              "nothing to do")
     else:
-        print(f"{man['configurations']} configurations, {man['rows']} rows in {man['n_chunks']} {man['format']} "
-              f"files under {args.out} ({dt:.1f} s, {man['configurations'] / max(dt, 1e-9):,.0f} configurations/s)")
+        print(sweep_text(man, args.out, dt))
     return 0
 
 
@@ -466,9 +359,9 @@ def main(argv=None) -> int:
     except BrokenPipeError:
         return 0
     except Exception as exc:  # an internal bug: one line unless debugging
-        if os.environ.get("MOESIM_DEBUG"):
+        if os.environ.get("MOESIM_TRACEBACK", "") not in ("", "0"):
             raise
-        print(f"moesim: internal error: {type(exc).__name__}: {exc} (set MOESIM_DEBUG=1 for a traceback)",
+        print(f"moesim: internal error: {type(exc).__name__}: {exc} (set MOESIM_TRACEBACK=1 for a traceback)",
               file=sys.stderr)
         return 3
 

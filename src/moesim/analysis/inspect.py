@@ -17,7 +17,6 @@ def inspect(path: str | os.PathLike, overrides=(), n_gpu_layers: int | None = No
     and (with llama.cpp ``-ot`` *overrides*) bytes per device."""
     from ..spec import quants as Q
     from ..spec.limits import check_count
-    from ..spec.overrides import assign_devices, by_device, equivalent_placement
     path = os.fspath(path)
     context = check_count(context, "context")
     kind = artifact_kind(path)
@@ -32,17 +31,7 @@ def inspect(path: str | os.PathLike, overrides=(), n_gpu_layers: int | None = No
                 raise
             return _inspect_tensors_only(path, art, str(exc))
         m = safetensors_model(art, base)
-        if art.index is not None:
-            index_info = {"path": art.index.path, "tensors": len(art.index.weight_map),
-                          "total_size": art.index.total_size, "shards": art.shards_total,
-                          "shards_present": art.shards_present}
-            if not art.tensors:
-                notes.append(f"{art.shards_present} of {art.shards_total} shards present: per-tensor bytes are "
-                             f"derived from the config's quantization, not read from headers")
-            elif art.index.total_size is not None:
-                hdr = sum(t.nbytes for t in art.tensors)
-                if hdr != art.index.total_size:
-                    notes.append(f"index total_size {art.index.total_size} differs from the headers' {hdr} bytes")
+        index_info = _index_info(art, notes)
     elif kind == "gguf":
         m = read_gguf_model(path)
     else:
@@ -52,47 +41,13 @@ def inspect(path: str | os.PathLike, overrides=(), n_gpu_layers: int | None = No
         # a checkpoint described by its config: its own dtype, not llama.cpp's BF16 file rules
         q = Q.Quant(m.native_quant if m.native_quant in Q.format_ids() else "bf16", "format")
     entries = Q.assign(m, q, include_mtp=True)
-    by_class: dict = {}
-    by_type: dict = {}
-    formats: dict = {}
-    for t, typ, nb in entries:
-        by_class[t.cls] = by_class.get(t.cls, 0) + nb
-        bt = by_type.setdefault(typ, {"tensors": 0, "bytes": 0})
-        bt["tensors"] += 1
-        bt["bytes"] += nb
-        fc = formats.setdefault(t.cls, {})
-        fc[typ] = fc.get(typ, 0) + nb
+    by_class, by_type, formats = _byte_tables(entries)
     total = sum(nb for _t, _typ, nb in entries)
     main = total - by_class.get("mtp", 0)
-    params_total, params_active = m.param_counts()
-    kinds: dict = {}
-    for l in m.layers:
-        kinds[l.attention.kind] = kinds.get(l.attention.kind, 0) + 1
     kv = Q.canonical_kv_dtype(kv_dtype or ("f16" if q.is_gguf else "bf16"))
-    kvb = Q.kv_dtype_bytes(kv)
-    per_token = state = 0.0
-    kv_at = 0.0
-    for l in m.layers:
-        tm = m.kv_terms(l)
-        tokens = min(context, tm.cap) if tm.cap else context
-        kv_at += (tm.elems * kvb + tm.fixed_bytes) * tokens
-        if tm.ratio:
-            kv_at += (context // tm.ratio) * (tm.ratio_elems * kvb + tm.ratio_fixed_bytes)
-        if not tm.cap:
-            per_token += tm.elems * kvb + tm.fixed_bytes
-        if tm.ratio:
-            per_token += (tm.ratio_elems * kvb + tm.ratio_fixed_bytes) / tm.ratio
-        state += tm.state_bytes
-    moe = m.moe_layers
-    arch = {
-        "family": m.family, "name": m.name, "layers": m.n_layers, "hidden": m.hidden, "vocab": m.vocab,
-        "tie_embeddings": m.tie_embeddings, "max_context": m.max_context, "attention": kinds,
-        "moe_layers": len(moe), "experts": m.n_experts, "top_k": m.top_k,
-        "shared_experts": moe[0].ffn.n_shared if moe else 0, "mtp_layers": m.mtp_layers,
-        "total_params": params_total, "active_params": params_active,
-    }
+    per_token, state, kv_at = _kv_bytes(m, context, Q.kv_dtype_bytes(kv))
     out = {
-        "path": path, "format": kind, "model": m.id, "architecture": arch, "quant": q.id,
+        "path": path, "format": kind, "model": m.id, "architecture": _architecture(m), "quant": q.id,
         "exact": m.stored is not None,
         "files": list(m.stored.files) if m.stored else ([path] if kind != "safetensors" else []),
         "tensors": len(entries),
@@ -108,18 +63,85 @@ def inspect(path: str | os.PathLike, overrides=(), n_gpu_layers: int | None = No
     if m.stored is not None and m.stored.metadata:
         out["metadata"] = m.stored.metadata
     if overrides or n_gpu_layers is not None:
-        placed = assign_devices(m, overrides, n_gpu_layers=n_gpu_layers, gpu=gpu, quant=q)
-        out["placement"] = {
-            "overrides": [str(o) for o in overrides], "n_gpu_layers": n_gpu_layers,
-            "by_device": by_device(placed),
-            "equivalent": (lambda p: str(p) if p is not None else None)(
-                equivalent_placement(m, placed, gpu=gpu) if n_gpu_layers is None else None),
-        }
-        if tensors:
-            out["placement"]["tensors"] = {t.name: dev for t, _typ, _nb, dev in placed}
+        out["placement"] = _placement(m, q, overrides, n_gpu_layers, gpu, tensors)
     if tensors:
         out["tensor_table"] = [{"name": t.name, "type": typ, "shape": list(t.shape), "bytes": nb, "class": t.cls,
                                 "layer": t.layer} for t, typ, nb in entries]
+    return out
+
+
+def _index_info(art: STArtifact, notes: list) -> dict | None:
+    """A safetensors index's summary (None without an index); what it disagrees on goes to *notes*."""
+    if art.index is None:
+        return None
+    if not art.tensors:
+        notes.append(f"{art.shards_present} of {art.shards_total} shards present: per-tensor bytes are "
+                     f"derived from the config's quantization, not read from headers")
+    elif art.index.total_size is not None:
+        hdr = sum(t.nbytes for t in art.tensors)
+        if hdr != art.index.total_size:
+            notes.append(f"index total_size {art.index.total_size} differs from the headers' {hdr} bytes")
+    return {"path": art.index.path, "tensors": len(art.index.weight_map), "total_size": art.index.total_size,
+            "shards": art.shards_total, "shards_present": art.shards_present}
+
+
+def _byte_tables(entries) -> tuple:
+    """(bytes per class, {type: tensors, bytes}, bytes per class per type) of assigned tensors."""
+    by_class: dict = {}
+    by_type: dict = {}
+    formats: dict = {}
+    for t, typ, nb in entries:
+        by_class[t.cls] = by_class.get(t.cls, 0) + nb
+        bt = by_type.setdefault(typ, {"tensors": 0, "bytes": 0})
+        bt["tensors"] += 1
+        bt["bytes"] += nb
+        fc = formats.setdefault(t.cls, {})
+        fc[typ] = fc.get(typ, 0) + nb
+    return by_class, by_type, formats
+
+
+def _kv_bytes(m: Model, context: int, kvb: float) -> tuple:
+    """(KV bytes per token beyond any window, fixed state bytes per sequence, KV bytes at *context*)."""
+    per_token = state = 0.0
+    kv_at = 0.0
+    for l in m.layers:
+        tm = m.kv_terms(l)
+        tokens = min(context, tm.cap) if tm.cap else context
+        kv_at += (tm.elems * kvb + tm.fixed_bytes) * tokens
+        if tm.ratio:
+            kv_at += (context // tm.ratio) * (tm.ratio_elems * kvb + tm.ratio_fixed_bytes)
+        if not tm.cap:
+            per_token += tm.elems * kvb + tm.fixed_bytes
+        if tm.ratio:
+            per_token += (tm.ratio_elems * kvb + tm.ratio_fixed_bytes) / tm.ratio
+        state += tm.state_bytes
+    return per_token, state, kv_at
+
+
+def _architecture(m: Model) -> dict:
+    params_total, params_active = m.param_counts()
+    kinds: dict = {}
+    for l in m.layers:
+        kinds[l.attention.kind] = kinds.get(l.attention.kind, 0) + 1
+    moe = m.moe_layers
+    return {
+        "family": m.family, "name": m.name, "layers": m.n_layers, "hidden": m.hidden, "vocab": m.vocab,
+        "tie_embeddings": m.tie_embeddings, "max_context": m.max_context, "attention": kinds,
+        "moe_layers": len(moe), "experts": m.n_experts, "top_k": m.top_k,
+        "shared_experts": moe[0].ffn.n_shared if moe else 0, "mtp_layers": m.mtp_layers,
+        "total_params": params_total, "active_params": params_active,
+    }
+
+
+def _placement(m: Model, q, overrides, n_gpu_layers, gpu: str, tensors: bool) -> dict:
+    """Bytes per device as llama.cpp places the tensors under *overrides* / -ngl, and moesim's equivalent."""
+    from ..spec.overrides import assign_devices, by_device, equivalent_placement
+    placed = assign_devices(m, overrides, n_gpu_layers=n_gpu_layers, gpu=gpu, quant=q)
+    equivalent = equivalent_placement(m, placed, gpu=gpu) if n_gpu_layers is None else None
+    out = {"overrides": [str(o) for o in overrides], "n_gpu_layers": n_gpu_layers, "by_device": by_device(placed),
+           "equivalent": str(equivalent) if equivalent is not None else None}
+    if tensors:
+        out["tensors"] = {t.name: dev for t, _typ, _nb, dev in placed}
     return out
 
 

@@ -137,13 +137,11 @@ def _cpu_id(name: str) -> str | None:
     return key if key in _load_catalog("hardware")["cpu"] else None
 
 
-def build(row: dict) -> RowConfig:
-    """The configuration a row describes (raises :class:`Skip` with the reason when it cannot)."""
-    assumed = []
+def _runtime_for(row: dict, notes: str, assumed: list) -> str | None:
+    """The runtime profile a row's runtime (and the build its notes date) is modelled by."""
     rid = row["runtime"].strip()
     if rid in NOT_MODELLED_RUNTIMES:
         raise Skip(NOT_MODELLED_RUNTIMES[rid])
-    notes = row.get("notes", "") or ""
     runtime = RUNTIME_ALIASES.get(rid, rid) or None
     if rid in RUNTIME_ALIASES:
         assumed.append(f"runtime {rid} modelled by the {runtime} profile")
@@ -153,21 +151,54 @@ def build(row: dict) -> RowConfig:
     if rid == "ktransformers" and _KT_LEGACY_NOTE.search(notes):
         runtime = "ktransformers-legacy"
         assumed.append("ktransformers v0.2 / v0.3 (notes): the standalone server, no layerwise prefill")
+    return runtime
+
+
+def _parallel_for(row: dict) -> str | None:
     par = (row.get("parallel") or "").strip() or None
     if par and ("disagg" in par or re.match(r"^ep(\d+)", par) and int(re.match(r"^ep(\d+)", par).group(1)) > 8):
         raise Skip(f"parallel layout {par}: multi-node expert parallelism / prefill-decode disaggregation "
                    "is not modelled")
-    try:
-        m = get_model(row["model"])
-        Q.resolve(row["quant"], m)
-    except MoesimError as exc:
-        raise Skip(str(exc)) from None
+    return par
+
+
+def _host_parts(row: dict, cpu: str | None, hw: dict, gpu: bool, assumed: list) -> dict:
+    """machine() keywords for a discrete host: memory part x channels, CPU, sockets, cores, RAM, PCIe."""
+    kw: dict = {}
+    part = (row.get("host_mem") or "").strip().lower()
+    cpu_info = hw["cpu"].get(cpu or "", {})
+    if not part:
+        part = cpu_info.get("memory") or "ddr5"
+        assumed.append(f"host memory type not stated: {part}")
+    channels = _num(row, "host_channels", int) or cpu_info.get("channels")
+    if not channels:
+        server = bool(_SERVER_CPU.search(row.get("host_cpu", ""))) or (_num(row, "host_sockets", int) or 1) > 1
+        channels = DEFAULTS["channels_server" if server else "channels_desktop"]
+        assumed.append(f"memory channels not stated: {channels} ({'server' if server else 'desktop'} platform)")
+    kw["host"] = f"{part}x{channels}"
+    if cpu:
+        kw["cpu"] = cpu
+    if row.get("host_sockets"):
+        kw["sockets"] = _num(row, "host_sockets", int)
+    if row.get("host_cores"):
+        kw["cores"] = _num(row, "host_cores", int)
+    host_gb = _num(row, "host_mem_gb")
+    if not host_gb:
+        host_gb = DEFAULTS["host_mem_gb"]
+        assumed.append("host RAM not stated: enough that weights do not page from storage")
+    kw["host_mem_gb"] = host_gb
+    if row.get("pcie") and gpu:
+        kw["pcie"] = row["pcie"].strip().lower()
+    return kw
+
+
+def _machine_for(row: dict, notes: str, assumed: list) -> Machine:
+    """The machine a row's GPU and host columns describe (defaults recorded in *assumed*)."""
     gpu = (row["gpu"] or "").strip().lower()
     gpus = _num(row, "gpus", int)
     hw = _load_catalog("hardware")
     kw: dict = {}
     unified = gpu in hw["unified"]
-    cpu = _cpu_id(row.get("host_cpu", ""))
     if gpu and gpu != "none":
         kw["gpu"] = gpu
         if not unified:
@@ -181,30 +212,7 @@ def build(row: dict) -> RowConfig:
         if pool:
             kw["gpu_mem_gb"] = pool
     else:
-        part = (row.get("host_mem") or "").strip().lower()
-        cpu_info = hw["cpu"].get(cpu or "", {})
-        if not part:
-            part = cpu_info.get("memory") or "ddr5"
-            assumed.append(f"host memory type not stated: {part}")
-        channels = _num(row, "host_channels", int) or cpu_info.get("channels")
-        if not channels:
-            server = bool(_SERVER_CPU.search(row.get("host_cpu", ""))) or (_num(row, "host_sockets", int) or 1) > 1
-            channels = DEFAULTS["channels_server" if server else "channels_desktop"]
-            assumed.append(f"memory channels not stated: {channels} ({'server' if server else 'desktop'} platform)")
-        kw["host"] = f"{part}x{channels}"
-        if cpu:
-            kw["cpu"] = cpu
-        if row.get("host_sockets"):
-            kw["sockets"] = _num(row, "host_sockets", int)
-        if row.get("host_cores"):
-            kw["cores"] = _num(row, "host_cores", int)
-        host_gb = _num(row, "host_mem_gb")
-        if not host_gb:
-            host_gb = DEFAULTS["host_mem_gb"]
-            assumed.append("host RAM not stated: enough that weights do not page from storage")
-        kw["host_mem_gb"] = host_gb
-        if row.get("pcie") and kw.get("gpu"):
-            kw["pcie"] = row["pcie"].strip().lower()
+        kw.update(_host_parts(row, _cpu_id(row.get("host_cpu", "")), hw, bool(kw.get("gpu")), assumed))
     if not kw:
         raise Skip("no GPU and no host memory described")
     try:
@@ -220,6 +228,35 @@ def build(row: dict) -> RowConfig:
         mach = dataclasses.replace(mach, host_bw_gbs=measured_bw / DEFAULTS["stream_fraction"])
         assumed.append(f"host bandwidth from the measured {measured_bw:g} GB/s (STREAM ~"
                        f"{DEFAULTS['stream_fraction']:.0%} of peak)")
+    return mach
+
+
+def _note_settings(notes: str, runtime: str, assumed: list) -> dict:
+    """RowConfig fields the notes state: llama.cpp ubatch, KT threshold and chunk, decode threads."""
+    def stated(pattern, what, applies=True):
+        match = pattern.search(notes) if applies else None
+        if match:
+            assumed.append(what.format(match.group(1)))
+        return int(match.group(1)) if match else 0
+    kt = runtime.startswith("ktransformers")
+    return {"ubatch": stated(_UBATCH_NOTE, "ubatch {} from the notes"),
+            "kt_threshold": stated(_KT_THRESHOLD_NOTE, "GPU prefill threshold {} (notes)", kt),
+            "kt_chunk": stated(_KT_CHUNK_NOTE, "chunked prefill {} (notes)", kt),
+            "decode_threads": stated(_DECODE_THREADS_NOTE, "decode on {} threads (notes)")}
+
+
+def build(row: dict) -> RowConfig:
+    """The configuration a row describes (raises :class:`Skip` with the reason when it cannot)."""
+    assumed = []
+    notes = row.get("notes", "") or ""
+    runtime = _runtime_for(row, notes, assumed)
+    par = _parallel_for(row)
+    try:
+        m = get_model(row["model"])
+        Q.resolve(row["quant"], m)
+    except MoesimError as exc:
+        raise Skip(str(exc)) from None
+    mach = _machine_for(row, notes, assumed)
     placement = (row.get("placement") or "").strip() or None
     if placement == "all-gpu" and mach.unified:
         placement = "unified"
@@ -236,23 +273,10 @@ def build(row: dict) -> RowConfig:
     # depth_tokens is the decode depth; server logs put it at about the prompt length (the prompt was
     # prefilled from empty). A depth beyond the prompt is llama-bench -d: the prompt too ran on top of it.
     prompt_depth = depth if (depth and prompt and depth > prompt) else 0
-    ub = _UBATCH_NOTE.search(notes)
-    if ub:
-        assumed.append(f"ubatch {ub.group(1)} from the notes")
-    kt = _KT_THRESHOLD_NOTE.search(notes) if runtime.startswith("ktransformers") else None
-    if kt:
-        assumed.append(f"GPU prefill threshold {kt.group(1)} (notes)")
-    chunk = _KT_CHUNK_NOTE.search(notes) if runtime.startswith("ktransformers") else None
-    if chunk:
-        assumed.append(f"chunked prefill {chunk.group(1)} (notes)")
-    tg = _DECODE_THREADS_NOTE.search(notes)
-    if tg:
-        assumed.append(f"decode on {tg.group(1)} threads (notes)")
     return RowConfig(row=row, model=m.id, quant=row["quant"], machine=mach, runtime=runtime, placement=placement,
                      parallel=par, context=max(1, context), prompt=max(1, prompt or context or 512), batch=batch,
                      mtp=mtp, kv_dtype=kv, assumed=assumed, prompt_depth=prompt_depth,
-                     ubatch=int(ub.group(1)) if ub else 0, decode_threads=int(tg.group(1)) if tg else 0,
-                     kt_threshold=int(kt.group(1)) if kt else 0, kt_chunk=int(chunk.group(1)) if chunk else 0)
+                     **_note_settings(notes, runtime, assumed))
 
 
 # ------------------------------------------------------------------------------- prediction
@@ -414,69 +438,3 @@ def validate(path, calibrated: bool = True) -> dict:
     rows = load_rows(path)
     _, records, skipped = evaluate_rows(rows, calibrated)
     return {"summary": summarise(records, skipped), "rows": records}
-
-
-def plot(report: dict, out) -> None:
-    """Log-log predicted vs measured decode tok/s per class, with the naive roofline for contrast."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise MoesimError("plots need matplotlib: pip install 'moesim[plot]'", "plot") from None
-    rows = [r for r in report["rows"] if r["decode_err"] is not None]
-    fig, ax = plt.subplots(figsize=(7, 6))
-    for c in CLASSES:
-        rs = [r for r in rows if r["class"] == c]
-        if rs:
-            ax.scatter([r["decode_measured"] for r in rs], [r["decode_predicted"] for r in rs], label=c, s=22)
-    ax.scatter([r["decode_measured"] for r in rows], [r["roofline_predicted"] for r in rows], marker="x",
-               color="0.6", s=14, label="roofline (peers)")
-    lo = min(min(r["decode_measured"] for r in rows), min(r["decode_predicted"] for r in rows)) / 1.5
-    hi = max(max(r["decode_measured"] for r in rows), max(r["decode_predicted"] for r in rows)) * 1.5
-    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
-    for f in (0.75, 1.25):
-        ax.plot([lo, hi], [lo * f, hi * f], "k:", lw=0.6)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("measured decode tok/s per sequence")
-    ax.set_ylabel("predicted decode tok/s per sequence")
-    s = report["summary"]
-    ax.set_title(f"moesim vs measurements: median |err| {s['median_abs_pct_err']:.0f} % (A+B rows), "
-                 f"roofline {s['roofline_decode']['median_abs_pct_err']:.0f} %", fontsize=10)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-
-
-def format_text(report: dict) -> str:
-    s = report["summary"]
-    lines = [f"{'id':8} {'class':5} {'q':1} {'measured':>9} {'predicted':>9} {'err':>7} {'roofline':>9}  "
-             f"{'prefill meas':>12} {'pred':>9} {'err':>7}"]
-    for r in report["rows"]:
-        def f(v, w=9, p=1):
-            return f"{v:{w}.{p}f}" if v is not None else " " * (w - 1) + "-"
-
-        def e(v):
-            return f"{100 * v:+6.0f}%" if v is not None else "      -"
-        lines.append(f"{r['id']:8} {r['class']:5} {r['quality']:1} {f(r['decode_measured'])} "
-                     f"{f(r['decode_predicted'])} {e(r['decode_err'])} {f(r['roofline_predicted'])}  "
-                     f"{f(r['prefill_measured'], 12)} {f(r['prefill_predicted'])} {e(r['prefill_err'])}")
-    d, p, rf = s["decode"], s["prefill"], s["roofline_decode"]
-    lines.append("")
-    lines.append(f"quality A+B rows: decode median |err| {d['median_abs_pct_err']:.1f} %, p90 {d['p90_abs_pct_err']:.1f} % "
-                 f"({d['n']} rows); prefill median {p['median_abs_pct_err'] or float('nan'):.1f} % ({p['n']} rows); "
-                 f"naive roofline decode median {rf['median_abs_pct_err']:.1f} %")
-    for c, v in s["by_class"].items():
-        dd = v["decode"]
-        if dd["n"]:
-            lines.append(f"  {c:4} decode median {dd['median_abs_pct_err']:6.1f} %  p90 {dd['p90_abs_pct_err']:6.1f} %"
-                         f"  ({dd['n']} rows)   roofline median {v['roofline_decode']['median_abs_pct_err']:6.1f} %")
-    qc = s["quality_c"]["decode"]
-    if qc["n"]:
-        lines.append(f"quality C rows (not in the headline): decode median {qc['median_abs_pct_err']:.1f} % ({qc['n']} rows)")
-    lines.append(f"rows evaluated {s['rows_evaluated']}, skipped {len(s['rows_skipped'])}:")
-    for sk in s["rows_skipped"]:
-        lines.append(f"  {sk['id']}: {sk['reason']}")
-    return "\n".join(lines)

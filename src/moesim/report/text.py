@@ -1,0 +1,210 @@
+"""Plain-text renderings of the CLI's results: each function takes the result (the same dicts the
+``--json`` output prints) and returns the lines to print, joined by newlines."""
+from __future__ import annotations
+
+GiB = 2**30
+
+
+def fmt_bytes(b: float) -> str:
+    """A fixed-width GiB cell for the ``fit`` table ("-" for zero)."""
+    return f"{b / GiB:7.1f} GiB" if b else "      -    "
+
+
+def human(b: float) -> str:
+    """Bytes in the largest binary unit that keeps the number at least 1."""
+    for unit, size in (("GiB", GiB), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(b) >= size:
+            return f"{b / size:.2f} {unit}"
+    return f"{b:.0f} B"
+
+
+# ------------------------------------------------------------------------------ catalog listings
+def models_text(rows: list) -> str:
+    lines = [f"{'id':24} {'total':>8} {'active':>8} {'layers':>6} {'experts':>9} {'context':>9}  native"]
+    for r in rows:
+        ex = f"{r['experts']}/{r['top_k']}" if r["experts"] else "dense"
+        lines.append(f"{r['id']:24} {r['total_params'] / 1e9:7.1f}B {r['active_params'] / 1e9:7.1f}B "
+                     f"{r['layers']:6d} {ex:>9} {r['max_context']:9d}  {r['native_quant']}")
+    return "\n".join(lines)
+
+
+def hardware_text(ids: dict, hw: dict) -> str:
+    """*ids*: the catalog ids per section; *hw*: the hardware catalog they index."""
+    lines = []
+    for section in ("machine", "gpu", "unified"):
+        lines.append(f"{section}:")
+        for i in ids[section]:
+            e = hw[section][i]
+            extra = ""
+            if section == "gpu":
+                extra = f"{e['memory_bytes'] / GiB:6.0f} GiB {e['mem_bw_gbs']:7.0f} GB/s"
+            elif section == "unified":
+                extra = f"{e['default_memory_gb']:6.0f} GB  {e['mem_bw_gbs']:7.0f} GB/s"
+            lines.append(f"  {i:26} {extra}  {e.get('name', '')}")
+    for section in ("cpu", "host_memory", "link", "storage"):
+        lines.append(f"{section}: " + ", ".join(ids[section]))
+    return "\n".join(lines)
+
+
+def quants_text(data: dict) -> str:
+    lines = ["GGUF file types: " + ", ".join(data["gguf_ftypes"]),
+             "checkpoint formats: " + ", ".join(data["formats"]),
+             "KV cache dtypes: " + ", ".join(data["kv_dtypes"]),
+             "ggml tensor types (block, bytes, bits/weight):"]
+    for k, v in sorted(data["ggml_types"].items(), key=lambda kv: kv[1]["bpw"]):
+        lines.append(f"  {k:8} {v['block']:4d} {v['bytes']:4d} {v['bpw']:7.4f}")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------ fit / simulate
+def fit_text(rows: list, context: int, batch: int) -> str:
+    """The ``fit`` table: one line per quantization, then the runtime flags of each."""
+    r0 = rows[0]
+    lines = [f"{r0['model']} on {r0['machine']}", f"context {context}, batch {batch}; runtime {r0['runtime']}"]
+    lines += [f"  assumed: {a}" for a in r0["assumptions"]]
+    lines.append(f"{'quant':10} {'weights':>11} {'placement':>15} {'GPU':>11} {'host':>11} {'storage':>11} "
+                 f"{'fits':>17} {'max context':>11} {'max batch':>9} {'tok/s':>8}  KV")
+    for r in rows:
+        t = r["memory_by_tier"]
+        gpu_tier = t.get("gpu") or t.get("unified")
+        tok_s = f"{r['decode_tok_s']:8.1f}" if r.get("decode_tok_s") else "       -"
+        lines.append(f"{r['quant']:10} {fmt_bytes(r['weights_bytes'])} {r['placement']:>15} "
+                     f"{fmt_bytes(gpu_tier['total'])} {fmt_bytes(t['host']['total'])} "
+                     f"{fmt_bytes(t['storage']['total'])} {r['fits']:>17} {r['max_context']:11d} "
+                     f"{r['max_batch']:9d} {tok_s}  {r['kv_dtype']}")
+    lines.append("runtime flags:")
+    lines += [f"  {r['quant']:10} {r['flags']}" for r in rows]
+    return "\n".join(lines)
+
+
+def simulate_text(d: dict, prompt: int) -> str:
+    """A ``simulate`` result (``Result.to_dict()``) for a *prompt*-token prompt."""
+    lines = [f"{d['model']} {d['quant']} on {d['machine']}",
+             f"runtime {d['runtime']}, placement {d['placement']} ({d['flags']}); fits: {d['fits']}"]
+    lines += [f"  assumed: {a}" for a in d.get("assumptions", ())]
+    t = d["tpot_ms"]
+    lines += [f"context {d['context']}, batch {d['batch']}, {d['mode']} over {d['tokens']} steps, "
+              f"routing {d['routing']}, seed {d['seed']}",
+              f"decode   {d['decode_tok_s']:9.2f} tok/s per sequence, {d['aggregate_tok_s']:9.2f} tok/s aggregate",
+              f"TPOT     mean {t['mean']:.2f} ms, p50 {t['p50']:.2f} ms, p99 {t['p99']:.2f} ms",
+              f"prefill  {d['prefill_tok_s']:9.1f} tok/s, TTFT {d['ttft_s']:.2f} s for a {prompt}-token prompt",
+              f"bottleneck: {d['bottleneck']}"]
+    if d["expert_hit_rate"] is not None:
+        lines.append(f"GPU expert hit rate {d['expert_hit_rate']:.3f} ({d['policy']})")
+    if d["page_cache_hit_rate"] is not None:
+        lines.append(f"host page-cache hit rate {d['page_cache_hit_rate']:.3f}")
+    lines.append(f"distinct experts per MoE layer per step {d['distinct_experts_per_step']:.2f}, "
+                 f"consecutive-token reuse {d['reuse']:.3f}")
+    per = d["breakdown"]["seconds_per_token"]
+    lines.append("time per token by resource:")
+    for k, v in sorted(d["breakdown"]["by_resource"].items(), key=lambda kv: -kv[1]):
+        if v > 0:
+            lines.append(f"  {k:14} {v * 1e3:9.3f} ms  {100 * v / per:5.1f} %")
+    lines.append("bytes per token:")
+    lines += [f"  {k:14} {v / 1e9:9.3f} GB" for k, v in d["bytes_per_token"].items() if v > 0]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------ inspect
+def _architecture_lines(a: dict) -> list:
+    att = ", ".join(f"{n} {k}" for k, n in a["attention"].items())
+    moe = (f"{a['moe_layers']} MoE layers, {a['experts']} experts top-{a['top_k']}"
+           + (f" + {a['shared_experts']} shared" if a["shared_experts"] else "")) if a["experts"] else "dense"
+    return [f"{a['name']}: {a['family']}, {a['layers']} layers ({att}), hidden {a['hidden']}, vocab {a['vocab']}, "
+            f"{moe}; max context {a['max_context']}" + (f"; {a['mtp_layers']} MTP" if a["mtp_layers"] else ""),
+            f"parameters {a['total_params'] / 1e9:.2f}B total, {a['active_params'] / 1e9:.2f}B active per token"]
+
+
+def _weights_lines(d: dict) -> list:
+    exact = "exact, from the file's tensor table" if d["exact"] else "derived from the architecture and quantization"
+    lines = [f"weights: {d['tensors']} tensors, {human(d['weights_bytes'])} ({d['weights_bytes']:.0f} bytes; {exact})"
+             + (f", plus {human(d['mtp_bytes'])} MTP" if d.get("mtp_bytes") else "")]
+    if d.get("weights_bytes_by_class"):
+        lines.append("by class:")
+        for c, b in d["weights_bytes_by_class"].items():
+            if b:
+                types = ", ".join(f"{t} {human(v)}" for t, v in sorted(d["formats_by_class"][c].items(),
+                                                                        key=lambda kv: -kv[1]))
+                lines.append(f"  {c:15} {human(b):>12}   [{types}]")
+    lines.append("by type:")
+    for t, v in sorted(d["bytes_by_type"].items(), key=lambda kv: -kv[1]["bytes"]):
+        lines.append(f"  {t:12} {v['tensors']:6d} tensors {human(v['bytes']):>12}")
+    return lines
+
+
+def _placement_lines(pl: dict) -> list:
+    lines = ["placement" + (f" ({' '.join('-ot ' + o for o in pl['overrides'])})" if pl["overrides"] else "") + ":"]
+    for dev, v in sorted(pl["by_device"].items()):
+        cls = ", ".join(f"{c} {human(b)}" for c, b in v["by_class"].items() if b)
+        lines.append(f"  {dev:8} {human(v['total']):>12} in {v['tensors']} tensors  [{cls}]")
+    if pl.get("equivalent"):
+        lines.append(f"  = moesim placement {pl['equivalent']}")
+    lines += [f"    {name:48} {dev}" for name, dev in (pl.get("tensors") or {}).items()]
+    return lines
+
+
+def inspect_text(d: dict, tensors: bool = False) -> str:
+    """An ``inspect`` result; *tensors*: list the tensor table (when no placement lists the tensors)."""
+    files = d.get("files") or []
+    lines = [f"{d['path']}  ({d['format']}{', ' + str(len(files)) + ' files' if len(files) > 1 else ''})"]
+    if d.get("architecture"):
+        lines += _architecture_lines(d["architecture"])
+    lines += _weights_lines(d)
+    if "fit_needs" in d:
+        n = d["fit_needs"]
+        lines.append(f"to fit at context {n['context']}: weights {human(n['weights_bytes'])} + KV cache "
+                     f"{human(n['kv_bytes'])} ({d['kv_dtype']}, {d['kv_bytes_per_token']:.0f} B/token)"
+                     + (f" + recurrent state {human(n['state_bytes'])}" if n["state_bytes"] else "")
+                     + f" = {human(n['total_bytes'])} for one sequence, before runtime buffers")
+    if "placement" in d:
+        lines += _placement_lines(d["placement"])
+    elif tensors and d.get("tensor_table"):
+        lines += [f"  {t['name']:48} {t['type']:8} {str(tuple(t['shape'])):28} {t['bytes']:14d}  {t['class']}"
+                  for t in d["tensor_table"]]
+    lines += [f"note: {note}" for note in d.get("notes") or []]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------ validate / sweep
+def _cell(v, w=9, p=1):
+    return f"{v:{w}.{p}f}" if v is not None else " " * (w - 1) + "-"
+
+
+def _pct(v):
+    return f"{100 * v:+6.0f}%" if v is not None else "      -"
+
+
+def validate_text(report: dict) -> str:
+    """The ``validate`` report: one line per row, then the summary overall and per class."""
+    s = report["summary"]
+    lines = [f"{'id':8} {'class':5} {'q':1} {'measured':>9} {'predicted':>9} {'err':>7} {'roofline':>9}  "
+             f"{'prefill meas':>12} {'pred':>9} {'err':>7}"]
+    for r in report["rows"]:
+        lines.append(f"{r['id']:8} {r['class']:5} {r['quality']:1} {_cell(r['decode_measured'])} "
+                     f"{_cell(r['decode_predicted'])} {_pct(r['decode_err'])} {_cell(r['roofline_predicted'])}  "
+                     f"{_cell(r['prefill_measured'], 12)} {_cell(r['prefill_predicted'])} {_pct(r['prefill_err'])}")
+    d, p, rf = s["decode"], s["prefill"], s["roofline_decode"]
+    lines.append("")
+    lines.append(f"quality A+B rows: decode median |err| {d['median_abs_pct_err']:.1f} %, p90 {d['p90_abs_pct_err']:.1f} % "
+                 f"({d['n']} rows); prefill median {p['median_abs_pct_err'] or float('nan'):.1f} % ({p['n']} rows); "
+                 f"naive roofline decode median {rf['median_abs_pct_err']:.1f} %")
+    for c, v in s["by_class"].items():
+        dd = v["decode"]
+        if dd["n"]:
+            lines.append(f"  {c:4} decode median {dd['median_abs_pct_err']:6.1f} %  p90 {dd['p90_abs_pct_err']:6.1f} %"
+                         f"  ({dd['n']} rows)   roofline median {v['roofline_decode']['median_abs_pct_err']:6.1f} %")
+    qc = s["quality_c"]["decode"]
+    if qc["n"]:
+        lines.append(f"quality C rows (not in the headline): decode median {qc['median_abs_pct_err']:.1f} % ({qc['n']} rows)")
+    lines.append(f"rows evaluated {s['rows_evaluated']}, skipped {len(s['rows_skipped'])}:")
+    lines += [f"  {sk['id']}: {sk['reason']}" for sk in s["rows_skipped"]]
+    return "\n".join(lines)
+
+
+def sweep_text(man: dict, out, seconds: float) -> str:
+    """One line for a finished sweep (its manifest *man*, written under *out* in *seconds*)."""
+    if man.get("already_complete"):
+        return (f"{out}: already complete ({man['rows']} rows in {man['n_chunks']} {man['format']} files); "
+                "nothing to do")
+    return (f"{man['configurations']} configurations, {man['rows']} rows in {man['n_chunks']} {man['format']} "
+            f"files under {out} ({seconds:.1f} s, {man['configurations'] / max(seconds, 1e-9):,.0f} configurations/s)")
