@@ -138,3 +138,13 @@ def test_a_quant_alias_is_listed_in_the_assumptions(label, modelled):
 def test_a_plain_spelling_is_not_an_alias():
     rec = moesim.fit("deepseek-r1", "desktop-4090", quants=["q4_k_m"])[0]
     assert not any("modelled as" in a for a in rec["assumptions"])
+
+
+def test_cli_refuses_beyond_max_context_unless_allowed(capsys):
+    from moesim.cli import main
+    args = ["fit", "llama-2-7b", "--gpu", "rtx-4090", "--host", "ddr5-6000x2", "--quant", "Q4_K_M", "--context", "8192"]
+    assert main(args) == 2
+    assert "maximum context of 4,096" in capsys.readouterr().err
+    assert main(args + ["--allow-beyond-max-context", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows[0]["context"] == 8192 and any("trained maximum" in a for a in rows[0]["assumptions"])

@@ -104,6 +104,8 @@ def _add_fit_parser(sub) -> None:
     _add_machine_flags(f)
     f.add_argument("--quant", action="append", help="quantization (repeatable); default: a GGUF ladder")
     f.add_argument("--context", type=_positive_int, default=4096)
+    f.add_argument("--allow-beyond-max-context", action="store_true",
+                   help="keep a context above the model's trained maximum (memory and speed extrapolate)")
     f.add_argument("--batch", type=_positive_int, default=1)
     f.add_argument("--kv-dtype")
     f.add_argument("--placement", help="all-gpu | experts-cpu | n-cpu-moe=N | gpu-experts=N | layers-gpu=N | "
@@ -120,6 +122,8 @@ def _add_simulate_parser(sub) -> None:
     _add_machine_flags(s)
     s.add_argument("--quant", default="native")
     s.add_argument("--context", type=_positive_int, default=4096, help="KV depth at which decode is measured")
+    s.add_argument("--allow-beyond-max-context", action="store_true",
+                   help="keep a context above the model's trained maximum (memory and speed extrapolate)")
     s.add_argument("--prompt", type=_positive_int, default=512, help="prompt length for prefill / TTFT")
     s.add_argument("--batch", type=_positive_int, default=1, help="concurrent sequences")
     s.add_argument("--kv-dtype")
@@ -247,7 +251,7 @@ def _cmd_fit(args) -> int:
     m = get_model(args.model)
     rows = fit(m, mach, quants=args.quant, context=args.context, batch=args.batch,
                kv_dtype=args.kv_dtype, placement=args.placement, runtime=args.runtime, mtp=args.mtp,
-               overrides=args.tensor_overrides)
+               overrides=args.tensor_overrides, allow_beyond_max_context=args.allow_beyond_max_context)
     if args.json:
         return _print_json(rows)
     print(fit_text(rows, args.context, args.batch))
@@ -270,7 +274,8 @@ def _cmd_simulate(args) -> int:
                  runtime=args.runtime, kv_dtype=args.kv_dtype, policy=args.policy, cache_experts=args.cache_experts,
                  prefetch_recall=args.prefetch_recall, tokens=args.tokens, warmup=args.warmup, seed=args.seed,
                  mode=args.mode, trace=args.trace, routing=args.routing, mtp=args.mtp,
-                 mtp_acceptance=args.mtp_acceptance, prompt=args.prompt, parallel=args.parallel)
+                 mtp_acceptance=args.mtp_acceptance, prompt=args.prompt, parallel=args.parallel,
+                 allow_beyond_max_context=args.allow_beyond_max_context)
     d = r.to_dict()
     if args.json:
         return _print_json(d)
