@@ -12,6 +12,7 @@ from .spec.hardware import machine  # noqa: E402
 from .analysis.fit import fit  # noqa: E402
 from .analysis.simulate import Result, simulate  # noqa: E402
 from .analysis.sweep import SweepTable, sweep  # noqa: E402
+from .analysis.validate import validate  # noqa: E402
 
-__all__ = ["MoesimError", "Model", "model", "model_ids", "machine", "fit", "simulate", "Result", "sweep", "SweepTable",
+__all__ = ["MoesimError", "Model", "model", "model_ids", "machine", "fit", "simulate", "Result", "sweep", "SweepTable", "validate",
            "__version__"]

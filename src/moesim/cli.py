@@ -311,6 +311,7 @@ def _cmd_validate(args) -> int:
 
 def _cmd_calibrate(args) -> int:
     from .analysis import calibrate as C
+    from .report.text import calibrate_text
 
     def progress(i, n, group):
         print(f"\rcross-validation {i}/{n}: {group[:60]:60}", end="" if i < n else "\n", file=sys.stderr,
@@ -321,7 +322,7 @@ def _cmd_calibrate(args) -> int:
         C.write_toml(rep, args.out, "moesim calibrate " + " ".join(sys.argv[2:] if len(sys.argv) > 2 else [args.data]))
     if args.json:
         return _print_json(rep)
-    print(C.format_text(rep))
+    print(calibrate_text(rep))
     if args.out:
         print(f"written: {args.out}")
     return 0

@@ -265,29 +265,3 @@ def write_toml(report: dict, out, command: str) -> None:
             lines.append(f"{k} = {v:.6g}    # prior {report['priors'][name]:.6g}, bounds [{lo:g}, {hi:g}]")
     with open(out, "w", encoding="utf-8") as fh:
         fh.write("\n".join(lines) + "\n")
-
-
-def format_text(report: dict) -> str:
-    lines = ["parameter                         fitted      prior   bounds"]
-    for k, v in report["params"].items():
-        lo, hi = report["bounds"][k]
-        lines.append(f"  {k:30} {v:9.4g} {report['priors'][k]:9.4g}   [{lo:g}, {hi:g}]")
-    ins, pri = report["in_sample"], report["priors_error"]
-    lines.append(f"rows fitted {report['rows_fitted']} (quality A+B), skipped {len(report['rows_skipped'])}; "
-                 f"fit {report['fit_seconds']:.1f} s")
-    lines.append(f"decode median |err|: priors {pri['decode']['median_abs_pct_err']:.1f} %, fitted in-sample "
-                 f"{ins['decode']['median_abs_pct_err']:.1f} % (p90 {ins['decode']['p90_abs_pct_err']:.1f} %)")
-    if ins["prefill"]["n"]:
-        lines.append(f"prefill median |err|: priors {pri['prefill']['median_abs_pct_err']:.1f} %, fitted in-sample "
-                     f"{ins['prefill']['median_abs_pct_err']:.1f} %")
-    cv = report.get("cross_validated")
-    if cv:
-        lines.append(f"leave-one-source-out ({len(cv['groups'])} sources): decode median |err| "
-                     f"{cv['decode']['median_abs_pct_err']:.1f} %, p90 {cv['decode']['p90_abs_pct_err']:.1f} %; "
-                     f"prefill median {cv['prefill']['median_abs_pct_err'] or float('nan'):.1f} %")
-        for c, v in cv["by_class"].items():
-            d, f = v["decode"], v["prefill"]
-            dd = f"{d['median_abs_pct_err']:6.1f} % ({d['n']})" if d["n"] else "      -   "
-            ff = f"{f['median_abs_pct_err']:6.1f} % ({f['n']})" if f["n"] else "-"
-            lines.append(f"  {c:4} decode {dd}   prefill {ff}")
-    return "\n".join(lines)
