@@ -23,9 +23,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import MoesimError
+from ..spec.limits import ARCH_BOUNDS
 
 
 _MAX_FILE_BYTES = 512 * 2**20
+_MAX_TOP_K = ARCH_BOUNDS["num_experts_per_tok"]
+_MAX_EXPERTS = ARCH_BOUNDS["n_routed_experts"]
+_MAX_LAYERS = ARCH_BOUNDS["num_hidden_layers"]
 
 
 @dataclass
@@ -70,7 +74,7 @@ def _assemble(path, by_req: dict, layers: list) -> list:
 
 def _ids(path, value, where):
     if not isinstance(value, list) or not value or not all(isinstance(x, int) and not isinstance(x, bool)
-                                                            and 0 <= x < 1 << 20 for x in value):
+                                                            and 0 <= x < _MAX_EXPERTS for x in value):
         raise _bad(path, f"{where}: expert ids must be a non-empty list of non-negative integers")
     return value
 
@@ -168,8 +172,19 @@ def _trace(path, reqs, layers, n_experts=None) -> Trace:
     top = {r.shape[2] for r in reqs}
     if len(top) != 1:
         raise _bad(path, f"requests disagree on top-k: {sorted(top)}")
+    k = top.pop()
+    if reqs[0].ndim != 3 or not 1 <= k <= _MAX_TOP_K:
+        raise _bad(path, f"top-k must be in [1, {_MAX_TOP_K}], got {k}")
     mx = int(max(r.max() for r in reqs)) + 1
-    return Trace(requests=reqs, layers=list(layers), top_k=top.pop(), n_experts=int(n_experts or mx), source=str(path))
+    if n_experts is not None:
+        if isinstance(n_experts, bool) or not isinstance(n_experts, int) or not mx <= n_experts <= _MAX_EXPERTS:
+            raise _bad(path, f"num_experts must be an integer in [{mx}, {_MAX_EXPERTS}] (the largest id + 1 "
+                             f"and the plausible maximum), got {n_experts!r}")
+    elif mx > _MAX_EXPERTS:
+        raise _bad(path, f"expert id {mx - 1} is above the plausible maximum {_MAX_EXPERTS - 1}")
+    if len(layers) > _MAX_LAYERS:
+        raise _bad(path, f"{len(layers)} logged layers is above the plausible maximum {_MAX_LAYERS}")
+    return Trace(requests=reqs, layers=list(layers), top_k=k, n_experts=int(n_experts or mx), source=str(path))
 
 
 def load(path) -> Trace:
@@ -189,12 +204,17 @@ def load(path) -> Trace:
         raise MoesimError(f"no such trace file: {path}", "trace")
     if os.path.getsize(path) > _MAX_FILE_BYTES:
         raise _bad(path, f"larger than {_MAX_FILE_BYTES >> 20} MiB")
-    if path.endswith(".jsonl"):
-        return _load_jsonl(path)
-    if path.endswith(".csv"):
-        arr, layers = _load_csv(path)
+    if not path.endswith((".jsonl", ".csv", ".json")):
+        raise _bad(path, "unknown trace format (expected .jsonl, .csv or .json)")
+    try:
+        if path.endswith(".jsonl"):
+            return _load_jsonl(path)
+        arr, layers = _load_csv(path) if path.endswith(".csv") else _load_gptoss(path)
         return _trace(path, [arr], layers)
-    if path.endswith(".json"):
-        arr, layers = _load_gptoss(path)
-        return _trace(path, [arr], layers)
-    raise _bad(path, "unknown trace format (expected .jsonl, .csv or .json)")
+    except MoesimError:
+        raise
+    except OSError as exc:
+        raise _bad(path, f"cannot read: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, ValueError, TypeError, AttributeError, KeyError, IndexError, RecursionError) as exc:
+        # a malformed file: ragged rows, wrong types where ids or layer names belong, bad encoding
+        raise _bad(path, f"malformed trace ({type(exc).__name__}: {str(exc)[:120]})") from None
