@@ -25,7 +25,6 @@ variants and their immutable tables), :mod:`.run` (driving the kernels over a ra
 from __future__ import annotations
 
 from .api import sweep
-from .distribute import _dask_chunk, _plan_for, _run_chunks
 from .group import Group, candidate_weights
 from .plan import OnceCache, Plan
 from .run import _empty_columns, run_chunk, run_range
@@ -40,4 +39,4 @@ __all__ = ["sweep", "read", "SweepTable", "Plan", "Group", "run_range", "run_chu
            "candidate_weights", "check_separable", "kind_row", "VariantTable", "DecodeVariants", "OnceCache",
            "AXES", "SLOW_AXES", "REQUIRED_AXES", "AXIS_DEFAULTS", "SECTIONS", "RUN_DEFAULTS", "FILTERABLE",
            "FORMATS", "SCHEMA_VERSION", "CATEGORICAL", "DECODE_COLUMNS", "MEMORY_COLUMNS", "FITS_LABELS", "RESOURCES",
-           "_empty_columns", "_dask_chunk", "_plan_for", "_run_chunks"]
+           "_empty_columns"]
