@@ -34,7 +34,9 @@ from moesim.engine import decode as KD
 from moesim.engine.lower import decode_model as LDM
 from moesim.engine.lower import machine as LHW
 from moesim.engine.reference import sweep as SR
-from moesim.analysis.sweep import Plan, _empty_columns, build_spec, make_machine_cached, normalize_spec, run_range
+from moesim.analysis.sweep.plan import Plan
+from moesim.analysis.sweep.run import _empty_columns, run_range
+from moesim.analysis.sweep.spec import build_spec, make_machine_cached, normalize_spec
 
 MACHINE = {"gpu": "rtx-4090", "host": "ddr5-6000x2", "host_mem_gb": 192, "name": "4090-192g"}
 BATCHES = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32]

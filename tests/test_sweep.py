@@ -20,7 +20,7 @@ from moesim.engine.lower import attention as ATT
 from moesim.engine.lower import decode_model as LDM
 from moesim.engine.lower import machine as LHW
 from moesim.engine.reference import sweep as SR
-from moesim.analysis.sweep import Plan, SweepTable, build_spec, machine_label, make_machine_cached, normalize_spec, read, run_range
+from moesim.analysis.sweep import Plan, SweepTable, build_spec, machine_label, make_machine_cached, normalize_spec, read, run_chunk, run_range
 from moesim.engine.lower.attention import ctx_eval, kv_read_fn, score_fn
 from moesim.analysis.sweep import sweep
 
@@ -366,3 +366,194 @@ def test_dask_local_cluster_output_identical(tmp_path):
     man = sweep(str(spec), out=out, local_workers=2)
     assert man["complete"]
     assert _digest(out) == _digest(ref)
+
+
+# ------------------------------------------------------------------------------------ threads
+# auto placement on a 64 GB host over a wide context range: almost every small chunk meets decode
+# variants (placement candidate x page-cache size x batch) its group has not lowered yet
+THREADED = dict(models=["deepseek-r1"], quants=["Q4_K_M"], machines=[M4090_SMALL], placements=["auto"],
+                contexts={"start": 256, "stop": 400000, "num": 300, "log": True}, batches=[1, 2, 3, 5, 8, 13, 21, 34],
+                chunk_size=48)
+
+
+@pytest.fixture
+def fast_switching():
+    """Hand the GIL over between threads as often as possible, so shared state interleaves."""
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    yield
+    sys.setswitchinterval(old)
+
+
+def _same_columns(a: dict, b: dict) -> bool:
+    return list(a) == list(b) and all(a[k].dtype == b[k].dtype and a[k].tobytes() == b[k].tobytes() for k in a)
+
+
+def test_threads_sharing_one_plan_equal_serial(fast_switching):
+    """Six Python threads run the chunks of one Plan at once, sharing its Group while its variant table
+    grows under them: every chunk equals the serial run byte for byte (before, a table re-sorted between
+    one thread's lookup and its kernel call gave wrong rows or a crash)."""
+    import random
+    import threading
+    serial_plan = _plan(**THREADED)
+    serial = [run_chunk(serial_plan, k) for k in range(serial_plan.n_chunks)]
+    assert len(serial_plan.group(0).table) > 100
+    for trial in range(2):
+        plan = _plan(**THREADED)
+        order = list(range(plan.n_chunks))
+        random.Random(trial).shuffle(order)
+        got, errors = {}, []
+        start = threading.Barrier(6)
+
+        def work(i):
+            try:
+                start.wait()
+                for k in order[i::6]:
+                    got[k] = run_chunk(plan, k)
+            except BaseException as exc:   # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        bad = [k for k in range(plan.n_chunks) if not _same_columns(serial[k], got[k])]
+        assert not bad, (trial, bad)
+
+
+def test_group_variant_table_grows_atomically(fast_switching):
+    """Threads adding overlapping sets of new variant keys to one Group: each gets back a table that
+    holds its keys, sorted, with rows equal to a serially built group's; the last table holds them all."""
+    import threading
+    plan = _plan(**THREADED)
+    grp = plan.group(0)
+    E, n_b = grp.E, plan.n_b
+    keys = sorted({(j * (E + 2) + E) * n_b + bi for j in range(0, 40, 3) for bi in range(n_b)})
+    sets = [keys[i::3] + keys[i + 1::5] for i in range(6)]          # overlapping
+    tables, errors = [None] * len(sets), []
+    start = threading.Barrier(len(sets))
+
+    def work(i):
+        try:
+            start.wait()
+            for part in (sets[i][::2], sets[i][1::2]):
+                tables[i] = grp.add_variants(part)
+                assert set(part) <= set(tables[i].keys.tolist())
+        except BaseException as exc:       # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(sets))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    ref = _plan(**THREADED).group(0)
+    ref_table = ref.add_variants(keys)
+    final = grp.table
+    assert final.keys.tolist() == keys == ref_table.keys.tolist()
+    for t in tables + [final]:
+        ks = t.keys.tolist()
+        assert ks == sorted(ks) and len(t.tables["variant_f64"]) == len(ks)
+        assert not t.keys.flags.writeable and not t.tables["variant_f64"].flags.writeable
+        idx = [keys.index(k) for k in ks]
+        assert t.tables["variant_f64"].tobytes() == ref_table.tables["variant_f64"][idx].tobytes()
+        # the i32 rows index kind rows, whose order follows which placement was lowered first
+        for row, k in zip(t.tables["variant_i32"], ks):
+            r = ref_table.tables["variant_i32"][keys.index(k)]
+            mine = t.tables["kind_f64"][row[0]:row[0] + row[1]]
+            theirs = ref_table.tables["kind_f64"][r[0]:r[0] + r[1]]
+            assert row[1] == r[1] and mine.tobytes() == theirs.tobytes()
+
+
+def test_dask_threaded_worker_equals_serial(tmp_path, fast_switching):
+    """One dask worker with four threads runs the chunks of one sweep concurrently (sharing the worker's
+    Plan and Group): the files equal a serial sweep's, byte for byte."""
+    pytest.importorskip("distributed")
+    from distributed import LocalCluster
+    from moesim.analysis.sweep import distribute
+    kw = dict(THREADED, contexts=dict(THREADED["contexts"], num=120))
+    sweep(**kw, out=tmp_path / "serial", threads=1)
+    distribute._PLANS.clear()
+    with LocalCluster(n_workers=1, threads_per_worker=4, processes=False, dashboard_address=None) as cluster:
+        man = sweep(**kw, out=tmp_path / "dask", scheduler=cluster.scheduler_address)
+        mem = sweep(**dict(kw, chunk_size=31), scheduler=cluster.scheduler_address)
+    assert man["complete"] and man["n_chunks"] > 15
+    assert _digest(tmp_path / "dask") == _digest(tmp_path / "serial")
+    ref = sweep(**dict(kw, chunk_size=31), threads=1)
+    assert _same_columns(mem.columns, ref.columns)
+
+
+# ------------------------------------------------------------------------------------ kernels
+def test_candidate_weights_come_from_the_memory_kernel():
+    """The weights per tier the sweep's memory tables hold are ms_memory.c's (and equal its Python twin)."""
+    from moesim.analysis.sweep import candidate_weights
+    from moesim.engine import memory as EMEM
+    from moesim.engine.lower.memory import configure
+    from moesim.engine.codes import CLASS_MTP, TIER_GPU, TIER_HOST
+    plan = _plan(models=["deepseek-r1", "gpt-oss-120b", "qwen3-next-80b-a3b"], quants=["Q4_K_M"],
+                 machines=[M4090, CPU, MAC], runtimes=["auto", "ktransformers"],
+                 placements=["auto", "offload-cache=16", "layers-gpu=7"], filter={"skip_inapplicable": True})
+    n = 0
+    for g in range(plan.n_groups):
+        grp = plan.group(g)
+        if grp.skip:
+            continue
+        pl = grp.mem_tables["places"]
+        cfg = configure(grp.m, grp.low, grp.machine, grp.rt, grp.cands[0], 1, 1, grp.kv, 0)
+        twin = candidate_weights(grp.low, grp.cands, cfg, engine="reference")
+        for j in range(0, len(grp.cands), 7):
+            p = grp.cands[j]
+            for k in ("w_gpu", "w_host", "routed_host", "any_gpu"):
+                assert pl[k][j] == twin[k][j], (grp.labels, str(p), k)
+            c = configure(grp.m, grp.low, grp.machine, grp.rt, p, 1, 1, grp.kv, 0)
+            c["embed_on_gpu"] = cfg["embed_on_gpu"]
+            bc = EMEM.evaluate(grp.low, c)["by_class"][0]
+            assert pl["w_gpu"][j] == sum(float(bc[k, TIER_GPU]) for k in range(CLASS_MTP + 1))
+            assert pl["w_host"][j] == sum(float(bc[k, TIER_HOST]) for k in range(CLASS_MTP + 1))
+            n += 1
+    assert n > 50
+
+
+def _attention_split(dm: dict, hw: dict, routing: dict, b: int) -> tuple:
+    """(full analytic step, step with attention zeroed + each layer's attention term as ms_decode.c times it)."""
+    from moesim.analysis.sweep.variants import _zeroed
+    cols = dict(batch=[b], tokens_per_step=[1], drafts=[0], accepted=[1.0], steps=[256], warmup=[32], policy=[0],
+                mode=[1], seed=[0], index=[0])
+    full = KD.run(dm, hw, routing, cols)["step_mean"][0]
+    split = KD.run(_zeroed(dm), hw, routing, cols)["step_mean"][0]
+    for l in range(len(dm["attn_bytes"])):
+        by = dm["attn_bytes"][l] + dm["shared_bytes"][l] + b * dm["kv_bytes"][l]
+        fl = b * (dm["attn_flops"][l] + dm["score_flops"][l] + dm["shared_flops"][l])
+        on = bool(dm["attn_on_gpu"][l])
+        split += max(by / (hw["gpu_bw"] if on else hw["host_bw"]), fl / (hw["gpu_flops"] if on else hw["cpu_flops"]))
+    return full, split
+
+
+def test_step_splits_into_attention_only_without_prefetch(monkeypatch):
+    """The analytic variants' split (step with attention zeroed + attention terms) is the step while no
+    layer prefetches, and is not once one does; a group built with prefetch on is refused."""
+    from moesim.errors import KernelError
+    from moesim.engine.lower import routing as LR
+    from moesim.analysis.sweep import check_separable
+    kw = dict(models=["qwen3-30b-a3b"], quants=["Q4_K_M"], machines=[M4090_SMALL], placements=["offload-cache=16"],
+              contexts=[32768], batches=[4])
+    grp = _plan(**kw).group(0)
+    assert not np.any(grp.routing["recall"])
+    p = grp.cands[0]
+    dm = LDM.lower_model(grp.m, grp.low, p, grp.machine, grp.rt, 32768, grp.kv, 4)
+    hw = LHW.lower_machine(grp.machine, grp.rt, p, grp.kernel_mix)
+    full, split = _attention_split(dm, hw, grp.routing, 4)
+    assert _close(split, full, 1e-12), (split, full)
+    prefetching = dict(grp.routing, recall=np.full(len(grp.routing["recall"]), 0.8))
+    full, split = _attention_split(dm, hw, prefetching, 4)
+    assert not _close(split, full, 1e-6), (split, full)
+    with pytest.raises(KernelError, match="prefetch"):
+        check_separable(prefetching)
+    orig = LR.lower
+    monkeypatch.setattr(LR, "lower", lambda dims, prof, seed=0, prefetch=False, **k: orig(dims, prof, seed, True, **k))
+    with pytest.raises(KernelError, match="prefetch off"):
+        _plan(**kw).group(0)
+    _plan(**kw, mode="montecarlo", tokens=16).group(0)     # Monte Carlo variants do not split the step

@@ -1,0 +1,82 @@
+"""``moesim.sweep(...)``: spec -> plan -> chunks (serial or dask) -> a table or a sweep directory."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from ... import __version__
+from ..._catalog import catalog_version
+from ...errors import unknown_id
+from ...spec.hardware import Machine
+from .distribute import _Progress, _run_chunks
+from .plan import Plan
+from .spec import _count, _err, build_spec, normalize_spec
+from .store import FORMATS, _finish, _pending, _prepare_out
+from .table import SweepTable, _concat
+
+
+def _in_memory(plan: Plan, fmt: str, threads: int, scheduler, local_workers, progress: bool) -> SweepTable:
+    bar = _Progress(plan.total, progress)
+    try:
+        res = _run_chunks(plan, list(range(plan.n_chunks)), None, fmt, threads, scheduler, local_workers, bar)
+    finally:
+        bar.close()
+    cols = _concat([res[k] for k in range(plan.n_chunks)], plan.columns)
+    return SweepTable(cols, plan.dicts, {"moesim": __version__, "catalog": catalog_version(),
+                                         "seed": plan.run["seed"], "spec_hash": plan.hash, "mode": plan.mode})
+
+
+def _to_directory(plan: Plan, out, fmt: str, threads: int, scheduler, local_workers, progress: bool) -> dict:
+    outp = Path(out)
+    done = _prepare_out(outp, plan, fmt)
+    if done is not None:
+        return dict(done, already_complete=True)
+    pending = _pending(outp, plan, fmt)
+    bar = _Progress(plan.total, progress)
+    todo = set(pending)
+    bar.update(sum(plan.chunk_len(k) for k in range(plan.n_chunks) if k not in todo))
+    try:
+        _run_chunks(plan, pending, outp, fmt, threads, scheduler, local_workers, bar)
+    finally:
+        bar.close()
+    return _finish(outp, plan, fmt)
+
+
+def sweep(spec=None, *, models=None, quants=None, machines=None, runtimes=None, kv_dtypes=None, placements=None,
+          policies=None, contexts=None, batches=None, zip=None, filter=None, mode=None, seed=None, chunk_size=None,
+          prompt=None, tokens=None, warmup=None, out=None, format: str = "parquet", threads: int | None = None,
+          scheduler: str | None = None, local_workers: int | None = None, progress: bool | None = None):
+    """Evaluate a grid of configurations (DESIGN §4 ``moesim.sweep``).
+
+    Axes (lists; contexts/batches also ``{start, stop, num, log}`` ranges): ``models``, ``quants``,
+    ``machines`` (catalog ids or dicts of :func:`moesim.machine` arguments, or Machine objects),
+    ``runtimes``, ``kv_dtypes``, ``placements`` (``"auto"`` = what the runtime's own fitting picks, per
+    configuration), ``policies``, ``contexts``, ``batches``; ``zip=[["models", "quants"]]`` varies axes
+    together; ``filter={"fits": True}`` keeps configurations that fit. ``mode`` is ``"analytic"`` or
+    ``"montecarlo"`` (stream (seed, global index) per configuration).
+
+    Without ``out``: returns a :class:`SweepTable`. With ``out``: writes chunk files and a manifest to
+    that directory (resumable; see :mod:`moesim.analysis.sweep`) and returns the manifest dict.
+    ``threads`` (default: every core; one per dask worker) never changes results, nor do ``scheduler`` /
+    ``local_workers`` (dask.distributed)."""
+    if machines is not None and isinstance(machines, Machine):
+        machines = [machines]
+    s = build_spec(spec, models=models, quants=quants, machines=machines, runtimes=runtimes, kv_dtypes=kv_dtypes,
+                   placements=placements, policies=policies, contexts=contexts, batches=batches, zip=zip,
+                   filter=filter, mode=mode, seed=seed, chunk_size=chunk_size, prompt=prompt, tokens=tokens,
+                   warmup=warmup)
+    if format not in FORMATS:
+        raise unknown_id("format", format, FORMATS, "format")
+    distributed = scheduler is not None or bool(local_workers)
+    threads = _count(threads, "threads") if threads is not None else (1 if distributed else os.cpu_count() or 1)
+    if scheduler is not None and local_workers:
+        raise _err("scheduler", "give either a scheduler address or local_workers, not both")
+    if local_workers is not None:
+        local_workers = _count(local_workers, "local_workers", 0)
+    plan = Plan(normalize_spec(s))
+    if progress is None:
+        progress = bool(out) and sys.stderr.isatty() and plan.total > plan.chunk_size
+    if out is None:
+        return _in_memory(plan, format, threads, scheduler, local_workers, progress)
+    return _to_directory(plan, out, format, threads, scheduler, local_workers, progress)

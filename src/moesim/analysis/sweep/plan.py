@@ -1,0 +1,204 @@
+"""The plan of a sweep: its grid (zipped axes vary together), the groups of configurations that share
+everything but context and batch, the chunks, the categorical dictionaries, and every combination
+resolved (or refused) once."""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+import numpy as np
+
+from ...engine.lower.memory import default_kv_dtype, lower
+from ...engine.lower.placement import placement_candidates
+from ...errors import MoesimError
+from ...ingest import model as get_model
+from ...spec import quants as Q
+from ...spec.runtimes import default_runtime, runtime as get_runtime
+from .group import Group
+from .spec import SLOW_AXES, _err, expand_int_axis, machine_label, make_machine_cached, spec_hash
+from .table import CATEGORICAL, FITS_LABELS, RESOURCES, column_names
+
+
+class OnceCache:
+    """A small LRU map whose values are built once per key even when several threads ask at once (the
+    first builds, the others wait for it and share the value)."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._items: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+        self._building: dict = {}
+
+    def _hit(self, key):
+        if key in self._items:
+            self._items.move_to_end(key)
+            return True, self._items[key]
+        return False, None
+
+    def get(self, key, build):
+        with self._lock:
+            found, value = self._hit(key)
+            if found:
+                return value
+            building = self._building.setdefault(key, threading.Lock())
+        with building:
+            with self._lock:
+                found, value = self._hit(key)
+                if found:
+                    return value
+            value = build()
+            with self._lock:
+                self._items[key] = value
+                self._building.pop(key, None)
+                while len(self._items) > self.size:
+                    self._items.popitem(last=False)
+            return value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+
+class Plan:
+    """The grid of a normalized spec: dimensions (zips vary together), groups, chunks, dictionaries.
+
+    Read-only once built, except its cache of lowered groups (:meth:`group`), which is safe to use
+    from several threads."""
+
+    def __init__(self, norm: dict):
+        self.norm = norm
+        self.hash = spec_hash(norm)
+        ax = norm["axes"]
+        self.run = norm["run"]
+        self.mode = self.run["mode"]
+        self.contexts = expand_int_axis(ax["contexts"])
+        self.batches = expand_int_axis(ax["batches"])
+        if self.batches.max() > 2**30:
+            raise _err("axes.batches", f"batch {int(self.batches.max())} exceeds 2^30")
+        self.values = {a: ax[a] for a in SLOW_AXES}
+        zipped = {a: tuple(g) for g in norm["zip"] for a in g}
+        dims, done = [], set()
+        for a in SLOW_AXES:
+            if a in done:
+                continue
+            grp = zipped.get(a, (a,))
+            done.update(grp)
+            dims.append((grp, len(self.values[grp[0]])))
+        self.dims = dims
+        self.n_groups = int(np.prod([n for _, n in dims], dtype=np.int64)) if dims else 1
+        self.fast_zipped = "contexts" in zipped
+        self.n_c, self.n_b = len(self.contexts), len(self.batches)
+        if self.fast_zipped and self.n_c != self.n_b:
+            raise _err("zip", f"zipped contexts ({self.n_c}) and batches ({self.n_b}) differ in length "
+                              "after expanding ranges")
+        self.block = self.n_c if self.fast_zipped else self.n_c * self.n_b
+        self.total = self.n_groups * self.block
+        self.chunk_size = self.run["chunk_size"]
+        self.n_chunks = max(1, -(-self.total // self.chunk_size))
+        self.columns = column_names(self.mode)
+        self._groups = OnceCache(8)
+        self._check_combinations()
+
+    # ---------------------------------------------------------------- indices
+    def group_axes(self, g: int) -> dict:
+        """Axis index per slow axis of group g (last dimension fastest)."""
+        idx = {}
+        rest = g
+        for grp, n in reversed(self.dims):
+            rest, i = divmod(rest, n)
+            for a in grp:
+                idx[a] = i
+        return idx
+
+    def chunk_bounds(self, k: int) -> tuple:
+        """Global configuration indices [start, end) of chunk k."""
+        start = k * self.chunk_size
+        return start, min(self.total, start + self.chunk_size)
+
+    def chunk_len(self, k: int) -> int:
+        start, end = self.chunk_bounds(k)
+        return end - start
+
+    # ---------------------------------------------------------------- combinations and dictionaries
+    def _check_combinations(self):
+        """Resolve every (model, quant), (model, machine, placement) and runtime/KV combination once:
+        inapplicable ones are errors naming them, or skipped with filter.skip_inapplicable."""
+        skip = self.norm["filter"].get("skip_inapplicable", False)
+        v = self.values
+        self.bad: dict = {}
+        self.dicts = {k: [] for k in CATEGORICAL}
+        self._codes = {k: {} for k in CATEGORICAL}
+        self.resolved: dict = {}
+        for mi, mid in enumerate(v["models"]):
+            m = get_model(mid)
+            self._code("model", m.id)
+            for qi, qname in enumerate(v["quants"]):
+                try:
+                    q = Q.resolve(qname, m)
+                    lower(m, q)
+                except MoesimError as exc:
+                    self._bad(("mq", mi, qi), skip, f"axes.quants[{qi}]",
+                              f"{qname!r} does not apply to {m.id}: {exc}")
+                    continue
+                self.resolved[("q", mi, qi)] = q
+                self._code("quant", q.id)
+                for hi, hv in enumerate(v["machines"]):
+                    self._check_machine(m, mi, q, qi, hi, hv, skip)
+        for hv in v["machines"]:
+            self._code("machine", machine_label(hv))
+        for p in v["policies"]:
+            self._code("policy", p)
+        for lab in FITS_LABELS:
+            self._code("fits", lab)
+        self.fits_codes = np.array([[self._codes["fits"][FITS_LABELS[b]] for b in range(8)],
+                                    [self._codes["fits"][FITS_LABELS[7 + b] if b else "no"] for b in range(8)]],
+                                   dtype=np.int32)
+        for r in RESOURCES:
+            self._code("bottleneck", r)
+
+    def _check_machine(self, m, mi: int, q, qi: int, hi: int, hv, skip: bool) -> None:
+        """Runtimes, KV dtypes and placement candidates of one (model, quant, machine)."""
+        v = self.values
+        mach = make_machine_cached(hv)
+        for ri, rname in enumerate(v["runtimes"]):
+            rt = default_runtime(q, mach) if rname == "auto" else get_runtime(rname, model=m.id)
+            self.resolved[("rt", mi, qi, hi, ri)] = rt
+            self._code("runtime", rt.id)
+            for ki, kname in enumerate(v["kv_dtypes"]):
+                kv = Q.canonical_kv_dtype(default_kv_dtype(q, rt, m) if kname == "auto" else kname)
+                self.resolved[("kv", mi, qi, hi, ri, ki)] = kv
+                self._code("kv_dtype", kv)
+            for pi, pname in enumerate(v["placements"]):
+                key = ("p", mi, hi, pi, rt.id)
+                if key in self.resolved or ("mhp", mi, hi, pi) in self.bad:
+                    continue
+                try:
+                    cands, rule = placement_candidates(m, mach, rt, pname)
+                except MoesimError as exc:
+                    self._bad(("mhp", mi, hi, pi), skip, f"axes.placements[{pi}]",
+                              f"{pname!r} on {m.id} / {machine_label(hv)}: {exc}")
+                    continue
+                self.resolved[key] = (cands, rule)
+                for p in cands:
+                    self._code("placement", str(p))
+
+    def _bad(self, key, skip: bool, where: str, message: str):
+        if not skip:
+            raise _err(where, message + " (set filter.skip_inapplicable = true to drop such combinations)")
+        self.bad[key] = message
+
+    def _code(self, col: str, value: str) -> int:
+        codes = self._codes[col]
+        if value not in codes:
+            codes[value] = len(self.dicts[col])
+            self.dicts[col].append(value)
+        return codes[value]
+
+    def skipped(self, ix: dict) -> bool:
+        return (("mq", ix["models"], ix["quants"]) in self.bad
+                or ("mhp", ix["models"], ix["machines"], ix["placements"]) in self.bad)
+
+    # ---------------------------------------------------------------- groups
+    def group(self, g: int):
+        """Group g's lowered tables, built once (by one thread) and shared; the eight most recent are kept."""
+        return self._groups.get(g, lambda: Group(self, g))

@@ -1,0 +1,246 @@
+"""A group's decode variants: one per (placement candidate, host page-cache slots, batch), keyed
+``(j * (E + 2) + page_slots) * n_batches + batch_index``.
+
+An analytic variant is the analytic kernel's step with attention zeroed plus, per attention kind, the
+terms whose time depends on context (``ms_sweep_kind_t``), evaluated per configuration in C. That split
+is exact only while no layer prefetches (:func:`check_separable`). A Monte Carlo variant is a lowered
+decode model the kernel runs per configuration.
+
+Variants are lowered on demand. The table the kernels read is an immutable :class:`VariantTable`
+snapshot: growth happens under a lock and builds a new table, swapped in with one assignment, so a
+thread that resolved its rows against one table evaluates them with that same table while others grow
+the group."""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from types import MappingProxyType
+
+import numpy as np
+
+from ...errors import KernelError
+from ...spec.placement import Placement
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
+
+
+@dataclass(frozen=True)
+class VariantTable:
+    """One consistent state of a group's decode variants: the sorted keys, the kernel's input tables
+    (variant rows in key order; read-only) and the ``_kernel.SweepDecode`` built from them."""
+
+    keys: np.ndarray
+    tables: "MappingProxyType | None"
+    dec: object
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+EMPTY = VariantTable(_frozen(np.zeros(0, dtype=np.int64)), None, None)
+
+
+def check_separable(routing: dict) -> None:
+    """Refuse analytic variants where step time does not split into (attention zeroed) + attention.
+
+    ms_decode.c's step_time raises layer l-1's time to the copy time of layer l's prefetched experts
+    (``max(copy, layer time)``), which couples attention time to expert copies: with prefetch on the
+    zeroed step plus the attention terms is not the step. Prefetch happens exactly where the routing
+    recall is positive, so every layer's recall must be 0."""
+    recall = np.asarray(routing.get("recall", ()), dtype=np.float64)
+    if recall.size and np.any(recall != 0.0):
+        layers = np.flatnonzero(recall != 0.0)
+        raise KernelError("sweep: analytic decode variants need prefetch off (step time = step with attention "
+                          f"zeroed + attention terms holds only then); routing recall > 0 in layers "
+                          f"{layers[:8].tolist()}")
+
+
+def kind_row(n: int, on_gpu: bool, ab: float, af: float, fn: int, hw: dict) -> tuple:
+    """Precomputed decode coefficients of one attention kind (ms_sweep_kind_t; ab: attention + shared
+    weight bytes, af: their FLOPs per token)."""
+    bw = hw["gpu_bw"] if on_gpu else hw["host_bw"]
+    fl = hw["gpu_flops"] if on_gpu else hw["cpu_flops"]
+    f64 = [float(n), ab / bw, 1.0 / bw, af / fl, 1.0 / fl]
+    return f64, [0, 1, fn] if on_gpu else [2, 3, fn]
+
+
+def _zeroed(dm: dict) -> dict:
+    z = dict(dm)
+    for k in ("attn_bytes", "attn_flops", "kv_bytes", "score_flops", "shared_bytes", "shared_flops"):
+        z[k] = np.zeros_like(np.asarray(dm[k], dtype=np.float64))
+    return z
+
+
+class DecodeVariants:
+    """The growing set of a group's decode variants and their current :class:`VariantTable`."""
+
+    def __init__(self, group):
+        self.group = group
+        self.mc = group.plan.mode == "montecarlo"
+        if not self.mc:
+            check_separable(group.routing)
+        self._lock = threading.Lock()
+        self._rows: dict = {}           # key -> (f64[13], i32[3]): a row of ms_sweep_variant_t
+        self._kind_rows: list = []      # (f64[5], i32[3]) rows of ms_sweep_kind_t
+        self._mc_models: list = []
+        self._mc_machines: list = []
+        self._dm: dict = {}
+        self._hw: dict = {}
+        self._kinds: dict = {}
+        self._prefill: dict = {}
+        self.table = EMPTY
+
+    def decode_key(self, key: int) -> tuple:
+        n_b = self.group.plan.n_b
+        rest, bi = divmod(int(key), n_b)
+        j, ps = divmod(rest, self.group.E + 2)
+        return j, ps, bi
+
+    # ---------------------------------------------------------------- reading
+    def resolve(self, keys: np.ndarray, variant: np.ndarray) -> VariantTable:
+        """Fill ``variant`` with each key's row index, lowering unknown keys first; returns the table
+        those indices refer to (evaluate with its ``dec``, not with a later table)."""
+        from ...engine import _kernel
+        table = self.table
+        for _ in range(1000):
+            unknown, missing = _kernel.sweep_lookup(keys, table.keys, variant)
+            if unknown == 0:
+                return table
+            table = self.add(missing)
+        raise KernelError("sweep: variant lookup did not converge")
+
+    # ---------------------------------------------------------------- growing
+    def add(self, keys) -> VariantTable:
+        """Lower the variants of these keys (one analytic kernel run per placement and page-cache size)
+        and swap in a table holding them; returns that table."""
+        with self._lock:
+            new = sorted(set(int(k) for k in keys) - self._rows.keys())
+            if new:
+                self._lower(new)
+                self.table = self._build()
+            return self.table
+
+    def _lower(self, new: list) -> None:
+        g = self.group
+        todo: dict = {}
+        for key in new:
+            j, ps, bi = self.decode_key(key)
+            if not (0 <= j < len(g.cands)) or not (0 <= bi < g.plan.n_b):
+                raise KernelError(f"sweep: bad variant key {key}")
+            b = int(g.plan.batches[bi])
+            _, _, flag = self._lowered(j, b)
+            todo.setdefault((j, flag, ps), []).append((key, b))
+        for (j, flag, ps), items in todo.items():
+            self._lower_rows(j, flag, ps, items)
+
+    def _lower_rows(self, j: int, flag: bool, ps: int, items: list) -> None:
+        """Variant rows of candidate j at page-cache size ps for (key, batch) items sharing one model."""
+        from ...engine.decode import run
+        g = self.group
+        run_cfg = g.plan.run
+        dm, hw, _ = self._lowered(j, items[0][1])
+        dm = dict(dm)
+        dm["page_slots"] = np.full(g.m.n_layers, ps, dtype=np.int32)
+        pf0 = self._prefill_time(j, flag, dm, hw)
+        kind0, nk = self._kind_slice(j, dm, hw)
+        res = None
+        mc_index = -1
+        if self.mc:
+            mc_index = len(self._mc_models)
+            self._mc_models.append(dm)
+            self._mc_machines.append(hw)
+        else:
+            n = len(items)
+            cols = dict(batch=[b for _, b in items], tokens_per_step=[1] * n, drafts=[0] * n, accepted=[1.0] * n,
+                        steps=[run_cfg["tokens"]] * n, warmup=[run_cfg["warmup"]] * n, policy=[g.policy] * n,
+                        mode=[1] * n, seed=[run_cfg["seed"]] * n, index=[0] * n)
+            res = run(_zeroed(dm), hw, g.routing, cols)
+        for i, (key, _) in enumerate(items):
+            f64 = np.zeros(13)
+            if res is not None:
+                f64[0] = res["step_mean"][i]
+                f64[1:9] = res["by_resource"][i]
+                f64[9] = res["accepted"][i]
+                f64[11] = res["hit_rate"][i]
+            else:
+                f64[9] = 1.0
+                f64[11] = -1.0
+            f64[10] = 1e3 / f64[9]
+            f64[12] = pf0
+            self._rows[key] = (f64, np.array([kind0, nk, mc_index], dtype=np.int32))
+
+    def _op_offload(self, p: Placement, tokens_per_step: int) -> bool:
+        """decode.lower_model's choice to copy CPU experts to the GPU at this step size (the one thing
+        about a placement's lowered model that depends on the batch)."""
+        from ...engine.lower.decode_model import op_offload_threshold
+        g = self.group
+        cpu_only = p.kind == "cpu-only" or g.machine.n_gpus == 0
+        return not cpu_only and tokens_per_step >= op_offload_threshold(g.rt, g.m)
+
+    def _lowered(self, j: int, b: int) -> tuple:
+        from ...engine.lower.decode_model import lower_model
+        from ...engine.lower.machine import lower_machine
+        g = self.group
+        p = g.cands[j]
+        flag = self._op_offload(p, b)
+        if (j, flag) not in self._dm:
+            self._dm[(j, flag)] = lower_model(g.m, g.low, p, g.machine, g.rt, 1, g.kv, b)
+        if j not in self._hw:
+            self._hw[j] = lower_machine(g.machine, g.rt, p, g.kernel_mix)
+        return self._dm[(j, flag)], self._hw[j], flag
+
+    def _prefill_time(self, j: int, flag: bool, dm: dict, hw: dict) -> float:
+        # the prompt is prefilled from an empty cache, so its time does not depend on the swept context
+        from ...engine.prefill import prefill
+        if (j, flag) not in self._prefill:
+            g = self.group
+            self._prefill[(j, flag)] = prefill(g.m, dm, hw, g.routing, g.rt, g.plan.run["prompt"], 1)[1]
+        return self._prefill[(j, flag)]
+
+    def _kind_slice(self, j: int, dm: dict, hw: dict) -> tuple:
+        if j in self._kinds:
+            return self._kinds[j]
+        g = self.group
+        on_gpu = np.asarray(dm["attn_on_gpu"])
+        table: dict = {}
+        for l in range(g.m.n_layers):
+            key = (bool(on_gpu[l]), float(dm["attn_bytes"][l] + dm["shared_bytes"][l]),
+                   float(dm["attn_flops"][l] + dm["shared_flops"][l]), int(g.layer_fn[l]))
+            table[key] = table.get(key, 0) + 1
+        start = len(self._kind_rows)
+        for (on, ab, af, fn), n in table.items():
+            self._kind_rows.append(kind_row(n, on, ab, af, fn, hw))
+        self._kinds[j] = (start, len(table))
+        return self._kinds[j]
+
+    # ---------------------------------------------------------------- the table
+    def _build(self) -> VariantTable:
+        """A new table over every variant lowered so far (the kernel indexes variants in sorted-key order)."""
+        from ...engine import _kernel
+        g = self.group
+        keys = np.array(sorted(self._rows), dtype=np.int64)
+        rows = [self._rows[k] for k in keys.tolist()]
+        kr = self._kind_rows
+        t = dict(variant_f64=np.array([r[0] for r in rows]).reshape(-1, 13),
+                 variant_i32=np.array([r[1] for r in rows]).reshape(-1, 3),
+                 kind_f64=np.array([r[0] for r in kr]).reshape(-1, 5),
+                 kind_i32=np.array([r[1] for r in kr], dtype=np.int32).reshape(-1, 3),
+                 fn_kv_f=np.array([f[0][0] for f in g.fns]).reshape(-1, 5),
+                 fn_kv_c=np.array([f[0][1] for f in g.fns], dtype=np.int64).reshape(-1, 4),
+                 fn_sf_f=np.array([f[1][0] for f in g.fns]).reshape(-1, 5),
+                 fn_sf_c=np.array([f[1][1] for f in g.fns], dtype=np.int64).reshape(-1, 4),
+                 prompt=float(g.plan.run["prompt"]))
+        if self.mc:
+            run_cfg = g.plan.run
+            t["mc"] = MappingProxyType(dict(
+                layer_fn=g.layer_fn, models=tuple(self._mc_models), machines=tuple(self._mc_machines),
+                routing=g.routing, steps=run_cfg["tokens"], warmup=run_cfg["warmup"], policy=g.policy,
+                seed=run_cfg["seed"]))
+        for v in t.values():
+            if isinstance(v, np.ndarray):
+                _frozen(v)
+        dec = _kernel.SweepDecode(t)
+        return VariantTable(_frozen(keys), MappingProxyType(t), dec)
