@@ -26,6 +26,7 @@ from moesim.spec.runtimes import default_runtime, runtime as get_runtime
 from moesim._catalog import load as load_catalog
 from moesim._search import largest_true
 from moesim.analysis import resolve as RES
+from moesim.engine.lower.placement import memory_tables
 from moesim.engine import prefill as PF
 from moesim.engine.codes import EXP_CPU, EXP_FETCH, EXP_GPU, EXP_NONE, EXP_SPLIT
 from moesim.engine.codes import SWEEP_FIXED
@@ -350,7 +351,7 @@ def test_auto_placement_kernel_equals_python_twin_of_choose():
         m, low, rt, kv = _auto_case(mid, "Q4_K_M", machine, runtime, 1, 1, mtp)
         cands, rule = placement_candidates(m, machine, rt, "auto")
         assert rule != SWEEP_FIXED
-        t = RES.placement_tables(m, low, machine, rt, kv, mtp, cands, rule)
+        t = memory_tables(m, low, machine, rt, kv, cands, rule, mtp=mtp)
         for ctx in (1, 2048, 40000, m.max_context):
             for b in (1, 5):
                 got = RES.auto_placement(m, low, machine, rt, ctx, b, kv, mtp)
@@ -363,10 +364,10 @@ def test_auto_placement_kernel_rejects_bad_input():
     machine = _machine("desktop-4090")
     m, low, rt, kv = _auto_case("qwen3-30b-a3b", "Q4_K_M", machine, None, 1, 1, 0)
     cands, rule = placement_candidates(m, machine, rt, "auto")
-    mem = _kernel.SweepMemory(RES.placement_tables(m, low, machine, rt, kv, 0, cands, rule))
+    mem = _kernel.SweepMemory(memory_tables(m, low, machine, rt, kv, cands, rule))
     assert _kernel.auto_placement(mem, 0, 1)[0] == CODES.ERR_BAD_CONTEXT
     assert _kernel.auto_placement(mem, 1, 0)[0] == CODES.ERR_BAD_SIZE
-    t = RES.placement_tables(m, low, machine, rt, kv, 0, cands, rule)
+    t = memory_tables(m, low, machine, rt, kv, cands, rule)
     t["i_layers_gpu"] = len(cands)                            # candidate index out of range
     code, _ = _kernel.auto_placement(_kernel.SweepMemory(t), 1, 1)
     assert code == CODES.ERR_BAD_SWEEP

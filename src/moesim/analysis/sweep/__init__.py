@@ -25,7 +25,8 @@ variants and their immutable tables), :mod:`.run` (driving the kernels over a ra
 from __future__ import annotations
 
 from .api import sweep
-from .group import Group, candidate_weights
+from ...engine.lower.placement import candidate_weights
+from .group import Group
 from .plan import OnceCache, Plan
 from .run import _empty_columns, run_chunk, run_range
 from .spec import (AXES, AXIS_DEFAULTS, FILTERABLE, REQUIRED_AXES, RUN_DEFAULTS, SECTIONS, SLOW_AXES, build_spec,

@@ -7,9 +7,12 @@ experts per layer on the GPU as fit; served runtimes: all on the GPU or nothing.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ...spec.hardware import Machine
 from ...spec.placement import Placement, parse as parse_placement
-from ..codes import SWEEP_AUTO_KT, SWEEP_AUTO_LLAMA, SWEEP_FIXED
+from ..codes import (CLASS_BUFFERS, CLASS_MTP, CLASS_ROUTED, SWEEP_AUTO_KT, SWEEP_AUTO_LLAMA, SWEEP_FIXED, TIER_GPU,
+                     TIER_HOST, placement_code)
 
 
 def placement_candidates(m, mach: Machine, rt, spec: str) -> tuple:
@@ -33,3 +36,107 @@ def placement_candidates(m, mach: Machine, rt, spec: str) -> tuple:
     if E:
         cands.append(Placement("experts-cpu"))
     return cands, SWEEP_AUTO_LLAMA
+
+
+# =============================================================================== the C choose()'s tables
+# The ms_sweep_mem_t fields of one configuration (csrc/moesim.h) that do not vary with context or batch.
+MEM_CFG_KEYS = ("kv_bytes_per_elem", "mtp", "n_gpus", "gpu_capacity", "host_capacity", "storage_capacity",
+                "storage_spill", "embed_on_gpu", "kv_granularity", "gpu_fixed", "gpu_buf0", "gpu_buf_ctx",
+                "host_fixed", "host_buf0", "host_buf_ctx")
+_WEIGHT_ROWS = tuple(range(CLASS_MTP + 1))   # the weight classes, as ms_memory.c sums them
+
+
+def candidate_weights(low, cands, cfg: dict, mtp: int = 0, engine: str = "c") -> dict:
+    """Weight bytes per tier of each candidate placement, from the memory kernel (ms_memory.c account(),
+    through :func:`moesim.engine.memory.evaluate`): configuration ``cfg`` (the all-GPU one: its
+    embeddings rule) with each candidate's placement, at context 1 and batch 1, MTP modules loaded when
+    *mtp* (on the output head's tier, as the kernel counts them).
+
+    ``w_gpu`` / ``w_host``: the weight classes summed per tier in the kernel's class order;
+    ``routed_host``: routed experts in host RAM; ``any_gpu``: whether the kernel places anything on the
+    GPU, which is exactly when it reserves GPU compute buffers -- read from a probe of one GPU with one
+    byte of fixed buffer (weights do not depend on GPU count, buffers or capacities; capacities of 0
+    make the kernel's max-context/max-batch searches stop at once)."""
+    from ..memory import evaluate
+    n = len(cands)
+    cols = {k: np.full(n, v) for k, v in cfg.items()}
+    cols.update(context=np.ones(n, dtype=np.int64), batch=np.ones(n, dtype=np.int64),
+                mtp=np.full(n, 1 if mtp else 0, dtype=np.int64),
+                placement=np.array([placement_code(p) for p in cands], dtype=np.int64),
+                placement_arg=np.array([max(0, p.arg) for p in cands], dtype=np.int64),
+                n_gpus=np.ones(n, dtype=np.int64), gpu_fixed=np.ones(n), gpu_buf0=np.zeros(n), gpu_buf_ctx=np.zeros(n),
+                gpu_capacity=np.zeros(n), host_capacity=np.zeros(n), storage_spill=np.zeros(n, dtype=np.int64))
+    bc = evaluate(low, cols, engine=engine)["by_class"]
+    w_gpu, w_host = [], []
+    for j in range(n):
+        g = h = 0.0
+        for k in _WEIGHT_ROWS:
+            g += float(bc[j, k, TIER_GPU])
+            h += float(bc[j, k, TIER_HOST])
+        w_gpu.append(g)
+        w_host.append(h)
+    return {"w_gpu": w_gpu, "w_host": w_host, "routed_host": [float(x) for x in bc[:, CLASS_ROUTED, TIER_HOST]],
+            "any_gpu": [int(x > 0.0) for x in bc[:, CLASS_BUFFERS, TIER_GPU]]}
+
+
+def _kv_kinds(low, kvb: float, L: int) -> tuple:
+    """Layers grouped by their cache bytes rule: (kind rows, kind of each layer)."""
+    kinds, kind_of = {}, np.empty(L, dtype=np.int64)
+    for l in range(L):
+        key = (float(low.kv_elems[l] * kvb + low.kv_fixed[l]), int(low.kv_cap[l]), int(low.kv_ratio[l]),
+               float(low.kv_ratio_elems[l] * kvb + low.kv_ratio_fixed[l]), float(low.kv_state[l]))
+        kind_of[l] = kinds.setdefault(key, len(kinds))
+    return list(kinds), kind_of
+
+
+def _layer_counts(kind_of: np.ndarray, K: int, L: int, n_mtp: int) -> tuple:
+    """Layers of each kind (count) and, per KV layout, those on the GPU: layout 0 every layer, 1 none
+    (cpu-only), 2 + k layers-gpu = k. MTP modules cache like the last layer, on the output head's tier
+    (host for cpu-only and layers-gpu = 0), as ms_memory.c counts them."""
+    count = np.bincount(kind_of, minlength=K).astype(np.int32)
+    gpu_count = np.zeros((L + 3, K), dtype=np.int32)
+    gpu_count[0] = count
+    for k in range(1, L + 1):
+        gpu_count[2 + k] = np.bincount(kind_of[L - k:], minlength=K)
+    if n_mtp:
+        last = kind_of[L - 1]
+        count[last] += n_mtp
+        gpu_count[0, last] += n_mtp
+        gpu_count[3:, last] += n_mtp
+    return count, gpu_count
+
+
+def memory_tables(m, low, machine: Machine, rt, kv: str, cands: list, rule: int, mtp: int = 0,
+                  labels=None, fits_label=None) -> dict:
+    """The group table of ms_sweep_mem_t (what the C ``choose()`` and the sweep memory loop read) for one
+    model, quant, machine, runtime and KV dtype over candidate placements, MTP modules loaded when
+    *mtp*. *labels*: each candidate's output code (default its index); *fits_label*: the fits-bits ->
+    output code map (default all 0). Used by sweeps (analysis.sweep.group) and fit's auto placement."""
+    from ...spec import quants as Q
+    from .memory import configure
+    L = m.n_layers
+    rows, kind_of = _kv_kinds(low, Q.kv_dtype_bytes(kv), L)
+    n_mtp = int(low.mtp_layers) if mtp else 0
+    count, gpu_count = _layer_counts(kind_of, len(rows), L, n_mtp)
+    full = [configure(m, low, machine, rt, p, 1, 1, kv, 1 if n_mtp else 0)
+            for p in (Placement("all-gpu"), Placement("cpu-only"))]
+    cfgs = [{k: c[k] for k in MEM_CFG_KEYS} for c in full]
+    w = candidate_weights(low, cands, full[0], n_mtp)
+    pl = {k: [] for k in ("code", "arg", "layout", "cfg", "any_gpu", "label", "w_gpu", "w_host", "routed_host")}
+    first = {"all-gpu": -1, "n-cpu-moe": -1, "layers-gpu": -1, "cpu-only": -1, "experts-cpu": -1, "gpu-experts": -1}
+    for j, p in enumerate(cands):
+        if first.get(p.kind, 0) == -1:
+            first[p.kind] = j
+        pl["code"].append(placement_code(p))
+        pl["arg"].append(max(0, p.arg))
+        pl["layout"].append(1 if p.kind == "cpu-only" else (2 + p.arg if p.kind == "layers-gpu" else 0))
+        pl["cfg"].append(1 if p.kind == "cpu-only" or machine.n_gpus == 0 else 0)
+        pl["label"].append(int(labels[j]) if labels is not None else j)
+        for k in ("any_gpu", "w_gpu", "w_host", "routed_host"):
+            pl[k].append(w[k][j])
+    return dict(per_token=[r[0] for r in rows], cap=[r[1] for r in rows], ratio=[r[2] for r in rows],
+                ratio_bytes=[r[3] for r in rows], state=[r[4] for r in rows], count=count, gpu_count=gpu_count,
+                max_context=int(low.max_context), cfg=cfgs, places=pl, rule=rule, n_layers=L, n_experts=m.n_experts,
+                i_all_gpu=first["all-gpu"], i_n_cpu_moe=first["n-cpu-moe"], i_layers_gpu=first["layers-gpu"],
+                i_cpu_only=first["cpu-only"], i_experts_cpu=first["experts-cpu"], i_gpu_experts=first["gpu-experts"],
+                fits_label=list(fits_label) if fits_label is not None else [0] * 8)
