@@ -798,7 +798,7 @@ def test_bad_quantization_config(qc, match):
 
 @pytest.mark.parametrize("change, field", [
     ({"num_hidden_layers": "48"}, "num_hidden_layers"), ({"mlp_only_layers": "all"}, "mlp_only_layers"),
-    ({"decoder_sparse_step": "x"}, "config"), ({"model_type": "mamba"}, "model_type"),
+    ({"decoder_sparse_step": "x"}, "decoder_sparse_step"), ({"model_type": "mamba"}, "model_type"),
 ])
 def test_malformed_hf_config(change, field):
     with pytest.raises(MoesimError) as ei:

@@ -5,7 +5,7 @@ from typing import Mapping
 
 from .checkpoint import Scheme
 from ..errors import MoesimError
-from .limits import ARCH_BOUNDS, check_bounded
+from .limits import MAX_MTP_MODULES, check_bounded
 from .layers import Attention, FFN, Layer
 
 
@@ -16,14 +16,31 @@ def _req(cfg: Mapping, key: str, where: str):
     v = cfg[key]
     if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v <= 0 or int(v) != v:
         raise MoesimError(f"must be a positive integer, got {v!r}", key)
-    if key in ARCH_BOUNDS:
-        check_bounded(int(v), key, where)
-    return int(v)
+    return check_bounded(int(v), key, where)
 
 
 def _opt(cfg: Mapping, key: str, default):
     v = cfg.get(key, default)
     return default if v is None else v
+
+
+def _opt_int(cfg: Mapping, key: str, default: int) -> int:
+    """An optional whole-number field: its default when absent or null, else an integer in [-1, its bound]
+    (-1 is how some configs write "none" or "through the last layer")."""
+    v = cfg.get(key, default)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or abs(v) > 2**62 or int(v) != v or v < -1:
+        raise MoesimError(f"must be a whole number, got {v!r}", key)
+    return check_bounded(int(v), key) if v > 0 else int(v)
+
+
+def _mtp(cfg: Mapping, key: str = "num_nextn_predict_layers") -> int:
+    """MTP modules the checkpoint ships: a whole number in [0, MAX_MTP_MODULES]."""
+    v = _opt(cfg, key, 0)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or int(v) != v or not 0 <= v <= MAX_MTP_MODULES:
+        raise MoesimError(f"must be an integer in [0, {MAX_MTP_MODULES}], got {v!r}", key)
+    return int(v)
 
 
 def _int_list(cfg: Mapping, key: str) -> list:
@@ -68,30 +85,30 @@ def _parse_deepseek(c, hidden, id):
     e = _req(c, "n_routed_experts", id)
     k = _req(c, "num_experts_per_tok", id)
     _check_moe(e, k, id)
-    first_dense = int(_opt(c, "first_k_dense_replace", 0))
-    freq = int(_opt(c, "moe_layer_freq", 1)) or 1
-    index_heads = int(_opt(c, "index_n_heads", 0))
+    first_dense = _opt_int(c, "first_k_dense_replace", 0)
+    freq = _opt_int(c, "moe_layer_freq", 1) or 1
+    index_heads = _opt_int(c, "index_n_heads", 0)
     indexer_types = c.get("indexer_types")
     if indexer_types is not None and (not isinstance(indexer_types, list) or len(indexer_types) != n):
         raise MoesimError(f"needs one entry per layer ({n})", "indexer_types")
     layers = []
     for i in range(n):
         own_idx = bool(index_heads) and (indexer_types is None or indexer_types[i] == "full")
-        att = Attention("mla", n_heads=heads, q_lora_rank=int(_opt(c, "q_lora_rank", 0)),
+        att = Attention("mla", n_heads=heads, q_lora_rank=_opt_int(c, "q_lora_rank", 0),
                         kv_lora_rank=_req(c, "kv_lora_rank", id),
                         qk_nope_head_dim=_req(c, "qk_nope_head_dim", id),
                         qk_rope_head_dim=_req(c, "qk_rope_head_dim", id),
                         v_head_dim=_req(c, "v_head_dim", id),
-                        index_heads=index_heads, index_head_dim=int(_opt(c, "index_head_dim", 0)),
+                        index_heads=index_heads, index_head_dim=_opt_int(c, "index_head_dim", 0),
                         own_indexer=own_idx)
         dense = i < first_dense or (i % freq) != 0
         ffn = _moe_or_dense(dense, c, hidden, ff_dense=_req(c, "intermediate_size", id) if dense else 0,
                             experts=e, top_k=k, expert_ff=_req(c, "moe_intermediate_size", id),
-                            shared=int(_opt(c, "n_shared_experts", 0)),
-                            n_group=int(_opt(c, "n_group", 1)), topk_group=int(_opt(c, "topk_group", 1)),
+                            shared=_opt_int(c, "n_shared_experts", 0),
+                            n_group=_opt_int(c, "n_group", 1), topk_group=_opt_int(c, "topk_group", 1),
                             router_bias=_opt(c, "topk_method", "") == "noaux_tc")
         layers.append(Layer(i, att, ffn))
-    return layers, {"mtp_layers": _opt(c, "num_nextn_predict_layers", 0)}
+    return layers, {"mtp_layers": _mtp(c)}
 
 
 def _parse_deepseek_v4(c, hidden, id):
@@ -109,13 +126,13 @@ def _parse_deepseek_v4(c, hidden, id):
                         head_dim=_req(c, "head_dim", id), window=_req(c, "sliding_window", id),
                         q_lora_rank=_req(c, "q_lora_rank", id), qk_rope_head_dim=_req(c, "qk_rope_head_dim", id),
                         o_lora_rank=_req(c, "o_lora_rank", id), o_groups=_req(c, "o_groups", id),
-                        index_heads=int(_opt(c, "index_n_heads", 0)), index_head_dim=int(_opt(c, "index_head_dim", 0)),
-                        compress_ratio=ratios[i], hc_mult=int(_opt(c, "hc_mult", 0)), sinks=True)
+                        index_heads=_opt_int(c, "index_n_heads", 0), index_head_dim=_opt_int(c, "index_head_dim", 0),
+                        compress_ratio=ratios[i], hc_mult=_opt_int(c, "hc_mult", 0), sinks=True)
         ffn = _moe_or_dense(False, c, hidden, ff_dense=0, experts=e, top_k=k,
                             expert_ff=_req(c, "moe_intermediate_size", id),
-                            shared=int(_opt(c, "n_shared_experts", 0)), router_bias=True)
+                            shared=_opt_int(c, "n_shared_experts", 0), router_bias=True)
         layers.append(Layer(i, att, ffn))
-    return layers, {"mtp_layers": _opt(c, "num_nextn_predict_layers", 0)}
+    return layers, {"mtp_layers": _mtp(c)}
 
 
 def _parse_kimi_linear(c, hidden, id):
@@ -134,33 +151,33 @@ def _parse_kimi_linear(c, hidden, id):
     e = _req(c, "num_experts", id)
     k = _req(c, "num_experts_per_token", id)
     _check_moe(e, k, id)
-    first_dense = int(_opt(c, "first_k_dense_replace", 0))
-    latent = int(_opt(c, "routed_expert_hidden_size", 0))
+    first_dense = _opt_int(c, "first_k_dense_replace", 0)
+    latent = _opt_int(c, "routed_expert_hidden_size", 0)
     layers = []
     for i in range(n):
         if (i + 1) in full:
-            att = Attention("mla", n_heads=heads, q_lora_rank=int(_opt(c, "q_lora_rank", 0)),
+            att = Attention("mla", n_heads=heads, q_lora_rank=_opt_int(c, "q_lora_rank", 0),
                             kv_lora_rank=_req(c, "kv_lora_rank", id), qk_nope_head_dim=_req(c, "qk_nope_head_dim", id),
                             qk_rope_head_dim=_req(c, "qk_rope_head_dim", id), v_head_dim=_req(c, "v_head_dim", id),
                             output_gate=bool(_opt(c, "mla_use_output_gate", False)))
         else:
             lh, ld = _req(lin, "num_heads", id), _req(lin, "head_dim", id)
             att = Attention("kda", n_heads=lh, lin_k_heads=lh, lin_v_heads=lh, lin_k_dim=ld, lin_v_dim=ld,
-                            conv_kernel=int(_opt(lin, "short_conv_kernel_size", 4)),
+                            conv_kernel=_opt_int(lin, "short_conv_kernel_size", 4),
                             full_rank_gate=bool(_opt(lin, "use_full_rank_gate", _opt(c, "use_full_rank_gate", False))))
         dense = i < first_dense
         ffn = _moe_or_dense(dense, c, hidden, ff_dense=_req(c, "intermediate_size", id) if dense else 0,
                             experts=e, top_k=k, expert_ff=_req(c, "moe_intermediate_size", id),
-                            shared=int(_opt(c, "num_shared_experts", 0)), latent_dim=latent, router_bias=True)
+                            shared=_opt_int(c, "num_shared_experts", 0), latent_dim=latent, router_bias=True)
         layers.append(Layer(i, att, ffn))
-    return layers, {"mtp_layers": _opt(c, "num_nextn_predict_layers", 0)}
+    return layers, {"mtp_layers": _mtp(c)}
 
 
 def _gqa(c, id, **kw) -> Attention:
     heads = _req(c, "num_attention_heads", id)
     hidden = c.get("hidden_size") or c.get("d_model")
-    kv = int(_opt(c, "num_key_value_heads", heads))
-    hd = int(_opt(c, "head_dim", 0)) or hidden // heads
+    kv = _opt_int(c, "num_key_value_heads", heads)
+    hd = _opt_int(c, "head_dim", 0) or hidden // heads
     if kv <= 0 or heads % kv:
         raise MoesimError(f"must divide num_attention_heads ({heads}), got {kv}", "num_key_value_heads")
     return Attention("gqa", n_heads=heads, n_kv_heads=kv, head_dim=hd, **kw)
@@ -170,10 +187,10 @@ def _parse_qwen_moe(c, hidden, id):
     n = _req(c, "num_hidden_layers", id)
     e, k = _req(c, "num_experts", id), _req(c, "num_experts_per_tok", id)
     _check_moe(e, k, id)
-    step = int(_opt(c, "decoder_sparse_step", 1)) or 1
+    step = _opt_int(c, "decoder_sparse_step", 1) or 1
     mlp_only = set(_int_list(c, "mlp_only_layers"))
-    window = int(_opt(c, "sliding_window", 0)) if _opt(c, "use_sliding_window", False) else 0
-    shared_ff = int(_opt(c, "shared_expert_intermediate_size", 0))
+    window = _opt_int(c, "sliding_window", 0) if _opt(c, "use_sliding_window", False) else 0
+    shared_ff = _opt_int(c, "shared_expert_intermediate_size", 0)
     layers = []
     for i in range(n):
         dense = i in mlp_only or (i + 1) % step != 0
@@ -187,12 +204,12 @@ def _parse_qwen_moe(c, hidden, id):
 def _parse_qwen3_next(c, hidden, id):
     n = _req(c, "num_hidden_layers", id)
     types = c.get("layer_types")
-    interval = int(_opt(c, "full_attention_interval", 4)) or 4
+    interval = _opt_int(c, "full_attention_interval", 4) or 4
     if types is not None and (not isinstance(types, list) or len(types) != n):
         raise MoesimError(f"needs {n} entries", "layer_types")
     e, k = _req(c, "num_experts", id), _req(c, "num_experts_per_tok", id)
     _check_moe(e, k, id)
-    shared_ff = int(_opt(c, "shared_expert_intermediate_size", 0))
+    shared_ff = _opt_int(c, "shared_expert_intermediate_size", 0)
     layers = []
     for i in range(n):
         is_full = (types[i] == "full_attention") if types else (i + 1) % interval == 0
@@ -203,12 +220,12 @@ def _parse_qwen3_next(c, hidden, id):
                             lin_k_heads=_req(c, "linear_num_key_heads", id),
                             lin_v_heads=_req(c, "linear_num_value_heads", id),
                             lin_k_dim=_req(c, "linear_key_head_dim", id), lin_v_dim=_req(c, "linear_value_head_dim", id),
-                            conv_kernel=int(_opt(c, "linear_conv_kernel_dim", 4)))
+                            conv_kernel=_opt_int(c, "linear_conv_kernel_dim", 4))
         ffn = _moe_or_dense(False, c, hidden, ff_dense=0, experts=e, top_k=k,
                             expert_ff=_req(c, "moe_intermediate_size", id),
                             shared=1 if shared_ff else 0, shared_ff=shared_ff, shared_gate=bool(shared_ff))
         layers.append(Layer(i, att, ffn))
-    return layers, {"mtp_layers": _opt(c, "num_nextn_predict_layers", 0)}
+    return layers, {"mtp_layers": _mtp(c)}
 
 
 def _parse_gpt_oss(c, hidden, id):
@@ -233,7 +250,7 @@ def _parse_mixtral(c, hidden, id):
     n = _req(c, "num_hidden_layers", id)
     e, k = _req(c, "num_local_experts", id), _req(c, "num_experts_per_tok", id)
     _check_moe(e, k, id)
-    window = int(_opt(c, "sliding_window", 0))
+    window = _opt_int(c, "sliding_window", 0)
     ffn = FFN("moe", n_experts=e, top_k=k, expert_intermediate=_req(c, "intermediate_size", id))
     return [Layer(i, _gqa(c, id, window=window), ffn) for i in range(n)], {}
 
@@ -242,9 +259,9 @@ def _parse_llama4(c, hidden, id):
     n = _req(c, "num_hidden_layers", id)
     e, k = _req(c, "num_local_experts", id), _req(c, "num_experts_per_tok", id)
     _check_moe(e, k, id)
-    step = int(_opt(c, "interleave_moe_layer_step", 1)) or 1
-    chunk = int(_opt(c, "attention_chunk_size", 0))
-    nope_every = int(_opt(c, "no_rope_layer_interval", 4)) or 4
+    step = _opt_int(c, "interleave_moe_layer_step", 1) or 1
+    chunk = _opt_int(c, "attention_chunk_size", 0)
+    nope_every = _opt_int(c, "no_rope_layer_interval", 4) or 4
     ff = _req(c, "intermediate_size", id)
     # HF Llama4TextConfig: no_rope_layers[i] == 0 marks a NoPE (global) layer and moe_layers lists the
     # MoE layers; when absent both are derived from the intervals exactly as below.
@@ -273,24 +290,24 @@ def _parse_glm4_moe(c, hidden, id):
     n = _req(c, "num_hidden_layers", id)
     e, k = _req(c, "n_routed_experts", id), _req(c, "num_experts_per_tok", id)
     _check_moe(e, k, id)
-    first_dense = int(_opt(c, "first_k_dense_replace", 0))
+    first_dense = _opt_int(c, "first_k_dense_replace", 0)
     layers = []
     for i in range(n):
         dense = i < first_dense
         ffn = _moe_or_dense(dense, c, hidden, ff_dense=_req(c, "intermediate_size", id) if dense else 0,
                             experts=e, top_k=k, expert_ff=_req(c, "moe_intermediate_size", id),
-                            shared=int(_opt(c, "n_shared_experts", 0)), router_bias=True,
-                            n_group=int(_opt(c, "n_group", 1)), topk_group=int(_opt(c, "topk_group", 1)))
+                            shared=_opt_int(c, "n_shared_experts", 0), router_bias=True,
+                            n_group=_opt_int(c, "n_group", 1), topk_group=_opt_int(c, "topk_group", 1))
         att = _gqa(c, id, bias=bool(_opt(c, "attention_bias", False)), qk_norm=bool(_opt(c, "use_qk_norm", False)))
         layers.append(Layer(i, att, ffn))
-    return layers, {"mtp_layers": _opt(c, "num_nextn_predict_layers", 0)}
+    return layers, {"mtp_layers": _mtp(c)}
 
 
 def _parse_minimax_m2(c, hidden, id):
     n = _req(c, "num_hidden_layers", id)
     e, k = _req(c, "num_local_experts", id), _req(c, "num_experts_per_tok", id)
     _check_moe(e, k, id)
-    shared_ff = int(_opt(c, "shared_intermediate_size", 0))
+    shared_ff = _opt_int(c, "shared_intermediate_size", 0)
     kinds = c.get("attn_type_list")
     if kinds is not None and (not isinstance(kinds, list) or any(x != 1 for x in kinds)):
         # MiniMax-Text-01 style lightning (linear) attention layers are marked 0 here; M2 is all 1.
@@ -299,7 +316,7 @@ def _parse_minimax_m2(c, hidden, id):
               n_shared=1 if shared_ff else 0, shared_intermediate=shared_ff,
               router_bias=bool(_opt(c, "use_routing_bias", False)))
     att = _gqa(c, id, qk_norm=bool(_opt(c, "use_qk_norm", False)))
-    mtp = int(_opt(c, "num_mtp_modules", 0)) if _opt(c, "use_mtp", False) else 0
+    mtp = _mtp(c, "num_mtp_modules") if _opt(c, "use_mtp", False) else 0
     return [Layer(i, att, ffn) for i in range(n)], {"mtp_layers": mtp}
 
 
@@ -310,7 +327,7 @@ def _parse_dbrx(c, hidden, id):
     e, k = _req(ffc, "moe_num_experts", id), _req(ffc, "moe_top_k", id)
     _check_moe(e, k, id)
     heads = _req(c, "n_heads", id)
-    kv = int(_opt(attn, "kv_n_heads", heads))
+    kv = _opt_int(attn, "kv_n_heads", heads)
     att = Attention("gqa", n_heads=heads, n_kv_heads=kv, head_dim=hidden // heads)
     ffn = FFN("moe", n_experts=e, top_k=k, expert_intermediate=_req(ffc, "ffn_hidden_size", id))
     return [Layer(i, att, ffn) for i in range(n)], {}
@@ -320,17 +337,17 @@ def _parse_ernie(c, hidden, id):
     n = _req(c, "num_hidden_layers", id)
     e, k = _req(c, "moe_num_experts", id), _req(c, "moe_k", id)
     _check_moe(e, k, id)
-    start = int(_opt(c, "moe_layer_start_index", 0))
-    end = int(_opt(c, "moe_layer_end_index", n - 1))
+    start = _opt_int(c, "moe_layer_start_index", 0)
+    end = _opt_int(c, "moe_layer_end_index", n - 1)
     if end < 0:          # ERNIE configs write -1 for "through the last layer"
         end = n - 1
-    interval = int(_opt(c, "moe_layer_interval", 1)) or 1
+    interval = _opt_int(c, "moe_layer_interval", 1) or 1
     layers = []
     for i in range(n):
         dense = not (start <= i <= end and (i - start) % interval == 0)
         ffn = _moe_or_dense(dense, c, hidden, ff_dense=_req(c, "intermediate_size", id) if dense else 0,
                             experts=e, top_k=k, expert_ff=_req(c, "moe_intermediate_size", id),
-                            shared=int(_opt(c, "moe_num_shared_experts", 0)))
+                            shared=_opt_int(c, "moe_num_shared_experts", 0))
         layers.append(Layer(i, _gqa(c, id), ffn))
     return layers, {}
 
@@ -340,7 +357,7 @@ def _parse_inkling(c, hidden, id):
     glob = set(_int_list(c, "global_layers"))
     e, k = _req(c, "n_routed_experts", id), _req(c, "num_experts_per_tok", id)
     _check_moe(e, k, id)
-    first_dense = int(_opt(c, "first_k_dense_replace", 0))
+    first_dense = _opt_int(c, "first_k_dense_replace", 0)
     heads, hd = _req(c, "num_attention_heads", id), _req(c, "head_dim", id)
     layers = []
     for i in range(n):
@@ -352,7 +369,7 @@ def _parse_inkling(c, hidden, id):
         dense = i < first_dense
         ffn = _moe_or_dense(dense, c, hidden, ff_dense=_req(c, "intermediate_size", id) if dense else 0,
                             experts=e, top_k=k, expert_ff=_req(c, "moe_intermediate_size", id),
-                            shared=int(_opt(c, "n_shared_experts", 0)))
+                            shared=_opt_int(c, "n_shared_experts", 0))
         layers.append(Layer(i, att, ffn))
     return layers, {}
 

@@ -93,9 +93,17 @@ class FFN:
         if self.kind not in ("dense", "moe"):
             raise MoesimError(f"unknown FFN kind {self.kind!r}; known: dense, moe", "ffn")
         check_dims(self, f"{self.kind} FFN")
-        if self.kind == "moe" and not 1 <= self.top_k <= self.n_experts:
+        if self.kind != "moe":
+            return
+        if not 1 <= self.top_k <= self.n_experts:
             raise MoesimError(f"top-k must be in [1, {self.n_experts}] (the routed experts), got {self.top_k}",
                               "num_experts_per_tok")
+        # group-limited routing (DeepSeek-V3 n_group / topk_group): whole groups, enough of them for top-k
+        if self.n_group < 1 or self.n_experts % self.n_group:
+            raise MoesimError(f"must divide the {self.n_experts} routed experts, got {self.n_group}", "n_group")
+        if not 1 <= self.topk_group <= self.n_group or self.top_k > self.topk_group * (self.n_experts // self.n_group):
+            raise MoesimError(f"must be in [1, {self.n_group}] (n_group) and leave room for top-k {self.top_k}, "
+                              f"got {self.topk_group}", "topk_group")
 
 
 @dataclass(frozen=True)

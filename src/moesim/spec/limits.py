@@ -54,6 +54,16 @@ ARCH_BOUNDS = {
     "n_shared_experts": 64,
     "max_position_embeddings": 1 << 28,
 }
+# Other spellings of the same counts across config.json families (DBRX, ERNIE, Mixtral, gpt-oss, ...).
+ARCH_SYNONYMS = {
+    "n_layers": "num_hidden_layers", "num_layers": "num_hidden_layers", "d_model": "hidden_size",
+    "n_heads": "num_attention_heads", "kv_n_heads": "num_key_value_heads", "moe_num_experts": "n_routed_experts",
+    "num_experts": "n_routed_experts", "num_local_experts": "n_routed_experts", "moe_top_k": "num_experts_per_tok",
+    "moe_k": "num_experts_per_tok", "experts_per_token": "num_experts_per_tok", "ffn_hidden_size": "intermediate_size",
+    "moe_intermediate_size": "intermediate_size", "max_seq_len": "max_position_embeddings",
+}
+# MTP modules per model: DeepSeek-V3 and GLM-4.5 ship one (models.md); 16 is far above any checkpoint.
+MAX_MTP_MODULES = 16
 # dataclass field -> the config.json name its bound and errors use
 _FIELD_BOUND = {
     "n_heads": "num_attention_heads", "n_kv_heads": "num_key_value_heads", "head_dim": "head_dim",
@@ -81,8 +91,8 @@ def check_dims(obj, where: str) -> None:
 
 
 def check_bounded(value: int, field: str, where: str = "") -> int:
-    """A positive architecture count at or under ARCH_BOUNDS[field]."""
-    bound = ARCH_BOUNDS[field]
+    """A positive architecture count at or under its bound (ARCH_BOUNDS, by its own name or a synonym)."""
+    bound = ARCH_BOUNDS.get(ARCH_SYNONYMS.get(field, field), _DEFAULT_BOUND)
     if value > bound:
         prefix = f"{where}: " if where else ""
         raise MoesimError(f"{prefix}{value:,} is above the plausible maximum {bound:,}", field)

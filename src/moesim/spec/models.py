@@ -18,7 +18,7 @@ from .. import _catalog
 from .checkpoint import Scheme, scheme_from_config
 from ..errors import MoesimError, unknown_id
 from .layers import KVTerms, Layer, StoredWeights, Tensor
-from .architectures import _PARSERS, _mtp_layer, _native_quant_from_config, _opt, _req
+from .architectures import _PARSERS, _mtp_layer, _native_quant_from_config, _opt, _opt_int, _req
 
 
 @dataclass(frozen=True)
@@ -324,7 +324,7 @@ def _parse(cfg: dict, id: str, meta: dict) -> Model:
     if not layers:
         raise MoesimError("the config describes no layers", "num_hidden_layers")
     vocab = _req(c, "vocab_size", id)
-    max_ctx = int(_opt(c, "max_position_embeddings", _opt(c, "max_seq_len", 0)) or 0)
+    max_ctx = _opt_int(c, "max_position_embeddings", _opt_int(c, "max_seq_len", 0)) or 0
     if max_ctx <= 0:
         raise MoesimError("config lacks max_position_embeddings", "max_position_embeddings")
     mtp_layers = int(extra.pop("mtp_layers", 0) or 0)
