@@ -56,7 +56,7 @@ def test_sweep_equals_simulate_loop():
                 quants=["Q4_K_M", "Q2_K"], machines=MACHINES, runtimes=["auto", "ktransformers", "ik_llama.cpp"],
                 placements=["auto", "experts-cpu", "offload-cache=16", "layers-gpu=7"],
                 contexts=[1, 700, 4096, 40000, 131072, 400000], batches=[1, 3, 33, 600],
-                filter={"skip_inapplicable": True})
+                filter={"skip_inapplicable": True, "allow_beyond_max_context": True})
     plan = _plan(**axes)
     rng = np.random.default_rng(1)
     labels = {machine_label(m): m for m in MACHINES}
@@ -147,7 +147,7 @@ def test_kernel_equals_python_twin():
     plan = _plan(models=["deepseek-r1", "gpt-oss-120b", "qwen3-next-80b-a3b", "deepseek-v4-pro", "llama-3-8b"],
                  quants=["Q4_K_M"], machines=[M4090, M4090_SMALL, MAC, CPU], runtimes=["auto", "ktransformers"],
                  placements=["auto", "offload-cache"], contexts=[1, 100, 4096, 65536, 200000], batches=[1, 7, 64],
-                 filter={"skip_inapplicable": True})
+                 filter={"skip_inapplicable": True, "allow_beyond_max_context": True})
     n = 0
     for g in range(plan.n_groups):
         grp = plan.group(g)
@@ -179,7 +179,7 @@ def test_montecarlo_rows_equal_kernel_runs_and_threads():
     """Monte Carlo rows: each is decode.run of its configuration with stream (seed, global index), on
     any thread count and chunking."""
     kw = dict(models=["qwen3-30b-a3b"], quants=["Q4_K_M"], machines=[M4090_SMALL],
-              placements=["offload-cache=16", "all-gpu"], contexts=[1000, 50000], batches=[1, 3],
+              placements=["offload-cache=16", "all-gpu"], contexts=[1000, 40000], batches=[1, 3],
               mode="montecarlo", tokens=24, seed=11)
     a = sweep(**kw, threads=1)
     b = sweep(**kw, threads=2, chunk_size=3)
@@ -294,7 +294,7 @@ models = ["qwen3-30b-a3b"]
 quants = ["Q4_K_M"]
 machines = ["dgx-h200"]
 placements = ["offload-cache=16"]
-contexts = {start = 1000, stop = 100000, num = 150}
+contexts = {start = 1000, stop = 40000, num = 150}
 batches = [1, 2]
 
 [run]
@@ -559,3 +559,17 @@ def test_step_splits_into_attention_only_without_prefetch(monkeypatch):
     with pytest.raises(KernelError, match="prefetch off"):
         _plan(**kw).group(0)
     _plan(**kw, mode="montecarlo", tokens=16).group(0)     # Monte Carlo variants do not split the step
+
+
+def test_contexts_beyond_the_model_maximum_are_dropped_unless_allowed():
+    """With the README's kind of grid, rows above a model's trained maximum used to be kept as fitting."""
+    kw = dict(models=["llama-2-7b", "qwen3-30b-a3b"], quants=["Q4_K_M"], machines=[M4090],
+              contexts=[2048, 4096, 8192, 65536], batches=[1], mode="analytic")
+    tab = sweep(**kw)
+    ctx = {(m, int(c)) for m, c in zip(tab.to_pandas()["model"], tab["context"])}
+    assert ctx == {("llama-2-7b", 2048), ("llama-2-7b", 4096), ("qwen3-30b-a3b", 2048), ("qwen3-30b-a3b", 4096),
+                   ("qwen3-30b-a3b", 8192)}
+    allowed = sweep(**kw, filter={"allow_beyond_max_context": True})
+    assert len(allowed) == 8
+    with pytest.raises(MoesimError, match="must be true or false"):
+        sweep(**kw, filter={"allow_beyond_max_context": 1})

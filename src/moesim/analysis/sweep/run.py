@@ -55,7 +55,7 @@ def _run_group(plan, grp, cols: dict, key: np.ndarray, variant: np.ndarray, a: i
 def _filter_rows(plan, cols: dict, keep, n: int):
     """The keep mask after the spec's filters (None: keep every row)."""
     for k, bounds in plan.norm["filter"].items():
-        if k == "skip_inapplicable":
+        if k in ("skip_inapplicable", "allow_beyond_max_context"):
             continue
         if keep is None:
             keep = np.ones(n, dtype=bool)
@@ -93,6 +93,13 @@ def run_range(plan, start: int, end: int, threads: int = 1, buffers: dict | None
             keep[a - start:b - start] = False
             continue
         _run_group(plan, grp, cols, key, variant, a, b, start, threads)
+        limit = grp.m.max_context
+        if limit > 0 and not plan.norm["filter"].get("allow_beyond_max_context", False):
+            beyond = cols["context"][a - start:b - start] > limit
+            if beyond.any():
+                if keep is None:
+                    keep = np.ones(n, dtype=bool)
+                keep[a - start:b - start] &= ~beyond
     keep = _filter_rows(plan, cols, keep, n)
     names = plan.columns
     if keep is None or keep.all():

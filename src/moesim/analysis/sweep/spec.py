@@ -301,13 +301,19 @@ def _normalize_zip(zin, axes: dict) -> list:
     return zips
 
 
+# fits: keep rows that fit (true) or do not (false); skip_inapplicable: drop combinations that cannot
+# run instead of refusing the spec; allow_beyond_max_context: keep contexts above a model's trained
+# maximum (dropped by default, as fit and simulate refuse them).
+_BOOL_FILTERS = ("fits", "skip_inapplicable", "allow_beyond_max_context")
+
+
 def _normalize_filter(fin) -> dict:
     if not isinstance(fin, dict):
         raise _err("filter", "expected a table")
     filt = {}
     for k, v in fin.items():
         where = f"filter.{k}"
-        if k in ("fits", "skip_inapplicable"):
+        if k in _BOOL_FILTERS:
             if not isinstance(v, bool):
                 raise _err(where, f"must be true or false, got {v!r}")
             filt[k] = v
@@ -319,7 +325,7 @@ def _normalize_filter(fin) -> dict:
                     raise _err(f"{where}.{b}", f"must be a finite number, got {x!r}")
             filt[k] = {b: float(v[b]) for b in sorted(v)}
         else:
-            raise unknown_id("filter", k, ("fits", "skip_inapplicable") + FILTERABLE, where)
+            raise unknown_id("filter", k, _BOOL_FILTERS + FILTERABLE, where)
     return filt
 
 
