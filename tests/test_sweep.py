@@ -285,7 +285,8 @@ def test_cli_bad_spec_one_line(tmp_path, capsys):
 
 # ------------------------------------------------------------------------------------ output
 def _digest(out: Path) -> dict:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.iterdir())}
+    """Every file of a sweep directory (the writer's .lock, which names its pid, is not output)."""
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.iterdir()) if p.name != ".lock"}
 
 
 SPEC_TOML = """
@@ -326,10 +327,10 @@ def test_resume_after_kill_is_identical(tmp_path):
     assert res.returncode == 0, res.stderr
     assert _digest(out) == _digest(ref)
     # a finished sweep: running it again does nothing
-    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir() if p.name != ".lock"}
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and "already complete" in res.stdout
-    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir() if p.name != ".lock"} == before
     # a changed spec on the same directory is refused
     spec.write_text(SPEC_TOML.replace("seed = 3", "seed = 4"))
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
@@ -573,3 +574,45 @@ def test_contexts_beyond_the_model_maximum_are_dropped_unless_allowed():
     assert len(allowed) == 8
     with pytest.raises(MoesimError, match="must be true or false"):
         sweep(**kw, filter={"allow_beyond_max_context": 1})
+
+
+# ------------------------------------------------------------------------------------ output folders
+def test_a_second_sweep_on_the_same_out_is_refused_and_the_first_finishes(tmp_path):
+    """A second sweep on a busy --out used to delete the first one's in-flight chunk and kill it."""
+    spec = tmp_path / "spec.toml"
+    spec.write_text(SPEC_TOML)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "moesim", "sweep", str(spec), "--out", str(out), "--no-progress"]
+    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while time.time() < deadline and not (out / ".lock").exists():
+        time.sleep(0.01)
+    while time.time() < deadline and "pid" not in (out / ".lock").read_text():
+        time.sleep(0.01)
+    second = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    stdout, stderr = first.communicate(timeout=300)
+    assert first.returncode == 0, stderr
+    assert second.returncode == 2 and "another sweep" in second.stderr and f"pid {first.pid}" in second.stderr
+    assert json.loads((out / "manifest.json").read_text())["complete"]
+    # once the first is done, the same command finds the sweep complete
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and "already complete" in again.stdout
+
+
+def test_an_unwritable_out_is_a_clear_error(tmp_path, monkeypatch):
+    from moesim.analysis.sweep import distribute
+    kw = dict(models=["qwen3-30b-a3b"], quants=["Q4_K_M"], machines=["dgx-h200"], contexts=[1000, 2000],
+              batches=[1], mode="analytic")
+    with pytest.raises(MoesimError, match="cannot write the sweep to /sys/") as exc:
+        sweep(**kw, out="/sys/moesim-sweep-test")       # not permitted, even as root
+    assert exc.value.field == "out"
+    f = tmp_path / "a-file"
+    f.write_text("x")
+    with pytest.raises(MoesimError, match="not a directory"):
+        sweep(**kw, out=f)
+
+    def disk_full(*a, **k):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(distribute, "_write_chunk", disk_full)
+    with pytest.raises(MoesimError, match="No space left on device"):
+        sweep(**kw, out=tmp_path / "full", threads=1)

@@ -12,7 +12,7 @@ from ...spec.hardware import Machine
 from .distribute import _Progress, _run_chunks
 from .plan import Plan
 from .spec import _count, _err, build_spec, normalize_spec
-from .store import FORMATS, _finish, _pending, _prepare_out
+from .store import FORMATS, _finish, _pending, _prepare_out, locked
 from .table import SweepTable, _concat
 
 
@@ -29,6 +29,14 @@ def _in_memory(plan: Plan, fmt: str, threads: int, scheduler, local_workers, pro
 
 def _to_directory(plan: Plan, out, fmt: str, threads: int, scheduler, local_workers, progress: bool) -> dict:
     outp = Path(out)
+    try:
+        with locked(outp):
+            return _write_directory(plan, outp, fmt, threads, scheduler, local_workers, progress)
+    except OSError as exc:   # read-only, permission denied, disk full: the folder's fault, said as such
+        raise _err("out", f"cannot write the sweep to {outp}: {exc.strerror or exc}") from None
+
+
+def _write_directory(plan: Plan, outp: Path, fmt: str, threads: int, scheduler, local_workers, progress: bool) -> dict:
     done = _prepare_out(outp, plan, fmt)
     if done is not None:
         return dict(done, already_complete=True)

@@ -3,6 +3,7 @@ each written to a temporary name and renamed, and a ``manifest.json``; resuming 
 refusing to mix sweeps, and reading a finished one back."""
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -82,6 +83,38 @@ def _count_rows(path: Path, fmt: str) -> int:
     with open(path, "rb") as fh:
         lines = sum(buf.count(b"\n") for buf in iter(lambda: fh.read(1 << 20), b""))
     return lines - 1 if fmt == "csv" else lines
+
+
+# =============================================================================== one writer per directory
+@contextlib.contextmanager
+def locked(out: Path):
+    """Hold ``out/.lock`` for the whole sweep, so a second sweep on the same directory is refused before
+    it touches anything (it used to delete the first one's in-flight chunk). The lock is an advisory
+    ``flock``: the kernel drops it when its process dies, so a killed sweep resumes without clean-up."""
+    if out.exists() and not out.is_dir():
+        raise _err("out", f"{out} exists and is not a directory")
+    out.mkdir(parents=True, exist_ok=True)
+    fh = open(out / ".lock", "a+", encoding="utf-8")
+    try:
+        try:
+            import fcntl
+        except ImportError:           # not POSIX: no advisory locks; one writer is the user's job
+            fcntl = None
+        if fcntl is not None:
+            try:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                fh.seek(0)
+                holder = fh.read().strip() or "another process"
+                raise _err("out", f"another sweep ({holder}) is writing to {out}: wait for it to finish, "
+                                  "or choose another --out") from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"pid {os.getpid()}\n")
+        fh.flush()
+        yield
+    finally:
+        fh.close()
 
 
 # =============================================================================== the manifest
