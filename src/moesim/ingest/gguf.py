@@ -213,6 +213,29 @@ def read_gguf_header(path: str | os.PathLike) -> GGUFShard:
 
 def _parse_gguf(buf, size: int, path: str) -> GGUFShard:
     cur = _Cursor(buf, size, path)
+    version, n_tensors, n_kv = _read_preamble(cur, buf, path)
+    kv, kv_types = _read_metadata(cur, n_kv, path)
+    alignment = _alignment(kv, kv_types, path)
+    tensors = []
+    names = set()
+    expected = 0
+    for i in range(n_tensors):
+        t = _read_tensor_info(cur, i, names, expected, path)
+        expected += -(-t.nbytes // alignment) * alignment
+        tensors.append(t)
+    data_offset = -(-cur.pos // alignment) * alignment
+    for t in tensors:
+        end = data_offset + t.offset + t.nbytes
+        if end > size:
+            raise _err(path, f"file is truncated: data of tensor {t.name!r} ends at byte {end}, the file has "
+                             f"{size} bytes", "gguf")
+    return GGUFShard(path=path, size=size, version=version, kv=kv, kv_types=kv_types, tensors=tensors,
+                     alignment=alignment, data_offset=data_offset)
+
+
+def _read_preamble(cur: _Cursor, buf, path: str) -> tuple:
+    """(version, tensor count, metadata key count) after the magic; refuses other byte orders and
+    versions, and counts the rest of the file cannot hold."""
     magic = bytes(buf[0:4])
     if magic != _GGUF_MAGIC:
         raise _err(path, f"not a GGUF file (magic {magic!r}, expected b'GGUF')", "gguf")
@@ -234,6 +257,11 @@ def _parse_gguf(buf, size: int, path: str) -> GGUFShard:
     if n_tensors > GGUF_MAX_TENSORS or n_tensors * 33 > cur.left():
         raise _err(path, f"claims {n_tensors} tensors; the file has {cur.left()} bytes left "
                          f"(limit {GGUF_MAX_TENSORS})", "gguf")
+    return version, n_tensors, n_kv
+
+
+def _read_metadata(cur: _Cursor, n_kv: int, path: str) -> tuple:
+    """(values, value types) of the metadata keys, in file order; a repeated key is refused."""
     kv: dict = {}
     kv_types: dict = {}
     for i in range(n_kv):
@@ -243,55 +271,52 @@ def _parse_gguf(buf, size: int, path: str) -> GGUFShard:
         vtype = cur.u32(f"value type of {key!r}")
         kv[key] = _read_value(cur, vtype, key)
         kv_types[key] = vtype
-    alignment = 32
-    if "general.alignment" in kv:
-        a = kv["general.alignment"]
-        if kv_types["general.alignment"] != 4 or not isinstance(a, int) or a <= 0 or a & (a - 1):
-            raise _err(path, f"general.alignment must be a power of two (u32), got {a!r}", "gguf")
-        alignment = a
-    tensors = []
-    names = set()
-    expected = 0
-    for i in range(n_tensors):
-        name = cur.text(f"name of tensor {i}", GGUF_MAX_KEY, strict=True)
-        if len(name.encode()) >= GGUF_MAX_NAME:
-            raise _err(path, f"tensor name {name[:80]!r} is too long ({len(name.encode())} >= {GGUF_MAX_NAME})", "gguf")
-        if name in names:
-            raise _err(path, f"duplicate tensor {name!r}", "gguf")
-        names.add(name)
-        n_dims = cur.u32(f"dimension count of {name!r}")
-        if not 1 <= n_dims <= GGUF_MAX_DIMS:
-            raise _err(path, f"tensor {name!r} has {n_dims} dimensions (1 to {GGUF_MAX_DIMS} allowed)", "gguf")
-        shape = tuple(cur.u64(f"dimension {j} of {name!r}") for j in range(n_dims))
-        n = 1
-        for d in shape:
-            if d > _INT64_MAX:
-                raise _err(path, f"tensor {name!r} has a negative dimension", "gguf")
-            n *= d
-        if n > _INT64_MAX:
-            raise _err(path, f"tensor {name!r} has {n} elements (more than fit in int64)", "gguf")
-        type_id = cur.u32(f"type of {name!r}")
-        info = ggml_type(type_id)
-        if info is None:
-            raise _err(path, f"tensor {name!r} has unknown or removed ggml type id {type_id}", "gguf")
-        tname, block, tsize = info
-        if shape[0] % block:
-            raise _err(path, f"tensor {name!r} of type {tname} has ne[0] = {shape[0]}, not a multiple of "
-                             f"the block size {block}", "gguf")
-        offset = cur.u64(f"data offset of {name!r}")
-        nbytes = n // block * tsize
-        if offset != expected:
-            raise _err(path, f"tensor {name!r} has data offset {offset}, expected {expected}", "gguf")
-        expected += -(-nbytes // alignment) * alignment
-        tensors.append(GGUFTensorInfo(name, type_id, tname, shape, nbytes, offset))
-    data_offset = -(-cur.pos // alignment) * alignment
-    for t in tensors:
-        end = data_offset + t.offset + t.nbytes
-        if end > size:
-            raise _err(path, f"file is truncated: data of tensor {t.name!r} ends at byte {end}, the file has "
-                             f"{size} bytes", "gguf")
-    return GGUFShard(path=path, size=size, version=version, kv=kv, kv_types=kv_types, tensors=tensors,
-                     alignment=alignment, data_offset=data_offset)
+    return kv, kv_types
+
+
+def _alignment(kv: dict, kv_types: dict, path: str) -> int:
+    """general.alignment (a u32 power of two), 32 when absent."""
+    if "general.alignment" not in kv:
+        return 32
+    a = kv["general.alignment"]
+    if kv_types["general.alignment"] != 4 or not isinstance(a, int) or a <= 0 or a & (a - 1):
+        raise _err(path, f"general.alignment must be a power of two (u32), got {a!r}", "gguf")
+    return a
+
+
+def _read_tensor_info(cur: _Cursor, i: int, names: set, expected: int, path: str) -> GGUFTensorInfo:
+    """Tensor info ``i``: name (unique, shorter than GGML_MAX_NAME), shape, a known type whose blocks
+    divide the rows, and the data offset, which must be ``expected`` (infos are packed in file order)."""
+    name = cur.text(f"name of tensor {i}", GGUF_MAX_KEY, strict=True)
+    if len(name.encode()) >= GGUF_MAX_NAME:
+        raise _err(path, f"tensor name {name[:80]!r} is too long ({len(name.encode())} >= {GGUF_MAX_NAME})", "gguf")
+    if name in names:
+        raise _err(path, f"duplicate tensor {name!r}", "gguf")
+    names.add(name)
+    n_dims = cur.u32(f"dimension count of {name!r}")
+    if not 1 <= n_dims <= GGUF_MAX_DIMS:
+        raise _err(path, f"tensor {name!r} has {n_dims} dimensions (1 to {GGUF_MAX_DIMS} allowed)", "gguf")
+    shape = tuple(cur.u64(f"dimension {j} of {name!r}") for j in range(n_dims))
+    n = 1
+    for d in shape:
+        if d > _INT64_MAX:
+            raise _err(path, f"tensor {name!r} has a negative dimension", "gguf")
+        n *= d
+    if n > _INT64_MAX:
+        raise _err(path, f"tensor {name!r} has {n} elements (more than fit in int64)", "gguf")
+    type_id = cur.u32(f"type of {name!r}")
+    info = ggml_type(type_id)
+    if info is None:
+        raise _err(path, f"tensor {name!r} has unknown or removed ggml type id {type_id}", "gguf")
+    tname, block, tsize = info
+    if shape[0] % block:
+        raise _err(path, f"tensor {name!r} of type {tname} has ne[0] = {shape[0]}, not a multiple of "
+                         f"the block size {block}", "gguf")
+    offset = cur.u64(f"data offset of {name!r}")
+    nbytes = n // block * tsize
+    if offset != expected:
+        raise _err(path, f"tensor {name!r} has data offset {offset}, expected {expected}", "gguf")
+    return GGUFTensorInfo(name, type_id, tname, shape, nbytes, offset)
 
 
 # ----------------------------------------------------------------------------------- splits

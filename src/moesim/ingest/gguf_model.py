@@ -78,104 +78,21 @@ def _shape(stems: dict, key: str):
 
 
 def _gguf_layer(art: GGUFArtifact, hp: _HP, arch: str, i: int, stems: dict, hidden: int) -> Layer:
+    """Block ``i`` from its tensors (``stems``: names without the ``blk.i.`` prefix) and the metadata."""
     def bad(problem):
         return _err(art.path, f"block {i}: {problem}", "gguf")
 
-    # --------------------------------------------------------------------------- attention
+    linear = any(k.startswith("ssm_") for k in stems)
     if "attn_kv_a_mqa.weight" in stems:
-        heads = hp.get("attention.head_count", i, required=True)
-        rope = hp.get("rope.dimension_count", required=True)
-        kv_lora = hp.get("attention.kv_lora_rank", required=True)
-        if hp.get("attention.key_length_mla") is not None:    # after llama.cpp's MLA rework (#12801)
-            qk = hp.get("attention.key_length_mla")
-            v_dim = hp.get("attention.value_length_mla", required=True)
-        else:
-            qk = hp.get("attention.key_length", required=True)
-            v_dim = hp.get("attention.value_length", required=True)
-        shp = _shape(stems, "attn_kv_a_mqa.weight")
-        if len(shp) < 2 or shp[1] != kv_lora + rope:
-            raise bad(f"attn_kv_a_mqa has {shp}, expected ({hidden}, kv_lora_rank + rope = {kv_lora + rope})")
-        if qk <= rope or heads == 0:
-            raise bad(f"key length {qk} must exceed the rope dimension {rope}")
-        att = Attention("mla", n_heads=heads, q_lora_rank=hp.get("attention.q_lora_rank", default=0)
-                        if "attn_q_a.weight" in stems else 0,
-                        kv_lora_rank=kv_lora, qk_nope_head_dim=qk - rope, qk_rope_head_dim=rope, v_head_dim=v_dim,
-                        index_heads=hp.get("attention.indexer.head_count", default=0),
-                        index_head_dim=hp.get("attention.indexer.key_length", default=0),
-                        own_indexer="indexer.attn_k.weight" in stems, output_gate="attn_gate.weight" in stems)
-    elif arch == "qwen3next" and any(k.startswith("ssm_") for k in stems):
-        k_heads = hp.get("ssm.group_count", required=True)
-        v_heads = hp.get("ssm.time_step_rank", required=True)
-        inner = hp.get("ssm.inner_size", required=True)
-        if not (k_heads and v_heads) or inner % v_heads:
-            raise bad(f"ssm.inner_size {inner} is not a multiple of ssm.time_step_rank {v_heads}")
-        att = Attention("gdn", n_heads=v_heads, lin_k_heads=k_heads, lin_v_heads=v_heads,
-                        lin_k_dim=hp.get("ssm.state_size", required=True), lin_v_dim=inner // v_heads,
-                        conv_kernel=hp.get("ssm.conv_kernel", default=4))
-    elif arch == "kimi-linear" and any(k.startswith("ssm_") for k in stems):
-        beta = _shape(stems, "ssm_beta.weight")
-        heads = beta[1] if beta and len(beta) > 1 else hp.get("attention.head_count", i, required=True)
-        hd = hp.get("kda.head_dim") or (_shape(stems, "attn_q.weight") or (0, 0))[-1] // max(1, heads)
-        if not heads or not hd:
-            raise bad("cannot tell the KDA head count and head dimension")
-        att = Attention("kda", n_heads=heads, lin_k_heads=heads, lin_v_heads=heads, lin_k_dim=hd, lin_v_dim=hd,
-                        conv_kernel=hp.get("ssm.conv_kernel", default=4), full_rank_gate="ssm_f.weight" in stems)
+        att = _mla_attention(hp, i, stems, hidden, bad)
+    elif arch == "qwen3next" and linear:
+        att = _gdn_attention(hp, bad)
+    elif arch == "kimi-linear" and linear:
+        att = _kda_attention(hp, i, stems, bad)
     else:
-        heads = hp.get("attention.head_count", i, required=True)
-        kv = hp.get("attention.head_count_kv", i, default=heads)
-        if not heads or not kv or heads % kv:
-            raise bad(f"attention.head_count_kv {kv} must divide attention.head_count {heads}")
-        head_dim = hp.get("attention.key_length") or hidden // heads
-        window = chunk = 0
-        if arch == "gpt-oss":
-            # llama.cpp LLM_ARCH_OPENAI_MOE: set_swa_pattern(2) -> sliding on even layers (il % 2 < 1)
-            if i % 2 == 0:
-                window = hp.get("attention.sliding_window", required=True)
-        elif arch == "llama4":
-            # llama.cpp LLM_ARCH_LLAMA4: chunked attention, n_swa = 8192, set_swa_pattern(4) (3 chunked,
-            # 1 full) unless the file sets attention.sliding_window = 0
-            sw = hp.get("attention.sliding_window")
-            if sw != 0 and i % 4 < 3:
-                chunk = 8192
-        q = _shape(stems, "attn_q.weight")
-        gate = bool(q and len(q) > 1 and q[1] == 2 * heads * head_dim)   # qwen3next gated attention
-        att = Attention("gqa", n_heads=heads, n_kv_heads=kv, head_dim=head_dim, window=window, chunk=chunk,
-                        bias="attn_q.bias" in stems, qk_norm="attn_q_norm.weight" in stems,
-                        output_gate=gate, sinks="attn_sinks.weight" in stems)
-    # --------------------------------------------------------------------------- FFN
+        att = _gqa_attention(hp, arch, i, stems, hidden, bad)
     if "ffn_gate_inp.weight" in stems:
-        exps = next((stems[k] for k in ("ffn_down_exps.weight", "ffn_up_exps.weight", "ffn_gate_up_exps.weight")
-                     if k in stems), None)
-        if exps is None or len(exps.shape) != 3:
-            raise bad("has a router (ffn_gate_inp) but no stacked expert tensors")
-        n_exp = exps.shape[2]
-        meta_exp = hp.get("expert_count", default=n_exp)
-        if meta_exp != n_exp:
-            raise bad(f"{arch}.expert_count is {meta_exp} but the expert tensors hold {n_exp}")
-        if "ffn_down_exps.weight" in stems:
-            ff, width = exps.shape[0], exps.shape[1]
-        elif "ffn_up_exps.weight" in stems:
-            width, ff = exps.shape[0], exps.shape[1]
-        else:
-            width, ff = exps.shape[0], exps.shape[1] // 2
-        top_k = hp.get("expert_used_count", required=True)
-        if not 1 <= top_k <= n_exp:
-            raise bad(f"{arch}.expert_used_count {top_k} is not in [1, {n_exp}]")
-        n_shared, shared_ff = 0, 0
-        sh = _shape(stems, "ffn_down_shexp.weight") or _shape(stems, "ffn_up_shexp.weight")
-        if sh is not None:
-            total = sh[0] if "ffn_down_shexp.weight" in stems else sh[1]
-            n_shared = hp.get("expert_shared_count", default=1) or 1
-            if total % n_shared:
-                raise bad(f"shared-expert width {total} is not a multiple of expert_shared_count {n_shared}")
-            shared_ff = total // n_shared
-        ffn = FFN("moe", n_experts=n_exp, top_k=top_k, expert_intermediate=ff, n_shared=n_shared,
-                  shared_intermediate=shared_ff, latent_dim=width if width != hidden else 0,
-                  n_group=hp.get("expert_group_count", default=1) or 1,
-                  topk_group=hp.get("expert_group_used_count", default=1) or 1,
-                  expert_bias=any(k.startswith(("ffn_gate_exps.bias", "ffn_up_exps.bias", "ffn_down_exps.bias"))
-                                  for k in stems),
-                  router_bias="exp_probs_b.bias" in stems, shared_gate="ffn_gate_inp_shexp.weight" in stems)
+        ffn = _moe_ffn(hp, arch, stems, hidden, bad)
     else:
         up = _shape(stems, "ffn_up.weight")
         down = _shape(stems, "ffn_down.weight")
@@ -183,6 +100,128 @@ def _gguf_layer(art: GGUFArtifact, hp: _HP, arch: str, i: int, stems: dict, hidd
             or hp.get("feed_forward_length", i, required=True)
         ffn = FFN("dense", intermediate=ff)
     return Layer(i, att, ffn)
+
+
+def _mla_attention(hp: _HP, i: int, stems: dict, hidden: int, bad) -> Attention:
+    """MLA (deepseek2 and its kin): dimensions from the metadata, checked against attn_kv_a_mqa's width."""
+    heads = hp.get("attention.head_count", i, required=True)
+    rope = hp.get("rope.dimension_count", required=True)
+    kv_lora = hp.get("attention.kv_lora_rank", required=True)
+    if hp.get("attention.key_length_mla") is not None:    # after llama.cpp's MLA rework (#12801)
+        qk = hp.get("attention.key_length_mla")
+        v_dim = hp.get("attention.value_length_mla", required=True)
+    else:
+        qk = hp.get("attention.key_length", required=True)
+        v_dim = hp.get("attention.value_length", required=True)
+    shp = _shape(stems, "attn_kv_a_mqa.weight")
+    if len(shp) < 2 or shp[1] != kv_lora + rope:
+        raise bad(f"attn_kv_a_mqa has {shp}, expected ({hidden}, kv_lora_rank + rope = {kv_lora + rope})")
+    if qk <= rope or heads == 0:
+        raise bad(f"key length {qk} must exceed the rope dimension {rope}")
+    return Attention("mla", n_heads=heads, q_lora_rank=hp.get("attention.q_lora_rank", default=0)
+                     if "attn_q_a.weight" in stems else 0,
+                     kv_lora_rank=kv_lora, qk_nope_head_dim=qk - rope, qk_rope_head_dim=rope, v_head_dim=v_dim,
+                     index_heads=hp.get("attention.indexer.head_count", default=0),
+                     index_head_dim=hp.get("attention.indexer.key_length", default=0),
+                     own_indexer="indexer.attn_k.weight" in stems, output_gate="attn_gate.weight" in stems)
+
+
+def _gdn_attention(hp: _HP, bad) -> Attention:
+    """Qwen3-Next's Gated DeltaNet layers: heads and state size from the ssm.* metadata."""
+    k_heads = hp.get("ssm.group_count", required=True)
+    v_heads = hp.get("ssm.time_step_rank", required=True)
+    inner = hp.get("ssm.inner_size", required=True)
+    if not (k_heads and v_heads) or inner % v_heads:
+        raise bad(f"ssm.inner_size {inner} is not a multiple of ssm.time_step_rank {v_heads}")
+    return Attention("gdn", n_heads=v_heads, lin_k_heads=k_heads, lin_v_heads=v_heads,
+                     lin_k_dim=hp.get("ssm.state_size", required=True), lin_v_dim=inner // v_heads,
+                     conv_kernel=hp.get("ssm.conv_kernel", default=4))
+
+
+def _kda_attention(hp: _HP, i: int, stems: dict, bad) -> Attention:
+    """Kimi-Linear's KDA layers: the head count from ssm_beta's width (else the metadata), the head
+    dimension from kda.head_dim (else attn_q's width per head)."""
+    beta = _shape(stems, "ssm_beta.weight")
+    heads = beta[1] if beta and len(beta) > 1 else hp.get("attention.head_count", i, required=True)
+    hd = hp.get("kda.head_dim") or (_shape(stems, "attn_q.weight") or (0, 0))[-1] // max(1, heads)
+    if not heads or not hd:
+        raise bad("cannot tell the KDA head count and head dimension")
+    return Attention("kda", n_heads=heads, lin_k_heads=heads, lin_v_heads=heads, lin_k_dim=hd, lin_v_dim=hd,
+                     conv_kernel=hp.get("ssm.conv_kernel", default=4), full_rank_gate="ssm_f.weight" in stems)
+
+
+def _gqa_attention(hp: _HP, arch: str, i: int, stems: dict, hidden: int, bad) -> Attention:
+    """Grouped-query attention, with the sliding or chunked window llama.cpp gives this layer index."""
+    heads = hp.get("attention.head_count", i, required=True)
+    kv = hp.get("attention.head_count_kv", i, default=heads)
+    if not heads or not kv or heads % kv:
+        raise bad(f"attention.head_count_kv {kv} must divide attention.head_count {heads}")
+    head_dim = hp.get("attention.key_length") or hidden // heads
+    window, chunk = _local_attention(hp, arch, i)
+    q = _shape(stems, "attn_q.weight")
+    gate = bool(q and len(q) > 1 and q[1] == 2 * heads * head_dim)   # qwen3next gated attention
+    return Attention("gqa", n_heads=heads, n_kv_heads=kv, head_dim=head_dim, window=window, chunk=chunk,
+                     bias="attn_q.bias" in stems, qk_norm="attn_q_norm.weight" in stems,
+                     output_gate=gate, sinks="attn_sinks.weight" in stems)
+
+
+def _local_attention(hp: _HP, arch: str, i: int) -> tuple:
+    """(sliding window, chunk) of layer ``i``: llama.cpp sets them per architecture, not from the file."""
+    window = chunk = 0
+    if arch == "gpt-oss":
+        # llama.cpp LLM_ARCH_OPENAI_MOE: set_swa_pattern(2) -> sliding on even layers (il % 2 < 1)
+        if i % 2 == 0:
+            window = hp.get("attention.sliding_window", required=True)
+    elif arch == "llama4":
+        # llama.cpp LLM_ARCH_LLAMA4: chunked attention, n_swa = 8192, set_swa_pattern(4) (3 chunked,
+        # 1 full) unless the file sets attention.sliding_window = 0
+        sw = hp.get("attention.sliding_window")
+        if sw != 0 and i % 4 < 3:
+            chunk = 8192
+    return window, chunk
+
+
+def _moe_ffn(hp: _HP, arch: str, stems: dict, hidden: int, bad) -> FFN:
+    """A MoE FFN read from its stacked expert tensors (whose third dimension is the expert count), checked
+    against the metadata; shared experts from the *_shexp widths."""
+    exps = next((stems[k] for k in ("ffn_down_exps.weight", "ffn_up_exps.weight", "ffn_gate_up_exps.weight")
+                 if k in stems), None)
+    if exps is None or len(exps.shape) != 3:
+        raise bad("has a router (ffn_gate_inp) but no stacked expert tensors")
+    n_exp = exps.shape[2]
+    meta_exp = hp.get("expert_count", default=n_exp)
+    if meta_exp != n_exp:
+        raise bad(f"{arch}.expert_count is {meta_exp} but the expert tensors hold {n_exp}")
+    if "ffn_down_exps.weight" in stems:
+        ff, width = exps.shape[0], exps.shape[1]
+    elif "ffn_up_exps.weight" in stems:
+        width, ff = exps.shape[0], exps.shape[1]
+    else:
+        width, ff = exps.shape[0], exps.shape[1] // 2
+    top_k = hp.get("expert_used_count", required=True)
+    if not 1 <= top_k <= n_exp:
+        raise bad(f"{arch}.expert_used_count {top_k} is not in [1, {n_exp}]")
+    n_shared, shared_ff = _shared_experts(hp, stems, bad)
+    return FFN("moe", n_experts=n_exp, top_k=top_k, expert_intermediate=ff, n_shared=n_shared,
+               shared_intermediate=shared_ff, latent_dim=width if width != hidden else 0,
+               n_group=hp.get("expert_group_count", default=1) or 1,
+               topk_group=hp.get("expert_group_used_count", default=1) or 1,
+               expert_bias=any(k.startswith(("ffn_gate_exps.bias", "ffn_up_exps.bias", "ffn_down_exps.bias"))
+                               for k in stems),
+               router_bias="exp_probs_b.bias" in stems, shared_gate="ffn_gate_inp_shexp.weight" in stems)
+
+
+def _shared_experts(hp: _HP, stems: dict, bad) -> tuple:
+    """(shared experts, width of one): the files store them fused, so the total width is split by
+    expert_shared_count."""
+    sh = _shape(stems, "ffn_down_shexp.weight") or _shape(stems, "ffn_up_shexp.weight")
+    if sh is None:
+        return 0, 0
+    total = sh[0] if "ffn_down_shexp.weight" in stems else sh[1]
+    n_shared = hp.get("expert_shared_count", default=1) or 1
+    if total % n_shared:
+        raise bad(f"shared-expert width {total} is not a multiple of expert_shared_count {n_shared}")
+    return n_shared, total // n_shared
 
 
 def _model_id(path: str) -> str:

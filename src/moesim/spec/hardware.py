@@ -125,87 +125,82 @@ def machine(id: str | None = None, *, gpu: str | None = None, gpus: int | None =
             storage: str | None = None, cpu: str | None = None) -> Machine:
     """Build a machine from a catalog id and/or parts (the CLI's machine flags, same names)."""
     h = _hw()
-    base: dict = {}
-    if id is not None:
-        key = str(id).strip().lower()
-        if key not in h["machine"]:
-            raise unknown_id("machine", id, h["machine"], "machine")
-        base = dict(h["machine"][key])
+    base = _catalog_machine(h, id)
     gpus = _positive(gpus, "gpus", integer=True, allow_zero=True)
     gpu_mem_gb = _positive(gpu_mem_gb, "gpu_mem_gb")
     sockets = _positive(sockets, "sockets", integer=True)
     cores = _positive(cores, "cores", integer=True)
     host_mem_gb = _positive(host_mem_gb, "host_mem_gb")
-    assumptions = []
-
-    gpu_id = (gpu if gpu is not None else base.get("gpu"))
-    gpu_id = None if gpu_id in (None, "none", "") else str(gpu_id).strip().lower()
+    gpu_id = _gpu_id(h, gpu, base)
     if id is None and gpu_id is None and host is None:
         raise MoesimError("give a catalog machine (--machine ID) or its parts (--gpu and/or --host)", "machine")
-    unified = gpu_id is not None and gpu_id in h["unified"]
-    if gpu_id is not None and not unified and gpu_id not in h["gpu"]:
+    if gpu_id is not None and gpu_id in h["unified"]:
+        return _unified_machine(h, id, gpu_id, base, gpus=gpus, gpu_mem_gb=gpu_mem_gb, host=host, cores=cores,
+                                host_mem_gb=host_mem_gb, storage=storage)
+    if gpu_id is not None and gpu_id not in h["gpu"]:
         raise unknown_id("GPU", gpu_id, list(h["gpu"]) + list(h["unified"]), "gpu")
+    return _discrete_machine(h, id, gpu_id, base, gpu=gpu, gpus=gpus, gpu_mem_gb=gpu_mem_gb, host=host,
+                             sockets=sockets, cores=cores, host_mem_gb=host_mem_gb, pcie=pcie, storage=storage,
+                             cpu=cpu)
 
-    if unified:
-        chip = h["unified"][gpu_id]
-        if host is not None:
-            raise MoesimError(f"{gpu_id} is a unified-memory chip: its memory is the pool, so --host "
-                              "does not apply (use --gpu-mem-gb or --host-mem-gb for the pool size)", "host")
-        if gpus not in (None, 1):
-            raise MoesimError(f"a unified-memory machine has one {gpu_id}, got --gpus {gpus}", "gpus")
-        if gpu_mem_gb is not None and host_mem_gb is not None and gpu_mem_gb != host_mem_gb:
-            raise MoesimError("on a unified-memory chip --gpu-mem-gb and --host-mem-gb name the same pool "
-                              "and disagree", "gpu_mem_gb")
-        pool_gb = gpu_mem_gb or host_mem_gb or base.get("host_mem_gb") or chip["default_memory_gb"]
-        if pool_gb not in chip.get("memory_options_gb", [pool_gb]):
-            assumptions.append(f"{pool_gb:g} GB is not a listed {gpu_id} option "
-                               f"({', '.join(str(x) for x in chip.get('memory_options_gb', []))})")
-        st = storage if storage is not None else base.get("storage")
-        st_info = _storage(st)
-        return Machine(
-            id=id or gpu_id, gpu=gpu_id, n_gpus=1, gpu_mem_bytes=pool_gb * GB, gpu_bw_gbs=float(chip["mem_bw_gbs"]),
-            gpu_tflops={k[len("gpu_tflops_"):]: float(v) for k, v in chip.items() if k.startswith("gpu_tflops_")},
-            unified=True,
-            gpu_working_set_fraction=float(chip.get("gpu_working_set_fraction", 0.75)),
-            host_memory="unified", channels=0, sockets=1, cores=cores or chip.get("cpu_cores", 0),
-            cpu=gpu_id, cpu_isa=("neon",) if chip.get("vendor") == "apple" else (),
-            host_mem_bytes=pool_gb * GB, host_bw_gbs=float(chip["mem_bw_gbs"]),
-            storage=st, storage_read_gbs=st_info[0], storage_bytes=st_info[1],
-            assumptions=tuple(assumptions))
 
-    # discrete GPUs (or none) + host
-    n_gpus = gpus if gpus is not None else int(base.get("gpus", 1 if gpu_id else 0))
-    if gpu_id is None and n_gpus:
-        raise MoesimError(f"--gpus {n_gpus} without a GPU model (--gpu ID)", "gpus")
-    if gpu_id is not None and n_gpus == 0:
-        if gpu is not None or gpu_mem_gb is not None:
-            raise MoesimError(f"--gpus 0 contradicts --gpu {gpu_id}", "gpus")
-        gpu_id = None
-    if gpu_id is None and gpu_mem_gb is not None:
-        raise MoesimError("--gpu-mem-gb given for a machine without GPUs", "gpu_mem_gb")
+def _catalog_machine(h: dict, id) -> dict:
+    """The catalog entry that flags given with ``id`` override ({} when composing from parts)."""
+    if id is None:
+        return {}
+    key = str(id).strip().lower()
+    if key not in h["machine"]:
+        raise unknown_id("machine", id, h["machine"], "machine")
+    return dict(h["machine"][key])
+
+
+def _gpu_id(h: dict, gpu, base: dict) -> "str | None":
+    """The GPU (or unified chip) id: the flag over the catalog's; 'none' or '' mean no GPU."""
+    gpu_id = (gpu if gpu is not None else base.get("gpu"))
+    return None if gpu_id in (None, "none", "") else str(gpu_id).strip().lower()
+
+
+def _unified_machine(h: dict, id, gpu_id: str, base: dict, *, gpus, gpu_mem_gb, host, cores, host_mem_gb,
+                     storage) -> Machine:
+    """A unified-memory chip: one pool serves as GPU and host memory, so host/GPU-count flags are refused."""
+    chip = h["unified"][gpu_id]
+    if host is not None:
+        raise MoesimError(f"{gpu_id} is a unified-memory chip: its memory is the pool, so --host "
+                          "does not apply (use --gpu-mem-gb or --host-mem-gb for the pool size)", "host")
+    if gpus not in (None, 1):
+        raise MoesimError(f"a unified-memory machine has one {gpu_id}, got --gpus {gpus}", "gpus")
+    if gpu_mem_gb is not None and host_mem_gb is not None and gpu_mem_gb != host_mem_gb:
+        raise MoesimError("on a unified-memory chip --gpu-mem-gb and --host-mem-gb name the same pool "
+                          "and disagree", "gpu_mem_gb")
+    assumptions = []
+    pool_gb = gpu_mem_gb or host_mem_gb or base.get("host_mem_gb") or chip["default_memory_gb"]
+    if pool_gb not in chip.get("memory_options_gb", [pool_gb]):
+        assumptions.append(f"{pool_gb:g} GB is not a listed {gpu_id} option "
+                           f"({', '.join(str(x) for x in chip.get('memory_options_gb', []))})")
+    st = storage if storage is not None else base.get("storage")
+    st_info = _storage(st)
+    return Machine(
+        id=id or gpu_id, gpu=gpu_id, n_gpus=1, gpu_mem_bytes=pool_gb * GB, gpu_bw_gbs=float(chip["mem_bw_gbs"]),
+        gpu_tflops={k[len("gpu_tflops_"):]: float(v) for k, v in chip.items() if k.startswith("gpu_tflops_")},
+        unified=True,
+        gpu_working_set_fraction=float(chip.get("gpu_working_set_fraction", 0.75)),
+        host_memory="unified", channels=0, sockets=1, cores=cores or chip.get("cpu_cores", 0),
+        cpu=gpu_id, cpu_isa=("neon",) if chip.get("vendor") == "apple" else (),
+        host_mem_bytes=pool_gb * GB, host_bw_gbs=float(chip["mem_bw_gbs"]),
+        storage=st, storage_read_gbs=st_info[0], storage_bytes=st_info[1],
+        assumptions=tuple(assumptions))
+
+
+def _discrete_machine(h: dict, id, gpu_id, base: dict, *, gpu, gpus, gpu_mem_gb, host, sockets, cores,
+                      host_mem_gb, pcie, storage, cpu) -> Machine:
+    """Discrete GPUs (or none) plus host DRAM; every part not given is taken from the catalog machine,
+    else the CPU part, else a stated assumption."""
+    assumptions = []
+    n_gpus, gpu_id = _gpu_count(gpu_id, base, gpu=gpu, gpus=gpus, gpu_mem_gb=gpu_mem_gb)
     g = h["gpu"][gpu_id] if gpu_id else {}
     gpu_mem = gpu_mem_gb * GB if gpu_mem_gb is not None else float(g.get("memory_bytes", 0.0))
-
-    cpu_id = (cpu or base.get("cpu"))
-    cpu_info = {}
-    if cpu_id:
-        cpu_id = str(cpu_id).strip().lower()
-        if cpu_id not in h["cpu"]:
-            raise unknown_id("CPU", cpu_id, h["cpu"], "cpu")
-        cpu_info = h["cpu"][cpu_id]
-    if host is not None:
-        part, ch = parse_host(host)
-    else:
-        part, ch = base.get("host_memory"), None
-    if part is None:
-        part = cpu_info.get("memory") or "ddr5"
-        assumptions.append(f"host memory part not given: assumed {part}")
-    if part not in h["host_memory"]:
-        raise unknown_id("host memory part", part, h["host_memory"], "host")
-    channels = ch or base.get("channels") or cpu_info.get("channels")
-    if not channels:
-        channels = 2
-        assumptions.append("memory channels not given: assumed 2 (desktop platform, hardware.md §4)")
+    cpu_id, cpu_info = _cpu_part(h, cpu or base.get("cpu"))
+    part, channels = _host_memory(h, host, base, cpu_info, assumptions)
     n_sockets = sockets or int(base.get("sockets", 1))
     if cpu_info and n_sockets > int(cpu_info.get("max_sockets", n_sockets)):
         raise MoesimError(f"{cpu_id} supports at most {cpu_info['max_sockets']} sockets", "sockets")
@@ -214,13 +209,7 @@ def machine(id: str | None = None, *, gpu: str | None = None, gpus: int | None =
         host_gb = 32.0 * channels * n_sockets
         assumptions.append(f"host RAM not given: assumed one 32 GB DIMM per channel = {host_gb:g} GB")
     n_cores = cores or (int(cpu_info.get("cores", 0)) * n_sockets)
-    link = pcie or base.get("pcie") or g.get("host_link")
-    link_info = {}
-    if link:
-        link = str(link).strip().lower()
-        if link not in h["link"]:
-            raise unknown_id("PCIe link", link, h["link"], "pcie")
-        link_info = h["link"][link]
+    link, link_info = _pcie_link(h, pcie or base.get("pcie") or g.get("host_link"))
     st = storage if storage is not None else base.get("storage")
     if st is None:
         st = "nvme-gen4"
@@ -236,6 +225,59 @@ def machine(id: str | None = None, *, gpu: str | None = None, gpus: int | None =
         host_bw_gbs=float(h["host_memory"][part]["channel_gbs"]) * channels * n_sockets,
         pcie=link, pcie_gbs=float(link_info.get("gbs", 0.0)), pcie_pinned_gbs=float(link_info.get("pinned_h2d_gbs", 0.0)),
         storage=st, storage_read_gbs=st_info[0], storage_bytes=st_info[1], assumptions=tuple(assumptions))
+
+
+def _gpu_count(gpu_id, base: dict, *, gpu, gpus, gpu_mem_gb) -> tuple:
+    """(GPU count, GPU id): --gpus 0 drops a catalog machine's GPU, but contradicts an explicit --gpu."""
+    n_gpus = gpus if gpus is not None else int(base.get("gpus", 1 if gpu_id else 0))
+    if gpu_id is None and n_gpus:
+        raise MoesimError(f"--gpus {n_gpus} without a GPU model (--gpu ID)", "gpus")
+    if gpu_id is not None and n_gpus == 0:
+        if gpu is not None or gpu_mem_gb is not None:
+            raise MoesimError(f"--gpus 0 contradicts --gpu {gpu_id}", "gpus")
+        gpu_id = None
+    if gpu_id is None and gpu_mem_gb is not None:
+        raise MoesimError("--gpu-mem-gb given for a machine without GPUs", "gpu_mem_gb")
+    return n_gpus, gpu_id
+
+
+def _cpu_part(h: dict, cpu_id) -> tuple:
+    """(CPU id, its catalog entry); the entry supplies channel, core, socket and ISA defaults."""
+    if not cpu_id:
+        return cpu_id, {}
+    cpu_id = str(cpu_id).strip().lower()
+    if cpu_id not in h["cpu"]:
+        raise unknown_id("CPU", cpu_id, h["cpu"], "cpu")
+    return cpu_id, h["cpu"][cpu_id]
+
+
+def _host_memory(h: dict, host, base: dict, cpu_info: dict, assumptions: list) -> tuple:
+    """(DRAM part id, channels per socket): the flag, then the catalog machine, then the CPU part,
+    then the desktop defaults (recorded in ``assumptions``)."""
+    if host is not None:
+        part, ch = parse_host(host)
+    else:
+        part, ch = base.get("host_memory"), None
+    if part is None:
+        part = cpu_info.get("memory") or "ddr5"
+        assumptions.append(f"host memory part not given: assumed {part}")
+    if part not in h["host_memory"]:
+        raise unknown_id("host memory part", part, h["host_memory"], "host")
+    channels = ch or base.get("channels") or cpu_info.get("channels")
+    if not channels:
+        channels = 2
+        assumptions.append("memory channels not given: assumed 2 (desktop platform, hardware.md §4)")
+    return part, channels
+
+
+def _pcie_link(h: dict, link) -> tuple:
+    """(PCIe link id, its catalog entry), or (falsy, {}) when no link is known."""
+    if not link:
+        return link, {}
+    link = str(link).strip().lower()
+    if link not in h["link"]:
+        raise unknown_id("PCIe link", link, h["link"], "pcie")
+    return link, h["link"][link]
 
 
 def _storage(st) -> tuple:

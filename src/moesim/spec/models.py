@@ -174,135 +174,175 @@ class Model:
 
 # ---------------------------------------------------------------------------------- tensors
 def _layer_tensors(model: Model, layer: Layer, p: str, force_cls: str | None) -> list:
+    """One block's tensors under prefix ``p``: its attention (by kind), then its FFN. With ``force_cls``
+    (an MTP block) every tensor takes that class and the layer index past the main layers."""
     h = model.hidden
     li = layer.index if force_cls is None else -1
-    a, f = layer.attention, layer.ffn
     out = []
 
     def add(name, shape, cls):
         out.append(Tensor(p + name, tuple(int(x) for x in shape), force_cls or cls, li if li >= 0 else
                           (model.n_layers if force_cls else -1)))
 
-    add("attn_norm.weight", (h,), "attention")
-    if a.kind == "gqa":
-        q_out = a.n_heads * a.head_dim * (2 if a.output_gate else 1)
-        kv_out = a.n_kv_heads * a.head_dim
-        add("attn_q.weight", (h, q_out), "attention")
-        add("attn_k.weight", (h, kv_out), "attention")
-        add("attn_v.weight", (h, kv_out), "attention")
-        add("attn_output.weight", (a.n_heads * a.head_dim, h), "attention")
-        if a.bias:
-            add("attn_q.bias", (q_out,), "attention")
-            add("attn_k.bias", (kv_out,), "attention")
-            add("attn_v.bias", (kv_out,), "attention")
-        if a.qk_norm:
-            add("attn_q_norm.weight", (a.head_dim,), "attention")
-            add("attn_k_norm.weight", (a.head_dim,), "attention")
-        if a.sinks:
-            add("attn_sinks.weight", (a.n_heads,), "attention")
-            add("attn_output.bias", (h,), "attention")
-    elif a.kind == "mla":
-        qk = a.qk_nope_head_dim + a.qk_rope_head_dim
-        if a.q_lora_rank:
-            add("attn_q_a.weight", (h, a.q_lora_rank), "attention")
-            add("attn_q_a_norm.weight", (a.q_lora_rank,), "attention")
-            add("attn_q_b.weight", (a.q_lora_rank, a.n_heads * qk), "attention")
-        else:
-            add("attn_q.weight", (h, a.n_heads * qk), "attention")
-        add("attn_kv_a_mqa.weight", (h, a.kv_lora_rank + a.qk_rope_head_dim), "attention")
-        add("attn_kv_a_norm.weight", (a.kv_lora_rank,), "attention")
-        add("attn_k_b.weight", (a.qk_nope_head_dim, a.kv_lora_rank, a.n_heads), "attention")
-        add("attn_v_b.weight", (a.kv_lora_rank, a.v_head_dim, a.n_heads), "attention")
-        add("attn_output.weight", (a.n_heads * a.v_head_dim, h), "attention")
-        if a.output_gate:
-            add("attn_gate.weight", (h, a.n_heads * a.v_head_dim), "attention")
-        if a.own_indexer:
-            q_in = a.q_lora_rank or h
-            add("indexer.attn_q_b.weight", (q_in, a.index_heads * a.index_head_dim), "attention")
-            add("indexer.attn_k.weight", (h, a.index_head_dim), "attention")
-            add("indexer.k_norm.weight", (a.index_head_dim,), "attention")
-            add("indexer.proj.weight", (h, a.index_heads), "attention")
-    elif a.kind in ("kda", "gdn"):
-        qk = a.lin_k_heads * a.lin_k_dim
-        vd = a.lin_v_heads * a.lin_v_dim
-        if a.kind == "gdn":
-            add("ssm_in.weight", (h, 2 * qk + 2 * vd), "attention")
-            add("ssm_beta_alpha.weight", (h, 2 * a.lin_v_heads), "attention")
-            add("ssm_conv1d.weight", (a.conv_kernel, 2 * qk + vd), "attention")
-            add("ssm_dt.bias", (a.lin_v_heads,), "attention")
-            add("ssm_a", (a.lin_v_heads,), "attention")
-            add("ssm_norm.weight", (a.lin_v_dim,), "attention")
-            add("ssm_out.weight", (vd, h), "attention")
-        else:
-            add("attn_q.weight", (h, qk), "attention")
-            add("attn_k.weight", (h, qk), "attention")
-            add("attn_v.weight", (h, vd), "attention")
-            add("attn_output.weight", (vd, h), "attention")
-            add("ssm_conv1d.weight", (a.conv_kernel, 2 * qk + vd), "attention")
-            if a.full_rank_gate:
-                add("ssm_f.weight", (h, qk), "attention")
-            else:
-                add("ssm_f_a.weight", (h, a.lin_k_dim), "attention")
-                add("ssm_f_b.weight", (a.lin_k_dim, qk), "attention")
-            add("ssm_g_a.weight", (h, a.lin_v_dim), "attention")
-            add("ssm_g_b.weight", (a.lin_v_dim, vd), "attention")
-            add("ssm_beta.weight", (h, a.lin_v_heads), "attention")
-            add("ssm_a", (a.lin_v_heads,), "attention")
-            add("ssm_dt.bias", (qk,), "attention")
-            add("ssm_norm.weight", (a.lin_v_dim,), "attention")
-    elif a.kind == "dsv4":
-        add("attn_q_a.weight", (h, a.q_lora_rank), "attention")
-        add("attn_q_a_norm.weight", (a.q_lora_rank,), "attention")
-        add("attn_q_b.weight", (a.q_lora_rank, a.n_heads * a.head_dim), "attention")
-        add("attn_kv.weight", (h, a.head_dim), "attention")
-        add("attn_kv_norm.weight", (a.head_dim,), "attention")
-        add("attn_o_a.weight", (a.n_heads * a.head_dim // a.o_groups, a.o_groups * a.o_lora_rank), "attention")
-        add("attn_o_b.weight", (a.o_groups * a.o_lora_rank, h), "attention")
-        add("attn_sinks.weight", (a.n_heads,), "attention")
-        if a.compress_ratio:
-            coff = 2 if a.compress_ratio == 4 else 1
-            add("attn_comp_kv.weight", (h, a.head_dim * coff), "attention")
-            add("attn_comp_gate.weight", (h, a.head_dim * coff), "attention")
-            add("attn_comp_ape.weight", (a.head_dim * coff, a.compress_ratio), "attention")
-            if a.compress_ratio == 4:
-                add("indexer.attn_q_b.weight", (a.q_lora_rank, a.index_heads * a.index_head_dim), "attention")
-                add("indexer.proj.weight", (h, a.index_heads), "attention")
-                add("indexer.comp_kv.weight", (h, a.index_head_dim * 2), "attention")
-                add("indexer.comp_gate.weight", (h, a.index_head_dim * 2), "attention")
-        if a.hc_mult:
-            mix = (2 + a.hc_mult) * a.hc_mult
-            add("hc_attn_fn.weight", (a.hc_mult * h, mix), "attention")
-            add("hc_ffn_fn.weight", (a.hc_mult * h, mix), "attention")
+    def attn(name, shape):
+        add(name, shape, "attention")
 
-    add("ffn_norm.weight", (h,), "attention")
-    if f.kind == "dense":
-        add("ffn_gate.weight", (h, f.intermediate), "dense_ffn")
-        add("ffn_up.weight", (h, f.intermediate), "dense_ffn")
-        add("ffn_down.weight", (f.intermediate, h), "dense_ffn")
+    attn("attn_norm.weight", (h,))
+    a = layer.attention
+    if a.kind in _ATTENTION_TENSORS:
+        _ATTENTION_TENSORS[a.kind](attn, a, h)
+    attn("ffn_norm.weight", (h,))
+    if layer.ffn.kind == "dense":
+        _dense_ffn_tensors(add, layer.ffn, h)
     else:
-        e, fi = f.n_experts, f.expert_intermediate
-        d = f.latent_dim or h
-        add("ffn_gate_inp.weight", (h, e), "router")
-        if f.router_bias:
-            add("exp_probs_b.bias", (e,), "router")
-        if f.latent_dim:
-            add("ffn_latent_down.weight", (h, d), "router")
-            add("ffn_latent_up.weight", (d, h), "router")
-        add("ffn_gate_exps.weight", (d, fi, e), "routed_experts")
-        add("ffn_up_exps.weight", (d, fi, e), "routed_experts")
-        add("ffn_down_exps.weight", (fi, d, e), "routed_experts")
-        if f.expert_bias:
-            add("ffn_gate_exps.bias", (fi, e), "routed_experts")
-            add("ffn_up_exps.bias", (fi, e), "routed_experts")
-            add("ffn_down_exps.bias", (d, e), "routed_experts")
-        if f.n_shared:
-            s = f.shared_intermediate * f.n_shared
-            add("ffn_gate_shexp.weight", (h, s), "shared_experts")
-            add("ffn_up_shexp.weight", (h, s), "shared_experts")
-            add("ffn_down_shexp.weight", (s, h), "shared_experts")
-            if f.shared_gate:
-                add("ffn_gate_inp_shexp.weight", (h,), "shared_experts")
+        _moe_ffn_tensors(add, layer.ffn, h)
     return out
+
+
+def _gqa_tensors(attn, a, h: int) -> None:
+    """Grouped-query attention: Q (doubled by an output gate), K, V, O; optional biases, QK norms, sinks."""
+    q_out = a.n_heads * a.head_dim * (2 if a.output_gate else 1)
+    kv_out = a.n_kv_heads * a.head_dim
+    attn("attn_q.weight", (h, q_out))
+    attn("attn_k.weight", (h, kv_out))
+    attn("attn_v.weight", (h, kv_out))
+    attn("attn_output.weight", (a.n_heads * a.head_dim, h))
+    if a.bias:
+        attn("attn_q.bias", (q_out,))
+        attn("attn_k.bias", (kv_out,))
+        attn("attn_v.bias", (kv_out,))
+    if a.qk_norm:
+        attn("attn_q_norm.weight", (a.head_dim,))
+        attn("attn_k_norm.weight", (a.head_dim,))
+    if a.sinks:
+        attn("attn_sinks.weight", (a.n_heads,))
+        attn("attn_output.bias", (h,))
+
+
+def _mla_tensors(attn, a, h: int) -> None:
+    """Multi-head latent attention (DeepSeek): low-rank Q (or full Q), the compressed KV with its split
+    K/V up-projections as llama.cpp stores them, an optional gate and the DSA lightning indexer."""
+    qk = a.qk_nope_head_dim + a.qk_rope_head_dim
+    if a.q_lora_rank:
+        attn("attn_q_a.weight", (h, a.q_lora_rank))
+        attn("attn_q_a_norm.weight", (a.q_lora_rank,))
+        attn("attn_q_b.weight", (a.q_lora_rank, a.n_heads * qk))
+    else:
+        attn("attn_q.weight", (h, a.n_heads * qk))
+    attn("attn_kv_a_mqa.weight", (h, a.kv_lora_rank + a.qk_rope_head_dim))
+    attn("attn_kv_a_norm.weight", (a.kv_lora_rank,))
+    attn("attn_k_b.weight", (a.qk_nope_head_dim, a.kv_lora_rank, a.n_heads))
+    attn("attn_v_b.weight", (a.kv_lora_rank, a.v_head_dim, a.n_heads))
+    attn("attn_output.weight", (a.n_heads * a.v_head_dim, h))
+    if a.output_gate:
+        attn("attn_gate.weight", (h, a.n_heads * a.v_head_dim))
+    if a.own_indexer:
+        q_in = a.q_lora_rank or h
+        attn("indexer.attn_q_b.weight", (q_in, a.index_heads * a.index_head_dim))
+        attn("indexer.attn_k.weight", (h, a.index_head_dim))
+        attn("indexer.k_norm.weight", (a.index_head_dim,))
+        attn("indexer.proj.weight", (h, a.index_heads))
+
+
+def _gdn_tensors(attn, a, h: int) -> None:
+    """Gated DeltaNet linear attention (Qwen3-Next): fused in-projection, conv, decay and out-projection."""
+    qk = a.lin_k_heads * a.lin_k_dim
+    vd = a.lin_v_heads * a.lin_v_dim
+    attn("ssm_in.weight", (h, 2 * qk + 2 * vd))
+    attn("ssm_beta_alpha.weight", (h, 2 * a.lin_v_heads))
+    attn("ssm_conv1d.weight", (a.conv_kernel, 2 * qk + vd))
+    attn("ssm_dt.bias", (a.lin_v_heads,))
+    attn("ssm_a", (a.lin_v_heads,))
+    attn("ssm_norm.weight", (a.lin_v_dim,))
+    attn("ssm_out.weight", (vd, h))
+
+
+def _kda_tensors(attn, a, h: int) -> None:
+    """Kimi Delta Attention (Kimi-Linear): separate Q/K/V/O, conv, a full- or low-rank forget gate and a
+    low-rank output gate."""
+    qk = a.lin_k_heads * a.lin_k_dim
+    vd = a.lin_v_heads * a.lin_v_dim
+    attn("attn_q.weight", (h, qk))
+    attn("attn_k.weight", (h, qk))
+    attn("attn_v.weight", (h, vd))
+    attn("attn_output.weight", (vd, h))
+    attn("ssm_conv1d.weight", (a.conv_kernel, 2 * qk + vd))
+    if a.full_rank_gate:
+        attn("ssm_f.weight", (h, qk))
+    else:
+        attn("ssm_f_a.weight", (h, a.lin_k_dim))
+        attn("ssm_f_b.weight", (a.lin_k_dim, qk))
+    attn("ssm_g_a.weight", (h, a.lin_v_dim))
+    attn("ssm_g_b.weight", (a.lin_v_dim, vd))
+    attn("ssm_beta.weight", (h, a.lin_v_heads))
+    attn("ssm_a", (a.lin_v_heads,))
+    attn("ssm_dt.bias", (qk,))
+    attn("ssm_norm.weight", (a.lin_v_dim,))
+
+
+def _dsv4_tensors(attn, a, h: int) -> None:
+    """DeepSeek-V4 attention: low-rank Q, one shared KV head, grouped low-rank output, sinks; compressed
+    layers add the KV compressor (and at ratio 4 the indexer); hyper-connection mixers when hc_mult."""
+    attn("attn_q_a.weight", (h, a.q_lora_rank))
+    attn("attn_q_a_norm.weight", (a.q_lora_rank,))
+    attn("attn_q_b.weight", (a.q_lora_rank, a.n_heads * a.head_dim))
+    attn("attn_kv.weight", (h, a.head_dim))
+    attn("attn_kv_norm.weight", (a.head_dim,))
+    attn("attn_o_a.weight", (a.n_heads * a.head_dim // a.o_groups, a.o_groups * a.o_lora_rank))
+    attn("attn_o_b.weight", (a.o_groups * a.o_lora_rank, h))
+    attn("attn_sinks.weight", (a.n_heads,))
+    if a.compress_ratio:
+        coff = 2 if a.compress_ratio == 4 else 1
+        attn("attn_comp_kv.weight", (h, a.head_dim * coff))
+        attn("attn_comp_gate.weight", (h, a.head_dim * coff))
+        attn("attn_comp_ape.weight", (a.head_dim * coff, a.compress_ratio))
+        if a.compress_ratio == 4:
+            attn("indexer.attn_q_b.weight", (a.q_lora_rank, a.index_heads * a.index_head_dim))
+            attn("indexer.proj.weight", (h, a.index_heads))
+            attn("indexer.comp_kv.weight", (h, a.index_head_dim * 2))
+            attn("indexer.comp_gate.weight", (h, a.index_head_dim * 2))
+    if a.hc_mult:
+        mix = (2 + a.hc_mult) * a.hc_mult
+        attn("hc_attn_fn.weight", (a.hc_mult * h, mix))
+        attn("hc_ffn_fn.weight", (a.hc_mult * h, mix))
+
+
+# attention kind -> the function adding its tensors (a kind not listed adds none beyond the norms)
+_ATTENTION_TENSORS = {"gqa": _gqa_tensors, "mla": _mla_tensors, "gdn": _gdn_tensors, "kda": _kda_tensors,
+                      "dsv4": _dsv4_tensors}
+
+
+def _dense_ffn_tensors(add, f, h: int) -> None:
+    """A dense SwiGLU FFN: gate, up, down."""
+    add("ffn_gate.weight", (h, f.intermediate), "dense_ffn")
+    add("ffn_up.weight", (h, f.intermediate), "dense_ffn")
+    add("ffn_down.weight", (f.intermediate, h), "dense_ffn")
+
+
+def _moe_ffn_tensors(add, f, h: int) -> None:
+    """A MoE FFN: router (+ bias, + latent projections), stacked routed experts (+ biases), shared experts."""
+    e, fi = f.n_experts, f.expert_intermediate
+    d = f.latent_dim or h
+    add("ffn_gate_inp.weight", (h, e), "router")
+    if f.router_bias:
+        add("exp_probs_b.bias", (e,), "router")
+    if f.latent_dim:
+        add("ffn_latent_down.weight", (h, d), "router")
+        add("ffn_latent_up.weight", (d, h), "router")
+    add("ffn_gate_exps.weight", (d, fi, e), "routed_experts")
+    add("ffn_up_exps.weight", (d, fi, e), "routed_experts")
+    add("ffn_down_exps.weight", (fi, d, e), "routed_experts")
+    if f.expert_bias:
+        add("ffn_gate_exps.bias", (fi, e), "routed_experts")
+        add("ffn_up_exps.bias", (fi, e), "routed_experts")
+        add("ffn_down_exps.bias", (d, e), "routed_experts")
+    if f.n_shared:
+        s = f.shared_intermediate * f.n_shared
+        add("ffn_gate_shexp.weight", (h, s), "shared_experts")
+        add("ffn_up_shexp.weight", (h, s), "shared_experts")
+        add("ffn_down_shexp.weight", (s, h), "shared_experts")
+        if f.shared_gate:
+            add("ffn_gate_inp_shexp.weight", (h,), "shared_experts")
 
 
 def _parse(cfg: dict, id: str, meta: dict) -> Model:

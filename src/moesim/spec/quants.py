@@ -233,142 +233,148 @@ class _GGUFState:
         self.i_ffn_down = 0
 
 
+# Rules of the tables below: ``(state, i, n) -> type | None`` (None keeps the base type), ``i`` the
+# role's counter (attn_v tensor or layer index), ``n`` its total.
+def _gqa4(hi: str, lo: "str | None" = None):
+    """Rule: ``hi`` for grouped-query attention with >= 4 query heads per KV head, else ``lo``."""
+    return lambda s, i, n: hi if s.n_gqa >= 4 else lo
+
+
+def _first_eighth(hi: str, lo: "str | None" = None):
+    """Rule: ``hi`` for the first n/8 layers, else ``lo``."""
+    return lambda s, i, n: hi if i < n // 8 else lo
+
+
+def _more_bits(hi: str):
+    """Rule: ``hi`` on the layers use_more_bits picks (first and last eighth, every third between)."""
+    return lambda s, i, n: hi if _use_more_bits(i, n) else None
+
+
+# llama_tensor_get_type's per-ftype overrides, one table per tensor role: ftype -> a type or a rule.
+_ATTN_V_TYPES = {
+    "Q2_K": _gqa4("Q4_K", "Q3_K"), "Q2_K_S": _gqa4("Q4_K"),
+    "IQ3_XXS": _gqa4("Q4_K", "IQ3_S"),   # no imatrix
+    "IQ3_XS": _gqa4("Q4_K"), "IQ3_S": _gqa4("Q4_K"), "IQ3_M": "Q4_K",
+    "Q3_K_M": lambda s, i, n: "Q5_K" if i < 2 else "Q4_K", "Q3_K_L": "Q5_K",
+    "IQ4_NL": _gqa4("Q5_K"), "IQ4_XS": _gqa4("Q5_K"),
+    "Q4_K_M": _more_bits("Q6_K"), "Q5_K_M": _more_bits("Q6_K"),
+    "Q4_K_S": lambda s, i, n: "Q5_K" if i < 4 else None,
+}
+_FFN_DOWN_TYPES = {
+    "Q2_K": "Q3_K", "Q2_K_S": _first_eighth("Q4_K"), "IQ3_XXS": _first_eighth("Q4_K", "Q3_K"),
+    "Q3_K_M": lambda s, i, n: "Q5_K" if i < n // 16 else "Q4_K",
+    "IQ3_M": lambda s, i, n: "Q4_K" if i < n // 8 or (s.n_expert == 8 and _use_more_bits(i, n)) else None,
+    "Q3_K_L": "Q5_K", "Q4_K_M": _more_bits("Q6_K"),
+    "IQ4_NL": _first_eighth("Q5_K"), "IQ4_XS": _first_eighth("Q5_K"),
+    "Q5_K_M": _more_bits("Q6_K"), "Q4_K_S": _first_eighth("Q5_K"),
+}
+_TOKEN_EMBD_TYPES = {"IQ2_XXS": "Q2_K", "IQ2_XS": "Q2_K", "IQ1_S": "Q2_K", "IQ1_M": "Q2_K",
+                     "IQ2_S": "IQ3_S", "IQ2_M": "IQ3_S", "IQ3_XXS": "IQ3_S", "TQ1_0": "Q4_K", "TQ2_0": "Q4_K"}
+_ATTN_QK_TYPES = {"IQ3_XS": "IQ3_XXS", "IQ3_XXS": "IQ2_S"}          # attn_k (fewer than 8 experts), attn_q
+_ATTN_OUTPUT_TYPES = {"Q2_K": "Q3_K", "IQ3_XXS": "IQ3_S", "Q3_K_M": "Q4_K", "Q3_K_L": "Q5_K", "IQ3_M": "Q4_K"}
+_ATTN_OUTPUT_8_EXPERTS = {"Q2_K", "IQ3_XS", "IQ3_XXS", "Q3_K_S", "Q3_K_M", "IQ4_NL", "Q4_K_S", "Q4_K_M",
+                          "IQ3_S", "IQ3_M", "IQ4_XS"}                # -> Q5_K with 8 experts
+_ATTN_QKV_TYPES = {"Q3_K_M": "Q4_K", "Q3_K_L": "Q4_K", "IQ3_M": "Q4_K", "Q4_K_M": "Q5_K", "Q5_K_M": "Q6_K"}
+_OUTPUT_VERY_LOW = {"IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ2_S", "IQ2_M", "IQ1_M"}   # output -> Q5_K
+
+
+def _table_type(table: dict, ftype: str, base: str, s: "_GGUFState", i: int = 0, n: int = 0) -> str:
+    """The type ``table`` gives ``ftype`` (a type or a rule), ``base`` when it gives none."""
+    rule = table.get(ftype)
+    new = rule(s, i, n) if callable(rule) else rule
+    return base if new is None else new
+
+
 def _gguf_type(ftype: str, base: str, t: Tensor, s: _GGUFState) -> str:
     """llama_tensor_get_type, for one tensor that is being quantized."""
-    name, new = t.name, base
-    layer = t.layer if t.layer >= 0 else s.i_ffn_down
+    return _fit_block(_role_type(ftype, base, t, s), t.shape[0])
+
+
+def _role_type(ftype: str, base: str, t: Tensor, s: _GGUFState) -> str:
+    """The type llama.cpp picks by the tensor's role (its name), in llama.cpp's order of checks."""
+    name = t.name
     if ftype == "MXFP4_MOE":
         # MXFP4 for stacked expert tensors (ne[2] > 1), Q8_0 for everything else (quants.md §2.4).
-        new = "MXFP4" if len(t.shape) > 2 and t.shape[2] > 1 else "Q8_0"
-    elif name == "output.weight" or (not s.has_output and name == "token_embd.weight"):
-        if t.shape[0] % ggml_types()[base]["block"] != 0:
-            new = "Q8_0"
-        elif ftype in ("IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ2_S", "IQ2_M", "IQ1_M"):
-            new = "Q5_K"
-        elif new != "Q8_0":
-            new = "Q6_K"
-    elif name == "token_embd.weight":
-        if ftype in ("IQ2_XXS", "IQ2_XS", "IQ1_S", "IQ1_M"):
-            new = "Q2_K"
-        elif ftype in ("IQ2_S", "IQ2_M", "IQ3_XXS"):
-            new = "IQ3_S"
-        elif ftype in ("TQ1_0", "TQ2_0"):
-            new = "Q4_K"
-    elif ftype in _VERY_LOW:
-        if "attn_v.weight" in name:
-            if s.n_gqa >= 4 or s.n_expert >= 4:
-                new = "Q4_K"
-            else:
-                new = "IQ3_S" if ftype in ("IQ2_S", "IQ2_M") else "Q2_K"
-            s.i_attention_wv += 1
-        elif s.n_expert == 8 and "attn_k.weight" in name:
-            new = "Q4_K"
-        elif "ffn_down" in name:
-            # This branch counts ffn_down tensors, not layers (LQ).
-            if s.i_ffn_down < s.n_layer // 8:
-                new = "IQ3_S" if ftype in ("IQ2_S", "IQ2_M") else "Q2_K"
-            s.i_ffn_down += 1
-        elif "attn_output.weight" in name:
-            if s.n_expert == 8:
-                new = "Q5_K"
-            elif ftype in ("IQ1_S", "IQ1_M"):
-                new = "IQ2_XXS"
-            elif ftype in ("IQ2_S", "IQ2_M"):
-                new = "IQ3_S"
-    elif "attn_v.weight" in name:
-        i, n = s.i_attention_wv, s.n_attention_wv
-        if ftype == "Q2_K":
-            new = "Q4_K" if s.n_gqa >= 4 else "Q3_K"
-        elif ftype == "Q2_K_S" and s.n_gqa >= 4:
-            new = "Q4_K"
-        elif ftype == "IQ3_XXS":
-            new = "Q4_K" if s.n_gqa >= 4 else "IQ3_S"   # no imatrix
-        elif ftype in ("IQ3_XS", "IQ3_S") and s.n_gqa >= 4:
-            new = "Q4_K"
-        elif ftype == "IQ3_M":
-            new = "Q4_K"
-        elif ftype == "Q3_K_M":
-            new = "Q5_K" if i < 2 else "Q4_K"
-        elif ftype == "Q3_K_L":
-            new = "Q5_K"
-        elif ftype in ("IQ4_NL", "IQ4_XS") and s.n_gqa >= 4:
-            new = "Q5_K"
-        elif ftype in ("Q4_K_M", "Q5_K_M") and _use_more_bits(i, n):
-            new = "Q6_K"
-        elif ftype == "Q4_K_S" and i < 4:
-            new = "Q5_K"
-        if s.is_70b and new in ("Q3_K", "Q4_K"):
-            new = "Q5_K"
-        if s.n_expert == 8:
-            new = "Q8_0"
-        s.i_attention_wv += 1
-    elif "attn_k.weight" in name:
-        if s.n_expert == 8:
-            new = "Q8_0"
-        elif ftype == "IQ3_XS":
-            new = "IQ3_XXS"
-        elif ftype == "IQ3_XXS":
-            new = "IQ2_S"
-    elif "attn_q.weight" in name:
-        if ftype == "IQ3_XS":
-            new = "IQ3_XXS"
-        elif ftype == "IQ3_XXS":
-            new = "IQ2_S"
-    elif "ffn_down" in name:
-        i, n = layer, s.n_layer
-        if ftype == "Q2_K":
-            new = "Q3_K"
-        elif ftype == "Q2_K_S":
-            if i < n // 8:
-                new = "Q4_K"
-        elif ftype == "IQ3_XXS":
-            new = "Q4_K" if i < n // 8 else "Q3_K"
-        elif ftype == "Q3_K_M":
-            new = "Q5_K" if i < n // 16 else "Q4_K"
-        elif ftype == "IQ3_M" and (i < n // 8 or (s.n_expert == 8 and _use_more_bits(i, n))):
-            new = "Q4_K"
-        elif ftype == "Q3_K_L":
-            new = "Q5_K"
-        elif ftype == "Q4_K_M":
-            if _use_more_bits(i, n):
-                new = "Q6_K"
-        elif i < n // 8 and ftype in ("IQ4_NL", "IQ4_XS"):
-            new = "Q5_K"
-        elif ftype == "Q5_K_M" and _use_more_bits(i, n):
-            new = "Q6_K"
-        elif ftype == "Q4_K_S" and i < n // 8:
-            new = "Q5_K"
+        return "MXFP4" if len(t.shape) > 2 and t.shape[2] > 1 else "Q8_0"
+    if name == "output.weight" or (not s.has_output and name == "token_embd.weight"):
+        return _output_type(ftype, base, t)
+    if name == "token_embd.weight":
+        return _TOKEN_EMBD_TYPES.get(ftype, base)
+    if ftype in _VERY_LOW:
+        return _very_low_type(ftype, base, name, s)
+    if "attn_v.weight" in name:
+        return _attn_v_type(ftype, base, s)
+    if "attn_k.weight" in name:
+        return "Q8_0" if s.n_expert == 8 else _ATTN_QK_TYPES.get(ftype, base)
+    if "attn_q.weight" in name:
+        return _ATTN_QK_TYPES.get(ftype, base)
+    if "ffn_down" in name:
+        layer = t.layer if t.layer >= 0 else s.i_ffn_down
         s.i_ffn_down += 1
-    elif "attn_output.weight" in name:
+        return _table_type(_FFN_DOWN_TYPES, ftype, base, s, layer, s.n_layer)
+    if "attn_output.weight" in name:
         if s.n_expert == 8:
-            if ftype in ("Q2_K", "IQ3_XS", "IQ3_XXS", "Q3_K_S", "Q3_K_M", "IQ4_NL", "Q4_K_S", "Q4_K_M",
-                         "IQ3_S", "IQ3_M", "IQ4_XS"):
-                new = "Q5_K"
-        elif ftype == "Q2_K":
-            new = "Q3_K"
-        elif ftype == "IQ3_XXS":
-            new = "IQ3_S"
-        elif ftype == "Q3_K_M":
-            new = "Q4_K"
-        elif ftype == "Q3_K_L":
-            new = "Q5_K"
-        elif ftype == "IQ3_M":
-            new = "Q4_K"
-    elif "attn_qkv.weight" in name:
-        if ftype in ("Q3_K_M", "Q3_K_L", "IQ3_M"):
-            new = "Q4_K"
-        elif ftype == "Q4_K_M":
-            new = "Q5_K"
-        elif ftype == "Q5_K_M":
-            new = "Q6_K"
-    elif ("ffn_gate" in name or "ffn_up" in name) and ftype == "IQ3_XS":
+            return "Q5_K" if ftype in _ATTN_OUTPUT_8_EXPERTS else base
+        return _ATTN_OUTPUT_TYPES.get(ftype, base)
+    if "attn_qkv.weight" in name:
+        return _ATTN_QKV_TYPES.get(ftype, base)
+    if ("ffn_gate" in name or "ffn_up" in name) and ftype == "IQ3_XS":
+        layer = t.layer if t.layer >= 0 else s.i_ffn_down
         if s.n_layer // 8 <= layer < 7 * s.n_layer // 8:
-            new = "IQ3_XXS"
+            return "IQ3_XXS"
+    return base
 
-    block = ggml_types()[new]["block"]
-    if t.shape[0] % block != 0:
+
+def _output_type(ftype: str, base: str, t: Tensor) -> str:
+    """The output projection (or a tied token embedding): Q8_0 when its rows do not fit the base type's
+    blocks, Q5_K for the very low ftypes, else Q6_K unless the base is already Q8_0."""
+    if t.shape[0] % ggml_types()[base]["block"] != 0:
+        return "Q8_0"
+    if ftype in _OUTPUT_VERY_LOW:
+        return "Q5_K"
+    return base if base == "Q8_0" else "Q6_K"
+
+
+def _very_low_type(ftype: str, base: str, name: str, s: _GGUFState) -> str:
+    """The 1-2 bit ftypes' own rules (llama.cpp checks them before the per-role ones), with the
+    attn_v and ffn_down counters advanced as llama.cpp advances them."""
+    low_k = "IQ3_S" if ftype in ("IQ2_S", "IQ2_M") else "Q2_K"
+    if "attn_v.weight" in name:
+        s.i_attention_wv += 1
+        return "Q4_K" if s.n_gqa >= 4 or s.n_expert >= 4 else low_k
+    if s.n_expert == 8 and "attn_k.weight" in name:
+        return "Q4_K"
+    if "ffn_down" in name:
+        # This branch counts ffn_down tensors, not layers (LQ).
+        new = low_k if s.i_ffn_down < s.n_layer // 8 else base
+        s.i_ffn_down += 1
+        return new
+    if "attn_output.weight" in name:
+        if s.n_expert == 8:
+            return "Q5_K"
+        if ftype in ("IQ1_S", "IQ1_M"):
+            return "IQ2_XXS"
+        if ftype in ("IQ2_S", "IQ2_M"):
+            return "IQ3_S"
+    return base
+
+
+def _attn_v_type(ftype: str, base: str, s: _GGUFState) -> str:
+    """attn_v by its ftype rule, then raised to Q5_K on 70B llamas and to Q8_0 with 8 experts."""
+    new = _table_type(_ATTN_V_TYPES, ftype, base, s, s.i_attention_wv, s.n_attention_wv)
+    if s.is_70b and new in ("Q3_K", "Q4_K"):
+        new = "Q5_K"
+    if s.n_expert == 8:
+        new = "Q8_0"
+    s.i_attention_wv += 1
+    return new
+
+
+def _fit_block(new: str, ne0: int) -> str:
+    """A type whose block does not divide the rows falls back (llama.cpp's fallback table), then to F16."""
+    if ne0 % ggml_types()[new]["block"] != 0:
         new = _FALLBACK.get(new, new)
-        if t.shape[0] % ggml_types()[new]["block"] != 0:
+        if ne0 % ggml_types()[new]["block"] != 0:
             new = "F16"
     return new
 

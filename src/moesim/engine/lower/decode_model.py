@@ -11,7 +11,7 @@ from ...spec.hardware import Machine
 from ...spec.models import Model
 from ...spec.placement import Placement
 from ...spec.runtimes import Runtime
-from ..codes import EXP_CPU, EXP_FETCH, EXP_GPU, EXP_SPLIT
+from ..codes import EXP_CPU, EXP_FETCH, EXP_GPU, EXP_NONE, EXP_SPLIT
 from .machine import _AMX_FLOPS_PER_CYCLE
 from .attention import _kv_read_bytes, _score_flops
 
@@ -55,63 +55,16 @@ def lower_model(m: Model, low, p: Placement, machine: Machine, rt: Runtime, cont
     par = _params(m)
     kvb = Q.kv_dtype_bytes(kv_dtype)
     cpu_only = p.kind == "cpu-only" or machine.n_gpus == 0
-    on_gpu = np.ones(L, dtype=np.int32)
-    if cpu_only:
-        on_gpu[:] = 0
-    elif p.kind == "layers-gpu":
-        on_gpu[:] = [1 if l >= L - p.arg else 0 for l in range(L)]
-    mode = np.zeros(L, dtype=np.int32)
-    slots = np.zeros(L, dtype=np.int32)
-    moe_index = np.full(L, -1, dtype=np.int32)
-    E = m.n_experts
+    on_gpu = _attention_on_gpu(p, L, cpu_only)
     op_offload = not cpu_only and tokens_per_step >= op_offload_threshold(rt, m)
-    j = 0
-    for l, layer in enumerate(m.layers):
-        if layer.ffn.kind != "moe":
-            continue
-        moe_index[l] = j
-        j += 1
-        if cpu_only:
-            mode[l] = EXP_CPU
-        elif p.kind in ("all-gpu", "unified"):
-            mode[l] = EXP_GPU
-        elif p.kind == "experts-cpu":
-            mode[l] = EXP_CPU
-        elif p.kind == "n-cpu-moe":
-            mode[l] = EXP_CPU if l < p.arg else EXP_GPU
-        elif p.kind == "layers-gpu":
-            mode[l] = EXP_GPU if on_gpu[l] else EXP_CPU
-        elif p.kind == "gpu-experts":
-            mode[l] = EXP_GPU if p.arg >= E else (EXP_SPLIT if p.arg > 0 else EXP_CPU)
-            slots[l] = min(p.arg, E)
-        elif p.kind == "offload-cache":
-            mode[l] = EXP_FETCH
-            slots[l] = min(cache_slots if cache_slots is not None else p.arg, E)
-        if op_offload and mode[l] == EXP_CPU and on_gpu[l]:
-            # llama.cpp: >= 32 tokens in a step send CPU-resident expert matmuls to the GPU,
-            # copying the used experts each step (RT §1.1)
-            mode[l], slots[l] = EXP_FETCH, 0
-    # Host page cache: when mmap'd weights spill to storage, only part of the host experts stay in RAM.
-    page_slots = np.full(L, max(E, 1), dtype=np.int32)
-    if mem_tier is not None and mem_tier[2] > 0 and E:
-        host_routed = float(mem_by_class[3][1])
-        frac = max(0.0, 1.0 - mem_tier[2] / host_routed) if host_routed > 0 else 0.0
-        page_slots[:] = int(math.floor(E * frac))
+    mode, slots, moe_index = _expert_modes(m, p, on_gpu, cpu_only, op_offload, cache_slots)
+    E = m.n_experts
+    page_slots = _page_slots(L, E, mem_by_class, mem_tier)
     n_exp = np.maximum(low.n_experts, 1)
     expert_params = par["routed_experts"] / n_exp
     tp = machine.n_gpus if (rt.decode.tensor_parallel and machine.n_gpus > 1 and not cpu_only) else 1
     quant = Q.resolve(low.quant, m)
-    mtp_modules = max(1, m.mtp_layers)
-    draft_bytes = draft_flops = 0.0
-    if m.mtp_layers:
-        last = m.n_layers - 1
-        routed_one = low.expert_one[last] if low.n_experts[last] else 0.0
-        mtp_routed_bytes = routed_one * (m.mtp_layer.ffn.n_experts if m.mtp_layer.ffn.kind == "moe" else 0)
-        k_active = m.mtp_layer.ffn.top_k if m.mtp_layer.ffn.kind == "moe" else 0
-        draft_bytes = (low.mtp / mtp_modules - mtp_routed_bytes + k_active * routed_one) + low.head
-        draft_flops = 2.0 * ((par["mtp"] - par["mtp_routed"]) / mtp_modules
-                             + par["mtp_routed"] / mtp_modules * (k_active / max(1, m.mtp_layer.ffn.n_experts))
-                             + par["lm_head"])
+    draft_bytes, draft_flops = _draft_cost(m, low, par)
     return dict(
         attn_bytes=low.attn + low.router,
         attn_flops=2.0 * (par["attention"] + par["router"]),
@@ -135,3 +88,80 @@ def lower_model(m: Model, low, p: Placement, machine: Machine, rt: Runtime, cont
         act_bytes=0.0 if cpu_only else float(2 * m.hidden * 4 + 8 * max(1, m.top_k)),
         allreduce_bytes=(2 * 2.0 * m.hidden * 2 * (tp - 1) / tp) if tp > 1 else 0.0,
     )
+
+
+def _attention_on_gpu(p: Placement, L: int, cpu_only: bool) -> np.ndarray:
+    """1 where a layer's attention (and KV) runs on the GPU: all layers, none, or the last ``arg``
+    (llama.cpp -ngl offloads from the output end)."""
+    on_gpu = np.ones(L, dtype=np.int32)
+    if cpu_only:
+        on_gpu[:] = 0
+    elif p.kind == "layers-gpu":
+        on_gpu[:] = [1 if l >= L - p.arg else 0 for l in range(L)]
+    return on_gpu
+
+
+def _expert_modes(m: Model, p: Placement, on_gpu, cpu_only: bool, op_offload: bool, cache_slots) -> tuple:
+    """(mode, GPU slots, MoE index) per layer; dense layers keep mode EXP_NONE and index -1. With op
+    offload, CPU-resident experts of GPU layers are fetched instead: llama.cpp sends >= 32-token steps'
+    CPU expert matmuls to the GPU, copying the used experts each step (RT §1.1)."""
+    L, E = m.n_layers, m.n_experts
+    mode = np.zeros(L, dtype=np.int32)
+    slots = np.zeros(L, dtype=np.int32)
+    moe_index = np.full(L, -1, dtype=np.int32)
+    j = 0
+    for l, layer in enumerate(m.layers):
+        if layer.ffn.kind != "moe":
+            continue
+        moe_index[l] = j
+        j += 1
+        mode[l], slots[l] = _expert_mode(p, l, on_gpu, E, cpu_only, cache_slots)
+        if op_offload and mode[l] == EXP_CPU and on_gpu[l]:
+            mode[l], slots[l] = EXP_FETCH, 0
+    return mode, slots, moe_index
+
+
+def _expert_mode(p: Placement, l: int, on_gpu, E: int, cpu_only: bool, cache_slots) -> tuple:
+    """(mode, GPU slots) of MoE layer ``l``'s routed experts under placement ``p``."""
+    if cpu_only:
+        return EXP_CPU, 0
+    if p.kind in ("all-gpu", "unified"):
+        return EXP_GPU, 0
+    if p.kind == "experts-cpu":
+        return EXP_CPU, 0
+    if p.kind == "n-cpu-moe":
+        return (EXP_CPU if l < p.arg else EXP_GPU), 0
+    if p.kind == "layers-gpu":
+        return (EXP_GPU if on_gpu[l] else EXP_CPU), 0
+    if p.kind == "gpu-experts":
+        return (EXP_GPU if p.arg >= E else (EXP_SPLIT if p.arg > 0 else EXP_CPU)), min(p.arg, E)
+    if p.kind == "offload-cache":
+        return EXP_FETCH, min(cache_slots if cache_slots is not None else p.arg, E)
+    return EXP_NONE, 0
+
+
+def _page_slots(L: int, E: int, mem_by_class, mem_tier) -> np.ndarray:
+    """Host page-cache slots per layer: when mmap'd weights spill to storage, only part of the host
+    experts stay in RAM (the rest are paged in from storage)."""
+    page_slots = np.full(L, max(E, 1), dtype=np.int32)
+    if mem_tier is not None and mem_tier[2] > 0 and E:
+        host_routed = float(mem_by_class[3][1])
+        frac = max(0.0, 1.0 - mem_tier[2] / host_routed) if host_routed > 0 else 0.0
+        page_slots[:] = int(math.floor(E * frac))
+    return page_slots
+
+
+def _draft_cost(m: Model, low, par: dict) -> tuple:
+    """(bytes, FLOPs) of one MTP draft token: one MTP module with its active experts only, plus the head."""
+    if not m.mtp_layers:
+        return 0.0, 0.0
+    mtp_modules = max(1, m.mtp_layers)
+    last = m.n_layers - 1
+    routed_one = low.expert_one[last] if low.n_experts[last] else 0.0
+    mtp_routed_bytes = routed_one * (m.mtp_layer.ffn.n_experts if m.mtp_layer.ffn.kind == "moe" else 0)
+    k_active = m.mtp_layer.ffn.top_k if m.mtp_layer.ffn.kind == "moe" else 0
+    draft_bytes = (low.mtp / mtp_modules - mtp_routed_bytes + k_active * routed_one) + low.head
+    draft_flops = 2.0 * ((par["mtp"] - par["mtp_routed"]) / mtp_modules
+                         + par["mtp_routed"] / mtp_modules * (k_active / max(1, m.mtp_layer.ffn.n_experts))
+                         + par["lm_head"])
+    return draft_bytes, draft_flops

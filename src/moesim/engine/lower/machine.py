@@ -67,36 +67,8 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement, mix: Q.KernelMix)
     d = rt.decode
     cpu_only = p.kind == "cpu-only" or machine.n_gpus == 0
     if machine.unified:
-        # Apple chips run Metal (RT §1.9, §6); NVIDIA's GB10 (DGX Spark) runs CUDA with graphs
-        metal = _load_catalog("hardware")["unified"].get(machine.gpu, {}).get("vendor") == "apple"
-        eff = d.metal_bw_eff if metal else d.gddr_bw_eff      # GB10: LPDDR5X through CUDA
-        pool = machine.gpu_bw_gbs * GB * eff
-        peak = machine.gpu_tflops.get("fp16", 0.0) * 1e12
-        gpu_flops = peak * d.gpu_flops_eff
-        cpu_flops = _cpu_flops(machine, d, mix)
-        launch = d.launch_us_metal if metal else d.launch_us
-        pf_eff = d.prefill_flops_eff_unified
-        if not metal:
-            # GB10 prefills like a discrete CUDA card: llama.cpp's int8 MMQ, whose Blackwell rate equals the
-            # fp8 rate (RTX 5090: int8 = fp8 = 838.4 TFLOPS in the catalog), at the GDDR cards' share of it
-            pf_eff = d.prefill_flops_eff * _mmq_rel(mix, d)
-            if rt.llama_cpp_family:
-                peak = machine.gpu_tflops.get("int8", machine.gpu_tflops.get("fp8", 0.0)) * 1e12 or peak
-        pf = max(peak * pf_eff, cpu_flops)
-        return dict(gpu_bw=pool, host_bw=pool, pcie_bw=pool, storage_bw=max(machine.storage_read_gbs, 1e-3) * GB,
-                    gpu_flops=max(gpu_flops, cpu_flops), cpu_flops=cpu_flops, interconnect_bw=pool, unified=1,
-                    prefill_flops=pf, prefill_gemm_flops=pf, prefill_attn_flops=pf,
-                    overlap=1 if d.overlap else 0, launch_s=0.0 if cpu_only else launch * 1e-6,
-                    sync_s=0.0, dma_s=0.0, allreduce_s=0.0, step_s=d.step_us * 1e-6, seq_s=d.seq_us * 1e-6,
-                    amx_flops=0.0, pcie_links=1)
-    server = machine.channels > 4
-    host_eff = d.host_bw_eff_server if server else d.host_bw_eff_desktop
-    if machine.sockets > 1:
-        host_eff *= d.cross_socket_eff
-    host_bw = machine.host_bw_gbs * GB * host_eff
-    if machine.cores:
-        # a few threads cannot saturate many channels: each core streams at most core_bw_gbs(_server)
-        host_bw = min(host_bw, machine.cores * (d.core_bw_gbs_server if server else d.core_bw_gbs) * GB)
+        return _lower_unified(machine, rt, mix, cpu_only)
+    host_bw = _host_bw(machine, d)
     cpu_flops = _cpu_flops(machine, d, mix)
     amx = _core_cycles(machine) * d.amx_flops_eff if (d.amx_prefill and "amx" in machine.cpu_isa) else 0.0
     storage_bw = max(machine.storage_read_gbs, 1e-3) * GB
@@ -106,8 +78,7 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement, mix: Q.KernelMix)
                     cpu_flops=cpu_flops, interconnect_bw=host_bw, unified=0, overlap=0, launch_s=0.0, sync_s=0.0,
                     dma_s=0.0, allreduce_s=0.0, step_s=d.step_us * 1e-6, seq_s=d.seq_us * 1e-6,
                     amx_flops=amx, pcie_links=1)
-    hw = _load_catalog("hardware")
-    g = hw["gpu"].get(machine.gpu, {})
+    g = _load_catalog("hardware")["gpu"].get(machine.gpu, {})
     tp = machine.n_gpus if (d.tensor_parallel and machine.n_gpus > 1) else 1
     tf = machine.gpu_tflops
     peak_tflops = max(tf.get("bf16", 0.0), tf.get("fp16", 0.0), tf.get("fp32", 0.0), 1.0)
@@ -117,6 +88,64 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement, mix: Q.KernelMix)
     scale_up = g.get("scale_up", {}).get("gbs", 0.0) if isinstance(g.get("scale_up"), dict) else 0.0
     hbm = str(g.get("memory_type", "")).startswith("hbm")
     bw_eff = d.gpu_bw_eff if hbm else d.gddr_bw_eff
+    pf, gemm, attn = _gpu_prefill_flops(machine, rt, g, mix, hbm, peak_tflops, tp)
+    return dict(gpu_bw=machine.gpu_bw_gbs * GB * bw_eff * tp, host_bw=host_bw, pcie_bw=pcie,
+                prefill_flops=pf, prefill_gemm_flops=gemm, prefill_attn_flops=attn,
+                storage_bw=storage_bw, gpu_flops=peak_tflops * 1e12 * d.gpu_flops_eff * tp, cpu_flops=cpu_flops,
+                interconnect_bw=(scale_up or machine.pcie_gbs or 16.0) * GB, unified=0,
+                overlap=1 if d.overlap else 0,
+                launch_s=(d.launch_us if graphs else d.launch_us_nograph) * 1e-6, sync_s=d.sync_us * 1e-6,
+                dma_s=d.dma_us * 1e-6, allreduce_s=d.allreduce_us * 1e-6 if tp > 1 else 0.0,
+                step_s=d.step_us * 1e-6, seq_s=d.seq_us * 1e-6 / max(1, d.data_parallel),
+                amx_flops=amx, pcie_links=tp)
+
+
+def _lower_unified(machine: Machine, rt: Runtime, mix: Q.KernelMix, cpu_only: bool) -> dict:
+    """A unified-memory chip: one pool is GPU memory, host memory and the "PCIe" link alike."""
+    d = rt.decode
+    # Apple chips run Metal (RT §1.9, §6); NVIDIA's GB10 (DGX Spark) runs CUDA with graphs
+    metal = _load_catalog("hardware")["unified"].get(machine.gpu, {}).get("vendor") == "apple"
+    eff = d.metal_bw_eff if metal else d.gddr_bw_eff      # GB10: LPDDR5X through CUDA
+    pool = machine.gpu_bw_gbs * GB * eff
+    peak = machine.gpu_tflops.get("fp16", 0.0) * 1e12
+    gpu_flops = peak * d.gpu_flops_eff
+    cpu_flops = _cpu_flops(machine, d, mix)
+    launch = d.launch_us_metal if metal else d.launch_us
+    pf_eff = d.prefill_flops_eff_unified
+    if not metal:
+        # GB10 prefills like a discrete CUDA card: llama.cpp's int8 MMQ, whose Blackwell rate equals the
+        # fp8 rate (RTX 5090: int8 = fp8 = 838.4 TFLOPS in the catalog), at the GDDR cards' share of it
+        pf_eff = d.prefill_flops_eff * _mmq_rel(mix, d)
+        if rt.llama_cpp_family:
+            peak = machine.gpu_tflops.get("int8", machine.gpu_tflops.get("fp8", 0.0)) * 1e12 or peak
+    pf = max(peak * pf_eff, cpu_flops)
+    return dict(gpu_bw=pool, host_bw=pool, pcie_bw=pool, storage_bw=max(machine.storage_read_gbs, 1e-3) * GB,
+                gpu_flops=max(gpu_flops, cpu_flops), cpu_flops=cpu_flops, interconnect_bw=pool, unified=1,
+                prefill_flops=pf, prefill_gemm_flops=pf, prefill_attn_flops=pf,
+                overlap=1 if d.overlap else 0, launch_s=0.0 if cpu_only else launch * 1e-6,
+                sync_s=0.0, dma_s=0.0, allreduce_s=0.0, step_s=d.step_us * 1e-6, seq_s=d.seq_us * 1e-6,
+                amx_flops=0.0, pcie_links=1)
+
+
+def _host_bw(machine: Machine, d) -> float:
+    """Effective host DRAM bandwidth: the server or desktop share of peak, less across sockets, and
+    capped by what the cores in use can stream."""
+    server = machine.channels > 4
+    host_eff = d.host_bw_eff_server if server else d.host_bw_eff_desktop
+    if machine.sockets > 1:
+        host_eff *= d.cross_socket_eff
+    host_bw = machine.host_bw_gbs * GB * host_eff
+    if machine.cores:
+        # a few threads cannot saturate many channels: each core streams at most core_bw_gbs(_server)
+        host_bw = min(host_bw, machine.cores * (d.core_bw_gbs_server if server else d.core_bw_gbs) * GB)
+    return host_bw
+
+
+def _gpu_prefill_flops(machine: Machine, rt: Runtime, g: dict, mix: Q.KernelMix, hbm: bool,
+                       peak_tflops: float, tp: int) -> tuple:
+    """(prefill, prefill GEMM, prefill attention) FLOP/s of the discrete GPUs."""
+    d = rt.decode
+    tf = machine.gpu_tflops
     # the HBM prefill efficiency describes tensor-core datacenter parts (A100 / H100); Pascal's HBM2 P100
     # multiplies on dp4a like the GDDR cards
     tensor_cores = g.get("tensor_cores", False)
@@ -135,12 +164,4 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement, mix: Q.KernelMix)
         fp8_rel = tf.get("fp8", 0.0) / peak_tflops
         gemm = pf * (_rate_mix(mix.fp8, fp8_rel) if fp8_rel > 1.0 else 1.0)
         attn = peak_tflops * 1e12 * d.attn_flops_eff * tp
-    return dict(gpu_bw=machine.gpu_bw_gbs * GB * bw_eff * tp, host_bw=host_bw, pcie_bw=pcie,
-                prefill_flops=pf, prefill_gemm_flops=gemm, prefill_attn_flops=attn,
-                storage_bw=storage_bw, gpu_flops=peak_tflops * 1e12 * d.gpu_flops_eff * tp, cpu_flops=cpu_flops,
-                interconnect_bw=(scale_up or machine.pcie_gbs or 16.0) * GB, unified=0,
-                overlap=1 if d.overlap else 0,
-                launch_s=(d.launch_us if graphs else d.launch_us_nograph) * 1e-6, sync_s=d.sync_us * 1e-6,
-                dma_s=d.dma_us * 1e-6, allreduce_s=d.allreduce_us * 1e-6 if tp > 1 else 0.0,
-                step_s=d.step_us * 1e-6, seq_s=d.seq_us * 1e-6 / max(1, d.data_parallel),
-                amx_flops=amx, pcie_links=tp)
+    return pf, gemm, attn

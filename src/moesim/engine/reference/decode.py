@@ -242,90 +242,128 @@ def _zero_work():
 
 
 def decode_montecarlo(dm, hw, rt, c):
-    n = len(dm["attn_bytes"])
-    L, E = rt["n_layers"], max(1, rt["n_experts"])
-    sel, cnt, rnum, rden, selections, _ = route(rt, c)
-    T, warm, policy = c["steps"], c["warmup"], c["policy"]
-    W = min(E, c["batch"] * c["tokens_per_step"] * rt["top_k"])
-    nu = next_use(sel, T, L, max(W, 1)) if policy == POLICY_BELADY else None
-    hot = rt.get("hot")
-    recall = rt.get("recall")
-    gpu_c, page_c = {}, {}
-    for i in range(n):
-        l, mode = int(dm["moe_index"][i]), int(dm["expert_mode"][i])
-        if l < 0:
-            continue
-        cap = int(dm["slots"][i]) if mode in (EXP_SPLIT, EXP_FETCH) else 0
-        gpu_c[l] = Cache(E, cap, POLICY_STATIC if mode == EXP_SPLIT else policy, hot[l])
-        page_c[l] = Cache(E, int(dm["page_slots"][i]), POLICY_LRU, hot[l])
-    prng = Rng(c["seed"], c["index"], M64)
+    """Monte Carlo decode: route every step, serve each layer's selected experts through its caches,
+    time the step; statistics over the steps after warm-up."""
+    run = _MonteCarlo(dm, rt, c)
     acc = _new_acc()
     times = []
-    hits = loads = phits = ploads = distinct = 0.0
-    for t in range(T):
-        step_acc = acc if t >= warm else _new_acc()
-        W = min(E, c["batch"] * c["tokens_per_step"] * rt["top_k"])
-        tick = float(t * W)
-        work = []
-        for i in range(n):
-            w = _zero_work()
-            work.append(w)
-            l, mode = int(dm["moe_index"][i]), int(dm["expert_mode"][i])
-            if l < 0 or mode == EXP_NONE:
-                continue
-            if t >= warm:
-                distinct += len(sel[t][l])
-            gpu_c[l].begin_step(sel[t][l])
-            page_c[l].begin_step(sel[t][l])
-            for j, e in enumerate(sel[t][l]):
-                pairs = float(cnt[t][l][j])
-                nxt = float(nu[t][l][j]) if nu is not None else 0.0
-                on_gpu = host_read = False
-                if mode == EXP_GPU:
-                    on_gpu = True
-                elif mode == EXP_CPU:
-                    host_read = True
-                else:
-                    hit = gpu_c[l].access(e, tick + j, nxt)
-                    if t >= warm:
-                        hits += hit
-                        loads += 1
-                    if hit:
-                        on_gpu = True
-                    elif mode == EXP_FETCH:
-                        on_gpu = host_read = True
-                        w["n_fetch"] += 1
-                        if recall[l] > 0 and i > 0 and prng.uniform() < recall[l]:
-                            w["n_pref"] += 1
-                    else:
-                        host_read = True
-                if on_gpu:
-                    w["n_res"] += 1
-                    w["pairs_gpu"] += pairs
-                if host_read and mode != EXP_FETCH:
-                    w["n_cpu"] += 1
-                    w["pairs_cpu"] += pairs
-                if host_read and dm["page_slots"][i] < E:
-                    ph = page_c[l].access(e, tick + j, 0.0)
-                    if t >= warm:
-                        phits += ph
-                        ploads += 1
-                    if not ph:
-                        w["n_disk"] += 1
-            if recall[l] > 0 and i > 0:
-                w["n_waste"] = w["n_fetch"] - w["n_pref"]
-        st = _step_time(dm, hw, c, work, step_acc)
-        if t >= warm:
+    for t in range(c["steps"]):
+        step_acc = acc if t >= run.warm else _new_acc()
+        st = _step_time(dm, hw, c, run.step_work(t), step_acc)
+        if t >= run.warm:
             times.append(st)
-    k = len(times)
-    srt = sorted(times)
-    n_moe = sum(1 for i in range(n) if dm["moe_index"][i] >= 0 and dm["expert_mode"][i] != EXP_NONE)
-    return dict(step_mean=sum(times) / k, step_p50=srt[(k - 1) // 2], step_p99=srt[math.ceil(0.99 * k) - 1],
-                accepted=c["accepted"], hit_rate=hits / loads if loads > 0 else -1.0,
-                page_hit_rate=phits / ploads if ploads > 0 else -1.0,
-                distinct=distinct / (k * n_moe) if n_moe else 0.0, reuse=rnum / rden if rden else 0.0,
-                selections=selections, by_resource=[x / k for x in acc["res"]],
-                by_phase=[x / k for x in acc["phase"]], bytes=[x / k for x in acc["bytes"]])
+    return run.result(times, acc)
+
+
+class _MonteCarlo:
+    """One Monte Carlo run's state: the routed steps, each MoE layer's GPU and host page caches, the
+    prefetch RNG and the counters of the statistics (counted from the warm-up step on)."""
+
+    def __init__(self, dm, rt, c):
+        self.dm, self.rt, self.c = dm, rt, c
+        self.n = len(dm["attn_bytes"])
+        self.E = max(1, rt["n_experts"])
+        self.sel, self.cnt, self.rnum, self.rden, self.selections, _ = route(rt, c)
+        self.warm = c["warmup"]
+        # Belady evicts by next use, which needs the whole future of the routing
+        W = min(self.E, c["batch"] * c["tokens_per_step"] * rt["top_k"])
+        self.nu = next_use(self.sel, c["steps"], rt["n_layers"], max(W, 1)) if c["policy"] == POLICY_BELADY else None
+        self.recall = rt.get("recall")
+        self.gpu_c, self.page_c = self._caches()
+        self.prng = Rng(c["seed"], c["index"], M64)
+        self.hits = self.loads = self.phits = self.ploads = self.distinct = 0.0
+
+    def _caches(self):
+        """Per MoE layer: the GPU expert cache (static pinning for a split, the run's policy for fetches)
+        and the host page cache (LRU over mmap'd pages)."""
+        dm, E, hot = self.dm, self.E, self.rt.get("hot")
+        gpu_c, page_c = {}, {}
+        for i in range(self.n):
+            l, mode = int(dm["moe_index"][i]), int(dm["expert_mode"][i])
+            if l < 0:
+                continue
+            cap = int(dm["slots"][i]) if mode in (EXP_SPLIT, EXP_FETCH) else 0
+            gpu_c[l] = Cache(E, cap, POLICY_STATIC if mode == EXP_SPLIT else self.c["policy"], hot[l])
+            page_c[l] = Cache(E, int(dm["page_slots"][i]), POLICY_LRU, hot[l])
+        return gpu_c, page_c
+
+    def step_work(self, t):
+        """Step ``t``'s work per layer; cache ticks advance by the step's expert count W."""
+        c = self.c
+        W = min(self.E, c["batch"] * c["tokens_per_step"] * self.rt["top_k"])
+        tick = float(t * W)
+        return [self._layer_work(i, t, tick) for i in range(self.n)]
+
+    def _layer_work(self, i, t, tick):
+        """Layer ``i``'s experts at step ``t``, served in expert-id order; unused prefetches are waste."""
+        dm = self.dm
+        w = _zero_work()
+        l, mode = int(dm["moe_index"][i]), int(dm["expert_mode"][i])
+        if l < 0 or mode == EXP_NONE:
+            return w
+        step = self.sel[t][l]
+        if t >= self.warm:
+            self.distinct += len(step)
+        self.gpu_c[l].begin_step(step)
+        self.page_c[l].begin_step(step)
+        for j, e in enumerate(step):
+            self._serve(w, i, l, mode, t, j, e, tick + j)
+        if self.recall[l] > 0 and i > 0:
+            w["n_waste"] = w["n_fetch"] - w["n_pref"]
+        return w
+
+    def _serve(self, w, i, l, mode, t, j, e, at):
+        """One selected expert: where it runs, and its pages read from storage when the host misses."""
+        pairs = float(self.cnt[t][l][j])
+        on_gpu, host_read = self._locate(w, i, l, mode, t, j, e, at)
+        if on_gpu:
+            w["n_res"] += 1
+            w["pairs_gpu"] += pairs
+        if host_read and mode != EXP_FETCH:
+            w["n_cpu"] += 1
+            w["pairs_cpu"] += pairs
+        if host_read and self.dm["page_slots"][i] < self.E:
+            ph = self.page_c[l].access(e, at, 0.0)
+            if t >= self.warm:
+                self.phits += ph
+                self.ploads += 1
+            if not ph:
+                w["n_disk"] += 1
+
+    def _locate(self, w, i, l, mode, t, j, e, at):
+        """(runs on the GPU, read from host memory): by placement, or by a GPU cache lookup; a fetch
+        miss is copied over PCIe, by the predictor ahead of time with probability ``recall``."""
+        nxt = float(self.nu[t][l][j]) if self.nu is not None else 0.0
+        if mode == EXP_GPU:
+            return True, False
+        if mode == EXP_CPU:
+            return False, True
+        hit = self.gpu_c[l].access(e, at, nxt)
+        if t >= self.warm:
+            self.hits += hit
+            self.loads += 1
+        if hit:
+            return True, False
+        if mode == EXP_FETCH:
+            w["n_fetch"] += 1
+            if self.recall[l] > 0 and i > 0 and self.prng.uniform() < self.recall[l]:
+                w["n_pref"] += 1
+            return True, True
+        return False, True
+
+    def result(self, times, acc):
+        """Step-time statistics over the counted steps, and per-step means of the breakdowns."""
+        dm, c, n = self.dm, self.c, self.n
+        k = len(times)
+        srt = sorted(times)
+        n_moe = sum(1 for i in range(n) if dm["moe_index"][i] >= 0 and dm["expert_mode"][i] != EXP_NONE)
+        return dict(step_mean=sum(times) / k, step_p50=srt[(k - 1) // 2], step_p99=srt[math.ceil(0.99 * k) - 1],
+                    accepted=c["accepted"], hit_rate=self.hits / self.loads if self.loads > 0 else -1.0,
+                    page_hit_rate=self.phits / self.ploads if self.ploads > 0 else -1.0,
+                    distinct=self.distinct / (k * n_moe) if n_moe else 0.0,
+                    reuse=self.rnum / self.rden if self.rden else 0.0,
+                    selections=self.selections, by_resource=[x / k for x in acc["res"]],
+                    by_phase=[x / k for x in acc["phase"]], bytes=[x / k for x in acc["bytes"]])
 
 
 def che_hits(p, capacity):
@@ -355,94 +393,140 @@ def che_hits(p, capacity):
 
 
 def decode_analytic(dm, hw, rt, c):
+    """Analytic decode: one expected step from the routing's per-token selection probabilities
+    (``rt["q"]``: one table per routing sample), with cache hit rates in closed form."""
     if c["policy"] == POLICY_BELADY:
         raise ValueError("belady needs montecarlo")
     n = len(dm["attn_bytes"])
     E, K = rt["n_experts"], rt["top_k"]
     q = rt["q"]
-    S = len(q)
-    B, tps = c["batch"], c["tokens_per_step"]
-    toks = float(B * tps)
-    hits = loads = phits = ploads = distinct = reuse = 0.0
-    n_moe = 0
-    work = []
-    for i in range(n):
-        w = _zero_work()
-        work.append(w)
-        l, mode = int(dm["moe_index"][i]), int(dm["expert_mode"][i])
-        if l < 0 or mode == EXP_NONE:
-            continue
-        n_moe += 1
-        qbar, sq = [], 0.0
-        for e in range(E):
-            s = 0.0
-            for k in range(S):
-                s += q[k][l][e]
-                sq += q[k][l][e] * q[k][l][e]
-            qbar.append(s / S)
-        # step inclusion 1 - (1 - qbar)^toks, written as the kernel evaluates it (exp of toks x log1p)
-        p = list(qbar) if toks == 1.0 else [1.0 - math.exp(toks * math.log1p(-min(x, 1.0 - 1e-16))) for x in qbar]
-        D = sum(p)
-        pinned = [int(e) for e in rt["hot"][l][:min(int(dm["slots"][i]), E)]]
-        pinned_set = set(pinned)
-        pinned_q = sum(qbar[e] for e in range(E) if e in pinned_set)
-        pinned_p = sum(p[e] for e in range(E) if e in pinned_set)
-        free_q = sum(qbar[e] for e in range(E) if e not in pinned_set)
-        free_p = sum(p[e] for e in range(E) if e not in pinned_set)
-        distinct += D
-        stick = float(rt["stickiness"][l])
-        reuse += stick + (1.0 - stick) * sq / (S * K)
-        if mode == EXP_GPU:
-            w["n_res"], w["pairs_gpu"] = D, toks * K
-        elif mode == EXP_CPU:
-            w["n_cpu"], w["pairs_cpu"] = D, toks * K
-        elif mode == EXP_SPLIT:
-            w["n_res"], w["n_cpu"] = pinned_p, free_p
-            w["pairs_gpu"] = toks * pinned_q
-            w["pairs_cpu"] = toks * free_q
-            hits += pinned_p
-            loads += D
-        else:
-            C = float(dm["slots"][i])
-            if c["policy"] == POLICY_LRU:
-                hsum = dsum = 0.0
-                for j in range(S):
-                    pc = []
-                    for e in range(E):
-                        lg = 0.0
-                        for b in range(min(B, S)):
-                            s = (j + b) % S
-                            reps = B // S + (1 if b < B % S else 0)
-                            lg += reps * math.log1p(-min(q[s][l][e], 1.0 - 1e-16))
-                        pc.append(1.0 - math.exp(tps * lg))
-                    hsum += che_hits(pc, C)
-                    dsum += sum(pc)
-                h = hsum / dsum if dsum > 0 else 0.0
-                sigma = stick * min(1.0, C / max(D, 1e-300))
-                h = sigma + (1.0 - sigma) * h
-                w["n_fetch"] = D * (1.0 - h)
-            else:
-                h = pinned_p / D if D > 0 else 0.0
-                w["n_fetch"] = free_p
-            w["n_res"], w["pairs_gpu"] = D, toks * K
-            rc = float(rt["recall"][l])
-            if rc > 0 and i > 0:
-                w["n_pref"] = rc * w["n_fetch"]
-                w["n_waste"] = w["n_fetch"] - w["n_pref"]
-            hits += D * h
-            loads += D
-        if dm["page_slots"][i] < E and mode in (EXP_CPU, EXP_SPLIT, EXP_FETCH):
-            host = w["n_fetch"] if mode == EXP_FETCH else w["n_cpu"]
-            ph = che_hits(p, float(dm["page_slots"][i])) / D if D > 0 else 0.0
-            w["n_disk"] = host * (1.0 - ph)
-            phits += host * ph
-            ploads += host
+    tally = dict(hits=0.0, loads=0.0, phits=0.0, ploads=0.0, distinct=0.0, reuse=0.0, n_moe=0)
+    work = [_analytic_layer_work(dm, rt, c, i, q, E, K, tally) for i in range(n)]
     acc = _new_acc()
     st = _step_time(dm, hw, c, work, acc)
+    n_moe = tally["n_moe"]
     return dict(step_mean=st, step_p50=st, step_p99=st, accepted=c["accepted"],
-                hit_rate=hits / loads if loads > 0 else -1.0, page_hit_rate=phits / ploads if ploads > 0 else -1.0,
-                distinct=distinct / n_moe if n_moe else 0.0, reuse=reuse / n_moe if n_moe else 0.0,
+                hit_rate=tally["hits"] / tally["loads"] if tally["loads"] > 0 else -1.0,
+                page_hit_rate=tally["phits"] / tally["ploads"] if tally["ploads"] > 0 else -1.0,
+                distinct=tally["distinct"] / n_moe if n_moe else 0.0, reuse=tally["reuse"] / n_moe if n_moe else 0.0,
                 selections=0.0, by_resource=acc["res"], by_phase=acc["phase"], bytes=acc["bytes"])
+
+
+def _analytic_layer_work(dm, rt, c, i, q, E, K, tally):
+    """Layer ``i``'s expected work in one step, by where its experts are served; adds its hit, page
+    and reuse statistics to ``tally``."""
+    w = _zero_work()
+    l, mode = int(dm["moe_index"][i]), int(dm["expert_mode"][i])
+    if l < 0 or mode == EXP_NONE:
+        return w
+    toks = float(c["batch"] * c["tokens_per_step"])
+    S = len(q)
+    tally["n_moe"] += 1
+    qbar, sq = _mean_selection(q, l, E)
+    p = _step_inclusion(qbar, toks)
+    D = sum(p)
+    pinned_q, pinned_p, free_q, free_p = _pinned_sums(rt["hot"][l], int(dm["slots"][i]), E, qbar, p)
+    tally["distinct"] += D
+    stick = float(rt["stickiness"][l])
+    tally["reuse"] += stick + (1.0 - stick) * sq / (S * K)
+    if mode == EXP_GPU:
+        w["n_res"], w["pairs_gpu"] = D, toks * K
+    elif mode == EXP_CPU:
+        w["n_cpu"], w["pairs_cpu"] = D, toks * K
+    elif mode == EXP_SPLIT:
+        w["n_res"], w["n_cpu"] = pinned_p, free_p
+        w["pairs_gpu"] = toks * pinned_q
+        w["pairs_cpu"] = toks * free_q
+        tally["hits"] += pinned_p
+        tally["loads"] += D
+    else:
+        h = _fetch_work(dm, rt, c, i, l, q, D, stick, pinned_p, free_p, w)
+        w["n_res"], w["pairs_gpu"] = D, toks * K
+        tally["hits"] += D * h
+        tally["loads"] += D
+    if dm["page_slots"][i] < E and mode in (EXP_CPU, EXP_SPLIT, EXP_FETCH):
+        _page_work(dm, i, mode, p, D, w, tally)
+    return w
+
+
+def _mean_selection(q, l, E):
+    """(per-expert selection probability of layer ``l`` averaged over the routing samples, and the sum
+    of its squares over samples and experts)."""
+    S = len(q)
+    qbar, sq = [], 0.0
+    for e in range(E):
+        s = 0.0
+        for k in range(S):
+            s += q[k][l][e]
+            sq += q[k][l][e] * q[k][l][e]
+        qbar.append(s / S)
+    return qbar, sq
+
+
+def _step_inclusion(qbar, toks):
+    """Probability that a step of ``toks`` tokens selects each expert: 1 - (1 - qbar)^toks, written as
+    the kernel evaluates it (exp of toks x log1p)."""
+    if toks == 1.0:
+        return list(qbar)
+    return [1.0 - math.exp(toks * math.log1p(-min(x, 1.0 - 1e-16))) for x in qbar]
+
+
+def _pinned_sums(hot, slots, E, qbar, p):
+    """(pinned q, pinned p, free q, free p): selection and inclusion mass of the ``slots`` hottest
+    experts (pinned on the GPU) and of the rest."""
+    pinned_set = set(int(e) for e in hot[:min(slots, E)])
+    pinned_q = sum(qbar[e] for e in range(E) if e in pinned_set)
+    pinned_p = sum(p[e] for e in range(E) if e in pinned_set)
+    free_q = sum(qbar[e] for e in range(E) if e not in pinned_set)
+    free_p = sum(p[e] for e in range(E) if e not in pinned_set)
+    return pinned_q, pinned_p, free_q, free_p
+
+
+def _fetch_work(dm, rt, c, i, l, q, D, stick, pinned_p, free_p, w):
+    """A fetching layer's expected misses (``w["n_fetch"]``) and prefetches; returns its hit rate: for
+    LRU Che's approximation raised by the routing's stickiness, otherwise the pinned share."""
+    C = float(dm["slots"][i])
+    if c["policy"] == POLICY_LRU:
+        h = _lru_hit_rate(q, l, rt["n_experts"], c["batch"], c["tokens_per_step"], C)
+        sigma = stick * min(1.0, C / max(D, 1e-300))
+        h = sigma + (1.0 - sigma) * h
+        w["n_fetch"] = D * (1.0 - h)
+    else:
+        h = pinned_p / D if D > 0 else 0.0
+        w["n_fetch"] = free_p
+    rc = float(rt["recall"][l])
+    if rc > 0 and i > 0:
+        w["n_pref"] = rc * w["n_fetch"]
+        w["n_waste"] = w["n_fetch"] - w["n_pref"]
+    return h
+
+
+def _lru_hit_rate(q, l, E, B, tps, C):
+    """Step-level LRU hit rate of a ``C``-slot cache, averaged over the S step windows: the B sequences
+    of a step draw routing samples j, j+1, ... (cyclically), each for ``tps`` tokens."""
+    S = len(q)
+    hsum = dsum = 0.0
+    for j in range(S):
+        pc = []
+        for e in range(E):
+            lg = 0.0
+            for b in range(min(B, S)):
+                s = (j + b) % S
+                reps = B // S + (1 if b < B % S else 0)
+                lg += reps * math.log1p(-min(q[s][l][e], 1.0 - 1e-16))
+            pc.append(1.0 - math.exp(tps * lg))
+        hsum += che_hits(pc, C)
+        dsum += sum(pc)
+    return hsum / dsum if dsum > 0 else 0.0
+
+
+def _page_work(dm, i, mode, p, D, w, tally):
+    """Host reads that miss the page cache are read from storage (``w["n_disk"]``)."""
+    host = w["n_fetch"] if mode == EXP_FETCH else w["n_cpu"]
+    ph = che_hits(p, float(dm["page_slots"][i])) / D if D > 0 else 0.0
+    w["n_disk"] = host * (1.0 - ph)
+    tally["phits"] += host * ph
+    tally["ploads"] += host
 
 
 def decode_many(dm, hw, rt, cols):
