@@ -1,8 +1,76 @@
-/* Internal helpers shared by the decode kernel's C files (not part of the public header). */
+/* Internal helpers shared by the kernel's C files (not part of the public header). */
 #ifndef MS_INTERNAL_H
 #define MS_INTERNAL_H
 
+#include <math.h>
+
 #include "moesim.h"
+
+/* ------------------------------------------------------------------------- memory: the fits rule
+ * Written once for ms_memory.c (account over layers) and ms_sweep.c (account over layer kinds); the
+ * pure-Python twin is engine/reference/memory.py fits_rule, shared by both reference twins. */
+
+/* From the bytes each tier needs (gpu: all GPUs; host: everything not on the GPU), how many of the
+ * host's weight bytes page in from storage (mmap'd weights beyond host RAM; caches and buffers cannot),
+ * written to *spill, and which tiers the configuration uses: MS_FITS_* bits, 0 when it does not fit. */
+static inline int32_t ms_fits_rule(const ms_mem_config_t *c, double gpu, double host, double host_weights,
+                                   double host_buffers, double *spill)
+{
+    double s = 0.0;
+    int32_t fits = 0;
+    if (host > c->host_capacity && c->storage_spill) {
+        s = host - c->host_capacity;
+        if (s > host_weights) s = host_weights;
+        if (s > c->storage_capacity) s = c->storage_capacity;
+    }
+    if (gpu <= (double) c->n_gpus * c->gpu_capacity && host - s <= c->host_capacity) {
+        if (gpu > 0.0 && c->n_gpus > 0) fits |= MS_FITS_GPU;
+        if (host - s - host_buffers > 0.0) fits |= MS_FITS_HOST;
+        if (s > 0.0) fits |= MS_FITS_STORAGE;
+        if (fits == 0) fits = MS_FITS_HOST;   /* nothing placed anywhere but buffers */
+    }
+    if (gpu > 0.0 && c->n_gpus == 0) fits = 0;
+    *spill = s;
+    return fits;
+}
+
+/* Does memory grow linearly in context (no padding, no storage spill; the caller also checks that no
+ * layer has a capped window or a compressed C / ratio term)? */
+static inline int ms_linear_in_context(const ms_mem_config_t *c)
+{
+    return c->kv_granularity <= 1 && !c->storage_spill;
+}
+
+/* The max context in closed form where memory is linear in C: each tier is a + s*C, so from the tier
+ * bytes at C = 1 (g1, h1) and C = 2 (g2, h2) the boundary is min over tiers of 1 + (cap - t1) / (t2 - t1).
+ * Returns 0 when it lies outside [1, max_context]; callers verify the candidate either way. */
+static inline int64_t ms_linear_context(const ms_mem_config_t *c, double g1, double h1, double g2, double h2,
+                                        int64_t max_context)
+{
+    double best = 1e300;
+    if (g2 > g1) best = 1.0 + ((double) c->n_gpus * c->gpu_capacity - g1) / (g2 - g1);
+    if (h2 > h1) {
+        double hb = 1.0 + (c->host_capacity - h1) / (h2 - h1);
+        if (hb < best) best = hb;
+    }
+    if (!(best >= 1.0) || best > (double) max_context) return 0;
+    return (int64_t) floor(best);
+}
+
+/* ------------------------------------------------------------------------- decode: attention's time
+ * A layer's attention (with its router, shared experts and dense FFN) in one step is the larger of its
+ * memory term and its compute term, the memory term on a tie; *res gets the resource that set it.
+ * One rule for the cost model (ms_decode.c layer_time) and the sweep's per-kind context terms
+ * (ms_sweep.c variant_times). */
+static inline double ms_attention_time(double t_mem, double t_flops, int res_mem, int res_flops, int *res)
+{
+    if (t_flops > t_mem) {
+        *res = res_flops;
+        return t_flops;
+    }
+    *res = res_mem;
+    return t_mem;
+}
 
 /* One per-layer cache over caller-owned arrays. */
 typedef struct {

@@ -13,7 +13,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "moesim.h"
+#include "ms_internal.h"
 
 #ifdef MOESIM_HAVE_OPENMP
 #include <omp.h>
@@ -133,27 +133,14 @@ static void kv_part(const ms_sweep_mem_t *g, int32_t layout, int32_t cfgi, int64
     k->buf_h = c->host_fixed + c->host_buf0 + c->host_buf_ctx * (double) cp;
 }
 
-/* The tail of ms_memory.c account(): tier totals, storage spill and fits bits from the per-tier sums. */
+/* The tail of ms_memory.c account(): tier totals, storage spill and fits bits (ms_fits_rule) from the
+ * per-tier sums. */
 static int32_t finish(const ms_sweep_mem_t *g, const ms_sweep_place_t *p, double kv_g, double kv_h, double st_g,
                       double st_h, double buf_g, double buf_h, mem_eval_t *r)
 {
-    const ms_mem_config_t *c = &g->cfg[p->cfg];
-    double gpu, host, spill = 0.0;
-    int32_t fits = 0;
-    gpu = p->w_gpu + kv_g + st_g + (p->any_gpu ? buf_g : 0.0);
-    host = p->w_host + kv_h + st_h + buf_h;
-    if (host > c->host_capacity && c->storage_spill) {
-        spill = host - c->host_capacity;
-        if (spill > p->w_host) spill = p->w_host;
-        if (spill > c->storage_capacity) spill = c->storage_capacity;
-    }
-    if (gpu <= (double) c->n_gpus * c->gpu_capacity && host - spill <= c->host_capacity) {
-        if (gpu > 0.0 && c->n_gpus > 0) fits |= MS_FITS_GPU;
-        if (host - spill - buf_h > 0.0) fits |= MS_FITS_HOST;
-        if (spill > 0.0) fits |= MS_FITS_STORAGE;
-        if (fits == 0) fits = MS_FITS_HOST;
-    }
-    if (gpu > 0.0 && c->n_gpus == 0) fits = 0;
+    double gpu = p->w_gpu + kv_g + st_g + (p->any_gpu ? buf_g : 0.0);
+    double host = p->w_host + kv_h + st_h + buf_h, spill;
+    int32_t fits = ms_fits_rule(&g->cfg[p->cfg], gpu, host, p->w_host, buf_h, &spill);
     if (r) {
         r->gpu = gpu;
         r->host = host;
@@ -200,25 +187,17 @@ static int64_t max_context(const ms_sweep_mem_t *g, int32_t j, int64_t b)
 {
     const ms_mem_config_t *c = &g->cfg[g->places[j].cfg];
     int64_t lo = 1, hi = g->max_context, cand = 0;
-    int linear = c->kv_granularity <= 1 && !c->storage_spill;
+    int linear = ms_linear_in_context(c);
     kvpart_t k = {-1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
     if (!fits_at(g, j, lo, b, &k)) return 0;
     if (fits_at(g, j, hi, b, &k)) return hi;
     for (int32_t q = 0; q < g->n_kinds && linear; q++)
         if (g->cap[q] != 0 || g->ratio[q] != 0) linear = 0;
     if (linear) {
-        mem_eval_t s;
-        double g1, h1, g2, h2, best = 1e300;
-        account(g, j, 1, b, &k, &s);
-        g1 = s.gpu; h1 = s.host - s.spill;
-        account(g, j, 2, b, &k, &s);
-        g2 = s.gpu; h2 = s.host - s.spill;
-        if (g2 > g1) best = 1.0 + ((double) c->n_gpus * c->gpu_capacity - g1) / (g2 - g1);
-        if (h2 > h1) {
-            double hb = 1.0 + (c->host_capacity - h1) / (h2 - h1);
-            if (hb < best) best = hb;
-        }
-        if (best >= 1.0 && best <= (double) g->max_context) cand = (int64_t) floor(best);
+        mem_eval_t s1, s2;
+        account(g, j, 1, b, &k, &s1);
+        account(g, j, 2, b, &k, &s2);
+        cand = ms_linear_context(c, s1.gpu, s1.host - s1.spill, s2.gpu, s2.host - s2.spill, g->max_context);
     }
     if (cand >= 1 && cand < hi && fits_at(g, j, cand, b, &k) && !fits_at(g, j, cand + 1, b, &k)) return cand;
     while (hi - lo > 1) {
@@ -572,15 +551,11 @@ static void variant_times(const ms_sweep_decode_t *d, const ms_sweep_variant_t *
     for (int32_t k = 0; k < v->n_kinds; k++) {
         const ms_sweep_kind_t *q = &d->kinds[v->kind0 + k];
         double sf = sfv[q->fn];
-        double t0 = q->t_bytes0 + db * kvv[q->fn] * q->kv_rate;
-        double t1 = db * (q->t_flops0 + sf * q->sf_rate);
-        if (t1 > t0) {
-            res[q->res_flops] += q->n * t1;
-            step += q->n * t1;
-        } else {
-            res[q->res_mem] += q->n * t0;
-            step += q->n * t0;
-        }
+        int win;
+        double t = ms_attention_time(q->t_bytes0 + db * kvv[q->fn] * q->kv_rate, db * (q->t_flops0 + sf * q->sf_rate),
+                                     q->res_mem, q->res_flops, &win);
+        res[win] += q->n * t;
+        step += q->n * t;
     }
     *step_out = step;
     *prefill_out = v->prefill0;          /* the prompt is prefilled from an empty cache: no context term */
