@@ -1,8 +1,8 @@
 /*
- * Decode simulation: routing sampler (or trace replay), batch union, expert caches, and the
- * per-step cost model of DESIGN §3 (each phase is the max over the resources it uses).
- * Monte Carlo walks real cache state step by step; the analytic path evaluates the same cost
- * function on expected counts. The pure-Python twin is engine/reference/decode.py.
+ * Decode simulation: the per-step cost model of DESIGN §3 (each phase is the max over the resources
+ * it uses), the workspace, Monte Carlo (real cache state step by step) and the entry points. The
+ * routing sampler is ms_route.c, the analytic path (the same cost function on expected counts)
+ * ms_analytic.c. The pure-Python twin is engine/reference/decode.py.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -13,21 +13,6 @@
 #ifdef MOESIM_HAVE_OPENMP
 #include <omp.h>
 #endif
-
-#define MS_TINY 1e-300
-#define ALIGN8(x) (((x) + 7) & ~((int64_t) 7))
-
-/* Expected or sampled work of one MoE layer in one step. */
-typedef struct {
-    double n_res;       /* distinct experts read from GPU memory (resident, hits, fetched) */
-    double n_cpu;       /* distinct experts computed on the CPU from host RAM */
-    double n_fetch;     /* distinct experts copied host -> GPU this step */
-    double n_pref;      /* of those, prefetched during the previous layer */
-    double n_waste;     /* wrong prefetches (copied, not used) */
-    double n_disk;      /* experts read from storage into the page cache */
-    double pairs_gpu;   /* token-expert pairs computed on the GPU */
-    double pairs_cpu;   /* ... on the CPU */
-} layer_work_t;
 
 /* ------------------------------------------------------------------------- the cost model */
 
@@ -178,7 +163,7 @@ static double step_fixed(const ms_decode_model_t *m, const ms_machine_t *hw, con
 }
 
 /* Step time from per-layer work; prefetch of layer l's experts overlaps layer l-1. */
-static double step_time(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_decode_config_t *c,
+double ms_step_time(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_decode_config_t *c,
                         const layer_work_t *work, double *lt, ms_decode_result_t *acc)
 {
     double seqs = (double) c->batch, toks = (double) c->batch * c->tokens_per_step, total;
@@ -199,31 +184,6 @@ static double step_time(const ms_decode_model_t *m, const ms_machine_t *hw, cons
 }
 
 /* ------------------------------------------------------------------------- workspace */
-
-typedef struct {
-    int32_t E, K, L, B, W;      /* experts, top-k, routing layers, batch, union width */
-    int64_t T;                  /* steps */
-    int32_t *sel, *cnt, *nsel;  /* [T][L][W], [T][L][W], [T][L] */
-    int32_t *nu;                /* [T][L][W] Belady next use */
-    double *w;                  /* [B][L][E] request weights (linear, > 0) */
-    int32_t *prev, *nprev;      /* [B][L][K], [B] */
-    int64_t *tok_in_req, *trace_pos;  /* [B] */
-    double *score;              /* [E] */
-    int32_t *mark;              /* [L][E] union stamp */
-    int32_t *pos;               /* [L][E] position in the step's union */
-    int32_t *chosen;            /* [E] stamp of the current token's picks */
-    int32_t *allowed;           /* [E] group mask stamp */
-    double *gscore;             /* [n_group] */
-    int32_t *gpick;             /* [n_group] */
-    int32_t *usel, *ucnt;       /* [E] scratch: a step's union re-ordered by expert id */
-    double *che, *lq;           /* analytic scratch: [E] Che rates, [n_scenarios][E] log(1 - q) */
-    char *caches;               /* 2 x L caches (GPU, page) */
-    int32_t *last_seen;         /* [E] */
-    layer_work_t *work;         /* [n_layers of the model] */
-    double *lt;                 /* [n_layers] */
-    double *times;              /* [T] */
-    int32_t *tok_out;           /* optional [T][B][tokens_per_step][L][K] per-token picks */
-} ws_t;
 
 static int64_t union_width(const ms_routing_t *r, const ms_decode_config_t *c)
 {
@@ -278,242 +238,6 @@ int64_t ms_decode_workspace_size(const ms_decode_model_t *m, const ms_routing_t 
 {
     if (m == NULL || r == NULL || c == NULL) return 0;
     return ws_layout(m, r, c, NULL, NULL);
-}
-
-/* ------------------------------------------------------------------------- routing */
-
-/* Fresh request for sequence b: per-layer weights w ~ Dirichlet(beta * E * g) (unnormalised: the
- * race below only compares ratios), or w = g without per-request skew. */
-static void new_request(const ms_routing_t *r, ws_t *ws, int32_t b, ms_rng_t *rng)
-{
-    int32_t E = ws->E;
-    for (int32_t l = 0; l < ws->L; l++) {
-        const double *lp = r->log_pop + (int64_t) l * E;
-        double *w = ws->w + ((int64_t) b * ws->L + l) * E, mx = lp[0], z = 0.0;
-        ws->nprev[b * ws->L + l] = 0;
-        for (int32_t e = 1; e < E; e++) mx = fmax(mx, lp[e]);
-        for (int32_t e = 0; e < E; e++) z += exp(lp[e] - mx);
-        for (int32_t e = 0; e < E; e++) {
-            double g = exp(lp[e] - mx) / z;
-            double x = r->concentration > 0.0 ? ms_rng_gamma(rng, r->concentration * E * g) : g;
-            w[e] = x > MS_TINY ? x : MS_TINY;
-        }
-    }
-}
-
-/* One token's top-k in routing layer l for sequence b; writes `out` (k ids), returns overlap with
- * the previous token's picks (-1 for a request's first token). Each kept expert of the previous
- * token stays with probability p; the other slots go to the smallest race keys Exp(1) / w_e, which
- * is Gumbel-top-k on log w (Plackett-Luce sampling without replacement) at one log per expert.
- * Group-limited routing ranks groups by their two best keys (sum of the two best Gumbel scores). */
-static int32_t route_token(const ms_routing_t *r, ws_t *ws, int32_t b, int32_t l, ms_rng_t *rng, int32_t stamp,
-                           int32_t *out)
-{
-    int32_t E = ws->E, K = ws->K, n = 0, overlap = 0;
-    int32_t *prev = ws->prev + ((int64_t) b * ws->L + l) * K;
-    int32_t np = ws->nprev[b * ws->L + l];
-    const double *w = ws->w + ((int64_t) b * ws->L + l) * E;
-    double *key = ws->score, p = r->stickiness[l];
-    for (int32_t j = 0; j < np; j++) {
-        if (ms_rng_uniform(rng) < p) {
-            out[n++] = prev[j];
-            ws->chosen[prev[j]] = stamp;
-        }
-    }
-    for (int32_t e = 0; e < E; e++) key[e] = -log(ms_rng_uniform(rng)) / w[e];
-    if (r->n_group > 1 && r->topk_group < r->n_group) {
-        /* group-limited: groups holding kept experts first, then the best by their two best keys */
-        int32_t G = r->n_group, per = E / G, picked = 0;
-        for (int32_t g = 0; g < G; g++) {
-            double a = HUGE_VAL, bb = HUGE_VAL;
-            for (int32_t e = g * per; e < (g + 1) * per; e++) {
-                double k = key[e];
-                if (k < a) { bb = a; a = k; } else if (k < bb) bb = k;
-            }
-            ws->gscore[g] = log(a) + (per > 1 ? log(bb) : 0.0);
-            ws->gpick[g] = 0;
-        }
-        for (int32_t j = 0; j < n; j++) {
-            int32_t g = out[j] / per;
-            if (!ws->gpick[g]) { ws->gpick[g] = 1; picked++; }
-        }
-        while (picked < r->topk_group) {
-            int32_t best = -1;
-            for (int32_t g = 0; g < G; g++)
-                if (!ws->gpick[g] && (best < 0 || ws->gscore[g] < ws->gscore[best])) best = g;
-            ws->gpick[best] = 1;
-            picked++;
-        }
-        for (int32_t e = 0; e < E; e++) ws->allowed[e] = ws->gpick[e / per] ? stamp : 0;
-    } else {
-        for (int32_t e = 0; e < E; e++) ws->allowed[e] = stamp;
-    }
-    {   /* the K - n smallest keys in one pass (insertion into a short sorted list) */
-        int32_t need = K - n, have = 0, *top = out + n;
-        for (int32_t e = 0; e < E && need > 0; e++) {
-            int32_t i;
-            if (ws->allowed[e] != stamp || ws->chosen[e] == stamp) continue;
-            if (have == need && !(key[e] < key[top[have - 1]])) continue;
-            i = have < need ? have++ : have - 1;
-            while (i > 0 && key[e] < key[top[i - 1]]) {
-                top[i] = top[i - 1];
-                i--;
-            }
-            top[i] = e;
-        }
-        for (int32_t j = 0; j < need; j++) ws->chosen[top[j]] = stamp;
-        n = K;
-    }
-    for (int32_t j = 0; j < np; j++) overlap += ws->chosen[prev[j]] == stamp;
-    for (int32_t j = 0; j < K; j++) prev[j] = out[j];
-    ws->nprev[b * ws->L + l] = K;
-    return np > 0 ? overlap : -1;
-}
-
-/* One token's recorded picks for routing layer l of sequence b (trace row tp); *ov gets the overlap with
- * the previous token's picks (-1 for the first token). Returns 0 or MS_ERR_BAD_TRACE. */
-static int replay_token(const ms_routing_t *r, ws_t *ws, int32_t b, int32_t l, int64_t tp, int32_t stamp,
-                        int32_t *picks, int32_t *ov)
-{
-    int32_t E = ws->E, K = ws->K, L = ws->L;
-    const int32_t *src = r->trace + (tp * r->trace_layers + (l % r->trace_layers)) * K;
-    int32_t *prev = ws->prev + ((int64_t) b * L + l) * K;
-    int32_t np = ws->nprev[b * L + l];
-    *ov = 0;
-    for (int32_t k = 0; k < K; k++) {
-        if (src[k] < 0 || src[k] >= E) return MS_ERR_BAD_TRACE;
-        picks[k] = src[k];
-        ws->chosen[src[k]] = stamp;
-    }
-    for (int32_t k = 0; k < np; k++) *ov += ws->chosen[prev[k]] == stamp;
-    if (np == 0) *ov = -1;
-    for (int32_t k = 0; k < K; k++) prev[k] = picks[k];
-    ws->nprev[b * L + l] = K;
-    return 0;
-}
-
-/* Add one token's K picks in routing layer l to step t's union (row `row` of sel / cnt). */
-static void add_to_union(ws_t *ws, int32_t l, int64_t t, int64_t row, int32_t *nsel, const int32_t *picks)
-{
-    int32_t E = ws->E;
-    int32_t *mk = ws->mark + (int64_t) l * E;
-    for (int32_t k = 0; k < ws->K; k++) {
-        int32_t e = picks[k];
-        if (mk[e] != (int32_t) (t + 1)) {
-            mk[e] = (int32_t) (t + 1);
-            ws->pos[(int64_t) l * E + e] = nsel[l];
-            ws->sel[row + nsel[l]] = e;
-            ws->cnt[row + nsel[l]] = 1;
-            nsel[l]++;
-        } else {
-            ws->cnt[row + ws->pos[(int64_t) l * E + e]]++;
-        }
-    }
-}
-
-/* The step serves its experts in expert-id order (as fused MoE kernels walk them), so the order a cache
- * sees does not favour the first sequence's picks: re-order step t's unions by expert id. */
-static void order_unions(ws_t *ws, int64_t t)
-{
-    int32_t E = ws->E, L = ws->L, W = ws->W;
-    for (int32_t l = 0; l < L; l++) {
-        int64_t row = (t * L + l) * (int64_t) W;
-        const int32_t *mk = ws->mark + (int64_t) l * E;
-        int32_t n = 0;
-        for (int32_t e = 0; e < E; e++) {
-            if (mk[e] != (int32_t) (t + 1)) continue;
-            ws->usel[n] = e;
-            ws->ucnt[n++] = ws->cnt[row + ws->pos[(int64_t) l * E + e]];
-        }
-        memcpy(ws->sel + row, ws->usel, (size_t) n * sizeof(int32_t));
-        memcpy(ws->cnt + row, ws->ucnt, (size_t) n * sizeof(int32_t));
-    }
-}
-
-/* Reuse and selection counters of generate(). */
-typedef struct {
-    double reuse_num, reuse_den, selections;
-} route_counts_t;
-
-/* Token j of sequence b in step t: its picks in every routing layer (sampled or replayed), added to
- * the step's unions. Returns 0 or an error code. */
-static int step_token(const ms_routing_t *r, const ms_decode_config_t *c, ws_t *ws, int64_t t, int32_t b, int32_t j,
-                      ms_rng_t *rng, int32_t *stamp, route_counts_t *n)
-{
-    int32_t K = ws->K, L = ws->L, picks[MS_MAX_TOP_K];
-    int32_t *nsel = ws->nsel + t * L;
-    int64_t tp = 0;
-    if (r->trace) {
-        tp = ws->trace_pos[b] % r->trace_tokens;
-        ws->trace_pos[b] = tp + 1;
-    } else if (ws->tok_in_req[b] == 0 || (r->request_tokens > 0 && ws->tok_in_req[b] >= r->request_tokens)) {
-        new_request(r, ws, b, rng);
-        ws->tok_in_req[b] = 0;
-    }
-    ws->tok_in_req[b]++;
-    for (int32_t l = 0; l < L; l++) {
-        int64_t row = (t * L + l) * (int64_t) ws->W;
-        int32_t ov;
-        (*stamp)++;
-        if (r->trace) {
-            int rc = replay_token(r, ws, b, l, tp, *stamp, picks, &ov);
-            if (rc) return rc;
-        } else {
-            ov = route_token(r, ws, b, l, rng, *stamp, picks);
-        }
-        if (ov >= 0 && t >= c->warmup) {
-            n->reuse_num += ov;
-            n->reuse_den += K;
-        }
-        n->selections += K;
-        if (ws->tok_out)
-            memcpy(ws->tok_out + ((((int64_t) t * ws->B + b) * c->tokens_per_step + j) * L + l) * K,
-                   picks, (size_t) K * sizeof(int32_t));
-        add_to_union(ws, l, t, row, nsel, picks);
-    }
-    return 0;
-}
-
-/* Fill sel/cnt/nsel for all steps: B sequences x tokens_per_step tokens per step. */
-static int generate(const ms_routing_t *r, const ms_decode_config_t *c, ws_t *ws, double *reuse_num,
-                    double *reuse_den, double *selections)
-{
-    int32_t E = ws->E, L = ws->L;
-    int32_t stamp = 0;
-    route_counts_t n = {*reuse_num, *reuse_den, *selections};
-    ms_rng_t rng;
-    if (r->n_layers == 0) return 0;
-    if (ws->K > MS_MAX_TOP_K) return MS_ERR_BAD_ROUTING;
-    memset(ws->mark, 0, (size_t) L * E * sizeof(int32_t));
-    memset(ws->chosen, 0, (size_t) E * sizeof(int32_t));
-    memset(ws->allowed, 0, (size_t) E * sizeof(int32_t));
-    for (int32_t b = 0; b < ws->B; b++) {
-        ws->tok_in_req[b] = 0;
-        ws->trace_pos[b] = r->trace ? (r->trace_tokens * b) / ws->B : 0;
-        for (int32_t l = 0; l < L; l++) ws->nprev[b * L + l] = 0;
-    }
-    for (int64_t t = 0; t < ws->T; t++) {
-        int32_t *nsel = ws->nsel + t * L;
-        for (int32_t l = 0; l < L; l++) nsel[l] = 0;
-        for (int32_t b = 0; b < ws->B; b++) {
-            /* the sequence's own stream, re-seeded per step so steps are independent of batch order */
-            ms_rng_init(&rng, c->seed, c->index, ((uint64_t) b << 32) ^ (uint64_t) t);
-            for (int32_t j = 0; j < c->tokens_per_step; j++) {
-                int rc = step_token(r, c, ws, t, b, j, &rng, &stamp, &n);
-                if (rc) {
-                    *reuse_num = n.reuse_num;
-                    *reuse_den = n.reuse_den;
-                    *selections = n.selections;
-                    return rc;
-                }
-            }
-        }
-        order_unions(ws, t);
-    }
-    *reuse_num = n.reuse_num;
-    *reuse_den = n.reuse_den;
-    *selections = n.selections;
-    return 0;
 }
 
 /* ------------------------------------------------------------------------- Monte Carlo */
@@ -630,9 +354,9 @@ static int montecarlo(const ms_decode_model_t *m, const ms_machine_t *hw, const 
     ms_rng_t prng;
     int rc;
     if (ws->L > MS_MAX_MOE_LAYERS) return MS_ERR_BAD_SIZE;
-    rc = generate(r, c, ws, &reuse_num, &reuse_den, &out->selections);
+    rc = ms_route_generate(r, c, ws, &reuse_num, &reuse_den, &out->selections);
     if (rc) return rc;
-    /* a dense model routes nothing: generate() leaves the unions unset, so there is nothing to look ahead in */
+    /* a dense model routes nothing: ms_route_generate() leaves the unions unset, so there is nothing to look ahead in */
     if (c->policy == MS_POLICY_BELADY && r->n_layers > 0)
         ms_next_use(ws->sel, ws->nsel, ws->T, ws->L, ws->W, ws->E, ws->nu, ws->last_seen);
     mc_caches(m, r, c, ws, caches);
@@ -643,211 +367,11 @@ static int montecarlo(const ms_decode_model_t *m, const ms_machine_t *hw, const 
         double st;
         memset(&scratch, 0, sizeof(scratch));
         for (int32_t i = 0; i < m->n_layers; i++) mc_layer(m, r, c, ws, caches, caches + ws->L, &prng, t, i, &n);
-        st = step_time(m, hw, c, ws->work, ws->lt, acc);
+        st = ms_step_time(m, hw, c, ws->work, ws->lt, acc);
         if (t >= c->warmup) ws->times[counted++] = st;
     }
     if (counted == 0) return MS_ERR_BAD_SIZE;
     mc_summary(m, ws, counted, &n, reuse_num, reuse_den, out);
-    return 0;
-}
-
-/* ------------------------------------------------------------------------- analytic */
-
-/* Che's approximation at step level: an expert the step needs is resident iff it was used within
- * the last tau steps, where tau makes the expected number of distinct experts used in tau steps
- * equal the capacity: sum_e (1 - (1 - p_e)^tau) = C (the cache never evicts an expert the current
- * step still needs, so a step's hits are exactly its experts already resident when it starts).
- * tau >= 1 when a step's D = sum_e p_e experts fit; Newton's method from tau = 1 (the left side is
- * concave and increasing, so the iterates rise monotonically to the root). When D > C the cache
- * holds C of the previous step's D experts, an id-ordered and so popularity-blind subset:
- * hits = (C / D) sum_e p_e^2. Returns the expected hits per step. */
-static double che_hits(const double *p, int32_t E, double capacity, double *a)
-{
-    double tau = 1.0, hits = 0.0, D = 0.0;
-    int32_t support = 0;
-    for (int32_t e = 0; e < E; e++) {
-        support += p[e] > 0.0;
-        D += p[e];
-    }
-    if ((double) support <= capacity) return D;
-    if (capacity <= 0.0) return 0.0;
-    if (D >= capacity) {
-        for (int32_t e = 0; e < E; e++) hits += p[e] * p[e];
-        return hits * capacity / D;
-    }
-    for (int32_t e = 0; e < E; e++) a[e] = -log1p(-fmin(p[e], 1.0 - 1e-15));
-    /* start at the root for equal p (exact when popularity is flat); Newton's first step from
-     * the right of a concave root lands left of it, then the iterates rise monotonically */
-    tau = fmax(1.0, log1p(-capacity / support) / log1p(-D / support));
-    for (int it = 0; it < 200; it++) {
-        double f = -capacity, df = 0.0, step;
-        for (int32_t e = 0; e < E; e++) {
-            double x = exp(-a[e] * tau);
-            f += 1.0 - x;
-            df += a[e] * x;
-        }
-        step = -f / df;
-        tau = fmax(1.0, tau + step);
-        if (!(fabs(step) > 1e-14 * tau)) break;
-    }
-    for (int32_t e = 0; e < E; e++) hits += p[e] * (1.0 - exp(-a[e] * tau));
-    return hits;
-}
-
-/* Sums of the analytic path over MoE layers. */
-typedef struct {
-    double hits, loads, phits, ploads, distinct, reuse;
-} an_tally_t;
-
-/* Step inclusion probabilities p_e = 1 - (1 - qbar_e)^toks of routing layer l into p; returns their sum D
- * (the expected distinct experts per step; per-routing tables precomputed once). */
-static double step_inclusion(const ms_routing_t *r, int32_t l, double toks, double *p)
-{
-    int32_t E = r->n_experts;
-    const double *qbar = r->qbar + (int64_t) l * E, *lq = r->lqbar + (int64_t) l * E;
-    double D = 0.0;
-    if (toks == 1.0) {
-        for (int32_t e = 0; e < E; e++) {
-            p[e] = qbar[e];
-            D += p[e];
-        }
-    } else {
-        for (int32_t e = 0; e < E; e++) {
-            p[e] = 1.0 - exp(toks * lq[e]);
-            D += p[e];
-        }
-    }
-    return D;
-}
-
-/* Expected LRU hit rate of a FETCH layer's `C` GPU slots (Che's approximation per scenario combination):
- * superposed request streams, combination j gives sequence b scenario (j + b) mod S. */
-static double lru_hit_rate(const ms_decode_model_t *m, const ms_routing_t *r, const ms_decode_config_t *c, ws_t *ws,
-                           int32_t l, double C)
-{
-    int32_t E = r->n_experts, S = r->n_scenarios;
-    double hsum = 0.0, dsum = 0.0;
-    double *pc = ws->lt + m->n_layers;  /* E doubles after the per-layer times (ws_layout) */
-    for (int32_t k = 0; k < S; k++)
-        for (int32_t e = 0; e < E; e++)
-            ws->lq[(int64_t) k * E + e] = log1p(-fmin(r->q[((int64_t) k * r->n_layers + l) * E + e], 1.0 - 1e-16));
-    for (int32_t j = 0; j < S; j++) {
-        double dj = 0.0;
-        for (int32_t e = 0; e < E; e++) {
-            double lg = 0.0;
-            for (int32_t b = 0; b < c->batch && b < S; b++) {
-                int64_t reps = c->batch / S + (b < c->batch % S ? 1 : 0);
-                lg += (double) reps * ws->lq[(int64_t) ((j + b) % S) * E + e];
-            }
-            pc[e] = 1.0 - exp(c->tokens_per_step * lg);
-            dj += pc[e];
-        }
-        hsum += che_hits(pc, E, C, ws->che);
-        dsum += dj;
-    }
-    return dsum > 0.0 ? hsum / dsum : 0.0;
-}
-
-/* Expected work of a FETCH layer i (routing layer l) from its inclusion probabilities: D experts a step,
- * pinned_p of them among the hottest `slots`, free_p outside; returns the hit rate. */
-static double fetch_layer(const ms_decode_model_t *m, const ms_routing_t *r, const ms_decode_config_t *c, ws_t *ws,
-                          int32_t i, int32_t l, double D, double pinned_p, double free_p, layer_work_t *w)
-{
-    double C = (double) m->slots[i], h, toks = (double) c->batch * c->tokens_per_step;
-    if (c->policy == MS_POLICY_LRU) {
-        double sigma;
-        h = lru_hit_rate(m, r, c, ws, l, C);
-        /* a sticky expert was used by the previous token: resident while C covers a step's set */
-        sigma = r->stickiness[l] * fmin(1.0, C / fmax(D, 1e-300));
-        h = sigma + (1.0 - sigma) * h;
-        w->n_fetch = D * (1.0 - h);
-    } else {
-        h = D > 0.0 ? pinned_p / D : 0.0;   /* static; LFU converges to the same set */
-        w->n_fetch = free_p;
-    }
-    w->n_res = D;
-    w->pairs_gpu = toks * r->top_k;
-    if (r->recall[l] > 0.0 && i > 0) {
-        w->n_pref = r->recall[l] * w->n_fetch;
-        w->n_waste = w->n_fetch - w->n_pref;
-    }
-    return h;
-}
-
-/* Expected work of model layer i (routing layer l, expert mode `mode`) into ws->work[i]. */
-static void analytic_layer(const ms_decode_model_t *m, const ms_routing_t *r, const ms_decode_config_t *c, ws_t *ws,
-                           int32_t i, an_tally_t *n)
-{
-    int32_t E = r->n_experts, S = r->n_scenarios, K = r->top_k;
-    int32_t l = m->moe_index[i], mode = m->expert_mode[i];
-    layer_work_t *w = &ws->work[i];
-    double toks = (double) c->batch * c->tokens_per_step;
-    double D, pinned_q = 0.0, pinned_p = 0.0, free_q = 0.0, free_p = 0.0;
-    double *p = ws->times;   /* >= E doubles (ws_layout) */
-    const double *qbar = r->qbar + (int64_t) l * E;
-    D = step_inclusion(r, l, toks, p);
-    /* pinned = the `slots` most popular experts; sum both sides so "all pinned" is exact
-     * (only SPLIT and FETCH layers use them) */
-    if (mode == MS_EXP_SPLIT || mode == MS_EXP_FETCH) {
-        for (int32_t e = 0; e < E; e++) ws->usel[e] = 0;
-        for (int32_t j = 0; j < m->slots[i] && j < E; j++) ws->usel[r->hot[(int64_t) l * E + j]] = 1;
-        for (int32_t e = 0; e < E; e++) {
-            if (ws->usel[e]) {
-                pinned_q += qbar[e];
-                pinned_p += p[e];
-            } else {
-                free_q += qbar[e];
-                free_p += p[e];
-            }
-        }
-    }
-    n->distinct += D;
-    n->reuse += r->stickiness[l] + (1.0 - r->stickiness[l]) * r->qsq[l] / ((double) S * K);
-    if (mode == MS_EXP_GPU) {
-        w->n_res = D;
-        w->pairs_gpu = toks * K;
-    } else if (mode == MS_EXP_CPU) {
-        w->n_cpu = D;
-        w->pairs_cpu = toks * K;
-    } else if (mode == MS_EXP_SPLIT) {
-        w->n_res = pinned_p;
-        w->n_cpu = free_p;
-        w->pairs_gpu = toks * pinned_q;
-        w->pairs_cpu = toks * free_q;
-        n->hits += pinned_p;
-        n->loads += D;
-    } else {   /* FETCH */
-        double h = fetch_layer(m, r, c, ws, i, l, D, pinned_p, free_p, w);
-        n->hits += D * h;
-        n->loads += D;
-    }
-    if (m->page_slots[i] < E && (mode == MS_EXP_CPU || mode == MS_EXP_SPLIT || mode == MS_EXP_FETCH)) {
-        double host = mode == MS_EXP_FETCH ? w->n_fetch : w->n_cpu;
-        double ph = D > 0.0 ? che_hits(p, E, (double) m->page_slots[i], ws->che) / D : 0.0;
-        w->n_disk = host * (1.0 - ph);
-        n->phits += host * ph;
-        n->ploads += host;
-    }
-}
-
-static int analytic(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_routing_t *r,
-                    const ms_decode_config_t *c, ws_t *ws, ms_decode_result_t *out)
-{
-    an_tally_t n = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
-    int32_t n_moe = 0;
-    if (c->policy == MS_POLICY_BELADY) return MS_ERR_BAD_POLICY;
-    for (int32_t i = 0; i < m->n_layers; i++) {
-        memset(&ws->work[i], 0, sizeof(ws->work[i]));
-        if (m->moe_index[i] < 0 || m->expert_mode[i] == MS_EXP_NONE) continue;
-        n_moe++;
-        analytic_layer(m, r, c, ws, i, &n);
-    }
-    out->step_mean = step_time(m, hw, c, ws->work, ws->lt, out);
-    out->step_p50 = out->step_p99 = out->step_mean;
-    out->distinct = n_moe ? n.distinct / n_moe : 0.0;
-    out->reuse = n_moe ? n.reuse / n_moe : 0.0;
-    out->hit_rate = n.loads > 0.0 ? n.hits / n.loads : -1.0;
-    out->page_hit_rate = n.ploads > 0.0 ? n.phits / n.ploads : -1.0;
     return 0;
 }
 
@@ -896,7 +420,7 @@ int ms_decode(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_routi
     ws_layout(m, r, c, (char *) workspace, &ws);
     ws.tok_out = NULL;
     out->accepted = c->accepted;
-    if (c->mode == MS_MODE_ANALYTIC) return analytic(m, hw, r, c, &ws, out);
+    if (c->mode == MS_MODE_ANALYTIC) return ms_analytic(m, hw, r, c, &ws, out);
     return montecarlo(m, hw, r, c, &ws, out);
 }
 
@@ -922,7 +446,7 @@ int ms_route_sample(const ms_routing_t *r, const ms_decode_config_t *c, int32_t 
     if (workspace_bytes < ms_decode_workspace_size(&m, r, c)) return MS_ERR_BAD_WORKSPACE;
     ws_layout(&m, r, c, (char *) workspace, &ws);
     ws.tok_out = tokens_out;
-    return generate(r, c, &ws, &reuse_num, &reuse_den, &selections);
+    return ms_route_generate(r, c, &ws, &reuse_num, &reuse_den, &selections);
 }
 
 int ms_decode_many(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_routing_t *r,

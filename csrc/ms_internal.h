@@ -109,4 +109,59 @@ int ms_cache_access(ms_cache_t *c, int32_t e, double tick, double next_use);
 void ms_next_use(const int32_t *sel, const int32_t *nsel, int64_t n_steps, int32_t n_layers, int32_t width,
                  int32_t n_experts, int32_t *next_use, int32_t *last_seen);
 
+/* ------------------------------------------------------------------------- decode internals
+ * Shared by ms_decode.c (cost model, workspace, Monte Carlo, entry points), ms_route.c (routing
+ * sampler) and ms_analytic.c (analytic path). */
+
+#define ALIGN8(x) (((x) + 7) & ~((int64_t) 7))
+#define MS_ALIGN64(x) (((x) + 63) & ~((int64_t) 63))
+
+/* Expected or sampled work of one MoE layer in one step. */
+typedef struct {
+    double n_res;       /* distinct experts read from GPU memory (resident, hits, fetched) */
+    double n_cpu;       /* distinct experts computed on the CPU from host RAM */
+    double n_fetch;     /* distinct experts copied host -> GPU this step */
+    double n_pref;      /* of those, prefetched during the previous layer */
+    double n_waste;     /* wrong prefetches (copied, not used) */
+    double n_disk;      /* experts read from storage into the page cache */
+    double pairs_gpu;   /* token-expert pairs computed on the GPU */
+    double pairs_cpu;   /* ... on the CPU */
+} layer_work_t;
+
+/* The workspace of one configuration, carved by ws_layout (ms_decode.c). */
+typedef struct {
+    int32_t E, K, L, B, W;      /* experts, top-k, routing layers, batch, union width */
+    int64_t T;                  /* steps */
+    int32_t *sel, *cnt, *nsel;  /* [T][L][W], [T][L][W], [T][L] */
+    int32_t *nu;                /* [T][L][W] Belady next use */
+    double *w;                  /* [B][L][E] request weights (linear, > 0) */
+    int32_t *prev, *nprev;      /* [B][L][K], [B] */
+    int64_t *tok_in_req, *trace_pos;  /* [B] */
+    double *score;              /* [E] */
+    int32_t *mark;              /* [L][E] union stamp */
+    int32_t *pos;               /* [L][E] position in the step's union */
+    int32_t *chosen;            /* [E] stamp of the current token's picks */
+    int32_t *allowed;           /* [E] group mask stamp */
+    double *gscore;             /* [n_group] */
+    int32_t *gpick;             /* [n_group] */
+    int32_t *usel, *ucnt;       /* [E] scratch: a step's union re-ordered by expert id */
+    double *che, *lq;           /* analytic scratch: [E] Che rates, [n_scenarios][E] log(1 - q) */
+    char *caches;               /* 2 x L caches (GPU, page) */
+    int32_t *last_seen;         /* [E] */
+    layer_work_t *work;         /* [n_layers of the model] */
+    double *lt;                 /* [n_layers] */
+    double *times;              /* [T] */
+    int32_t *tok_out;           /* optional [T][B][tokens_per_step][L][K] per-token picks */
+} ws_t;
+
+/* Step time from per-layer work (attribution and byte counts into acc); ms_decode.c. */
+double ms_step_time(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_decode_config_t *c,
+                    const layer_work_t *work, double *lt, ms_decode_result_t *acc);
+/* Fill the step unions (sel / cnt / nsel) of every step, sampled or replayed; ms_route.c. */
+int ms_route_generate(const ms_routing_t *r, const ms_decode_config_t *c, ws_t *ws, double *reuse_num,
+                      double *reuse_den, double *selections);
+/* The analytic path on a laid-out workspace; ms_analytic.c. */
+int ms_analytic(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_routing_t *r,
+                const ms_decode_config_t *c, ws_t *ws, ms_decode_result_t *out);
+
 #endif
