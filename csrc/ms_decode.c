@@ -401,7 +401,8 @@ static int check(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_ro
     }
     for (int32_t i = 0; i < m->n_layers; i++) {
         if (m->expert_mode[i] < 0 || m->expert_mode[i] >= MS_N_EXP_MODES) return MS_ERR_BAD_PLACEMENT;
-        if (m->expert_mode[i] != MS_EXP_NONE && (m->moe_index[i] < 0 || m->moe_index[i] >= r->n_layers))
+        /* a routing row must exist for every layer that names one (the Monte Carlo caches are per row) */
+        if ((m->expert_mode[i] != MS_EXP_NONE && m->moe_index[i] < 0) || m->moe_index[i] >= r->n_layers)
             return MS_ERR_BAD_ROUTING;
         if (m->slots[i] < 0 || m->page_slots[i] < 0) return MS_ERR_BAD_CAPACITY;
     }

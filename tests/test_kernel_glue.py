@@ -411,3 +411,13 @@ def test_c_core_returns_an_error_code_past_its_limits(tmp_path):
     lines = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split("\n")
     assert lines[0].split() == ["0", str(codes.ERR_BAD_SIZE), str(codes.ERR_BAD_SIZE), str(codes.ERR_BAD_ROUTING)]
     assert lines[1].split() == ["0", str(codes.ERR_BAD_SIZE), str(codes.ERR_BAD_ROUTING)]
+
+
+def test_dense_layer_naming_a_missing_routing_row_is_an_error_not_a_crash():
+    """The kernel re-checks what could crash it: a layer without routed experts whose moe_index names a
+    routing row past the table (the Monte Carlo path resets one cache per named row)."""
+    dm, hw, rt = tables(L=2)
+    bad = dict(dm, expert_mode=np.array([codes.EXP_NONE, codes.EXP_FETCH], np.int32),
+               moe_index=np.array([7, 1], np.int32))
+    with pytest.raises(KernelError, match="routing"):
+        KD.run(bad, hw, rt, cols())
