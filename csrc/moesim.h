@@ -191,9 +191,10 @@ typedef struct {
     double seq_s;                                 /* per sequence per step host overhead (batch bookkeeping) */
 } ms_machine_t;
 
+/* A dense model routes nothing: with n_layers 0 every array below may be NULL. */
 typedef struct {
-    int32_t n_layers;            /* MoE layers (rows) */
-    int32_t n_experts, top_k;
+    int32_t n_layers;            /* MoE layers (rows), at most MS_MAX_MOE_LAYERS */
+    int32_t n_experts, top_k;    /* top_k at most MS_MAX_TOP_K */
     int32_t n_group, topk_group; /* group-limited routing; n_group <= 1 = off */
     const double *log_pop;       /* [n_layers][n_experts] log global popularity (any constant offset) */
     const double *stickiness;    /* [n_layers] per-slot probability of re-picking the previous token's expert */
