@@ -281,12 +281,14 @@ static void mc_layer(const ms_decode_model_t *m, const ms_routing_t *r, const ms
     layer_work_t *w = &ws->work[i];
     int32_t l = m->moe_index[i], mode = m->expert_mode[i], k;
     double tick = (double) t * W;
+    mc_tally_t a;                /* local tallies: the work stores could alias *n */
     int64_t row;
     memset(w, 0, sizeof(*w));
     if (l < 0 || mode == MS_EXP_NONE) return;
+    a = *n;
     row = (t * L + l) * (int64_t) W;
     k = ws->nsel[t * L + l];
-    if (t >= c->warmup) n->distinct += k;
+    if (t >= c->warmup) a.distinct += k;
     ms_cache_begin_step(&gpu_c[l], ws->sel + row, k);
     ms_cache_begin_step(&page_c[l], ws->sel + row, k);
     for (int32_t j = 0; j < k; j++) {
@@ -300,7 +302,7 @@ static void mc_layer(const ms_decode_model_t *m, const ms_routing_t *r, const ms
             host_read = 1;
         } else {
             int hit = ms_cache_access(&gpu_c[l], e, tick + j, nu);
-            if (t >= c->warmup) { n->hits += hit; n->loads += 1.0; }
+            if (t >= c->warmup) { a.hits += hit; a.loads += 1.0; }
             if (hit) {
                 on_gpu = 1;
             } else if (mode == MS_EXP_FETCH) {
@@ -316,11 +318,12 @@ static void mc_layer(const ms_decode_model_t *m, const ms_routing_t *r, const ms
         if (host_read && mode != MS_EXP_FETCH) { w->n_cpu += 1.0; w->pairs_cpu += pairs; }
         if (host_read && m->page_slots[i] < E) {
             int ph = ms_cache_access(&page_c[l], e, tick + j, 0.0);
-            if (t >= c->warmup) { n->phits += ph; n->ploads += 1.0; }
+            if (t >= c->warmup) { a.phits += ph; a.ploads += 1.0; }
             if (!ph) w->n_disk += 1.0;
         }
     }
     if (r->recall[l] > 0.0 && i > 0) w->n_waste = w->n_fetch - w->n_pref;
+    *n = a;
 }
 
 /* Means, p50 / p99 and rates of a Monte Carlo run from its `counted` step times and tallies. */

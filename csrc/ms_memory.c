@@ -93,27 +93,34 @@ typedef struct {
 static void account_layers(const ms_model_t *m, const ms_mem_config_t *c, int64_t cpad, int64_t b,
                            double (*bc)[MS_N_TIERS], sums_t *s)
 {
+    /* local accumulators: the by_class stores could alias *s and would pin it to memory */
+    double kv_total = s->kv, state_total = s->state, kv_slope = s->slope;
+    int any_gpu = s->any_gpu;
     for (int32_t l = 0; l < m->n_layers; l++) {
         int t = layer_on_gpu(m, c, l) ? MS_TIER_GPU : MS_TIER_HOST;
         double ge, he, kv, st;
-        if (t == MS_TIER_GPU) s->any_gpu = 1;
+        if (t == MS_TIER_GPU) any_gpu = 1;
         bc[MS_CLASS_ATTENTION][t] += m->attn[l];
         bc[MS_CLASS_ROUTER][t] += m->router[l];
         bc[MS_CLASS_SHARED][t] += m->shared[l];
         bc[MS_CLASS_DENSE][t] += m->dense[l];
         routed_split(m, c, l, &ge, &he);
-        if (ge > 0.0) s->any_gpu = 1;
+        if (ge > 0.0) any_gpu = 1;
         bc[MS_CLASS_ROUTED][MS_TIER_GPU] += ge * m->expert_one[l];
         bc[MS_CLASS_ROUTED][MS_TIER_HOST] += he * m->expert_one[l];
         layer_cache(m, l, cpad, c->kv_bytes_per_elem, &kv, &st);
         bc[MS_CLASS_KV][t] += kv * (double) b;
         bc[MS_CLASS_STATE][t] += st * (double) b;
-        s->kv += kv * (double) b;
-        s->state += st * (double) b;
-        if (m->kv_cap[l] == 0) s->slope += m->kv_elems[l] * c->kv_bytes_per_elem + m->kv_fixed[l];
+        kv_total += kv * (double) b;
+        state_total += st * (double) b;
+        if (m->kv_cap[l] == 0) kv_slope += m->kv_elems[l] * c->kv_bytes_per_elem + m->kv_fixed[l];
         if (m->kv_ratio[l] > 0)
-            s->slope += (m->kv_ratio_elems[l] * c->kv_bytes_per_elem + m->kv_ratio_fixed[l]) / (double) m->kv_ratio[l];
+            kv_slope += (m->kv_ratio_elems[l] * c->kv_bytes_per_elem + m->kv_ratio_fixed[l]) / (double) m->kv_ratio[l];
     }
+    s->kv = kv_total;
+    s->state = state_total;
+    s->slope = kv_slope;
+    s->any_gpu = any_gpu;
 }
 
 /* Embeddings, lm_head and the MTP modules (each caches like the last layer) into by_class. */
