@@ -170,8 +170,9 @@ def test_missing_config_column():
     dm, hw, rt = tables()
     c = cols()
     del c["mode"]
-    with pytest.raises((StructError, KeyError)):
+    with pytest.raises(MoesimError) as exc:
         KD.run(dm, hw, rt, c)
+    assert exc.value.field == "mode"
     raises_struct(lambda: _kernel.decode_many(dm, hw, rt, c, 1), "ms_decode_config_t[]", "mode", "missing")
 
 
