@@ -25,6 +25,13 @@
 
 const char *ms_strerror(int err);
 
+/* Kernel limits, checked by the Python glue before any call (a MoesimError naming the field and the
+ * bound) and again here (MS_ERR_BAD_SIZE / MS_ERR_BAD_ROUTING, never a crash): the Monte Carlo path
+ * keeps two caches per MoE layer and one token's top-k picks in fixed-size stack arrays. They hold for
+ * every entry point that takes an ms_routing_t (Monte Carlo, analytic, route sampling, sweeps). */
+#define MS_MAX_MOE_LAYERS 256    /* ms_routing_t.n_layers: MoE layers */
+#define MS_MAX_TOP_K      512    /* ms_routing_t.top_k: experts per token */
+
 /* Tensor classes and memory tiers: the rows and columns of ms_mem_result_t.by_class. */
 enum {
     MS_CLASS_ATTENTION = 0, MS_CLASS_ROUTER, MS_CLASS_SHARED, MS_CLASS_ROUTED, MS_CLASS_DENSE,
@@ -184,9 +191,10 @@ typedef struct {
     double seq_s;                                 /* per sequence per step host overhead (batch bookkeeping) */
 } ms_machine_t;
 
+/* A dense model routes nothing: with n_layers 0 every array below may be NULL. */
 typedef struct {
-    int32_t n_layers;            /* MoE layers (rows) */
-    int32_t n_experts, top_k;
+    int32_t n_layers;            /* MoE layers (rows), at most MS_MAX_MOE_LAYERS */
+    int32_t n_experts, top_k;    /* top_k at most MS_MAX_TOP_K */
     int32_t n_group, topk_group; /* group-limited routing; n_group <= 1 = off */
     const double *log_pop;       /* [n_layers][n_experts] log global popularity (any constant offset) */
     const double *stickiness;    /* [n_layers] per-slot probability of re-picking the previous token's expert */

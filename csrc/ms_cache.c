@@ -1,7 +1,7 @@
 /*
  * Per-layer expert caches (GPU expert cache, host page cache): LRU, LFU, static pinning and the
  * Belady (MIN) offline optimum. A cache is a view over caller-owned arrays; nothing is allocated.
- * moesim/reference.py has the same policies in plain Python.
+ * engine/reference/cache.py has the same policies in plain Python.
  */
 #include <stdint.h>
 #include <string.h>

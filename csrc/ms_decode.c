@@ -1,8 +1,8 @@
 /*
- * Decode simulation: routing sampler (or trace replay), batch union, expert caches, and the
- * per-step cost model of DESIGN §3 (each phase is the max over the resources it uses).
- * Monte Carlo walks real cache state step by step; the analytic path evaluates the same cost
- * function on expected counts. The pure-Python twin is moesim/reference.py (decode_reference).
+ * Decode simulation: the per-step cost model of DESIGN §3 (each phase is the max over the resources
+ * it uses), the workspace, Monte Carlo (real cache state step by step) and the entry points. The
+ * routing sampler is ms_route.c, the analytic path (the same cost function on expected counts)
+ * ms_analytic.c. The pure-Python twin is engine/reference/decode.py.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -13,21 +13,6 @@
 #ifdef MOESIM_HAVE_OPENMP
 #include <omp.h>
 #endif
-
-#define MS_TINY 1e-300
-#define ALIGN8(x) (((x) + 7) & ~((int64_t) 7))
-
-/* Expected or sampled work of one MoE layer in one step. */
-typedef struct {
-    double n_res;       /* distinct experts read from GPU memory (resident, hits, fetched) */
-    double n_cpu;       /* distinct experts computed on the CPU from host RAM */
-    double n_fetch;     /* distinct experts copied host -> GPU this step */
-    double n_pref;      /* of those, prefetched during the previous layer */
-    double n_waste;     /* wrong prefetches (copied, not used) */
-    double n_disk;      /* experts read from storage into the page cache */
-    double pairs_gpu;   /* token-expert pairs computed on the GPU */
-    double pairs_cpu;   /* ... on the CPU */
-} layer_work_t;
 
 /* ------------------------------------------------------------------------- the cost model */
 
@@ -48,92 +33,103 @@ static double max_term(const double *t, const int *res, int n, int *winner)
     return best;
 }
 
+/* Attention, router, shared experts and dense FFN of layer l: weights once, KV per sequence
+ * (ms_attention_time), then kernel launches and the tensor-parallel all-reduce. */
+static double layer_attention(const ms_decode_model_t *m, const ms_machine_t *hw, int32_t l, double seqs, double toks,
+                              ms_decode_result_t *acc)
+{
+    double bytes = m->attn_bytes[l] + m->shared_bytes[l] + seqs * m->kv_bytes[l];
+    double flops = toks * (m->attn_flops[l] + m->score_flops[l] + m->shared_flops[l]);
+    double total;
+    int win;
+    if (m->attn_on_gpu[l]) {
+        total = ms_attention_time(bytes / hw->gpu_bw, flops / hw->gpu_flops, MS_RES_GPU_MEM, MS_RES_GPU_COMPUTE, &win);
+        acc->bytes[MS_BYTES_GPU_MEM] += bytes;
+    } else {
+        total = ms_attention_time(bytes / hw->host_bw, flops / hw->cpu_flops, MS_RES_HOST_MEM, MS_RES_CPU_COMPUTE,
+                                  &win);
+        acc->bytes[MS_BYTES_HOST_MEM] += bytes;
+    }
+    attribute(acc, win, MS_PHASE_ATTENTION, total);
+    if (m->attn_on_gpu[l] && hw->launch_s > 0.0) {
+        attribute(acc, MS_RES_LATENCY, MS_PHASE_SYNC, hw->launch_s);
+        total += hw->launch_s;
+    }
+    if (m->allreduce_bytes > 0.0 && m->attn_on_gpu[l]) {
+        double tr = hw->allreduce_s + toks * m->allreduce_bytes / hw->interconnect_bw;
+        attribute(acc, MS_RES_INTERCONNECT, MS_PHASE_TRANSFER, tr);
+        total += tr;
+    }
+    return total;
+}
+
+/* The routed experts of layer l (work w): GPU, CPU, copies and page-ins, concurrent under overlap or
+ * one backend at a time, then the CPU hand-off and the demand copies' latencies, each added in turn to
+ * `total` (the layer's time so far), which is returned. */
+static double layer_experts(const ms_decode_model_t *m, const ms_machine_t *hw, int32_t l, const layer_work_t *w,
+                            double toks, double total, ms_decode_result_t *acc)
+{
+    double eb = m->expert_bytes[l], ef = m->expert_flops[l];
+    double g_bytes = w->n_res * eb, c_bytes = w->n_cpu * eb;
+    double demand = (w->n_fetch - w->n_pref) * eb;
+    double t_g = fmax(g_bytes / hw->gpu_bw, w->pairs_gpu * ef / hw->gpu_flops);
+    int r_g = g_bytes / hw->gpu_bw >= w->pairs_gpu * ef / hw->gpu_flops ? MS_RES_GPU_MEM : MS_RES_GPU_COMPUTE;
+    double t_c = fmax(c_bytes / hw->host_bw, w->pairs_cpu * ef / hw->cpu_flops);
+    int r_c = c_bytes / hw->host_bw >= w->pairs_cpu * ef / hw->cpu_flops ? MS_RES_HOST_MEM : MS_RES_CPU_COMPUTE;
+    double t_p = demand / hw->pcie_bw;
+    double t_h = (c_bytes + demand) / hw->host_bw;
+    double t_s = w->n_disk * eb / hw->storage_bw;
+    double te;
+    int win;
+    acc->bytes[MS_BYTES_GPU_MEM] += g_bytes;
+    acc->bytes[MS_BYTES_HOST_MEM] += c_bytes + (w->n_fetch + w->n_waste) * eb;
+    acc->bytes[MS_BYTES_PCIE] += (w->n_fetch + w->n_waste) * eb;
+    acc->bytes[MS_BYTES_STORAGE] += w->n_disk * eb;
+    if (hw->overlap) {
+        /* GPU experts, CPU experts, copies and page-ins proceed together */
+        double t[6] = {t_g, t_c, t_p, t_h, t_s, hw->unified ? (g_bytes + c_bytes) / hw->gpu_bw : 0.0};
+        int r[6] = {r_g, r_c, MS_RES_PCIE, MS_RES_HOST_MEM, MS_RES_STORAGE, MS_RES_GPU_MEM};
+        te = max_term(t, r, 6, &win);
+        attribute(acc, win, win == MS_RES_PCIE ? MS_PHASE_TRANSFER : MS_PHASE_EXPERTS, te);
+    } else {
+        /* one backend at a time (llama.cpp splits): copy, then GPU experts, then CPU experts */
+        double t[3] = {t_c, t_h, t_s};
+        int r[3] = {r_c, MS_RES_HOST_MEM, MS_RES_STORAGE};
+        double tcpu = max_term(t, r, 3, &win);
+        attribute(acc, win, MS_PHASE_EXPERTS, tcpu);
+        attribute(acc, r_g, MS_PHASE_EXPERTS, t_g);
+        attribute(acc, MS_RES_PCIE, MS_PHASE_TRANSFER, t_p);
+        te = tcpu + t_g + t_p;
+        if (hw->unified && (g_bytes + c_bytes) / hw->gpu_bw > t_g + tcpu) {
+            double extra = (g_bytes + c_bytes) / hw->gpu_bw - (t_g + tcpu);
+            attribute(acc, MS_RES_GPU_MEM, MS_PHASE_EXPERTS, extra);
+            te += extra;
+        }
+    }
+    total += te;
+    if (w->n_cpu > 0.0) {
+        /* hand-off to the CPU and back: synchronisation plus activations over PCIe */
+        double ta = toks * m->act_bytes / hw->pcie_bw;
+        attribute(acc, MS_RES_LATENCY, MS_PHASE_SYNC, hw->sync_s);
+        attribute(acc, MS_RES_PCIE, MS_PHASE_TRANSFER, ta);
+        acc->bytes[MS_BYTES_PCIE] += toks * m->act_bytes;
+        total += hw->sync_s + ta;
+    }
+    if (w->n_fetch - w->n_pref > 0.0 && hw->dma_s > 0.0) {
+        double td = (w->n_fetch - w->n_pref) * hw->dma_s;
+        attribute(acc, MS_RES_LATENCY, MS_PHASE_SYNC, td);
+        total += td;
+    }
+    return total;
+}
+
 /* Time of layer l in one step (without the prefetch of the next layer, added by the caller).
  * acc receives the attribution and byte counts. */
 static double layer_time(const ms_decode_model_t *m, const ms_machine_t *hw, int32_t l, const layer_work_t *w,
                          double seqs, double toks, ms_decode_result_t *acc)
 {
-    double total = 0.0;
-    int win;
-    {   /* attention, router, shared experts and dense FFN: weights once, KV per sequence */
-        double bytes = m->attn_bytes[l] + m->shared_bytes[l] + seqs * m->kv_bytes[l];
-        double flops = toks * (m->attn_flops[l] + m->score_flops[l] + m->shared_flops[l]);
-        double t[2];
-        int r[2];
-        if (m->attn_on_gpu[l]) {
-            t[0] = bytes / hw->gpu_bw; r[0] = MS_RES_GPU_MEM;
-            t[1] = flops / hw->gpu_flops; r[1] = MS_RES_GPU_COMPUTE;
-            acc->bytes[MS_BYTES_GPU_MEM] += bytes;
-        } else {
-            t[0] = bytes / hw->host_bw; r[0] = MS_RES_HOST_MEM;
-            t[1] = flops / hw->cpu_flops; r[1] = MS_RES_CPU_COMPUTE;
-            acc->bytes[MS_BYTES_HOST_MEM] += bytes;
-        }
-        double ta = max_term(t, r, 2, &win);
-        attribute(acc, win, MS_PHASE_ATTENTION, ta);
-        total += ta;
-        if (m->attn_on_gpu[l] && hw->launch_s > 0.0) {
-            attribute(acc, MS_RES_LATENCY, MS_PHASE_SYNC, hw->launch_s);
-            total += hw->launch_s;
-        }
-        if (m->allreduce_bytes > 0.0 && m->attn_on_gpu[l]) {
-            double tr = hw->allreduce_s + toks * m->allreduce_bytes / hw->interconnect_bw;
-            attribute(acc, MS_RES_INTERCONNECT, MS_PHASE_TRANSFER, tr);
-            total += tr;
-        }
-    }
-    if (m->expert_mode[l] != MS_EXP_NONE) {
-        double eb = m->expert_bytes[l], ef = m->expert_flops[l];
-        double g_bytes = w->n_res * eb, c_bytes = w->n_cpu * eb;
-        double demand = (w->n_fetch - w->n_pref) * eb;
-        double t_g = fmax(g_bytes / hw->gpu_bw, w->pairs_gpu * ef / hw->gpu_flops);
-        int r_g = g_bytes / hw->gpu_bw >= w->pairs_gpu * ef / hw->gpu_flops ? MS_RES_GPU_MEM : MS_RES_GPU_COMPUTE;
-        double t_c = fmax(c_bytes / hw->host_bw, w->pairs_cpu * ef / hw->cpu_flops);
-        int r_c = c_bytes / hw->host_bw >= w->pairs_cpu * ef / hw->cpu_flops ? MS_RES_HOST_MEM : MS_RES_CPU_COMPUTE;
-        double t_p = demand / hw->pcie_bw;
-        double t_h = (c_bytes + demand) / hw->host_bw;
-        double t_s = w->n_disk * eb / hw->storage_bw;
-        double te;
-        acc->bytes[MS_BYTES_GPU_MEM] += g_bytes;
-        acc->bytes[MS_BYTES_HOST_MEM] += c_bytes + (w->n_fetch + w->n_waste) * eb;
-        acc->bytes[MS_BYTES_PCIE] += (w->n_fetch + w->n_waste) * eb;
-        acc->bytes[MS_BYTES_STORAGE] += w->n_disk * eb;
-        if (hw->overlap) {
-            /* GPU experts, CPU experts, copies and page-ins proceed together */
-            double t[6] = {t_g, t_c, t_p, t_h, t_s, hw->unified ? (g_bytes + c_bytes) / hw->gpu_bw : 0.0};
-            int r[6] = {r_g, r_c, MS_RES_PCIE, MS_RES_HOST_MEM, MS_RES_STORAGE, MS_RES_GPU_MEM};
-            te = max_term(t, r, 6, &win);
-            attribute(acc, win, win == MS_RES_PCIE ? MS_PHASE_TRANSFER : MS_PHASE_EXPERTS, te);
-        } else {
-            /* one backend at a time (llama.cpp splits): copy, then GPU experts, then CPU experts */
-            double t[3] = {t_c, t_h, t_s};
-            int r[3] = {r_c, MS_RES_HOST_MEM, MS_RES_STORAGE};
-            double tcpu = max_term(t, r, 3, &win);
-            attribute(acc, win, MS_PHASE_EXPERTS, tcpu);
-            attribute(acc, r_g, MS_PHASE_EXPERTS, t_g);
-            attribute(acc, MS_RES_PCIE, MS_PHASE_TRANSFER, t_p);
-            te = tcpu + t_g + t_p;
-            if (hw->unified && (g_bytes + c_bytes) / hw->gpu_bw > t_g + tcpu) {
-                double extra = (g_bytes + c_bytes) / hw->gpu_bw - (t_g + tcpu);
-                attribute(acc, MS_RES_GPU_MEM, MS_PHASE_EXPERTS, extra);
-                te += extra;
-            }
-        }
-        total += te;
-        if (w->n_cpu > 0.0) {
-            /* hand-off to the CPU and back: synchronisation plus activations over PCIe */
-            double ta = toks * m->act_bytes / hw->pcie_bw;
-            attribute(acc, MS_RES_LATENCY, MS_PHASE_SYNC, hw->sync_s);
-            attribute(acc, MS_RES_PCIE, MS_PHASE_TRANSFER, ta);
-            acc->bytes[MS_BYTES_PCIE] += toks * m->act_bytes;
-            total += hw->sync_s + ta;
-        }
-        if (w->n_fetch - w->n_pref > 0.0 && hw->dma_s > 0.0) {
-            double td = (w->n_fetch - w->n_pref) * hw->dma_s;
-            attribute(acc, MS_RES_LATENCY, MS_PHASE_SYNC, td);
-            total += td;
-        }
-    }
+    double total = layer_attention(m, hw, l, seqs, toks, acc);
+    if (m->expert_mode[l] != MS_EXP_NONE) total = layer_experts(m, hw, l, w, toks, total, acc);
     return total;
 }
 
@@ -167,7 +163,7 @@ static double step_fixed(const ms_decode_model_t *m, const ms_machine_t *hw, con
 }
 
 /* Step time from per-layer work; prefetch of layer l's experts overlaps layer l-1. */
-static double step_time(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_decode_config_t *c,
+double ms_step_time(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_decode_config_t *c,
                         const layer_work_t *work, double *lt, ms_decode_result_t *acc)
 {
     double seqs = (double) c->batch, toks = (double) c->batch * c->tokens_per_step, total;
@@ -188,31 +184,6 @@ static double step_time(const ms_decode_model_t *m, const ms_machine_t *hw, cons
 }
 
 /* ------------------------------------------------------------------------- workspace */
-
-typedef struct {
-    int32_t E, K, L, B, W;      /* experts, top-k, routing layers, batch, union width */
-    int64_t T;                  /* steps */
-    int32_t *sel, *cnt, *nsel;  /* [T][L][W], [T][L][W], [T][L] */
-    int32_t *nu;                /* [T][L][W] Belady next use */
-    double *w;                  /* [B][L][E] request weights (linear, > 0) */
-    int32_t *prev, *nprev;      /* [B][L][K], [B] */
-    int64_t *tok_in_req, *trace_pos;  /* [B] */
-    double *score;              /* [E] */
-    int32_t *mark;              /* [L][E] union stamp */
-    int32_t *pos;               /* [L][E] position in the step's union */
-    int32_t *chosen;            /* [E] stamp of the current token's picks */
-    int32_t *allowed;           /* [E] group mask stamp */
-    double *gscore;             /* [n_group] */
-    int32_t *gpick;             /* [n_group] */
-    int32_t *usel, *ucnt;       /* [E] scratch: a step's union re-ordered by expert id */
-    double *che, *lq;           /* analytic scratch: [E] Che rates, [n_scenarios][E] log(1 - q) */
-    char *caches;               /* 2 x L caches (GPU, page) */
-    int32_t *last_seen;         /* [E] */
-    layer_work_t *work;         /* [n_layers of the model] */
-    double *lt;                 /* [n_layers] */
-    double *times;              /* [T] */
-    int32_t *tok_out;           /* optional [T][B][tokens_per_step][L][K] per-token picks */
-} ws_t;
 
 static int64_t union_width(const ms_routing_t *r, const ms_decode_config_t *c)
 {
@@ -269,192 +240,6 @@ int64_t ms_decode_workspace_size(const ms_decode_model_t *m, const ms_routing_t 
     return ws_layout(m, r, c, NULL, NULL);
 }
 
-/* ------------------------------------------------------------------------- routing */
-
-/* Fresh request for sequence b: per-layer weights w ~ Dirichlet(beta * E * g) (unnormalised: the
- * race below only compares ratios), or w = g without per-request skew. */
-static void new_request(const ms_routing_t *r, ws_t *ws, int32_t b, ms_rng_t *rng)
-{
-    int32_t E = ws->E;
-    for (int32_t l = 0; l < ws->L; l++) {
-        const double *lp = r->log_pop + (int64_t) l * E;
-        double *w = ws->w + ((int64_t) b * ws->L + l) * E, mx = lp[0], z = 0.0;
-        ws->nprev[b * ws->L + l] = 0;
-        for (int32_t e = 1; e < E; e++) mx = fmax(mx, lp[e]);
-        for (int32_t e = 0; e < E; e++) z += exp(lp[e] - mx);
-        for (int32_t e = 0; e < E; e++) {
-            double g = exp(lp[e] - mx) / z;
-            double x = r->concentration > 0.0 ? ms_rng_gamma(rng, r->concentration * E * g) : g;
-            w[e] = x > MS_TINY ? x : MS_TINY;
-        }
-    }
-}
-
-/* One token's top-k in routing layer l for sequence b; writes `out` (k ids), returns overlap with
- * the previous token's picks (-1 for a request's first token). Each kept expert of the previous
- * token stays with probability p; the other slots go to the smallest race keys Exp(1) / w_e, which
- * is Gumbel-top-k on log w (Plackett-Luce sampling without replacement) at one log per expert.
- * Group-limited routing ranks groups by their two best keys (sum of the two best Gumbel scores). */
-static int32_t route_token(const ms_routing_t *r, ws_t *ws, int32_t b, int32_t l, ms_rng_t *rng, int32_t stamp,
-                           int32_t *out)
-{
-    int32_t E = ws->E, K = ws->K, n = 0, overlap = 0;
-    int32_t *prev = ws->prev + ((int64_t) b * ws->L + l) * K;
-    int32_t np = ws->nprev[b * ws->L + l];
-    const double *w = ws->w + ((int64_t) b * ws->L + l) * E;
-    double *key = ws->score, p = r->stickiness[l];
-    for (int32_t j = 0; j < np; j++) {
-        if (ms_rng_uniform(rng) < p) {
-            out[n++] = prev[j];
-            ws->chosen[prev[j]] = stamp;
-        }
-    }
-    for (int32_t e = 0; e < E; e++) key[e] = -log(ms_rng_uniform(rng)) / w[e];
-    if (r->n_group > 1 && r->topk_group < r->n_group) {
-        /* group-limited: groups holding kept experts first, then the best by their two best keys */
-        int32_t G = r->n_group, per = E / G, picked = 0;
-        for (int32_t g = 0; g < G; g++) {
-            double a = HUGE_VAL, bb = HUGE_VAL;
-            for (int32_t e = g * per; e < (g + 1) * per; e++) {
-                double k = key[e];
-                if (k < a) { bb = a; a = k; } else if (k < bb) bb = k;
-            }
-            ws->gscore[g] = log(a) + (per > 1 ? log(bb) : 0.0);
-            ws->gpick[g] = 0;
-        }
-        for (int32_t j = 0; j < n; j++) {
-            int32_t g = out[j] / per;
-            if (!ws->gpick[g]) { ws->gpick[g] = 1; picked++; }
-        }
-        while (picked < r->topk_group) {
-            int32_t best = -1;
-            for (int32_t g = 0; g < G; g++)
-                if (!ws->gpick[g] && (best < 0 || ws->gscore[g] < ws->gscore[best])) best = g;
-            ws->gpick[best] = 1;
-            picked++;
-        }
-        for (int32_t e = 0; e < E; e++) ws->allowed[e] = ws->gpick[e / per] ? stamp : 0;
-    } else {
-        for (int32_t e = 0; e < E; e++) ws->allowed[e] = stamp;
-    }
-    {   /* the K - n smallest keys in one pass (insertion into a short sorted list) */
-        int32_t need = K - n, have = 0, *top = out + n;
-        for (int32_t e = 0; e < E && need > 0; e++) {
-            int32_t i;
-            if (ws->allowed[e] != stamp || ws->chosen[e] == stamp) continue;
-            if (have == need && !(key[e] < key[top[have - 1]])) continue;
-            i = have < need ? have++ : have - 1;
-            while (i > 0 && key[e] < key[top[i - 1]]) {
-                top[i] = top[i - 1];
-                i--;
-            }
-            top[i] = e;
-        }
-        for (int32_t j = 0; j < need; j++) ws->chosen[top[j]] = stamp;
-        n = K;
-    }
-    for (int32_t j = 0; j < np; j++) overlap += ws->chosen[prev[j]] == stamp;
-    for (int32_t j = 0; j < K; j++) prev[j] = out[j];
-    ws->nprev[b * ws->L + l] = K;
-    return np > 0 ? overlap : -1;
-}
-
-/* Fill sel/cnt/nsel for all steps: B sequences x tokens_per_step tokens per step. */
-static int generate(const ms_routing_t *r, const ms_decode_config_t *c, ws_t *ws, double *reuse_num,
-                    double *reuse_den, double *selections)
-{
-    int32_t E = ws->E, K = ws->K, L = ws->L, W = ws->W, picks[512];
-    int32_t stamp = 0;
-    ms_rng_t rng;
-    if (r->n_layers == 0) return 0;
-    if (K > 512) return MS_ERR_BAD_ROUTING;
-    memset(ws->mark, 0, (size_t) L * E * sizeof(int32_t));
-    memset(ws->chosen, 0, (size_t) E * sizeof(int32_t));
-    memset(ws->allowed, 0, (size_t) E * sizeof(int32_t));
-    for (int32_t b = 0; b < ws->B; b++) {
-        ws->tok_in_req[b] = 0;
-        ws->trace_pos[b] = r->trace ? (r->trace_tokens * b) / ws->B : 0;
-        for (int32_t l = 0; l < L; l++) ws->nprev[b * L + l] = 0;
-    }
-    for (int64_t t = 0; t < ws->T; t++) {
-        int32_t *nsel = ws->nsel + t * L;
-        for (int32_t l = 0; l < L; l++) nsel[l] = 0;
-        for (int32_t b = 0; b < ws->B; b++) {
-            /* the sequence's own stream, re-seeded per step so steps are independent of batch order */
-            ms_rng_init(&rng, c->seed, c->index, ((uint64_t) b << 32) ^ (uint64_t) t);
-            for (int32_t j = 0; j < c->tokens_per_step; j++) {
-                int64_t tp = 0;
-                if (r->trace) {
-                    tp = ws->trace_pos[b] % r->trace_tokens;
-                    ws->trace_pos[b] = tp + 1;
-                } else if (ws->tok_in_req[b] == 0 || (r->request_tokens > 0 && ws->tok_in_req[b] >= r->request_tokens)) {
-                    new_request(r, ws, b, &rng);
-                    ws->tok_in_req[b] = 0;
-                }
-                ws->tok_in_req[b]++;
-                for (int32_t l = 0; l < L; l++) {
-                    int64_t row = (t * L + l) * (int64_t) W;
-                    int32_t ov;
-                    stamp++;
-                    if (r->trace) {
-                        const int32_t *src = r->trace + (tp * r->trace_layers + (l % r->trace_layers)) * K;
-                        int32_t *prev = ws->prev + ((int64_t) b * L + l) * K;
-                        int32_t np = ws->nprev[b * L + l];
-                        ov = 0;
-                        for (int32_t k = 0; k < K; k++) {
-                            if (src[k] < 0 || src[k] >= E) return MS_ERR_BAD_TRACE;
-                            picks[k] = src[k];
-                            ws->chosen[src[k]] = stamp;
-                        }
-                        for (int32_t k = 0; k < np; k++) ov += ws->chosen[prev[k]] == stamp;
-                        if (np == 0) ov = -1;
-                        for (int32_t k = 0; k < K; k++) prev[k] = picks[k];
-                        ws->nprev[b * L + l] = K;
-                    } else {
-                        ov = route_token(r, ws, b, l, &rng, stamp, picks);
-                    }
-                    if (ov >= 0 && t >= c->warmup) {
-                        *reuse_num += ov;
-                        *reuse_den += K;
-                    }
-                    *selections += K;
-                    if (ws->tok_out)
-                        memcpy(ws->tok_out + ((((int64_t) t * ws->B + b) * c->tokens_per_step + j) * L + l) * K,
-                               picks, (size_t) K * sizeof(int32_t));
-                    for (int32_t k = 0; k < K; k++) {
-                        int32_t e = picks[k];
-                        int32_t *mk = ws->mark + (int64_t) l * E;
-                        if (mk[e] != (int32_t) (t + 1)) {
-                            mk[e] = (int32_t) (t + 1);
-                            ws->pos[(int64_t) l * E + e] = nsel[l];
-                            ws->sel[row + nsel[l]] = e;
-                            ws->cnt[row + nsel[l]] = 1;
-                            nsel[l]++;
-                        } else {
-                            ws->cnt[row + ws->pos[(int64_t) l * E + e]]++;
-                        }
-                    }
-                }
-            }
-        }
-        /* The step serves its experts in expert-id order (as fused MoE kernels walk them), so the
-         * order a cache sees does not favour the first sequence's picks. */
-        for (int32_t l = 0; l < L; l++) {
-            int64_t row = (t * L + l) * (int64_t) W;
-            const int32_t *mk = ws->mark + (int64_t) l * E;
-            int32_t n = 0;
-            for (int32_t e = 0; e < E; e++) {
-                if (mk[e] != (int32_t) (t + 1)) continue;
-                ws->usel[n] = e;
-                ws->ucnt[n++] = ws->cnt[row + ws->pos[(int64_t) l * E + e]];
-            }
-            memcpy(ws->sel + row, ws->usel, (size_t) n * sizeof(int32_t));
-            memcpy(ws->cnt + row, ws->ucnt, (size_t) n * sizeof(int32_t));
-        }
-    }
-    return 0;
-}
-
 /* ------------------------------------------------------------------------- Monte Carlo */
 
 static int cmp_double(const void *a, const void *b)
@@ -463,26 +248,20 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-static int montecarlo(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_routing_t *r,
-                      const ms_decode_config_t *c, ws_t *ws, ms_decode_result_t *out)
+/* Hits, loads and distinct experts over the counted steps of a Monte Carlo run. */
+typedef struct {
+    double hits, loads, phits, ploads, distinct;
+} mc_tally_t;
+
+/* Carve the 2 x L per-layer caches (GPU, host page cache) from the workspace and reset them for each
+ * model layer's expert mode. */
+static void mc_caches(const ms_decode_model_t *m, const ms_routing_t *r, const ms_decode_config_t *c, ws_t *ws,
+                      ms_cache_t *caches)
 {
-    int32_t E = ws->E, L = ws->L, W = ws->W;
-    double reuse_num = 0.0, reuse_den = 0.0, hits = 0.0, loads = 0.0, phits = 0.0, ploads = 0.0, distinct = 0.0;
-    int64_t counted = 0;
-    ms_cache_t *gpu_c = NULL, *page_c = NULL, caches[2 * 256];
-    ms_rng_t prng;
-    int rc;
-    if (L > 256) return MS_ERR_BAD_SIZE;
-    rc = generate(r, c, ws, &reuse_num, &reuse_den, &out->selections);
-    if (rc) return rc;
-    if (c->policy == MS_POLICY_BELADY)
-        ms_next_use(ws->sel, ws->nsel, ws->T, L, W, E, ws->nu, ws->last_seen);
-    {
-        char *p = ws->caches;
-        for (int32_t i = 0; i < 2 * L; i++) p = ms_cache_carve(&caches[i], p, E);
-        gpu_c = caches;
-        page_c = caches + L;
-    }
+    int32_t E = ws->E, L = ws->L;
+    ms_cache_t *gpu_c = caches, *page_c = caches + L;
+    char *p = ws->caches;
+    for (int32_t i = 0; i < 2 * L; i++) p = ms_cache_carve(&caches[i], p, E);
     for (int32_t i = 0; i < m->n_layers; i++) {
         int32_t l = m->moe_index[i];
         if (l < 0) continue;
@@ -492,246 +271,110 @@ static int montecarlo(const ms_decode_model_t *m, const ms_machine_t *hw, const 
                        r->hot + (int64_t) l * E);
         ms_cache_reset(&page_c[l], E, m->page_slots[i], MS_POLICY_LRU, r->hot + (int64_t) l * E);
     }
+}
+
+/* Model layer i in step t: serve the step's union through the layer's caches into ws->work[i]. */
+static void mc_layer(const ms_decode_model_t *m, const ms_routing_t *r, const ms_decode_config_t *c, ws_t *ws,
+                     ms_cache_t *gpu_c, ms_cache_t *page_c, ms_rng_t *prng, int64_t t, int32_t i, mc_tally_t *n)
+{
+    int32_t E = ws->E, L = ws->L, W = ws->W;
+    layer_work_t *w = &ws->work[i];
+    int32_t l = m->moe_index[i], mode = m->expert_mode[i], k;
+    double tick = (double) t * W;
+    mc_tally_t a;                /* local tallies: the work stores could alias *n */
+    int64_t row;
+    memset(w, 0, sizeof(*w));
+    if (l < 0 || mode == MS_EXP_NONE) return;
+    a = *n;
+    row = (t * L + l) * (int64_t) W;
+    k = ws->nsel[t * L + l];
+    if (t >= c->warmup) a.distinct += k;
+    ms_cache_begin_step(&gpu_c[l], ws->sel + row, k);
+    ms_cache_begin_step(&page_c[l], ws->sel + row, k);
+    for (int32_t j = 0; j < k; j++) {
+        int32_t e = ws->sel[row + j];
+        double pairs = ws->cnt[row + j];
+        double nu = c->policy == MS_POLICY_BELADY ? (double) ws->nu[row + j] : 0.0;
+        int on_gpu = 0, host_read = 0;
+        if (mode == MS_EXP_GPU) {
+            on_gpu = 1;
+        } else if (mode == MS_EXP_CPU) {
+            host_read = 1;
+        } else {
+            int hit = ms_cache_access(&gpu_c[l], e, tick + j, nu);
+            if (t >= c->warmup) { a.hits += hit; a.loads += 1.0; }
+            if (hit) {
+                on_gpu = 1;
+            } else if (mode == MS_EXP_FETCH) {
+                on_gpu = 1;
+                host_read = 1;
+                w->n_fetch += 1.0;
+                if (r->recall[l] > 0.0 && i > 0 && ms_rng_uniform(prng) < r->recall[l]) w->n_pref += 1.0;
+            } else {
+                host_read = 1;
+            }
+        }
+        if (on_gpu) { w->n_res += 1.0; w->pairs_gpu += pairs; }
+        if (host_read && mode != MS_EXP_FETCH) { w->n_cpu += 1.0; w->pairs_cpu += pairs; }
+        if (host_read && m->page_slots[i] < E) {
+            int ph = ms_cache_access(&page_c[l], e, tick + j, 0.0);
+            if (t >= c->warmup) { a.phits += ph; a.ploads += 1.0; }
+            if (!ph) w->n_disk += 1.0;
+        }
+    }
+    if (r->recall[l] > 0.0 && i > 0) w->n_waste = w->n_fetch - w->n_pref;
+    *n = a;
+}
+
+/* Means, p50 / p99 and rates of a Monte Carlo run from its `counted` step times and tallies. */
+static void mc_summary(const ms_decode_model_t *m, ws_t *ws, int64_t counted, const mc_tally_t *n, double reuse_num,
+                       double reuse_den, ms_decode_result_t *out)
+{
+    double sum = 0.0;
+    int32_t n_moe = 0;
+    for (int64_t i = 0; i < counted; i++) sum += ws->times[i];
+    out->step_mean = sum / (double) counted;
+    qsort(ws->times, (size_t) counted, sizeof(double), cmp_double);
+    out->step_p50 = ws->times[(counted - 1) / 2];
+    out->step_p99 = ws->times[(int64_t) ceil(0.99 * (double) counted) - 1];
+    for (int i = 0; i < MS_N_RES; i++) out->by_resource[i] /= (double) counted;
+    for (int i = 0; i < MS_N_PHASES; i++) out->by_phase[i] /= (double) counted;
+    for (int i = 0; i < MS_N_BYTES; i++) out->bytes[i] /= (double) counted;
+    for (int32_t i = 0; i < m->n_layers; i++) n_moe += m->moe_index[i] >= 0 && m->expert_mode[i] != MS_EXP_NONE;
+    out->distinct = n_moe ? n->distinct / ((double) counted * n_moe) : 0.0;
+    out->hit_rate = n->loads > 0.0 ? n->hits / n->loads : -1.0;
+    out->page_hit_rate = n->ploads > 0.0 ? n->phits / n->ploads : -1.0;
+    out->reuse = reuse_den > 0.0 ? reuse_num / reuse_den : 0.0;
+}
+
+static int montecarlo(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_routing_t *r,
+                      const ms_decode_config_t *c, ws_t *ws, ms_decode_result_t *out)
+{
+    double reuse_num = 0.0, reuse_den = 0.0;
+    mc_tally_t n = {0.0, 0.0, 0.0, 0.0, 0.0};
+    int64_t counted = 0;
+    ms_cache_t caches[2 * MS_MAX_MOE_LAYERS];
+    ms_rng_t prng;
+    int rc;
+    if (ws->L > MS_MAX_MOE_LAYERS) return MS_ERR_BAD_SIZE;
+    rc = ms_route_generate(r, c, ws, &reuse_num, &reuse_den, &out->selections);
+    if (rc) return rc;
+    /* a dense model routes nothing: ms_route_generate() leaves the unions unset, so there is nothing to look ahead in */
+    if (c->policy == MS_POLICY_BELADY && r->n_layers > 0)
+        ms_next_use(ws->sel, ws->nsel, ws->T, ws->L, ws->W, ws->E, ws->nu, ws->last_seen);
+    mc_caches(m, r, c, ws, caches);
     ms_rng_init(&prng, c->seed, c->index, 0xFFFFFFFFFFFFFFFFULL);
     for (int64_t t = 0; t < ws->T; t++) {
         ms_decode_result_t scratch;
         ms_decode_result_t *acc = t >= c->warmup ? out : &scratch;
-        double tick = (double) t * W;
+        double st;
         memset(&scratch, 0, sizeof(scratch));
-        for (int32_t i = 0; i < m->n_layers; i++) {
-            layer_work_t *w = &ws->work[i];
-            int32_t l = m->moe_index[i], mode = m->expert_mode[i], n;
-            int64_t row;
-            memset(w, 0, sizeof(*w));
-            if (l < 0 || mode == MS_EXP_NONE) continue;
-            row = (t * L + l) * (int64_t) W;
-            n = ws->nsel[t * L + l];
-            if (t >= c->warmup) distinct += n;
-            ms_cache_begin_step(&gpu_c[l], ws->sel + row, n);
-            ms_cache_begin_step(&page_c[l], ws->sel + row, n);
-            for (int32_t j = 0; j < n; j++) {
-                int32_t e = ws->sel[row + j];
-                double pairs = ws->cnt[row + j];
-                double nu = c->policy == MS_POLICY_BELADY ? (double) ws->nu[row + j] : 0.0;
-                int on_gpu = 0, host_read = 0;
-                if (mode == MS_EXP_GPU) {
-                    on_gpu = 1;
-                } else if (mode == MS_EXP_CPU) {
-                    host_read = 1;
-                } else {
-                    int hit = ms_cache_access(&gpu_c[l], e, tick + j, nu);
-                    if (t >= c->warmup) { hits += hit; loads += 1.0; }
-                    if (hit) {
-                        on_gpu = 1;
-                    } else if (mode == MS_EXP_FETCH) {
-                        on_gpu = 1;
-                        host_read = 1;
-                        w->n_fetch += 1.0;
-                        if (r->recall[l] > 0.0 && i > 0 && ms_rng_uniform(&prng) < r->recall[l]) w->n_pref += 1.0;
-                    } else {
-                        host_read = 1;
-                    }
-                }
-                if (on_gpu) { w->n_res += 1.0; w->pairs_gpu += pairs; }
-                if (host_read && mode != MS_EXP_FETCH) { w->n_cpu += 1.0; w->pairs_cpu += pairs; }
-                if (host_read && m->page_slots[i] < E) {
-                    int ph = ms_cache_access(&page_c[l], e, tick + j, 0.0);
-                    if (t >= c->warmup) { phits += ph; ploads += 1.0; }
-                    if (!ph) w->n_disk += 1.0;
-                }
-            }
-            if (r->recall[l] > 0.0 && i > 0) w->n_waste = w->n_fetch - w->n_pref;
-        }
-        {
-            double st = step_time(m, hw, c, ws->work, ws->lt, acc);
-            if (t >= c->warmup) ws->times[counted++] = st;
-        }
+        for (int32_t i = 0; i < m->n_layers; i++) mc_layer(m, r, c, ws, caches, caches + ws->L, &prng, t, i, &n);
+        st = ms_step_time(m, hw, c, ws->work, ws->lt, acc);
+        if (t >= c->warmup) ws->times[counted++] = st;
     }
     if (counted == 0) return MS_ERR_BAD_SIZE;
-    {
-        double sum = 0.0;
-        for (int64_t i = 0; i < counted; i++) sum += ws->times[i];
-        out->step_mean = sum / (double) counted;
-        qsort(ws->times, (size_t) counted, sizeof(double), cmp_double);
-        out->step_p50 = ws->times[(counted - 1) / 2];
-        out->step_p99 = ws->times[(int64_t) ceil(0.99 * (double) counted) - 1];
-    }
-    for (int i = 0; i < MS_N_RES; i++) out->by_resource[i] /= (double) counted;
-    for (int i = 0; i < MS_N_PHASES; i++) out->by_phase[i] /= (double) counted;
-    for (int i = 0; i < MS_N_BYTES; i++) out->bytes[i] /= (double) counted;
-    {
-        int32_t n_moe = 0;
-        for (int32_t i = 0; i < m->n_layers; i++) n_moe += m->moe_index[i] >= 0 && m->expert_mode[i] != MS_EXP_NONE;
-        out->distinct = n_moe ? distinct / ((double) counted * n_moe) : 0.0;
-    }
-    out->hit_rate = loads > 0.0 ? hits / loads : -1.0;
-    out->page_hit_rate = ploads > 0.0 ? phits / ploads : -1.0;
-    out->reuse = reuse_den > 0.0 ? reuse_num / reuse_den : 0.0;
-    return 0;
-}
-
-/* ------------------------------------------------------------------------- analytic */
-
-/* Che's approximation at step level: an expert the step needs is resident iff it was used within
- * the last tau steps, where tau makes the expected number of distinct experts used in tau steps
- * equal the capacity: sum_e (1 - (1 - p_e)^tau) = C (the cache never evicts an expert the current
- * step still needs, so a step's hits are exactly its experts already resident when it starts).
- * tau >= 1 when a step's D = sum_e p_e experts fit; Newton's method from tau = 1 (the left side is
- * concave and increasing, so the iterates rise monotonically to the root). When D > C the cache
- * holds C of the previous step's D experts, an id-ordered and so popularity-blind subset:
- * hits = (C / D) sum_e p_e^2. Returns the expected hits per step. */
-static double che_hits(const double *p, int32_t E, double capacity, double *a)
-{
-    double tau = 1.0, hits = 0.0, D = 0.0;
-    int32_t support = 0;
-    for (int32_t e = 0; e < E; e++) {
-        support += p[e] > 0.0;
-        D += p[e];
-    }
-    if ((double) support <= capacity) return D;
-    if (capacity <= 0.0) return 0.0;
-    if (D >= capacity) {
-        for (int32_t e = 0; e < E; e++) hits += p[e] * p[e];
-        return hits * capacity / D;
-    }
-    for (int32_t e = 0; e < E; e++) a[e] = -log1p(-fmin(p[e], 1.0 - 1e-15));
-    /* start at the root for equal p (exact when popularity is flat); Newton's first step from
-     * the right of a concave root lands left of it, then the iterates rise monotonically */
-    tau = fmax(1.0, log1p(-capacity / support) / log1p(-D / support));
-    for (int it = 0; it < 200; it++) {
-        double f = -capacity, df = 0.0, step;
-        for (int32_t e = 0; e < E; e++) {
-            double x = exp(-a[e] * tau);
-            f += 1.0 - x;
-            df += a[e] * x;
-        }
-        step = -f / df;
-        tau = fmax(1.0, tau + step);
-        if (!(fabs(step) > 1e-14 * tau)) break;
-    }
-    for (int32_t e = 0; e < E; e++) hits += p[e] * (1.0 - exp(-a[e] * tau));
-    return hits;
-}
-
-static int analytic(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_routing_t *r,
-                    const ms_decode_config_t *c, ws_t *ws, ms_decode_result_t *out)
-{
-    int32_t E = r->n_experts, S = r->n_scenarios, K = r->top_k, n_moe = 0;
-    double toks = (double) c->batch * c->tokens_per_step;
-    double hits = 0.0, loads = 0.0, phits = 0.0, ploads = 0.0, distinct = 0.0, reuse = 0.0;
-    const double *qbar;
-    if (c->policy == MS_POLICY_BELADY) return MS_ERR_BAD_POLICY;
-    for (int32_t i = 0; i < m->n_layers; i++) {
-        layer_work_t *w = &ws->work[i];
-        int32_t l = m->moe_index[i], mode = m->expert_mode[i];
-        double D = 0.0, h = 0.0, pinned_q = 0.0, pinned_p = 0.0, free_q = 0.0, free_p = 0.0, sq = 0.0;
-        memset(w, 0, sizeof(*w));
-        if (l < 0 || mode == MS_EXP_NONE) continue;
-        n_moe++;
-        /* step inclusion p_e = 1 - (1 - qbar_e)^toks (per-routing tables precomputed once) */
-        qbar = r->qbar + (int64_t) l * E;
-        sq = r->qsq[l];
-        {
-            double *p = ws->times;   /* >= E doubles (ws_layout) */
-            const double *lq = r->lqbar + (int64_t) l * E;
-            if (toks == 1.0) {
-                for (int32_t e = 0; e < E; e++) {
-                    p[e] = qbar[e];
-                    D += p[e];
-                }
-            } else {
-                for (int32_t e = 0; e < E; e++) {
-                    p[e] = 1.0 - exp(toks * lq[e]);
-                    D += p[e];
-                }
-            }
-            /* pinned = the `slots` most popular experts; sum both sides so "all pinned" is exact
-             * (only SPLIT and FETCH layers use them) */
-            if (mode == MS_EXP_SPLIT || mode == MS_EXP_FETCH) {
-                for (int32_t e = 0; e < E; e++) ws->usel[e] = 0;
-                for (int32_t j = 0; j < m->slots[i] && j < E; j++) ws->usel[r->hot[(int64_t) l * E + j]] = 1;
-                for (int32_t e = 0; e < E; e++) {
-                    if (ws->usel[e]) {
-                        pinned_q += qbar[e];
-                        pinned_p += p[e];
-                    } else {
-                        free_q += qbar[e];
-                        free_p += p[e];
-                    }
-                }
-            }
-            distinct += D;
-            reuse += r->stickiness[l] + (1.0 - r->stickiness[l]) * sq / ((double) S * K);
-            if (mode == MS_EXP_GPU) {
-                w->n_res = D;
-                w->pairs_gpu = toks * K;
-            } else if (mode == MS_EXP_CPU) {
-                w->n_cpu = D;
-                w->pairs_cpu = toks * K;
-            } else if (mode == MS_EXP_SPLIT) {
-                w->n_res = pinned_p;
-                w->n_cpu = free_p;
-                w->pairs_gpu = toks * pinned_q;
-                w->pairs_cpu = toks * free_q;
-                hits += pinned_p;
-                loads += D;
-            } else {   /* FETCH */
-                double C = (double) m->slots[i];
-                if (c->policy == MS_POLICY_LRU) {
-                    /* superposed request streams: combination j gives sequence b scenario (j+b) mod S */
-                    double hsum = 0.0, dsum = 0.0, sigma;
-                    double *pc = ws->lt + m->n_layers;  /* E doubles after the per-layer times (ws_layout) */
-                    for (int32_t k = 0; k < S; k++)
-                        for (int32_t e = 0; e < E; e++)
-                            ws->lq[(int64_t) k * E + e] = log1p(-fmin(r->q[((int64_t) k * r->n_layers + l) * E + e],
-                                                                      1.0 - 1e-16));
-                    for (int32_t j = 0; j < S; j++) {
-                        double dj = 0.0;
-                        for (int32_t e = 0; e < E; e++) {
-                            double lg = 0.0;
-                            for (int32_t b = 0; b < c->batch && b < S; b++) {
-                                int64_t reps = c->batch / S + (b < c->batch % S ? 1 : 0);
-                                lg += (double) reps * ws->lq[(int64_t) ((j + b) % S) * E + e];
-                            }
-                            pc[e] = 1.0 - exp(c->tokens_per_step * lg);
-                            dj += pc[e];
-                        }
-                        hsum += che_hits(pc, E, C, ws->che);
-                        dsum += dj;
-                    }
-                    h = dsum > 0.0 ? hsum / dsum : 0.0;
-                    /* a sticky expert was used by the previous token: resident while C covers a step's set */
-                    sigma = r->stickiness[l] * fmin(1.0, C / fmax(D, 1e-300));
-                    h = sigma + (1.0 - sigma) * h;
-                    w->n_fetch = D * (1.0 - h);
-                } else {
-                    h = D > 0.0 ? pinned_p / D : 0.0;   /* static; LFU converges to the same set */
-                    w->n_fetch = free_p;
-                }
-                w->n_res = D;
-                w->pairs_gpu = toks * K;
-                if (r->recall[l] > 0.0 && i > 0) {
-                    w->n_pref = r->recall[l] * w->n_fetch;
-                    w->n_waste = w->n_fetch - w->n_pref;
-                }
-                hits += D * h;
-                loads += D;
-            }
-            if (m->page_slots[i] < E && (mode == MS_EXP_CPU || mode == MS_EXP_SPLIT || mode == MS_EXP_FETCH)) {
-                double host = mode == MS_EXP_FETCH ? w->n_fetch : w->n_cpu;
-                double ph = D > 0.0 ? che_hits(p, E, (double) m->page_slots[i], ws->che) / D : 0.0;
-                w->n_disk = host * (1.0 - ph);
-                phits += host * ph;
-                ploads += host;
-            }
-        }
-    }
-    out->step_mean = step_time(m, hw, c, ws->work, ws->lt, out);
-    out->step_p50 = out->step_p99 = out->step_mean;
-    out->distinct = n_moe ? distinct / n_moe : 0.0;
-    out->reuse = n_moe ? reuse / n_moe : 0.0;
-    out->hit_rate = loads > 0.0 ? hits / loads : -1.0;
-    out->page_hit_rate = ploads > 0.0 ? phits / ploads : -1.0;
+    mc_summary(m, ws, counted, &n, reuse_num, reuse_den, out);
     return 0;
 }
 
@@ -749,7 +392,8 @@ static int check(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_ro
           && hw->gpu_flops > 0.0 && hw->cpu_flops > 0.0 && hw->interconnect_bw > 0.0)) return MS_ERR_BAD_MACHINE;
     if (r->n_layers > 0) {
         if (r->n_experts <= 0 || r->top_k <= 0 || r->top_k > r->n_experts) return MS_ERR_BAD_ROUTING;
-        if (r->n_layers > 256) return MS_ERR_BAD_SIZE;
+        if (r->n_layers > MS_MAX_MOE_LAYERS) return MS_ERR_BAD_SIZE;
+        if (r->top_k > MS_MAX_TOP_K) return MS_ERR_BAD_ROUTING;
         if (r->n_group > 1 && (r->n_experts % r->n_group != 0 || r->topk_group <= 0
                                || (int64_t) r->topk_group * (r->n_experts / r->n_group) < r->top_k))
             return MS_ERR_BAD_ROUTING;
@@ -760,7 +404,8 @@ static int check(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_ro
     }
     for (int32_t i = 0; i < m->n_layers; i++) {
         if (m->expert_mode[i] < 0 || m->expert_mode[i] >= MS_N_EXP_MODES) return MS_ERR_BAD_PLACEMENT;
-        if (m->expert_mode[i] != MS_EXP_NONE && (m->moe_index[i] < 0 || m->moe_index[i] >= r->n_layers))
+        /* a routing row must exist for every layer that names one (the Monte Carlo caches are per row) */
+        if ((m->expert_mode[i] != MS_EXP_NONE && m->moe_index[i] < 0) || m->moe_index[i] >= r->n_layers)
             return MS_ERR_BAD_ROUTING;
         if (m->slots[i] < 0 || m->page_slots[i] < 0) return MS_ERR_BAD_CAPACITY;
     }
@@ -779,7 +424,7 @@ int ms_decode(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_routi
     ws_layout(m, r, c, (char *) workspace, &ws);
     ws.tok_out = NULL;
     out->accepted = c->accepted;
-    if (c->mode == MS_MODE_ANALYTIC) return analytic(m, hw, r, c, &ws, out);
+    if (c->mode == MS_MODE_ANALYTIC) return ms_analytic(m, hw, r, c, &ws, out);
     return montecarlo(m, hw, r, c, &ws, out);
 }
 
@@ -792,7 +437,8 @@ int ms_route_sample(const ms_routing_t *r, const ms_decode_config_t *c, int32_t 
     double dz = 0.0, reuse_num = 0.0, reuse_den = 0.0, selections = 0.0;
     if (r == NULL || c == NULL || tokens_out == NULL || workspace == NULL) return MS_ERR_NULL_ARGUMENT;
     if (r->n_layers <= 0 || r->n_experts <= 0 || r->top_k <= 0 || r->top_k > r->n_experts) return MS_ERR_BAD_ROUTING;
-    if (r->n_layers > 256) return MS_ERR_BAD_SIZE;
+    if (r->n_layers > MS_MAX_MOE_LAYERS) return MS_ERR_BAD_SIZE;
+    if (r->top_k > MS_MAX_TOP_K) return MS_ERR_BAD_ROUTING;
     if (r->trace == NULL && r->log_pop == NULL) return MS_ERR_BAD_ROUTING;
     if (c->batch <= 0 || c->tokens_per_step <= 0 || c->steps <= 0) return MS_ERR_BAD_SIZE;
     memset(&m, 0, sizeof(m));
@@ -804,7 +450,7 @@ int ms_route_sample(const ms_routing_t *r, const ms_decode_config_t *c, int32_t 
     if (workspace_bytes < ms_decode_workspace_size(&m, r, c)) return MS_ERR_BAD_WORKSPACE;
     ws_layout(&m, r, c, (char *) workspace, &ws);
     ws.tok_out = tokens_out;
-    return generate(r, c, &ws, &reuse_num, &reuse_den, &selections);
+    return ms_route_generate(r, c, &ws, &reuse_num, &reuse_den, &selections);
 }
 
 int ms_decode_many(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_routing_t *r,

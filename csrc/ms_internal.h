@@ -1,8 +1,76 @@
-/* Internal helpers shared by the decode kernel's C files (not part of the public header). */
+/* Internal helpers shared by the kernel's C files (not part of the public header). */
 #ifndef MS_INTERNAL_H
 #define MS_INTERNAL_H
 
+#include <math.h>
+
 #include "moesim.h"
+
+/* ------------------------------------------------------------------------- memory: the fits rule
+ * Written once for ms_memory.c (account over layers) and ms_sweep.c (account over layer kinds); the
+ * pure-Python twin is engine/reference/memory.py fits_rule, shared by both reference twins. */
+
+/* From the bytes each tier needs (gpu: all GPUs; host: everything not on the GPU), how many of the
+ * host's weight bytes page in from storage (mmap'd weights beyond host RAM; caches and buffers cannot),
+ * written to *spill, and which tiers the configuration uses: MS_FITS_* bits, 0 when it does not fit. */
+static inline int32_t ms_fits_rule(const ms_mem_config_t *c, double gpu, double host, double host_weights,
+                                   double host_buffers, double *spill)
+{
+    double s = 0.0;
+    int32_t fits = 0;
+    if (host > c->host_capacity && c->storage_spill) {
+        s = host - c->host_capacity;
+        if (s > host_weights) s = host_weights;
+        if (s > c->storage_capacity) s = c->storage_capacity;
+    }
+    if (gpu <= (double) c->n_gpus * c->gpu_capacity && host - s <= c->host_capacity) {
+        if (gpu > 0.0 && c->n_gpus > 0) fits |= MS_FITS_GPU;
+        if (host - s - host_buffers > 0.0) fits |= MS_FITS_HOST;
+        if (s > 0.0) fits |= MS_FITS_STORAGE;
+        if (fits == 0) fits = MS_FITS_HOST;   /* nothing placed anywhere but buffers */
+    }
+    if (gpu > 0.0 && c->n_gpus == 0) fits = 0;
+    *spill = s;
+    return fits;
+}
+
+/* Does memory grow linearly in context (no padding, no storage spill; the caller also checks that no
+ * layer has a capped window or a compressed C / ratio term)? */
+static inline int ms_linear_in_context(const ms_mem_config_t *c)
+{
+    return c->kv_granularity <= 1 && !c->storage_spill;
+}
+
+/* The max context in closed form where memory is linear in C: each tier is a + s*C, so from the tier
+ * bytes at C = 1 (g1, h1) and C = 2 (g2, h2) the boundary is min over tiers of 1 + (cap - t1) / (t2 - t1).
+ * Returns 0 when it lies outside [1, max_context]; callers verify the candidate either way. */
+static inline int64_t ms_linear_context(const ms_mem_config_t *c, double g1, double h1, double g2, double h2,
+                                        int64_t max_context)
+{
+    double best = 1e300;
+    if (g2 > g1) best = 1.0 + ((double) c->n_gpus * c->gpu_capacity - g1) / (g2 - g1);
+    if (h2 > h1) {
+        double hb = 1.0 + (c->host_capacity - h1) / (h2 - h1);
+        if (hb < best) best = hb;
+    }
+    if (!(best >= 1.0) || best > (double) max_context) return 0;
+    return (int64_t) floor(best);
+}
+
+/* ------------------------------------------------------------------------- decode: attention's time
+ * A layer's attention (with its router, shared experts and dense FFN) in one step is the larger of its
+ * memory term and its compute term, the memory term on a tie; *res gets the resource that set it.
+ * One rule for the cost model (ms_decode.c layer_time) and the sweep's per-kind context terms
+ * (ms_sweep.c variant_times). */
+static inline double ms_attention_time(double t_mem, double t_flops, int res_mem, int res_flops, int *res)
+{
+    if (t_flops > t_mem) {
+        *res = res_flops;
+        return t_flops;
+    }
+    *res = res_mem;
+    return t_mem;
+}
 
 /* One per-layer cache over caller-owned arrays. */
 typedef struct {
@@ -40,6 +108,61 @@ void ms_cache_begin_step(ms_cache_t *c, const int32_t *sel, int32_t n);
 int ms_cache_access(ms_cache_t *c, int32_t e, double tick, double next_use);
 void ms_next_use(const int32_t *sel, const int32_t *nsel, int64_t n_steps, int32_t n_layers, int32_t width,
                  int32_t n_experts, int32_t *next_use, int32_t *last_seen);
+
+/* ------------------------------------------------------------------------- decode internals
+ * Shared by ms_decode.c (cost model, workspace, Monte Carlo, entry points), ms_route.c (routing
+ * sampler) and ms_analytic.c (analytic path). */
+
+#define ALIGN8(x) (((x) + 7) & ~((int64_t) 7))
+#define MS_ALIGN64(x) (((x) + 63) & ~((int64_t) 63))
+
+/* Expected or sampled work of one MoE layer in one step. */
+typedef struct {
+    double n_res;       /* distinct experts read from GPU memory (resident, hits, fetched) */
+    double n_cpu;       /* distinct experts computed on the CPU from host RAM */
+    double n_fetch;     /* distinct experts copied host -> GPU this step */
+    double n_pref;      /* of those, prefetched during the previous layer */
+    double n_waste;     /* wrong prefetches (copied, not used) */
+    double n_disk;      /* experts read from storage into the page cache */
+    double pairs_gpu;   /* token-expert pairs computed on the GPU */
+    double pairs_cpu;   /* ... on the CPU */
+} layer_work_t;
+
+/* The workspace of one configuration, carved by ws_layout (ms_decode.c). */
+typedef struct {
+    int32_t E, K, L, B, W;      /* experts, top-k, routing layers, batch, union width */
+    int64_t T;                  /* steps */
+    int32_t *sel, *cnt, *nsel;  /* [T][L][W], [T][L][W], [T][L] */
+    int32_t *nu;                /* [T][L][W] Belady next use */
+    double *w;                  /* [B][L][E] request weights (linear, > 0) */
+    int32_t *prev, *nprev;      /* [B][L][K], [B] */
+    int64_t *tok_in_req, *trace_pos;  /* [B] */
+    double *score;              /* [E] */
+    int32_t *mark;              /* [L][E] union stamp */
+    int32_t *pos;               /* [L][E] position in the step's union */
+    int32_t *chosen;            /* [E] stamp of the current token's picks */
+    int32_t *allowed;           /* [E] group mask stamp */
+    double *gscore;             /* [n_group] */
+    int32_t *gpick;             /* [n_group] */
+    int32_t *usel, *ucnt;       /* [E] scratch: a step's union re-ordered by expert id */
+    double *che, *lq;           /* analytic scratch: [E] Che rates, [n_scenarios][E] log(1 - q) */
+    char *caches;               /* 2 x L caches (GPU, page) */
+    int32_t *last_seen;         /* [E] */
+    layer_work_t *work;         /* [n_layers of the model] */
+    double *lt;                 /* [n_layers] */
+    double *times;              /* [T] */
+    int32_t *tok_out;           /* optional [T][B][tokens_per_step][L][K] per-token picks */
+} ws_t;
+
+/* Step time from per-layer work (attribution and byte counts into acc); ms_decode.c. */
+double ms_step_time(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_decode_config_t *c,
+                    const layer_work_t *work, double *lt, ms_decode_result_t *acc);
+/* Fill the step unions (sel / cnt / nsel) of every step, sampled or replayed; ms_route.c. */
+int ms_route_generate(const ms_routing_t *r, const ms_decode_config_t *c, ws_t *ws, double *reuse_num,
+                      double *reuse_den, double *selections);
+/* The analytic path on a laid-out workspace; ms_analytic.c. */
+int ms_analytic(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_routing_t *r,
+                const ms_decode_config_t *c, ws_t *ws, ms_decode_result_t *out);
 
 /* ---- ms_sweep.c internals shared with ms_place.c (the automatic placement, implemented once) ---- */
 

@@ -1,12 +1,12 @@
 /*
  * Memory accounting: bytes per tier and tensor class for one (model, quant, machine, placement,
  * context, batch), whether it fits, and the largest context and batch that fit.
- * The pure-Python twin is moesim/reference.py (memory_reference); tests hold the two equal.
+ * The pure-Python twin is engine/reference/memory.py; tests hold the two equal.
  */
 #include <math.h>
 #include <string.h>
 
-#include "moesim.h"
+#include "ms_internal.h"
 
 #ifdef MOESIM_HAVE_OPENMP
 #include <omp.h>
@@ -83,16 +83,19 @@ static void routed_split(const ms_model_t *m, const ms_mem_config_t *c, int32_t 
     }
 }
 
-/* Fill by_class for context ctx and batch b. Returns the fits bits. */
-static int32_t account(const ms_model_t *m, const ms_mem_config_t *c, int64_t ctx, int64_t b,
-                       ms_mem_result_t *r)
-{
-    double (*bc)[MS_N_TIERS] = r->by_class;
-    int64_t cpad = padded_context(ctx, c->kv_granularity);
-    int any_gpu = 0;
-    double kv_total = 0.0, state_total = 0.0, kv_slope = 0.0;
+/* Running sums of account() over the layers. */
+typedef struct {
+    double kv, state, slope;     /* all sequences' cache and state bytes; cache bytes per token */
+    int any_gpu;                 /* anything on the GPU tier (its compute buffers are then allocated) */
+} sums_t;
 
-    memset(bc, 0, sizeof(r->by_class));
+/* Weights and caches of every layer into by_class, at padded context cpad and batch b. */
+static void account_layers(const ms_model_t *m, const ms_mem_config_t *c, int64_t cpad, int64_t b,
+                           double (*bc)[MS_N_TIERS], sums_t *s)
+{
+    /* local accumulators: the by_class stores could alias *s and would pin it to memory */
+    double kv_total = s->kv, state_total = s->state, kv_slope = s->slope;
+    int any_gpu = s->any_gpu;
     for (int32_t l = 0; l < m->n_layers; l++) {
         int t = layer_on_gpu(m, c, l) ? MS_TIER_GPU : MS_TIER_HOST;
         double ge, he, kv, st;
@@ -114,61 +117,72 @@ static int32_t account(const ms_model_t *m, const ms_mem_config_t *c, int64_t ct
         if (m->kv_ratio[l] > 0)
             kv_slope += (m->kv_ratio_elems[l] * c->kv_bytes_per_elem + m->kv_ratio_fixed[l]) / (double) m->kv_ratio[l];
     }
-    {
-        int head_t = c->placement == MS_PLACE_CPU_ONLY
-                     || (c->placement == MS_PLACE_LAYERS_GPU && c->placement_arg == 0) ? MS_TIER_HOST : MS_TIER_GPU;
-        int emb_t = (c->embed_on_gpu && head_t == MS_TIER_GPU) ? MS_TIER_GPU : MS_TIER_HOST;
-        bc[MS_CLASS_EMBED][emb_t] += m->embed;
-        bc[MS_CLASS_HEAD][head_t] += m->head;
-        if (c->mtp && m->mtp_layers > 0) {
-            int32_t last = m->n_layers - 1;
-            double kv, st;
-            bc[MS_CLASS_MTP][head_t] += m->mtp;
-            layer_cache(m, last, cpad, c->kv_bytes_per_elem, &kv, &st);
-            bc[MS_CLASS_KV][head_t] += kv * (double) b * m->mtp_layers;
-            bc[MS_CLASS_STATE][head_t] += st * (double) b * m->mtp_layers;
-            kv_total += kv * (double) b * m->mtp_layers;
-            state_total += st * (double) b * m->mtp_layers;
-        }
-        if (head_t == MS_TIER_GPU) any_gpu = 1;
+    s->kv = kv_total;
+    s->state = state_total;
+    s->slope = kv_slope;
+    s->any_gpu = any_gpu;
+}
+
+/* Embeddings, lm_head and the MTP modules (each caches like the last layer) into by_class. */
+static void account_head(const ms_model_t *m, const ms_mem_config_t *c, int64_t cpad, int64_t b,
+                         double (*bc)[MS_N_TIERS], sums_t *s)
+{
+    int head_t = c->placement == MS_PLACE_CPU_ONLY
+                 || (c->placement == MS_PLACE_LAYERS_GPU && c->placement_arg == 0) ? MS_TIER_HOST : MS_TIER_GPU;
+    int emb_t = (c->embed_on_gpu && head_t == MS_TIER_GPU) ? MS_TIER_GPU : MS_TIER_HOST;
+    bc[MS_CLASS_EMBED][emb_t] += m->embed;
+    bc[MS_CLASS_HEAD][head_t] += m->head;
+    if (c->mtp && m->mtp_layers > 0) {
+        int32_t last = m->n_layers - 1;
+        double kv, st;
+        bc[MS_CLASS_MTP][head_t] += m->mtp;
+        layer_cache(m, last, cpad, c->kv_bytes_per_elem, &kv, &st);
+        bc[MS_CLASS_KV][head_t] += kv * (double) b * m->mtp_layers;
+        bc[MS_CLASS_STATE][head_t] += st * (double) b * m->mtp_layers;
+        s->kv += kv * (double) b * m->mtp_layers;
+        s->state += st * (double) b * m->mtp_layers;
     }
-    if (c->n_gpus > 0 && any_gpu)
+    if (head_t == MS_TIER_GPU) s->any_gpu = 1;
+}
+
+/* Tier totals, storage spill and fits bits (ms_fits_rule) from a filled by_class. Returns the fits bits. */
+static int32_t account_tiers(const ms_mem_config_t *c, ms_mem_result_t *r)
+{
+    double (*bc)[MS_N_TIERS] = r->by_class;
+    double gpu = 0.0, host = 0.0, host_weights = 0.0, spill;
+    for (int k = 0; k < MS_N_CLASSES; k++) {
+        gpu += bc[k][MS_TIER_GPU];
+        host += bc[k][MS_TIER_HOST];
+        if (k <= MS_CLASS_MTP) host_weights += bc[k][MS_TIER_HOST];
+    }
+    r->fits = ms_fits_rule(c, gpu, host, host_weights, bc[MS_CLASS_BUFFERS][MS_TIER_HOST], &spill);
+    r->tier[MS_TIER_GPU] = gpu;
+    r->tier[MS_TIER_HOST] = host - spill;
+    r->tier[MS_TIER_STORAGE] = spill;
+    r->weights = 0.0;
+    for (int k = 0; k <= MS_CLASS_MTP; k++)
+        r->weights += bc[k][MS_TIER_GPU] + bc[k][MS_TIER_HOST];
+    return r->fits;
+}
+
+/* Fill r for context ctx and batch b. Returns the fits bits. */
+static int32_t account(const ms_model_t *m, const ms_mem_config_t *c, int64_t ctx, int64_t b,
+                       ms_mem_result_t *r)
+{
+    double (*bc)[MS_N_TIERS] = r->by_class;
+    int64_t cpad = padded_context(ctx, c->kv_granularity);
+    sums_t s = {0.0, 0.0, 0.0, 0};
+
+    memset(bc, 0, sizeof(r->by_class));
+    account_layers(m, c, cpad, b, bc, &s);
+    account_head(m, c, cpad, b, bc, &s);
+    if (c->n_gpus > 0 && s.any_gpu)
         bc[MS_CLASS_BUFFERS][MS_TIER_GPU] = (double) c->n_gpus * (c->gpu_fixed + c->gpu_buf0 + c->gpu_buf_ctx * (double) cpad);
     bc[MS_CLASS_BUFFERS][MS_TIER_HOST] = c->host_fixed + c->host_buf0 + c->host_buf_ctx * (double) cpad;
-
-    {
-        double gpu = 0.0, host = 0.0, host_weights = 0.0, spill = 0.0;
-        int32_t fits = 0;
-        for (int k = 0; k < MS_N_CLASSES; k++) {
-            gpu += bc[k][MS_TIER_GPU];
-            host += bc[k][MS_TIER_HOST];
-            if (k <= MS_CLASS_MTP) host_weights += bc[k][MS_TIER_HOST];
-        }
-        /* mmap'd weights beyond host RAM page in from storage; caches and buffers cannot */
-        if (host > c->host_capacity && c->storage_spill) {
-            spill = host - c->host_capacity;
-            if (spill > host_weights) spill = host_weights;
-            if (spill > c->storage_capacity) spill = c->storage_capacity;
-        }
-        r->tier[MS_TIER_GPU] = gpu;
-        r->tier[MS_TIER_HOST] = host - spill;
-        r->tier[MS_TIER_STORAGE] = spill;
-        r->kv = kv_total;
-        r->state = state_total;
-        r->kv_bytes_per_token = kv_slope;
-        r->weights = 0.0;
-        for (int k = 0; k <= MS_CLASS_MTP; k++)
-            r->weights += bc[k][MS_TIER_GPU] + bc[k][MS_TIER_HOST];
-        if (gpu <= (double) c->n_gpus * c->gpu_capacity && host - spill <= c->host_capacity) {
-            if (gpu > 0.0 && c->n_gpus > 0) fits |= MS_FITS_GPU;
-            if (host - spill - bc[MS_CLASS_BUFFERS][MS_TIER_HOST] > 0.0) fits |= MS_FITS_HOST;
-            if (spill > 0.0) fits |= MS_FITS_STORAGE;
-            if (fits == 0) fits = MS_FITS_HOST;   /* nothing placed anywhere but buffers */
-        }
-        if (gpu > 0.0 && c->n_gpus == 0) fits = 0;
-        r->fits = fits;
-        return fits;
-    }
+    r->kv = s.kv;
+    r->state = s.state;
+    r->kv_bytes_per_token = s.slope;
+    return account_tiers(c, r);
 }
 
 static int32_t fits_at(const ms_model_t *m, const ms_mem_config_t *c, int64_t ctx, int64_t b, ms_mem_result_t *scratch)
@@ -176,26 +190,19 @@ static int32_t fits_at(const ms_model_t *m, const ms_mem_config_t *c, int64_t ct
     return account(m, c, ctx, b, scratch);
 }
 
-/* Closed form where memory is linear in context (no windows, no compression, no padding, no
- * storage spill): each tier is a + s*C, so the boundary is min over tiers of (cap - a) / s.
- * Returns 0 when the form does not apply; the caller verifies the candidate either way. */
+/* The closed form of the max context (ms_linear_context) where memory is linear in context: no
+ * windows, no compression, no padding, no storage spill. Returns 0 when the form does not apply; the
+ * caller verifies the candidate either way. */
 static int64_t linear_context_candidate(const ms_model_t *m, const ms_mem_config_t *c, int64_t b, ms_mem_result_t *s)
 {
-    double g1, h1, g2, h2, best = 1e300;
-    if (c->kv_granularity > 1 || c->storage_spill) return 0;
+    double g1, h1;
+    if (!ms_linear_in_context(c)) return 0;
     for (int32_t l = 0; l < m->n_layers; l++)
         if (m->kv_cap[l] != 0 || m->kv_ratio[l] != 0) return 0;
     account(m, c, 1, b, s);
     g1 = s->tier[MS_TIER_GPU]; h1 = s->tier[MS_TIER_HOST];
     account(m, c, 2, b, s);
-    g2 = s->tier[MS_TIER_GPU]; h2 = s->tier[MS_TIER_HOST];
-    if (g2 > g1) best = 1.0 + ((double) c->n_gpus * c->gpu_capacity - g1) / (g2 - g1);
-    if (h2 > h1) {
-        double hb = 1.0 + (c->host_capacity - h1) / (h2 - h1);
-        if (hb < best) best = hb;
-    }
-    if (!(best >= 1.0) || best > (double) m->max_context) return 0;
-    return (int64_t) floor(best);
+    return ms_linear_context(c, g1, h1, s->tier[MS_TIER_GPU], s->tier[MS_TIER_HOST], m->max_context);
 }
 
 /* Largest x in [lo, hi] with pred(x) true, given pred monotone (true then false); lo-1 if none. */

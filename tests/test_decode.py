@@ -135,7 +135,7 @@ def synthetic(L, E, k, mode=CODES.EXP_FETCH, slots=0, page=None, **hw_over):
               allreduce_bytes=0.0)
     hw = dict(gpu_bw=1e12, host_bw=5e10, pcie_bw=2.5e10, storage_bw=5e9, gpu_flops=1e14, cpu_flops=1e12,
               interconnect_bw=1e11, unified=0, overlap=1, launch_s=3e-6, sync_s=2e-5, dma_s=6e-6, allreduce_s=0.0,
-              step_s=3e-4)
+              step_s=3e-4, seq_s=0.0)
     hw.update(hw_over)
     return dm, hw
 

@@ -61,3 +61,65 @@ def test_import_layers_contract():
     """spec -> ingest -> engine -> analysis -> cli, checked by import-linter (function-level imports count)."""
     from importlinter import cli as lint
     assert lint.lint_imports(config_filename=str(ROOT / "pyproject.toml")) == 0
+
+
+# ------------------------------------------------------------------------------- sizes of the kernel's sources
+MAX_MODULE_LINES = 600
+MAX_FUNCTION_LINES = 80
+KERNEL_SOURCES = sorted(p for p in (ROOT / "csrc").glob("*.[ch]")) + sorted(
+    p for p in (PACKAGE / "engine").glob("_kernel*.p*") if p.suffix in (".pyx", ".pxi", ".pxd")) + [
+    PACKAGE / "engine" / "glue.py", PACKAGE / "engine" / "codes.py"]
+
+
+def c_functions(text: str) -> list:
+    """(name, lines) of each function definition of a C file: a body opening with ``{`` alone on a line
+    at column 0, its signature the lines above it back to the previous blank line or comment."""
+    lines = text.split("\n")
+    out = []
+    for i, line in enumerate(lines):
+        if line != "{":
+            continue
+        start = i
+        while start > 0 and lines[start - 1].strip() and not lines[start - 1].rstrip().endswith(("*/", ";", "}")):
+            start -= 1
+        end = next(j for j in range(i + 1, len(lines)) if lines[j] == "}")
+        name = re.findall(r"(\w+)\s*\(", " ".join(lines[start:i + 1]))
+        out.append((name[0] if name else "?", end - start + 1))
+    return out
+
+
+def cython_functions(text: str) -> list:
+    """(name, lines) of each def / cdef / cpdef function or method of a Cython or Python file."""
+    lines = text.split("\n")
+    out = []
+    pat = re.compile(r"^(\s*)(?:async\s+)?(?:c?p?def)\s+(?:[\w\[\]\*]+\s+)*?\*?(\w+)\s*\(")
+    for i, line in enumerate(lines):
+        m = pat.match(line)
+        if not m or line.lstrip().startswith("cdef class"):
+            continue
+        indent = len(m.group(1))
+        end = i + 1
+        while end < len(lines) and (not lines[end].strip() or len(lines[end]) - len(lines[end].lstrip()) > indent
+                                    or lines[end].lstrip().startswith(")")):
+            end += 1
+        while not lines[end - 1].strip():
+            end -= 1
+        out.append((m.group(2), end - i))
+    return out
+
+
+def test_function_counter_sees_c_and_cython_functions():
+    c = "static int f(int a,\n              int b)\n{\n    return a;\n}\n\n/* x */\nint g(void)\n{\n    return 0;\n}\n"
+    assert c_functions(c) == [("f", 5), ("g", 4)]
+    cy = "cdef void _fill(ms_t *m, dict d):\n    m.a = 1\n\n    m.b = 2\n\n\ndef run(x):\n    return x\n"
+    assert cython_functions(cy) == [("_fill", 4), ("run", 2)]
+
+
+@pytest.mark.parametrize("path", KERNEL_SOURCES, ids=lambda p: p.name)
+def test_kernel_sources_stay_readable(path):
+    """The C core and the glue: no module over 600 lines, no function over 80 (the issue's limits)."""
+    text = path.read_text()
+    assert text.count("\n") <= MAX_MODULE_LINES, f"{path.name}: {text.count(chr(10))} lines"
+    funcs = c_functions(text) if path.suffix in (".c", ".h") else cython_functions(text)
+    long = [(name, n) for name, n in funcs if n > MAX_FUNCTION_LINES]
+    assert not long, f"{path.name}: functions over {MAX_FUNCTION_LINES} lines: {long}"

@@ -4,6 +4,12 @@ from libc.stdint cimport int32_t, int64_t, uint64_t
 cdef extern from "moesim.h" nogil:
     int MS_N_CLASSES
     int MS_N_TIERS
+    int MS_N_RES
+    int MS_N_PHASES
+    int MS_N_BYTES
+    int MS_MAX_MOE_LAYERS
+    int MS_MAX_TOP_K
+    int MS_SWEEP_MAX_FNS
 
     const char *ms_strerror(int err)
 

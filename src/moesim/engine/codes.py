@@ -44,7 +44,9 @@ PHASE_ATTENTION, PHASE_EXPERTS, PHASE_TRANSFER, PHASE_SYNC, PHASE_HEAD, PHASE_OV
 # Sweep group rules: how each configuration's placement is chosen.
 SWEEP_FIXED, SWEEP_AUTO_LLAMA, SWEEP_AUTO_KT = range(3)
 
-# Kernel limits.
+# Kernel limits (MS_MAX_*; engine.glue checks them before C runs, naming the field and the bound).
+MAX_MOE_LAYERS = 256   # MoE layers of one routing table (ms_routing_t.n_layers)
+MAX_TOP_K = 512        # experts per token (ms_routing_t.top_k)
 SWEEP_MAX_FNS = 64     # context functions per sweep group
 
 

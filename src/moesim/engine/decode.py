@@ -16,6 +16,9 @@ CONFIG_FIELDS = ("batch", "tokens_per_step", "drafts", "accepted", "steps", "war
 # ------------------------------------------------------------------------------- running
 def run(dm: dict, hw: dict, rt: dict, cols: dict, n_threads: int = 1, engine: str = "c") -> dict:
     """Evaluate configurations (columns of CONFIG_FIELDS) on lowered tables; returns result arrays."""
+    missing = [f for f in CONFIG_FIELDS if f not in cols]
+    if missing:
+        raise MoesimError(f"config columns {missing} missing", missing[0])
     n = len(cols["batch"])
     for f in CONFIG_FIELDS:
         if len(cols[f]) != n:

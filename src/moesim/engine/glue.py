@@ -1,12 +1,26 @@
-"""The one place a C return code becomes a Python exception (tskit's ``handle_library_error``).
+"""The Python side of the C boundary: one ``handle_library_error``, the declared field table of every C
+struct the glue fills, and the kernel limits checked before C runs.
 
-Validation happens before the kernel runs, so a non-zero code means moesim itself let bad tables
-through: it raises :class:`~moesim.errors.KernelError` naming the entry point, the configuration
-and the message of ``ms_strerror``.
+Every C entry point is called with values :func:`check_struct` has checked against :data:`STRUCTS`: each
+field present, of the declared type, and sized in terms of the struct's dimensions (``n_layers``,
+``n_experts``, ...). Lowered tables are plain dicts that may carry Python-only keys as well; only the
+declared fields reach C, and the glue never defaults a missing one. Fields the C may go without are
+marked optional here and nowhere else.
+
+A non-zero C return code means moesim itself let bad tables through: :func:`handle_library_error`
+raises :class:`~moesim.errors.KernelError` naming the entry point, the configuration and the message
+of ``ms_strerror``.
 """
 from __future__ import annotations
 
-from ..errors import KernelError
+import operator
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import KernelError, MoesimError
+from .codes import MAX_MOE_LAYERS, MAX_TOP_K
 
 
 def handle_library_error(code: int, where: str, index: int | None = None) -> None:
@@ -16,3 +30,238 @@ def handle_library_error(code: int, where: str, index: int | None = None) -> Non
     from . import _kernel
     at = f" at configuration {index}" if index is not None and index >= 0 else ""
     raise KernelError(f"{where}: C kernel error{at}: {_kernel.strerror(int(code))} (code {int(code)})")
+
+
+class StructError(KernelError):
+    """A lowered table does not match its C struct (a field missing, mistyped or mis-sized): a moesim
+    bug caught before the kernel runs. ``struct`` and ``field`` name the place."""
+
+    def __init__(self, struct: str, field: str, message: str):
+        self.struct = struct
+        self.field = field
+        super().__init__(f"{struct}.{field}: {message}")
+
+
+# ------------------------------------------------------------------------------- field tables
+F64, I32, I64, U64 = np.float64, np.int32, np.int64, np.uint64
+REAL, INT, TABLE = "real", "int", "table"
+_INT32 = (-(2**31), 2**31 - 1)
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field of a C struct: a scalar (``shape`` None; ``kind`` REAL or INT), an array of ``dtype``
+    whose shape is a tuple of dimension names (bound by the first field that has them) or integers, or
+    a nested TABLE. ``optional``: the value may be absent or None (C then gets NULL / nothing)."""
+
+    name: str
+    kind: object
+    shape: tuple | None = None
+    optional: bool = False
+    note: str = ""
+
+
+def _arrays(dtype, shape, *names, optional=False):
+    return tuple(Field(n, dtype, shape, optional) for n in names)
+
+
+def _scalars(kind, *names):
+    return tuple(Field(n, kind) for n in names)
+
+
+# ms_model_t (moesim.h): attributes of engine.lower.memory.LoweredModel; L = its layers.
+MODEL = (_arrays(F64, ("n_layers",), "attn", "router", "shared", "expert_one")
+         + _arrays(I32, ("n_layers",), "n_experts")
+         + _arrays(F64, ("n_layers",), "dense", "kv_elems", "kv_fixed", "kv_ratio_elems", "kv_ratio_fixed", "kv_state")
+         + _arrays(I64, ("n_layers",), "kv_cap", "kv_ratio")
+         + _scalars(REAL, "embed", "head", "mtp") + _scalars(INT, "mtp_layers", "max_context"))
+
+# ms_mem_config_t as columns of n configurations (engine.memory.evaluate builds them).
+MEM_CONFIG_INT = ("context", "batch", "placement", "placement_arg", "mtp", "n_gpus", "storage_spill", "embed_on_gpu",
+                  "kv_granularity")
+MEM_CONFIG_REAL = ("kv_bytes_per_elem", "gpu_capacity", "host_capacity", "storage_capacity", "gpu_fixed", "gpu_buf0",
+                   "gpu_buf_ctx", "host_fixed", "host_buf0", "host_buf_ctx")
+_MEM_CONFIG_I64 = ("context", "batch", "placement_arg", "kv_granularity")     # the rest are int32_t
+MEM_CONFIG_COLUMNS = (tuple(Field(f, I64 if f in _MEM_CONFIG_I64 else I32, ("n",)) for f in MEM_CONFIG_INT)
+                      + _arrays(F64, ("n",), *MEM_CONFIG_REAL))
+# one ms_mem_config_t of a sweep group (context, batch and placement are set per configuration)
+MEM_CONFIG = (_scalars(INT, *(f for f in MEM_CONFIG_INT if f not in ("context", "batch", "placement", "placement_arg")))
+              + _scalars(REAL, *MEM_CONFIG_REAL))
+
+# ms_decode_model_t (engine.lower.decode_model.lower_model); L = its layers.
+DECODE_MODEL = (_arrays(F64, ("n_layers",), "attn_bytes", "attn_flops", "kv_bytes", "score_flops", "shared_bytes",
+                        "shared_flops", "expert_bytes", "expert_flops")
+                + _arrays(I32, ("n_layers",), "attn_on_gpu", "expert_mode", "slots", "page_slots", "moe_index")
+                + _scalars(REAL, "head_bytes", "head_flops") + _scalars(INT, "head_on_gpu")
+                + _scalars(REAL, "draft_bytes", "draft_flops", "act_bytes", "allreduce_bytes"))
+
+# ms_machine_t (engine.lower.machine.lower_machine).
+MACHINE = (_scalars(REAL, "gpu_bw", "host_bw", "pcie_bw", "storage_bw", "gpu_flops", "cpu_flops", "interconnect_bw")
+           + _scalars(INT, "unified", "overlap")
+           + _scalars(REAL, "launch_s", "sync_s", "dma_s", "allreduce_s", "step_s", "seq_s"))
+
+# ms_routing_t (engine.lower.routing.lower / lower_trace); L MoE layers, E experts, S request scenarios.
+# A dense model (n_layers 0) has no per-layer tables: ROUTING_LAYERS are then absent and C gets NULL.
+Q_TABLES = (Field("qbar", F64, ("n_layers", "n_experts")), Field("lqbar", F64, ("n_layers", "n_experts")),
+            Field("qsq", F64, ("n_layers",)))
+ROUTING_DIMS = _scalars(INT, "n_layers", "n_experts", "top_k", "n_group", "topk_group")
+ROUTING_LAYERS = (Field("log_pop", F64, ("n_layers", "n_experts")), Field("stickiness", F64, ("n_layers",)),
+                  Field("recall", F64, ("n_layers",)), Field("hot", I32, ("n_layers", "n_experts")),
+                  Field("q", F64, ("n_scenarios", "n_layers", "n_experts")), Field("q_tables", TABLE, Q_TABLES),
+                  Field("trace", I32, ("trace_tokens", "trace_layers", "top_k"), optional=True,
+                        note="a recorded trace replays instead of sampling"))
+ROUTING = ROUTING_DIMS + _scalars(REAL, "concentration") + _scalars(INT, "request_tokens") + ROUTING_LAYERS
+
+# ms_decode_config_t as columns of n configurations (engine.decode.CONFIG_FIELDS); seed and index are
+# taken modulo 2**64.
+DECODE_CONFIG_COLUMNS = (_arrays(I32, ("n",), "batch", "tokens_per_step", "drafts") + _arrays(F64, ("n",), "accepted")
+                         + _arrays(I64, ("n",), "steps", "warmup") + _arrays(I32, ("n",), "policy", "mode")
+                         + _arrays(U64, ("n",), "seed", "index"))
+
+# ms_sweep_place_t as columns of a group's candidate placements, and ms_sweep_mem_t (analysis.sweep
+# Group._memory_tables); K layer kinds.
+SWEEP_PLACES = (_arrays(I32, ("n_places",), "code") + _arrays(I64, ("n_places",), "arg")
+                + _arrays(I32, ("n_places",), "layout", "cfg", "any_gpu", "label")
+                + _arrays(F64, ("n_places",), "w_gpu", "w_host", "routed_host"))
+SWEEP_MEMORY = (_arrays(F64, ("n_kinds",), "per_token", "ratio_bytes", "state") + _arrays(I64, ("n_kinds",), "cap", "ratio")
+                + _arrays(I32, ("n_kinds",), "count") + (Field("gpu_count", I32, ("n_layouts", "n_kinds")),)
+                + _scalars(INT, "max_context") + (Field("places", TABLE, SWEEP_PLACES),)
+                + _scalars(INT, "rule", "n_layers", "n_experts", "i_all_gpu", "i_n_cpu_moe", "i_layers_gpu",
+                           "i_cpu_only", "i_experts_cpu", "i_gpu_experts")
+                + (Field("fits_label", I32, (8,)),))
+# "cfg": two MEM_CONFIG tables (the group's GPU and CPU-only configurations), checked one by one.
+
+# ms_sweep_decode_t (analysis.sweep Group._build_decode): rows of ms_sweep_variant_t / ms_sweep_kind_t,
+# context functions (5 coefficients, 4 caps each), and the optional Monte Carlo templates.
+SWEEP_MC = (Field("layer_fn", I32, ("n_layers",)),) + _scalars(INT, "steps", "warmup", "policy", "seed")
+# "models" / "machines": lists of DECODE_MODEL / MACHINE tables (one per template); "routing": ROUTING.
+SWEEP_DECODE = (Field("variant_f64", F64, ("n_variants", 13)), Field("variant_i32", I32, ("n_variants", 3)),
+                Field("kind_f64", F64, ("n_kinds", 5)), Field("kind_i32", I32, ("n_kinds", 3)),
+                Field("fn_kv_f", F64, ("n_fns", 5)), Field("fn_kv_c", I64, ("n_fns", 4)),
+                Field("fn_sf_f", F64, ("n_fns", 5)), Field("fn_sf_c", I64, ("n_fns", 4)),
+                Field("prompt", REAL), Field("mc", TABLE, SWEEP_MC, optional=True,
+                                             note="only Monte Carlo sweeps have templates"))
+
+# the arrays of ms_cache_replay(): a step's distinct experts per layer (sel [T, L, W], nsel valid of each
+# row) and, for the static policy, each layer's experts by popularity
+CACHE_REPLAY = (Field("sel", I32, ("n_steps", "n_layers", "width")), Field("nsel", I32, ("n_steps", "n_layers")),
+                Field("hot", I32, ("n_layers", "n_experts"), optional=True, note="only the static policy reads it"))
+
+STRUCTS = {
+    "ms_model_t": MODEL, "ms_mem_config_t[]": MEM_CONFIG_COLUMNS, "ms_mem_config_t": MEM_CONFIG,
+    "ms_decode_model_t": DECODE_MODEL, "ms_machine_t": MACHINE, "ms_routing_t": ROUTING,
+    "ms_decode_config_t[]": DECODE_CONFIG_COLUMNS, "ms_sweep_mem_t": SWEEP_MEMORY, "ms_sweep_place_t[]": SWEEP_PLACES,
+    "ms_sweep_decode_t": SWEEP_DECODE, "ms_cache_replay()": CACHE_REPLAY,
+}
+
+
+# ------------------------------------------------------------------------------- checking
+def _get(obj, name):
+    if isinstance(obj, Mapping):           # dicts and read-only views of them (sweep variant tables)
+        return obj.get(name)
+    return getattr(obj, name, None)
+
+
+def _scalar(struct: str, f: Field, v):
+    if isinstance(v, np.ndarray) and v.ndim == 0:
+        v = v[()]
+    if f.kind == REAL:
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+            raise StructError(struct, f.name, f"expected a real number, got {type(v).__name__}")
+        return float(v)
+    try:
+        i = operator.index(v)
+    except TypeError:
+        raise StructError(struct, f.name, f"expected an integer, got {type(v).__name__} {v!r}") from None
+    if f.name not in _WIDE_SCALARS and not _INT32[0] <= i <= _INT32[1]:
+        raise StructError(struct, f.name, f"{i} does not fit the C field's 32 bits")
+    return i
+
+
+# integer scalars the C declares 64-bit (seed: taken modulo 2**64); the rest are int32_t
+_WIDE_SCALARS = {"max_context", "request_tokens", "steps", "warmup", "kv_granularity", "seed"}
+
+
+def _array(struct: str, f: Field, v, dims: dict) -> np.ndarray:
+    dtype = np.dtype(f.kind)
+    if dtype == np.uint64:
+        try:
+            arr = np.array([int(x) & 0xFFFFFFFFFFFFFFFF for x in np.ravel(np.asarray(v, dtype=object))],
+                           dtype=np.uint64).reshape(np.shape(v))
+        except (TypeError, ValueError):
+            raise StructError(struct, f.name, "expected integers") from None
+    else:
+        raw = np.asarray(v)
+        if raw.dtype.kind not in "biuf":
+            raise StructError(struct, f.name, f"expected numbers, got an array of {raw.dtype}")
+        if dtype.kind == "i" and raw.dtype != dtype and raw.size:
+            if raw.dtype.kind == "f" and not np.all(np.isfinite(raw) & (raw == np.round(raw))):
+                raise StructError(struct, f.name, "expected integers, got non-integral values")
+            info = np.iinfo(dtype)
+            if raw.min() < info.min or raw.max() > info.max:
+                raise StructError(struct, f.name, f"values outside {dtype} range")
+        arr = np.ascontiguousarray(raw, dtype=dtype)
+    if len(arr.shape) != len(f.shape):
+        raise StructError(struct, f.name, f"expected {len(f.shape)} dimension(s) {_spell(f.shape, dims)}, got shape "
+                          f"{arr.shape}")
+    for d, size in zip(f.shape, arr.shape):
+        want = d if isinstance(d, int) else dims.setdefault(d, size)
+        if size != want:
+            raise StructError(struct, f.name, f"shape {arr.shape}, expected {_spell(f.shape, dims)}")
+    return arr
+
+
+def _spell(shape: tuple, dims: dict) -> str:
+    return "[" + ", ".join(str(d) if isinstance(d, int) else f"{d}={dims[d]}" if d in dims else d for d in shape) + "]"
+
+
+def check_struct(struct: str, obj, dims: dict | None = None, fields: tuple | None = None) -> dict:
+    """The declared fields of ``struct`` (STRUCTS) from a dict or object, checked and converted: scalars
+    to float / int, arrays to contiguous arrays of the C dtype, nested tables recursively. Dimensions
+    named in ``dims`` are fixed; the others are bound by the first field that has them (and returned in
+    ``dims``). Raises StructError naming the struct and field; optional fields absent are None."""
+    dims = {} if dims is None else dims
+    out = {}
+    for f in STRUCTS[struct] if fields is None else fields:
+        v = _get(obj, f.name)
+        if v is None:
+            if f.optional:
+                out[f.name] = None
+                continue
+            raise StructError(struct, f.name, "missing" + (f" ({f.note})" if f.note else ""))
+        if f.kind == TABLE:
+            out[f.name] = check_struct(f"{struct}.{f.name}", v, dims, f.shape)
+        elif f.shape is None:
+            out[f.name] = _scalar(struct, f, v)
+        else:
+            out[f.name] = _array(struct, f, v, dims)
+    return out
+
+
+def check_columns(struct: str, cols, n: int | None = None) -> dict:
+    """Columns of n configurations (a ``[]`` struct of STRUCTS), each of length n."""
+    dims = {} if n is None else {"n": int(n)}
+    out = check_struct(struct, cols, dims)
+    out["n"] = dims.get("n", 0)
+    return out
+
+
+def check_routing(rt) -> dict:
+    """ms_routing_t checked: its dimensions, the kernel limits (MoesimError naming the field and the
+    bound), and the per-layer tables unless the model is dense (n_layers 0)."""
+    head = check_struct("ms_routing_t", rt, {}, ROUTING_DIMS)
+    if head["n_layers"] > MAX_MOE_LAYERS:
+        raise MoesimError(f"{head['n_layers']} MoE layers exceed the kernel limit MAX_MOE_LAYERS = {MAX_MOE_LAYERS} "
+                          "(csrc/moesim.h MS_MAX_MOE_LAYERS)", "ms_routing_t.n_layers")
+    if head["top_k"] > MAX_TOP_K:
+        raise MoesimError(f"top-{head['top_k']} routing exceeds the kernel limit MAX_TOP_K = {MAX_TOP_K} "
+                          "(csrc/moesim.h MS_MAX_TOP_K)", "ms_routing_t.top_k")
+    fields = ROUTING if head["n_layers"] > 0 else ROUTING[:len(ROUTING) - len(ROUTING_LAYERS)]
+    dims = {"n_layers": head["n_layers"], "n_experts": head["n_experts"], "top_k": head["top_k"]}
+    out = check_struct("ms_routing_t", rt, dims, fields)
+    if head["n_layers"] > 0 and dims["n_scenarios"] < 1:
+        raise StructError("ms_routing_t", "q", "no request scenarios")
+    out["n_scenarios"] = dims.get("n_scenarios", 0)
+    for f in ROUTING_LAYERS:
+        out.setdefault(f.name, None)
+    return out

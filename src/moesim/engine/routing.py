@@ -28,15 +28,19 @@ def step_unions(tokens: np.ndarray) -> tuple:
 
 def cache_hit_rates(requests, n_experts: int, capacity: int, policy: str = "lru", hot=None) -> np.ndarray:
     """Per-layer hit rate of a per-layer expert cache of ``capacity`` replaying batch-1 requests
-    (each request starts with a cold cache), in the C kernel."""
+    (each request starts with a cold cache), in the C kernel. ``hot`` [layers, experts]: the experts
+    the static policy pins, most popular first (default: in id order)."""
     from . import _kernel
-    from .codes import POLICIES
+    from .codes import POLICIES, POLICY_STATIC
     if policy not in POLICIES:
         raise unknown_id("cache policy", policy, POLICIES, "policy")
     hits = acc = 0.0
     for r in requests:
         sel, nsel = step_unions(np.asarray(r))
-        code, h, a = _kernel.cache_replay(sel, nsel, int(n_experts), int(capacity), POLICIES[policy], hot, 0)
+        pinned = hot
+        if pinned is None and POLICIES[policy] == POLICY_STATIC:
+            pinned = np.tile(np.arange(int(n_experts), dtype=np.int32), (sel.shape[1], 1))
+        code, h, a = _kernel.cache_replay(sel, nsel, int(n_experts), int(capacity), POLICIES[policy], pinned, 0)
         handle_library_error(code, "ms_cache_replay")
         hits, acc = hits + h, acc + a
     return hits / np.maximum(acc, 1)

@@ -7,7 +7,7 @@ from ..._search import largest_true
 from ..codes import (CLASS_ATTENTION, CLASS_BUFFERS, CLASS_DENSE, CLASS_EMBED, CLASS_HEAD, CLASS_KV, CLASS_MTP,
     CLASS_ROUTED, CLASS_ROUTER, CLASS_SHARED, CLASS_STATE, N_CLASSES, N_TIERS, PLACE_ALL_GPU, PLACE_CPU_ONLY,
     PLACE_EXPERTS_CPU, PLACE_GPU_EXPERTS, PLACE_LAYERS_GPU, PLACE_N_CPU_MOE, PLACE_OFFLOAD_CACHE, PLACE_UNIFIED,
-    TIER_GPU, TIER_HOST)
+    TIER_GPU, TIER_HOST, FITS_GPU, FITS_HOST, FITS_STORAGE)
 
 
 def _layer_on_gpu(L, cfg, l):
@@ -48,6 +48,28 @@ def _cache(low, l, c, kvb):
     if ratio > 0:
         kv += (c // ratio) * (low.kv_ratio_elems[l] * kvb + low.kv_ratio_fixed[l])
     return kv, float(low.kv_state[l])
+
+
+def fits_rule(cfg, gpu: float, host: float, host_weights: float, host_buffers: float) -> tuple:
+    """ms_fits_rule (csrc/ms_internal.h), the one fits rule of both twins: (spill, fits bits) from the bytes
+    each tier needs. Weights beyond host RAM page in from storage when the runtime mmaps them (caches and
+    buffers cannot); fits is 0 when something does not fit."""
+    spill = 0.0
+    if host > cfg["host_capacity"] and cfg["storage_spill"]:
+        spill = min(host - cfg["host_capacity"], host_weights, cfg["storage_capacity"])
+    fits = 0
+    if gpu <= float(cfg["n_gpus"]) * cfg["gpu_capacity"] and host - spill <= cfg["host_capacity"]:
+        if gpu > 0.0 and cfg["n_gpus"] > 0:
+            fits |= FITS_GPU
+        if host - spill - host_buffers > 0.0:
+            fits |= FITS_HOST
+        if spill > 0.0:
+            fits |= FITS_STORAGE
+        if fits == 0:
+            fits = FITS_HOST          # nothing placed anywhere but buffers
+    if gpu > 0.0 and cfg["n_gpus"] == 0:
+        fits = 0
+    return spill, fits
 
 
 def account(low, cfg, context, batch):
@@ -99,23 +121,9 @@ def account(low, cfg, context, batch):
     gpu = sum(bc[k][TIER_GPU] for k in range(N_CLASSES))
     host = sum(bc[k][TIER_HOST] for k in range(N_CLASSES))
     host_weights = sum(bc[k][TIER_HOST] for k in range(CLASS_MTP + 1))
-    spill = 0.0
-    if host > cfg["host_capacity"] and cfg["storage_spill"]:
-        spill = min(host - cfg["host_capacity"], host_weights, cfg["storage_capacity"])
+    spill, fits = fits_rule(cfg, gpu, host, host_weights, bc[CLASS_BUFFERS][TIER_HOST])
     tier = [gpu, host - spill, spill]
     weights = sum(bc[k][TIER_GPU] + bc[k][TIER_HOST] for k in range(CLASS_MTP + 1))
-    fits = 0
-    if gpu <= cfg["n_gpus"] * cfg["gpu_capacity"] and host - spill <= cfg["host_capacity"]:
-        if gpu > 0 and cfg["n_gpus"] > 0:
-            fits |= 1
-        if host - spill - bc[CLASS_BUFFERS][TIER_HOST] > 0:
-            fits |= 2
-        if spill > 0:
-            fits |= 4
-        if fits == 0:
-            fits = 2
-    if gpu > 0 and cfg["n_gpus"] == 0:
-        fits = 0
     return bc, tier, weights, kv_total, state_total, slope, fits
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from ..codes import FITS_GPU, FITS_HOST, FITS_STORAGE
+from .memory import fits_rule
 
 
 LIMIT = 1 << 30
@@ -51,25 +51,7 @@ def account(t: dict, j: int, ctx: int, b: int) -> dict:
     w_host = float(pl["w_host"][j])
     gpu = float(pl["w_gpu"][j]) + kv_g + st_g + (buf_g if pl["any_gpu"][j] else 0.0)
     host = w_host + kv_h + st_h + buf_h
-    spill = 0.0
-    if host > cfg["host_capacity"] and cfg["storage_spill"]:
-        spill = host - cfg["host_capacity"]
-        if spill > w_host:
-            spill = w_host
-        if spill > cfg["storage_capacity"]:
-            spill = cfg["storage_capacity"]
-    fits = 0
-    if gpu <= float(cfg["n_gpus"]) * cfg["gpu_capacity"] and host - spill <= cfg["host_capacity"]:
-        if gpu > 0.0 and cfg["n_gpus"] > 0:
-            fits |= FITS_GPU
-        if host - spill - buf_h > 0.0:
-            fits |= FITS_HOST
-        if spill > 0.0:
-            fits |= FITS_STORAGE
-        if fits == 0:
-            fits = FITS_HOST
-    if gpu > 0.0 and cfg["n_gpus"] == 0:
-        fits = 0
+    spill, fits = fits_rule(cfg, gpu, host, w_host, buf_h)
     return dict(gpu=gpu, host=host, spill=spill, kv=kv_g + kv_h, state=st_g + st_h, fits=fits)
 
 

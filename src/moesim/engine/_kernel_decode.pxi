@@ -1,0 +1,130 @@
+# Decode: ms_decode_model_t, ms_machine_t and columns of ms_decode_config_t into ms_decode_many;
+# included by _kernel.pyx (ms_routing_t is _kernel_routing.pxi).
+
+DECODE_MODEL_F64 = ("attn_bytes", "attn_flops", "kv_bytes", "score_flops", "shared_bytes", "shared_flops",
+                    "expert_bytes", "expert_flops")
+DECODE_MODEL_I32 = ("attn_on_gpu", "expert_mode", "slots", "page_slots", "moe_index")
+DECODE_RESULT_F64 = ("step_mean", "step_p50", "step_p99", "accepted", "hit_rate", "page_hit_rate", "distinct", "reuse",
+                     "selections")
+
+
+cdef void _fill_decode_model(ms_decode_model_t *m, dict d, dict keep):
+    """ms_decode_model_t from a checked table (glue.DECODE_MODEL)."""
+    m.n_layers = <int32_t> d["attn_bytes"].shape[0]
+    m.attn_bytes = <double *> _data(keep, "attn_bytes", d["attn_bytes"])
+    m.attn_flops = <double *> _data(keep, "attn_flops", d["attn_flops"])
+    m.kv_bytes = <double *> _data(keep, "kv_bytes", d["kv_bytes"])
+    m.score_flops = <double *> _data(keep, "score_flops", d["score_flops"])
+    m.shared_bytes = <double *> _data(keep, "shared_bytes", d["shared_bytes"])
+    m.shared_flops = <double *> _data(keep, "shared_flops", d["shared_flops"])
+    m.expert_bytes = <double *> _data(keep, "expert_bytes", d["expert_bytes"])
+    m.expert_flops = <double *> _data(keep, "expert_flops", d["expert_flops"])
+    m.attn_on_gpu = <int32_t *> _data(keep, "attn_on_gpu", d["attn_on_gpu"])
+    m.expert_mode = <int32_t *> _data(keep, "expert_mode", d["expert_mode"])
+    m.slots = <int32_t *> _data(keep, "slots", d["slots"])
+    m.page_slots = <int32_t *> _data(keep, "page_slots", d["page_slots"])
+    m.moe_index = <int32_t *> _data(keep, "moe_index", d["moe_index"])
+    m.head_bytes = d["head_bytes"]
+    m.head_flops = d["head_flops"]
+    m.head_on_gpu = d["head_on_gpu"]
+    m.draft_bytes = d["draft_bytes"]
+    m.draft_flops = d["draft_flops"]
+    m.act_bytes = d["act_bytes"]
+    m.allreduce_bytes = d["allreduce_bytes"]
+
+
+cdef void _fill_machine(ms_machine_t *h, dict hw):
+    """ms_machine_t from a checked table (glue.MACHINE)."""
+    h.gpu_bw = hw["gpu_bw"]; h.host_bw = hw["host_bw"]; h.pcie_bw = hw["pcie_bw"]
+    h.storage_bw = hw["storage_bw"]; h.gpu_flops = hw["gpu_flops"]; h.cpu_flops = hw["cpu_flops"]
+    h.interconnect_bw = hw["interconnect_bw"]; h.unified = hw["unified"]; h.overlap = hw["overlap"]
+    h.launch_s = hw["launch_s"]; h.sync_s = hw["sync_s"]; h.dma_s = hw["dma_s"]
+    h.allreduce_s = hw["allreduce_s"]; h.step_s = hw["step_s"]; h.seq_s = hw["seq_s"]
+
+
+cdef void _fill_configs(ms_decode_config_t *cfg, dict c, Py_ssize_t n):
+    """n ms_decode_config_t from checked columns (glue.DECODE_CONFIG_COLUMNS, each of length n)."""
+    cdef const int32_t[::1] batch = c["batch"], tps = c["tokens_per_step"], drafts = c["drafts"]
+    cdef const int32_t[::1] policy = c["policy"], mode = c["mode"]
+    cdef const double[::1] accepted = c["accepted"]
+    cdef const int64_t[::1] steps = c["steps"], warmup = c["warmup"]
+    cdef const uint64_t[::1] seed = c["seed"], index = c["index"]
+    cdef Py_ssize_t i
+    for i in range(n):
+        cfg[i].batch = batch[i]
+        cfg[i].tokens_per_step = tps[i]
+        cfg[i].drafts = drafts[i]
+        cfg[i].accepted = accepted[i]
+        cfg[i].steps = steps[i]
+        cfg[i].warmup = warmup[i]
+        cfg[i].policy = policy[i]
+        cfg[i].mode = mode[i]
+        cfg[i].seed = seed[i]
+        cfg[i].index = index[i]
+
+
+cdef dict _decode_results(const ms_decode_result_t *res, Py_ssize_t n, bint filled):
+    """Result arrays of n ms_decode_result_t (left unset unless `filled`)."""
+    out = {name: np.empty(n) for name in DECODE_RESULT_F64}
+    by_res = np.empty((n, MS_N_RES)); by_phase = np.empty((n, MS_N_PHASES)); nbytes = np.empty((n, MS_N_BYTES))
+    cdef Py_ssize_t i
+    cdef int k
+    if filled:
+        for i in range(n):
+            out["step_mean"][i] = res[i].step_mean
+            out["step_p50"][i] = res[i].step_p50
+            out["step_p99"][i] = res[i].step_p99
+            out["accepted"][i] = res[i].accepted
+            out["hit_rate"][i] = res[i].hit_rate
+            out["page_hit_rate"][i] = res[i].page_hit_rate
+            out["distinct"][i] = res[i].distinct
+            out["reuse"][i] = res[i].reuse
+            out["selections"][i] = res[i].selections
+            for k in range(MS_N_RES):
+                by_res[i, k] = res[i].by_resource[k]
+            for k in range(MS_N_PHASES):
+                by_phase[i, k] = res[i].by_phase[k]
+            for k in range(MS_N_BYTES):
+                nbytes[i, k] = res[i].bytes[k]
+    out["by_resource"] = by_res
+    out["by_phase"] = by_phase
+    out["bytes"] = nbytes
+    return out
+
+
+def decode_many(dict dm, dict hw, dict rt, dict cols, int n_threads):
+    """Run len(cols['batch']) decode configurations; returns (code, bad_index, result arrays)."""
+    cdef ms_decode_model_t m
+    cdef ms_machine_t mach
+    cdef ms_routing_t r
+    keep = {}
+    _fill_decode_model(&m, check_struct("ms_decode_model_t", dm), keep)
+    _fill_machine(&mach, check_struct("ms_machine_t", hw))
+    _fill_routing(&r, check_routing(rt), keep)
+    c = check_columns("ms_decode_config_t[]", cols)
+    cdef Py_ssize_t n = c["n"], i
+    cdef int nt = _threads(n_threads)
+    cdef int64_t ws_bytes = 64, w
+    cdef char *ws = NULL
+    cdef int code = 0
+    cdef int64_t bad = -1
+    cdef ms_decode_config_t *cfg = <ms_decode_config_t *> malloc(max(n, 1) * sizeof(ms_decode_config_t))
+    cdef ms_decode_result_t *res = <ms_decode_result_t *> malloc(max(n, 1) * sizeof(ms_decode_result_t))
+    try:
+        if cfg == NULL or res == NULL:
+            raise MemoryError()
+        _fill_configs(cfg, c, n)
+        for i in range(n):
+            w = ms_decode_workspace_size(&m, &r, &cfg[i])
+            if w > ws_bytes:
+                ws_bytes = w
+        ws_bytes = (ws_bytes + 63) // 64 * 64
+        ws = <char *> malloc(ws_bytes * nt)
+        if ws == NULL:
+            raise MemoryError()
+        with nogil:
+            code = ms_decode_many(&m, &mach, &r, cfg, n, res, nt, ws, ws_bytes, &bad)
+        out = _decode_results(res, n, code == 0)
+    finally:
+        free(cfg); free(res); free(ws)
+    return code, bad, out

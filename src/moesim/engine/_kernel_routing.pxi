@@ -1,0 +1,97 @@
+# Routing: ms_routing_t, the analytic path's shared tables, the sampler (ms_route_sample) and cache
+# replay (ms_cache_replay); included by _kernel.pyx.
+
+
+def q_tables(q, int top_k):
+    """Per-routing tables the analytic path shares across configurations: mean inclusion
+    probability over scenarios, log(1 - mean) and the per-layer sum of squares."""
+    q = np.asarray(q, dtype=np.float64)
+    qbar = q.mean(axis=0)
+    return {"qbar": qbar, "lqbar": np.log1p(-np.minimum(qbar, 1.0 - 1e-16)), "qsq": (q * q).sum(axis=(0, 2))}
+
+
+cdef void _fill_routing(ms_routing_t *r, dict t, dict keep):
+    """ms_routing_t from a checked table (glue.check_routing): a dense model's per-layer tables and an
+    absent trace are NULL."""
+    tabs = t["q_tables"] or {"qbar": None, "lqbar": None, "qsq": None}
+    r.n_layers = t["n_layers"]
+    r.n_experts = t["n_experts"]
+    r.top_k = t["top_k"]
+    r.n_group = t["n_group"]
+    r.topk_group = t["topk_group"]
+    r.log_pop = <double *> _data(keep, "log_pop", t["log_pop"])
+    r.stickiness = <double *> _data(keep, "stickiness", t["stickiness"])
+    r.recall = <double *> _data(keep, "recall", t["recall"])
+    r.hot = <int32_t *> _data(keep, "hot", t["hot"])
+    r.concentration = t["concentration"]
+    r.request_tokens = t["request_tokens"]
+    r.n_scenarios = t["n_scenarios"]
+    r.q = <double *> _data(keep, "q", t["q"])
+    r.qbar = <double *> _data(keep, "qbar", tabs["qbar"])
+    r.lqbar = <double *> _data(keep, "lqbar", tabs["lqbar"])
+    r.qsq = <double *> _data(keep, "qsq", tabs["qsq"])
+    r.trace = <int32_t *> _data(keep, "trace", t["trace"])
+    r.trace_tokens = t["trace"].shape[0] if t["trace"] is not None else 0
+    r.trace_layers = t["trace"].shape[1] if t["trace"] is not None else 0
+
+
+# the workspace of ms_route_sample is that of a one-layer dense model (the sampler needs only the routing buffers)
+_SAMPLER_MODEL = dict({k: [0.0] for k in DECODE_MODEL_F64}, attn_on_gpu=[0], expert_mode=[0], slots=[0], page_slots=[0],
+                      moe_index=[-1], head_bytes=0.0, head_flops=0.0, head_on_gpu=0, draft_bytes=0.0, draft_flops=0.0,
+                      act_bytes=0.0, allreduce_bytes=0.0)
+
+
+def route_sample(dict rt, dict cols):
+    """Token-level picks [steps, batch, tokens_per_step, layers, k] of one Monte Carlo configuration
+    (the first of the columns)."""
+    cdef ms_routing_t r
+    cdef ms_decode_config_t c
+    cdef ms_decode_model_t m
+    keep = {}
+    _fill_routing(&r, check_routing(rt), keep)
+    cfg = check_columns("ms_decode_config_t[]", cols)
+    if cfg["n"] < 1:
+        raise StructError("ms_decode_config_t[]", "batch", "no configuration")
+    _fill_configs(&c, cfg, 1)
+    _fill_decode_model(&m, check_struct("ms_decode_model_t", _SAMPLER_MODEL), keep)
+    shape = (c.steps, c.batch, c.tokens_per_step, r.n_layers, r.top_k)
+    out = np.empty(shape, dtype=np.int32)
+    cdef int32_t[::1] v_out = out.reshape(-1) if out.size else np.empty(1, dtype=np.int32)
+    cdef int64_t wsb = ms_decode_workspace_size(&m, &r, &c)
+    cdef char *ws = <char *> malloc(max(wsb, 64))
+    cdef int code
+    if ws == NULL:
+        raise MemoryError()
+    try:
+        with nogil:
+            code = ms_route_sample(&r, &c, &v_out[0], ws, wsb)
+    finally:
+        free(ws)
+    return code, out
+
+
+def cache_replay(sel, nsel, int n_experts, int capacity, int policy, hot, long long warmup):
+    """Per-layer (hits, accesses) of one cache replaying step unions sel [T, L, W] / nsel [T, L];
+    hot [L, E] (the static policy's pinned order) or None."""
+    a = check_struct("ms_cache_replay()", dict(sel=sel, nsel=nsel, hot=hot), {"n_experts": n_experts})
+    cdef int64_t T = a["sel"].shape[0]
+    cdef int32_t L = a["sel"].shape[1], W = a["sel"].shape[2]
+    keep = {}
+    cdef int32_t *p_s = <int32_t *> _data(keep, "s", a["sel"])
+    cdef int32_t *p_n = <int32_t *> _data(keep, "n", a["nsel"])
+    cdef int32_t *p_h = <int32_t *> _data(keep, "h", a["hot"])
+    hits = np.zeros(max(L, 1))
+    acc = np.zeros(max(L, 1))
+    cdef double[::1] v_hits = hits, v_acc = acc
+    cdef int64_t wsb = ms_cache_workspace_size(n_experts, L, T, W)
+    cdef char *ws = <char *> malloc(max(wsb, 64))
+    cdef int code
+    if ws == NULL:
+        raise MemoryError()
+    try:
+        with nogil:
+            code = ms_cache_replay(p_s, p_n, T, L, W, n_experts, capacity, policy, p_h, warmup, ws, wsb,
+                                   &v_hits[0], &v_acc[0])
+    finally:
+        free(ws)
+    return code, hits[:L], acc[:L]

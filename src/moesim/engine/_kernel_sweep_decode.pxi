@@ -1,0 +1,211 @@
+# Sweep decode: one group's ms_sweep_decode_t (SweepDecode: variants, attention kinds, context functions,
+# Monte Carlo templates) and the analytic / Monte Carlo loops; included by _kernel.pyx.
+
+
+cdef void _fill_ctx_fns(ms_ctx_fn_t *out, const double[:, ::1] fv, const int64_t[:, ::1] cv, Py_ssize_t n):
+    """n ms_ctx_fn_t from checked rows: 5 coefficients (a1, a2, b1, b2, s), 4 caps (c1, c2, r, k1)."""
+    cdef Py_ssize_t i
+    for i in range(n):
+        out[i].a1 = fv[i, 0]; out[i].a2 = fv[i, 1]; out[i].b1 = fv[i, 2]; out[i].b2 = fv[i, 3]; out[i].s = fv[i, 4]
+        out[i].c1 = cv[i, 0]; out[i].c2 = cv[i, 1]; out[i].r = cv[i, 2]; out[i].k1 = cv[i, 3]
+
+
+def ctx_eval(f, c, long long context):
+    """Evaluate one context function (5 floats, 4 ints) as the C kernel does (tests)."""
+    cdef ms_ctx_fn_t fn
+    _fill_ctx_fns(&fn, np.ascontiguousarray(f, dtype=np.float64).reshape(1, 5),
+                  np.ascontiguousarray(c, dtype=np.int64).reshape(1, 4), 1)
+    return ms_ctx_eval(&fn, context)
+
+
+cdef void _fill_variants(ms_sweep_variant_t *out, const double[:, ::1] vf, const int32_t[:, ::1] vi, Py_ssize_t n):
+    """n ms_sweep_variant_t from checked rows: f64 (step0, by_resource[8], accepted, tpot_scale, hit_rate,
+    prefill0), i32 (kind0, n_kinds, mc)."""
+    cdef Py_ssize_t i
+    cdef int k
+    for i in range(n):
+        out[i].step0 = vf[i, 0]
+        for k in range(MS_N_RES):
+            out[i].by_resource[k] = vf[i, 1 + k]
+        out[i].accepted = vf[i, 9]
+        out[i].tpot_scale = vf[i, 10]
+        out[i].hit_rate = vf[i, 11]
+        out[i].prefill0 = vf[i, 12]
+        out[i].kind0 = vi[i, 0]
+        out[i].n_kinds = vi[i, 1]
+        out[i].mc = vi[i, 2]
+
+
+cdef void _fill_kinds(ms_sweep_kind_t *out, const double[:, ::1] kf, const int32_t[:, ::1] ki, Py_ssize_t n):
+    """n ms_sweep_kind_t from checked rows: f64 (n, t_bytes0, kv_rate, t_flops0, sf_rate), i32 (res_mem,
+    res_flops, fn)."""
+    cdef Py_ssize_t i
+    for i in range(n):
+        out[i].n = kf[i, 0]
+        out[i].t_bytes0 = kf[i, 1]
+        out[i].kv_rate = kf[i, 2]
+        out[i].t_flops0 = kf[i, 3]
+        out[i].sf_rate = kf[i, 4]
+        out[i].res_mem = ki[i, 0]
+        out[i].res_flops = ki[i, 1]
+        out[i].fn = ki[i, 2]
+
+
+cdef class SweepDecode:
+    """C view of one group's decode variants and Monte Carlo templates (analysis.sweep builds the dict;
+    glue.SWEEP_DECODE declares it)."""
+    cdef ms_sweep_decode_t d
+    cdef ms_sweep_variant_t *variants
+    cdef ms_sweep_kind_t *kinds
+    cdef ms_ctx_fn_t *fns
+    cdef ms_decode_model_t *models
+    cdef ms_machine_t *machines
+    cdef ms_routing_t routing
+    cdef object keep
+
+    def __cinit__(self):
+        self.variants = NULL
+        self.kinds = NULL
+        self.fns = NULL
+        self.models = NULL
+        self.machines = NULL
+
+    def __init__(self, dict t):
+        keep = {}
+        dims = {}
+        c = check_struct("ms_sweep_decode_t", t, dims)
+        cdef Py_ssize_t nv = dims["n_variants"], nk = dims["n_kinds"], nf = dims["n_fns"]
+        if nf > MS_SWEEP_MAX_FNS:
+            raise MoesimError(f"{nf} distinct attention context functions exceed the kernel limit SWEEP_MAX_FNS = "
+                              f"{MS_SWEEP_MAX_FNS} (csrc/moesim.h MS_SWEEP_MAX_FNS)", "ms_sweep_decode_t.fn_kv_f")
+        memset(&self.d, 0, sizeof(self.d))
+        self.variants = <ms_sweep_variant_t *> malloc(max(nv, 1) * sizeof(ms_sweep_variant_t))
+        self.kinds = <ms_sweep_kind_t *> malloc(max(nk, 1) * sizeof(ms_sweep_kind_t))
+        self.fns = <ms_ctx_fn_t *> malloc(max(nf, 1) * 2 * sizeof(ms_ctx_fn_t))
+        if self.variants == NULL or self.kinds == NULL or self.fns == NULL:
+            raise MemoryError()
+        if nv:
+            _fill_variants(self.variants, c["variant_f64"], c["variant_i32"], nv)
+        if nk:
+            _fill_kinds(self.kinds, c["kind_f64"], c["kind_i32"], nk)
+        if nf:
+            _fill_ctx_fns(self.fns, c["fn_kv_f"], c["fn_kv_c"], nf)
+            _fill_ctx_fns(self.fns + nf, c["fn_sf_f"], c["fn_sf_c"], nf)
+        self.d.variants = self.variants
+        self.d.n_variants = <int32_t> nv
+        self.d.kinds = self.kinds
+        self.d.n_fns = <int32_t> nf
+        self.d.fn_kv = self.fns
+        self.d.fn_sf = self.fns + nf
+        self.d.prompt = c["prompt"]
+        if c["mc"] is not None:
+            self._fill_mc(c["mc"], t["mc"], keep)
+        self.keep = keep
+
+    cdef _fill_mc(self, dict mc, object raw, dict keep):
+        """The Monte Carlo templates: per-layer context functions, one (model, machine) per template, the
+        group's routing."""
+        cdef Py_ssize_t nt, i
+        models, machines = raw.get("models"), raw.get("machines")
+        if not isinstance(models, (list, tuple)) or not isinstance(machines, (list, tuple)) \
+                or len(models) != len(machines):
+            raise StructError("ms_sweep_decode_t.mc", "models", "expected equal-length lists of models and machines")
+        self.d.n_layers = <int32_t> mc["layer_fn"].shape[0]
+        self.d.layer_fn = <int32_t *> _data(keep, "layer_fn", mc["layer_fn"])
+        nt = len(models)
+        self.models = <ms_decode_model_t *> malloc(max(nt, 1) * sizeof(ms_decode_model_t))
+        self.machines = <ms_machine_t *> malloc(max(nt, 1) * sizeof(ms_machine_t))
+        if self.models == NULL or self.machines == NULL:
+            raise MemoryError()
+        for i in range(nt):
+            sub = {}
+            keep["model%d" % i] = sub
+            _fill_decode_model(&self.models[i], check_struct("ms_decode_model_t", models[i]), sub)
+            _fill_machine(&self.machines[i], check_struct("ms_machine_t", machines[i]))
+        _fill_routing(&self.routing, check_routing(raw.get("routing")), keep)
+        self.d.mc_models = self.models
+        self.d.mc_machines = self.machines
+        self.d.routing = &self.routing
+        self.d.steps = mc["steps"]
+        self.d.warmup = mc["warmup"]
+        self.d.policy = mc["policy"]
+        self.d.seed = mc["seed"] & 0xFFFFFFFFFFFFFFFF
+
+    def __dealloc__(self):
+        free(self.variants)
+        free(self.kinds)
+        free(self.fns)
+        free(self.models)
+        free(self.machines)
+
+
+cdef ms_sweep_dec_out_t _dec_out(dict out, Py_ssize_t n) except *:
+    cdef ms_sweep_dec_out_t o
+    cdef double[::1] a = out["decode_tok_s"], b = out["aggregate_tok_s"], c = out["tpot_ms"]
+    cdef double[::1] f = out["prefill_tok_s"], h = out["expert_hit_rate"]
+    cdef double[::1] d, e
+    cdef int32_t[::1] bn = out["bottleneck"]
+    if a.shape[0] < n or b.shape[0] < n or c.shape[0] < n or f.shape[0] < n or h.shape[0] < n or bn.shape[0] < n:
+        raise ValueError("output column shorter than the configurations")
+    o.decode_tok_s = &a[0]; o.aggregate_tok_s = &b[0]; o.tpot_ms = &c[0]
+    o.prefill_tok_s = &f[0]; o.hit_rate = &h[0]; o.bottleneck = &bn[0]
+    o.tpot_p50_ms = NULL
+    o.tpot_p99_ms = NULL
+    if out.get("tpot_p50_ms") is not None:
+        d = out["tpot_p50_ms"]
+        e = out["tpot_p99_ms"]
+        if d.shape[0] < n or e.shape[0] < n:
+            raise ValueError("output column shorter than the configurations")
+        o.tpot_p50_ms = &d[0]
+        o.tpot_p99_ms = &e[0]
+    return o
+
+
+def sweep_analytic(SweepDecode dec, context, batch, variant, int n_threads, dict out):
+    """Analytic decode and prefill of n configurations into `out`; returns (code, bad)."""
+    cdef const int64_t[::1] ctx = context
+    cdef const int64_t[::1] bat = batch
+    cdef const int32_t[::1] var = variant
+    cdef Py_ssize_t n = ctx.shape[0]
+    if bat.shape[0] != n or var.shape[0] != n:
+        raise ValueError("context, batch and variant differ in length")
+    if n == 0:
+        return 0, -1
+    cdef ms_sweep_dec_out_t o = _dec_out(out, n)
+    cdef int nt = _threads(n_threads)
+    cdef int code
+    cdef int64_t bad = -1
+    with nogil:
+        code = ms_sweep_analytic(&dec.d, &ctx[0], &bat[0], &var[0], n, nt, &o, &bad)
+    return code, bad
+
+
+def sweep_montecarlo(SweepDecode dec, context, batch, variant, index, int n_threads, dict out):
+    """Monte Carlo decode (stream (seed, index[i])) of n configurations into `out`; returns (code, bad)."""
+    cdef const int64_t[::1] ctx = context
+    cdef const int64_t[::1] bat = batch
+    cdef const int32_t[::1] var = variant
+    cdef const uint64_t[::1] idx = index
+    cdef Py_ssize_t n = ctx.shape[0]
+    if bat.shape[0] != n or var.shape[0] != n or idx.shape[0] != n:
+        raise ValueError("context, batch, variant and index differ in length")
+    if n == 0:
+        return 0, -1
+    if dec.d.mc_models == NULL or dec.d.n_variants == 0:
+        raise ValueError("no Monte Carlo templates")
+    cdef ms_sweep_dec_out_t o = _dec_out(out, n)
+    cdef int nt = _threads(n_threads)
+    cdef int32_t max_b = <int32_t> int(np.max(np.asarray(batch)))
+    cdef int64_t wsb = ms_sweep_montecarlo_workspace_size(&dec.d, max_b)
+    wsb = (wsb + 63) // 64 * 64
+    cdef char *ws = <char *> malloc(max(wsb, 64) * nt)
+    cdef int code
+    cdef int64_t bad = -1
+    if ws == NULL:
+        raise MemoryError()
+    try:
+        with nogil:
+            code = ms_sweep_montecarlo(&dec.d, &ctx[0], &bat[0], &var[0], &idx[0], n, nt, ws, wsb, &o, &bad)
+    finally:
+        free(ws)
+    return code, bad
