@@ -5,7 +5,7 @@ import os
 import re
 
 from ..errors import MoesimError
-from ..spec.layers import FFN, Attention, Layer, StoredWeights, Tensor
+from ..spec.layers import DSA_DEFAULT_TOPK, FFN, Attention, Layer, StoredWeights, Tensor
 from ..spec.models import Model
 from ..spec.architectures import _mtp_layer
 from .gguf import ArrayInfo, GGUFArtifact, GGUF_MAX_BLOCKS, _SPLIT_RE, _ftype_name, read_gguf
@@ -123,6 +123,8 @@ def _mla_attention(hp: _HP, i: int, stems: dict, hidden: int, bad) -> Attention:
                      kv_lora_rank=kv_lora, qk_nope_head_dim=qk - rope, qk_rope_head_dim=rope, v_head_dim=v_dim,
                      index_heads=hp.get("attention.indexer.head_count", default=0),
                      index_head_dim=hp.get("attention.indexer.key_length", default=0),
+                     index_topk=hp.get("attention.indexer.top_k", default=DSA_DEFAULT_TOPK)
+                     if hp.get("attention.indexer.head_count", default=0) else 0,
                      own_indexer="indexer.attn_k.weight" in stems, output_gate="attn_gate.weight" in stems)
 
 

@@ -6,7 +6,7 @@ from typing import Mapping
 from .checkpoint import Scheme
 from ..errors import MoesimError
 from .limits import MAX_MTP_MODULES, check_bounded
-from .layers import Attention, FFN, Layer
+from .layers import C4A_DEFAULT_TOPK, DSA_DEFAULT_TOPK, Attention, FFN, Layer
 
 
 # ---------------------------------------------------------------------------------- parsing
@@ -100,6 +100,7 @@ def _parse_deepseek(c, hidden, id):
                         qk_rope_head_dim=_req(c, "qk_rope_head_dim", id),
                         v_head_dim=_req(c, "v_head_dim", id),
                         index_heads=index_heads, index_head_dim=_opt_int(c, "index_head_dim", 0),
+                        index_topk=_opt_int(c, "index_topk", DSA_DEFAULT_TOPK) if index_heads else 0,
                         own_indexer=own_idx)
         dense = i < first_dense or (i % freq) != 0
         ffn = _moe_or_dense(dense, c, hidden, ff_dense=_req(c, "intermediate_size", id) if dense else 0,
@@ -127,6 +128,7 @@ def _parse_deepseek_v4(c, hidden, id):
                         q_lora_rank=_req(c, "q_lora_rank", id), qk_rope_head_dim=_req(c, "qk_rope_head_dim", id),
                         o_lora_rank=_req(c, "o_lora_rank", id), o_groups=_req(c, "o_groups", id),
                         index_heads=_opt_int(c, "index_n_heads", 0), index_head_dim=_opt_int(c, "index_head_dim", 0),
+                        index_topk=_opt_int(c, "index_topk", C4A_DEFAULT_TOPK),
                         compress_ratio=ratios[i], hc_mult=_opt_int(c, "hc_mult", 0), sinks=True)
         ffn = _moe_or_dense(False, c, hidden, ff_dense=0, experts=e, top_k=k,
                             expert_ff=_req(c, "moe_intermediate_size", id),

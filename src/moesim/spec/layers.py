@@ -22,6 +22,23 @@ TENSOR_CLASSES = (
 
 ATTENTION_KINDS = ("gqa", "mla", "kda", "gdn", "dsv4")
 
+# Top-k defaults where a config does not say: DeepSeek-V3.2's DSA indexer selects 2048 tokens per
+# query; DeepSeek-V4's c4a layers select 512 compressed entries (the V4 post, reference/runtimes.md
+# §2.2). Configs carry their own ``index_topk`` (V4-Pro 1024, V4-Flash 512), which wins.
+DSA_DEFAULT_TOPK = 2048
+C4A_DEFAULT_TOPK = 512
+# DeepSeek-V4's c128a layers attend a top-k of 8192 compressed entries (same post); no config field.
+C128A_TOPK = 8192
+
+
+def compressed_topk(attention: "Attention", ratio: int) -> "int | None":
+    """Compressed KV entries a DeepSeek-V4 layer of compression ``ratio`` attends to (None: all)."""
+    if ratio == 4:
+        return attention.index_topk or C4A_DEFAULT_TOPK
+    if ratio == 128:
+        return C128A_TOPK
+    return None
+
 
 @dataclass(frozen=True)
 class Attention:
@@ -56,6 +73,7 @@ class Attention:
     full_rank_gate: bool = False
     index_heads: int = 0
     index_head_dim: int = 0
+    index_topk: int = 0             # tokens (DSA) / compressed entries (c4a) the indexer selects
     own_indexer: bool = False
     compress_ratio: int = 0
     o_lora_rank: int = 0

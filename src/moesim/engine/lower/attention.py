@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...spec.layers import compressed_topk
 from ...spec.models import Model
 
 
@@ -29,16 +30,19 @@ def prefill_score_flops(m: Model, prompt: int, depth: int = 0) -> np.ndarray:
 #   a1*min(C, c1) + a2*min(C, c2) + b1*min(C // r, k1) + b2*(C // r) + s      (a cap of -1: none)
 # evaluated by ms_ctx_eval in C and ctx_eval here. engine/reference/attention.py writes the same physics
 # out directly, as the independent twin the tests hold this table to.
+# The top-k values come from the layer spec (its config's index_topk; spec.layers.compressed_topk).
 _NOCAP = -1
-_DSA_TOPK = 2048                       # DSA attends to the indexer's top 2048 (RT §2.2)
-_RATIO_TOPK = {4: 512, 128: 8192}      # DeepSeek-V4 c4a / c128a compressed-KV top-k (RT §2.2)
+
+
+def _cap(value) -> int:
+    return _NOCAP if value is None else int(value)
 
 
 def kv_read_fn(m, low, l: int, kvb: float) -> tuple:
     """KV / state bytes one sequence reads per step in layer l, as a context function."""
     a = m.layers[l].attention
     if a.kind == "mla" and a.index_heads:
-        return (float(low.kv_fixed[l]), float(low.kv_elems[l] * kvb), 0.0, 0.0, 0.0), (_NOCAP, _DSA_TOPK, 0, _NOCAP)
+        return (float(low.kv_fixed[l]), float(low.kv_elems[l] * kvb), 0.0, 0.0, 0.0), (_NOCAP, a.index_topk, 0, _NOCAP)
     cap = int(low.kv_cap[l])
     ratio = int(low.kv_ratio[l])
     a1 = float(low.kv_elems[l] * kvb + low.kv_fixed[l])
@@ -46,7 +50,7 @@ def kv_read_fn(m, low, l: int, kvb: float) -> tuple:
     k1 = _NOCAP
     if ratio > 0:
         b1, b2 = float(low.kv_ratio_elems[l] * kvb), float(low.kv_ratio_fixed[l])
-        k1 = _RATIO_TOPK.get(ratio, _NOCAP)
+        k1 = _cap(compressed_topk(a, ratio))
     return (a1, 0.0, b1, b2, float(low.kv_state[l])), (cap if cap > 0 else _NOCAP, _NOCAP, max(ratio, 0), k1)
 
 
@@ -59,12 +63,12 @@ def score_fn(layer) -> tuple:
     if a.kind == "mla":
         a1 = 2.0 * a.n_heads * (2 * a.kv_lora_rank + a.qk_rope_head_dim)
         if a.index_heads:
-            return (a1, 2.0 * a.index_heads * a.index_head_dim, 0.0, 0.0, 0.0), (_DSA_TOPK, _NOCAP, 0, _NOCAP)
+            return (a1, 2.0 * a.index_heads * a.index_head_dim, 0.0, 0.0, 0.0), (a.index_topk, _NOCAP, 0, _NOCAP)
         return (a1, 0.0, 0.0, 0.0, 0.0), (_NOCAP, _NOCAP, 0, _NOCAP)
     if a.kind == "dsv4":
         a1 = 4.0 * a.n_heads * a.head_dim
         r = a.compress_ratio
-        return (a1, 0.0, a1 if r else 0.0, 0.0, 0.0), (a.window, _NOCAP, r if r else 0, _RATIO_TOPK.get(r, 0))
+        return (a1, 0.0, a1 if r else 0.0, 0.0, 0.0), (a.window, _NOCAP, r if r else 0, _cap(compressed_topk(a, r)))
     return (0.0, 0.0, 0.0, 0.0, 4.0 * a.lin_v_heads * a.lin_k_dim * a.lin_v_dim), (_NOCAP, _NOCAP, 0, _NOCAP)
 
 

@@ -1,0 +1,40 @@
+"""Attention's context dependence takes each model's own indexer top-k from its config (index_topk),
+not one constant: DeepSeek-V4-Pro's c4a layers select 1024 compressed entries, V4-Flash's 512,
+V3.2's DSA 2048 tokens; c128a layers 8192 (the V4 post)."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import moesim
+from moesim.engine.lower.attention import ctx_eval, score_fn
+from moesim.engine.reference import attention as REF
+
+
+def _layer(mid: str, ratio: int):
+    return next(l for l in moesim.model(mid).layers if l.attention.compress_ratio == ratio)
+
+
+@pytest.mark.parametrize("mid, topk", [("deepseek-v4-pro", 1024), ("deepseek-v4-flash", 512)])
+def test_c4a_layers_attend_their_config_top_k(mid, topk):
+    layer = _layer(mid, 4)
+    a = layer.attention
+    c = 1 << 20
+    want = 4.0 * a.n_heads * a.head_dim * (a.window + topk)
+    assert a.index_topk == topk
+    assert ctx_eval(score_fn(layer), c) == pytest.approx(want, rel=1e-12)
+    assert REF.score_flops(layer, c) == pytest.approx(want, rel=1e-12)
+    c128 = _layer(mid, 128)
+    assert REF.score_flops(c128, c) == pytest.approx(4.0 * a.n_heads * a.head_dim * (a.window + 8192), rel=1e-12)
+
+
+def test_dsa_span_follows_index_topk(tmp_path):
+    layer = moesim.model("deepseek-v3.2").layers[0]
+    a = layer.attention
+    per = 2.0 * a.n_heads * (2 * a.kv_lora_rank + a.qk_rope_head_dim)
+    idx = 2.0 * a.index_heads * a.index_head_dim
+    assert ctx_eval(score_fn(layer), 100_000) == pytest.approx(per * 2048 + idx * 100_000, rel=1e-12)
+    wider = dataclasses.replace(layer, attention=dataclasses.replace(a, index_topk=4096))
+    assert ctx_eval(score_fn(wider), 100_000) == pytest.approx(per * 4096 + idx * 100_000, rel=1e-12)
+    assert REF.score_flops(wider, 100_000) == pytest.approx(per * 4096 + idx * 100_000, rel=1e-12)
