@@ -23,7 +23,7 @@ def _route_token(rt, w, prev, p, rng, E, K):
     out = [e for e in prev if rng.uniform() < p]
     key = [-math.log(rng.uniform()) / w[e] for e in range(E)]
     allowed = [True] * E
-    G, TG = rt.get("n_group", 0), rt.get("topk_group", 0)
+    G, TG = rt["n_group"], rt["topk_group"]
     if G > 1 and TG < G:
         per = E // G
         gscore = []
@@ -57,8 +57,8 @@ def route(rt, c):
     Monte Carlo configuration c, and each token's picks [T][B][tps][L]."""
     L, E, K, B, tps, T = rt["n_layers"], rt["n_experts"], rt["top_k"], c["batch"], c["tokens_per_step"], c["steps"]
     trace = rt.get("trace")
-    conc = rt.get("concentration", 0.0)
-    req_tokens = rt.get("request_tokens", 0)
+    conc = rt["concentration"]
+    req_tokens = rt["request_tokens"]
     log_pop = rt.get("log_pop")
     prev = [[[] for _ in range(L)] for _ in range(B)]
     weights = [None] * B
@@ -224,7 +224,7 @@ def _step_time(dm, hw, c, work, acc):
         acc["phase"][PHASE_HEAD] += td
         acc["bytes"][BYTES_GPU_MEM if on_gpu else BYTES_HOST_MEM] += c["drafts"] * dm["draft_bytes"]
         fixed += td
-    ts = hw["step_s"] + hw.get("seq_s", 0.0) * seqs
+    ts = hw["step_s"] + hw["seq_s"] * seqs
     if ts > 0:
         acc["res"][RES_LATENCY] += ts
         acc["phase"][PHASE_OVERHEAD] += ts
