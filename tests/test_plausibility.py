@@ -148,3 +148,17 @@ def test_cli_refuses_beyond_max_context_unless_allowed(capsys):
     assert main(args + ["--allow-beyond-max-context", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert rows[0]["context"] == 8192 and any("trained maximum" in a for a in rows[0]["assumptions"])
+
+
+@pytest.mark.parametrize("mid, quant, host_gb", [("deepseek-r1", "Q4_K_M", 192), ("kimi-k2", "Q2_K", 64),
+                                                  ("qwen3-30b-a3b", "Q8_0", 8), ("gpt-oss-120b", "MXFP4", 32)])
+def test_memory_breakdown_sums_to_each_tier_total(mid, quant, host_gb):
+    # fit --json's host breakdown by class used to sum to more than the host total when weights spill
+    mach = moesim.machine(gpu="rtx-4090", host="ddr5-6000x2", host_mem_gb=host_gb)
+    for rec in moesim.fit(mid, mach, quants=[quant]):
+        tiers = rec["memory_by_tier"]
+        for name, t in tiers.items():
+            assert sum(t["by_class"].values()) == pytest.approx(t["total"], rel=1e-12, abs=1.0), (mid, name)
+            assert all(v > 0 for v in t["by_class"].values()), (mid, name)
+        if tiers["storage"]["total"]:
+            assert "routed_experts" in tiers["storage"]["by_class"]

@@ -41,11 +41,26 @@ class MemoryResult:
         return {c: float(self.by_class[i].sum()) for i, c in enumerate(WEIGHT_CLASSES)}
 
     def memory_by_tier(self) -> dict:
+        """Bytes per tier, split by class. Weights paged from storage (mmap beyond host RAM) leave the
+        host's classes and appear under storage, routed experts first (the decode model pages routed
+        experts: page_slots), then the other weight classes in class order; each tier's classes sum
+        to its total."""
+        spill = float(self.tier[TIERS.index("storage")])
+        host_j = TIERS.index("host")
+        order = [CLASSES.index("routed_experts")] + [i for i, c in enumerate(CLASSES)
+                                                      if c in WEIGHT_CLASSES and c != "routed_experts"]
+        moved = np.zeros(len(CLASSES))
+        left = spill
+        for i in order:
+            take = min(left, float(self.by_class[i, host_j]))
+            moved[i], left = take, left - take
         out = {}
         for j, tier in enumerate(TIERS):
-            classes = {c: float(self.by_class[i, j]) for i, c in enumerate(CLASSES) if self.by_class[i, j]}
             if tier == "storage":
-                classes = {"spilled_weights": float(self.tier[j])} if self.tier[j] else {}
+                classes = {c: float(moved[i]) for i, c in enumerate(CLASSES) if moved[i]}
+            else:
+                col = self.by_class[:, j] - (moved if j == host_j else 0.0)
+                classes = {c: float(col[i]) for i, c in enumerate(CLASSES) if col[i]}
             out[tier] = {"total": float(self.tier[j]), "by_class": classes}
         return out
 
