@@ -162,3 +162,12 @@ def test_memory_breakdown_sums_to_each_tier_total(mid, quant, host_gb):
             assert all(v > 0 for v in t["by_class"].values()), (mid, name)
         if tiers["storage"]["total"]:
             assert "routed_experts" in tiers["storage"]["by_class"]
+
+
+def test_a_paged_simulate_says_why_it_differs_from_fit():
+    mach = moesim.machine(gpu="rtx-4090", host="ddr5-6000x2", host_mem_gb=192)
+    r = moesim.simulate("deepseek-r1", mach, quant="Q4_K_M", tokens=48)
+    assert r.page_cache_hit_rate is not None
+    assert any("page cache starts cold" in a for a in r.memory["assumptions"])
+    resident = moesim.simulate("qwen3-30b-a3b", mach, quant="Q4_K_M", tokens=48)
+    assert not any("page cache" in a for a in resident.memory["assumptions"])
