@@ -3,6 +3,7 @@ the field and its bound (regressions of the never-lie issue)."""
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -171,3 +172,42 @@ def test_a_paged_simulate_says_why_it_differs_from_fit():
     assert any("page cache starts cold" in a for a in r.memory["assumptions"])
     resident = moesim.simulate("qwen3-30b-a3b", mach, quant="Q4_K_M", tokens=48)
     assert not any("page cache" in a for a in resident.memory["assumptions"])
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(host="ddr5-6000xx"), "PARTxCHANNELS"),          # said "unknown 'ddr5-6000'; did you mean 'ddr5-6000'"
+    (dict(host="ddr5-6000x99999"), r"\[1, 16\]"),          # was 3.2 PB of RAM at 4.8 PB/s
+    (dict(host="ddr5-600x2"), "unknown host memory part 'ddr5-600'; did you mean"),
+    (dict(gpus=4294967304), "plausible maximum 72"),      # wrapped to 8 GPUs
+    (dict(gpu_mem_gb=1e300), "plausible maximum"),
+    (dict(host="ddr5-6000x2", sockets=99), "plausible maximum 8"),
+    (dict(host="ddr5-6000x2", host_mem_gb=1e12), "plausible maximum"),
+    (dict(host="ddr5-6000x2", cores=10**9), "plausible maximum"),
+])
+def test_implausible_machines_are_refused(kw, match):
+    with pytest.raises(MoesimError, match=match):
+        moesim.machine(gpu="rtx-4090", **kw)
+
+
+def test_cli_machine_flags_are_bounded(capsys):
+    from moesim.cli import main
+    assert main(["fit", "qwen3-30b-a3b", "--gpu", "rtx-4090", "--gpus", "4294967304", "--quant", "Q4_K_M"]) == 2
+    assert "gpus" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(tokens=10**10), "<= 1,048,576"),         # ended in 'internal error: MemoryError:'
+    (dict(batch=2**31), "<= 65,536"),               # ended in an internal error
+    (dict(tokens=1_000_000, batch=700, policy="belady"), None),
+])
+def test_runs_too_large_to_allocate_are_refused_up_front(kw, match, monkeypatch):
+    if match is None:       # a workspace over half the RAM: pretend this machine has 4 GiB
+        import moesim.analysis.simulate as S
+        real = os.sysconf
+        monkeypatch.setattr(S.os, "sysconf", lambda k: (4 << 30) // real("SC_PAGE_SIZE") if k == "SC_PHYS_PAGES"
+                            else real(k))
+        match = "GiB of workspace"
+    t0 = time.perf_counter()
+    with pytest.raises(MoesimError, match=match):
+        moesim.simulate("mixtral-8x7b", "desktop-4090", quant="Q4_K_M", **kw)
+    assert time.perf_counter() - t0 < 5.0

@@ -10,7 +10,7 @@ from ..errors import MoesimError
 from ..spec import quants as Q
 from ..spec.hardware import Machine
 from ..spec.hardware import as_machine
-from ..spec.limits import MAX_DRAFTS, check_context, check_count
+from ..spec.limits import MAX_BATCH, MAX_DRAFTS, check_context, check_count
 from ..ingest import model as get_model
 from .resolve import _eval, placement_from_overrides, resolve
 from .records import record
@@ -32,7 +32,7 @@ def fit(model, machine: Machine, quants=None, context: int = 4096, batch: int = 
     m = get_model(model)
     machine = as_machine(machine)
     context, notes = check_context(context, m, allow_beyond_max_context)
-    batch = check_count(batch, "batch")
+    batch = check_count(batch, "batch", maximum=MAX_BATCH)
     mtp = check_count(mtp, "mtp", minimum=0, maximum=MAX_DRAFTS)
     if mtp and not m.mtp_layers:
         raise MoesimError(f"{m.id} has no MTP modules", "mtp")

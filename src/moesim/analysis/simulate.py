@@ -8,6 +8,7 @@ into effective rates and latencies (``ms_machine_t``), and a routing profile or 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,7 +21,7 @@ from .._catalog import load as _load_catalog
 from ..errors import MoesimError, unknown_id
 from ..spec.hardware import Machine
 from ..spec.hardware import as_machine
-from ..spec.limits import MAX_DRAFTS, check_context, check_count
+from ..spec.limits import MAX_BATCH, MAX_DRAFTS, MAX_STEPS, check_context, check_count
 from ..engine.lower.memory import configure
 from ..engine.memory import evaluate, _result_from_arrays
 from ..spec.models import Model
@@ -97,8 +98,8 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
     m = get_model(model)
     machine = as_machine(machine)
     context, notes = check_context(context, m, allow_beyond_max_context)
-    batch = check_count(batch, "batch")
-    tokens = check_count(tokens, "tokens")
+    batch = check_count(batch, "batch", maximum=MAX_BATCH)
+    tokens = check_count(tokens, "tokens", maximum=MAX_STEPS)
     prompt = check_count(prompt, "prompt")
     seed = check_count(seed, "seed", minimum=0)
     mtp = check_count(mtp, "mtp", minimum=0, maximum=MAX_DRAFTS)
@@ -149,6 +150,8 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
         routing_name = prof.id
     drafts = mtp
     tps = 1 + drafts
+    if mode == "montecarlo":
+        _check_workspace(dims, batch * tps, tokens, policy)
     dm = lower_model(m, low, p, machine, rt, context, kv, batch * tps, mem.by_class, mem.tier)
     hw = lower_machine(machine, rt, p, Q.kernel_mix(m, q))
     accepted = accepted_per_step(drafts, mtp_acceptance)
@@ -162,6 +165,21 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
             "excluded as warm-up) and keeps the routing's token-to-token locality; fit's analytic figure is a "
             "steady state under independent picks, so the two differ (a longer --tokens converges the first)"]
     return _result(res, 0, batch, memory, mode, policy, tokens, seed, routing_name, pf_tok_s, ttft)
+
+
+def _check_workspace(dims, tokens_per_step: int, steps: int, policy: str) -> None:
+    """Refuse, before anything is allocated, a Monte Carlo run whose per-step expert unions (int32 ids and
+    counts per step, MoE layer and union slot, plus Belady's next uses) would not fit in this machine's RAM."""
+    width = min(dims.n_experts, tokens_per_step * dims.top_k) if dims.n_layers else 0
+    need = steps * dims.n_layers * max(width, 1) * 4 * (3 if policy == "belady" else 2)
+    try:
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        have = 0
+    if have and need > have / 2:
+        raise MoesimError(f"{steps:,} Monte Carlo steps at {tokens_per_step} tokens per step need "
+                          f"{need / 2**30:.1f} GiB of workspace, over half of this machine's {have / 2**30:.0f} GiB: "
+                          "use fewer tokens or mode='analytic'", "tokens")
 
 
 def estimate(m: Model, low, machine: Machine, rt: Runtime, p: Placement, context: int, batch: int, kv: str,

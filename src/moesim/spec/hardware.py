@@ -85,6 +85,14 @@ class Machine:
 _HOST_RE = re.compile(r"^([a-z0-9][a-z0-9-]*?)(?:x([0-9]+))?$")   # part id, then optional xCHANNELS
 
 
+# Plausibility bounds on composed machines, each well past the largest real one: 12 DDR5 channels per
+# socket (EPYC 9004/9005, Xeon 6; hardware.md §4), 8 sockets (Xeon Platinum's largest glueless
+# topology), 72 GPUs in one NVLink domain (GB200 NVL72), 288 GB per GPU today (B300, MI355X), a few
+# TB of RAM per socket, a few hundred cores per socket.
+MACHINE_BOUNDS = {"channels": 16, "sockets": 8, "gpus": 72, "gpu_mem_gb": 1024.0, "host_mem_gb": 65536.0,
+                  "cores": 2048}
+
+
 def _positive(value, field_name: str, integer: bool = False, allow_zero: bool = False):
     if value is None:
         return None
@@ -97,6 +105,9 @@ def _positive(value, field_name: str, integer: bool = False, allow_zero: bool = 
         raise MoesimError(f"must be finite, got {value!r}", field_name)
     if value < 0 or (value == 0 and not allow_zero):
         raise MoesimError(f"must be {'>= 0' if allow_zero else 'positive'}, got {value!r}", field_name)
+    bound = MACHINE_BOUNDS.get(field_name)
+    if bound is not None and value > bound:
+        raise MoesimError(f"{value:g} is above the plausible maximum {bound:g}", field_name)
     if integer:
         if int(value) != value:
             raise MoesimError(f"must be a whole number, got {value!r}", field_name)
@@ -108,14 +119,20 @@ def parse_host(spec: str) -> tuple:
     """``ddr5-4800x8`` -> (part id, channels or None)."""
     if not isinstance(spec, str):
         raise MoesimError(f"expected a memory part like ddr5-4800x8, got {spec!r}", "host")
-    m = _HOST_RE.match(spec.strip().lower())
+    text = spec.strip().lower()
+    m = _HOST_RE.match(text)
     parts = _hw()["host_memory"]
     if not m or m.group(1) not in parts:
-        part = spec.strip().lower().split("x")[0] if spec else spec
+        # the longest known part the text starts with: "ddr5-6000xx" is ddr5-6000 with a bad channel count
+        known = [p for p in parts if text.startswith(p + "x")]
+        part = max(known, key=len) if known else (text.rsplit("x", 1)[0] if "x" in text else text)
+        if known:
+            raise MoesimError(f"expected PART or PARTxCHANNELS with a whole number of channels (ddr5-4800x8), "
+                              f"got {spec!r}", "host")
         raise unknown_id("host memory part", part, parts, "host")
     ch = int(m.group(2)) if m.group(2) else None
-    if ch is not None and ch <= 0:
-        raise MoesimError("channel count must be positive", "host")
+    if ch is not None and not 1 <= ch <= MACHINE_BOUNDS["channels"]:
+        raise MoesimError(f"channels per socket must be in [1, {MACHINE_BOUNDS['channels']}], got {ch}", "host")
     return m.group(1), ch
 
 

@@ -33,6 +33,11 @@ def check_count(value, name: str, minimum: int = 1, maximum: int = 2**40) -> int
 # llama.cpp switches to its batched-expert path at 32 tokens per step (reference/runtimes.md §1.1), and
 # 64 is far past any draft length in use.
 MAX_DRAFTS = 64
+# Concurrent sequences: vLLM schedules at most max_num_seqs (256 by default) per step; 65,536 is far past
+# any serving batch. Simulated decode steps: 2**20 is a million-token generation, longer than any model's
+# trained context but one (models.toml).
+MAX_BATCH = 1 << 16
+MAX_STEPS = 1 << 20
 
 
 # --------------------------------------------------------------------------------- plausibility
