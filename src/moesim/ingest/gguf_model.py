@@ -5,6 +5,7 @@ import os
 import re
 
 from ..errors import MoesimError
+from ..spec.limits import ARCH_BOUNDS, MAX_MTP_MODULES
 from ..spec.layers import DSA_DEFAULT_TOPK, FFN, Attention, Layer, StoredWeights, Tensor
 from ..spec.models import Model
 from ..spec.architectures import _mtp_layer
@@ -245,8 +246,10 @@ def gguf_model(art: GGUFArtifact) -> Model:
                    "architecture")
     hp = _HP(art, arch)
     n_blocks = hp.get("block_count", required=True)
-    if not 1 <= n_blocks <= GGUF_MAX_BLOCKS:
-        raise _err(path, f"{arch}.block_count {n_blocks} is not in [1, {GGUF_MAX_BLOCKS}]", f"{arch}.block_count")
+    max_blocks = min(GGUF_MAX_BLOCKS, ARCH_BOUNDS["num_hidden_layers"] + MAX_MTP_MODULES)
+    if not 1 <= n_blocks <= max_blocks:
+        raise _err(path, f"{arch}.block_count {n_blocks} is not in [1, {max_blocks}] (the plausible maximum)",
+                   f"{arch}.block_count")
     nextn = hp.get("nextn_predict_layers", default=0)
     if nextn >= n_blocks:
         raise _err(path, f"{arch}.nextn_predict_layers {nextn} leaves no main layers of {n_blocks}", "gguf")
