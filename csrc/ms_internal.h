@@ -3,6 +3,7 @@
 #define MS_INTERNAL_H
 
 #include <math.h>
+#include <stddef.h>
 
 #include "moesim.h"
 
@@ -91,12 +92,13 @@ static inline int64_t ms_cache_bytes(int32_t n_experts)
 
 static inline char *ms_cache_carve(ms_cache_t *c, char *p, int32_t n_experts)
 {
-    c->freq = (double *) p; p += n_experts * sizeof(double);
-    c->last = (double *) p; p += n_experts * sizeof(double);
-    c->next_use = (double *) p; p += n_experts * sizeof(double);
-    c->where = (int32_t *) p; p += n_experts * sizeof(int32_t);
-    c->slot = (int32_t *) p; p += n_experts * sizeof(int32_t);
-    c->need = (int32_t *) p; p += 2 * n_experts * sizeof(int32_t);   /* one array + padding to 8 bytes */
+    size_t e = (size_t) n_experts;   /* callers check n_experts > 0 */
+    c->freq = (double *) p; p += e * sizeof(double);
+    c->last = (double *) p; p += e * sizeof(double);
+    c->next_use = (double *) p; p += e * sizeof(double);
+    c->where = (int32_t *) p; p += e * sizeof(int32_t);
+    c->slot = (int32_t *) p; p += e * sizeof(int32_t);
+    c->need = (int32_t *) p; p += 2 * e * sizeof(int32_t);   /* one array + padding to 8 bytes */
     return p;
 }
 

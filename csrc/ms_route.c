@@ -214,7 +214,7 @@ int ms_route_generate(const ms_routing_t *r, const ms_decode_config_t *c, ws_t *
     ms_rng_t rng;
     if (r->n_layers == 0) return 0;
     if (ws->K > MS_MAX_TOP_K) return MS_ERR_BAD_ROUTING;
-    memset(ws->mark, 0, (size_t) L * E * sizeof(int32_t));
+    memset(ws->mark, 0, (size_t) L * (size_t) E * sizeof(int32_t));
     memset(ws->chosen, 0, (size_t) E * sizeof(int32_t));
     memset(ws->allowed, 0, (size_t) E * sizeof(int32_t));
     for (int32_t b = 0; b < ws->B; b++) {
