@@ -1,0 +1,424 @@
+/*
+ * C test harness of the moesim core: calls every public entry point of csrc/moesim.h directly, on edge
+ * cases and on randomized inputs, and checks invariants (never a crash, an error code for bad input,
+ * finite non-negative results, tiers that add up, the same answer on any thread count). Built by
+ * tests/test_c_core.py with -Wall -Wextra -Werror -Wshadow -Wconversion under AddressSanitizer and
+ * UndefinedBehaviorSanitizer; prints "N passed, M failed" and exits non-zero on any failure.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moesim.h"
+
+static int n_pass = 0, n_fail = 0;
+
+#define CHECK(cond) do { if (cond) n_pass++; else { n_fail++; \
+    fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); } } while (0)
+
+/* ---------------------------------------------------------------------------- a small model */
+#define L 6
+#define E 16
+#define K 2
+
+static double attn[L], router[L], shared[L], expert_one[L], dense[L];
+static int32_t n_experts[L];
+static double kv_elems[L], kv_fixed[L], kv_ratio_elems[L], kv_ratio_fixed[L], kv_state[L];
+static int64_t kv_cap[L], kv_ratio[L];
+
+static ms_model_t make_model(int moe)
+{
+    ms_model_t m;
+    memset(&m, 0, sizeof(m));
+    for (int l = 0; l < L; l++) {
+        attn[l] = 1e7 + 1e5 * l;
+        router[l] = moe ? 1e4 : 0.0;
+        shared[l] = moe ? 2e6 : 0.0;
+        expert_one[l] = moe ? 3e6 : 0.0;
+        n_experts[l] = moe ? E : 0;
+        dense[l] = moe ? 0.0 : 5e7;
+        kv_elems[l] = 512.0;
+        kv_fixed[l] = 0.0;
+        kv_cap[l] = l % 3 == 0 ? 1024 : 0;     /* every third layer a sliding window */
+        kv_ratio[l] = 0;
+        kv_ratio_elems[l] = kv_ratio_fixed[l] = 0.0;
+        kv_state[l] = l == L - 1 ? 4096.0 : 0.0;
+    }
+    m.n_layers = L;
+    m.attn = attn; m.router = router; m.shared = shared; m.expert_one = expert_one; m.n_experts = n_experts;
+    m.dense = dense;
+    m.kv_elems = kv_elems; m.kv_fixed = kv_fixed; m.kv_ratio_elems = kv_ratio_elems;
+    m.kv_ratio_fixed = kv_ratio_fixed; m.kv_state = kv_state; m.kv_cap = kv_cap; m.kv_ratio = kv_ratio;
+    m.embed = 3e7; m.head = 3e7; m.mtp = 0.0; m.mtp_layers = 0;
+    m.max_context = 32768;
+    return m;
+}
+
+static ms_mem_config_t make_mem_config(int32_t placement, int64_t arg, int64_t ctx, int64_t batch, double gpu_gb,
+                                       double host_gb)
+{
+    ms_mem_config_t c;
+    memset(&c, 0, sizeof(c));
+    c.context = ctx; c.batch = batch; c.kv_bytes_per_elem = 2.0;
+    c.placement = placement; c.placement_arg = arg; c.mtp = 0;
+    c.n_gpus = gpu_gb > 0.0 ? 1 : 0;
+    c.gpu_capacity = gpu_gb * 1e9; c.host_capacity = host_gb * 1e9; c.storage_capacity = 0.0;
+    c.storage_spill = 0; c.embed_on_gpu = 1; c.kv_granularity = 256;
+    c.gpu_fixed = 3e8; c.gpu_buf0 = 1e8; c.gpu_buf_ctx = 1e3;
+    c.host_fixed = 1e8; c.host_buf0 = 1e7; c.host_buf_ctx = 1e2;
+    return c;
+}
+
+static uint64_t lcg_state = 88172645463325252ULL;
+static uint64_t rnd(void)
+{
+    lcg_state ^= lcg_state << 13; lcg_state ^= lcg_state >> 7; lcg_state ^= lcg_state << 17;
+    return lcg_state;
+}
+static int64_t rnd_range(int64_t lo, int64_t hi) { return lo + (int64_t) (rnd() % (uint64_t) (hi - lo + 1)); }
+static double rnd_unit(void) { return (double) (rnd() >> 11) * (1.0 / 9007199254740992.0); }
+
+/* ---------------------------------------------------------------------------- error table and RNG */
+static void test_strerror_and_rng(void)
+{
+    for (int code = 0; code >= -12; code--) {
+        const char *s = ms_strerror(code);
+        CHECK(s != NULL && strlen(s) > 0 && strcmp(s, "unknown moesim error") != 0);
+    }
+    CHECK(strcmp(ms_strerror(-999), "unknown moesim error") == 0);
+    uint64_t x = 1234567;                  /* the published first output of splitmix64(1234567) */
+    CHECK(ms_splitmix64_next(&x) == 6457827717110365317ULL);
+    ms_rng_t a, b;
+    ms_rng_init(&a, 7, 1, 2);
+    ms_rng_init(&b, 7, 1, 2);
+    int same = 1, inside = 1;
+    for (int i = 0; i < 10000; i++) {
+        double u = ms_rng_uniform(&a);
+        same &= u == ms_rng_uniform(&b);
+        inside &= u > 0.0 && u < 1.0;
+    }
+    CHECK(same);
+    CHECK(inside);
+    int finite = 1;
+    for (int i = 0; i < 2000; i++) {
+        finite &= isfinite(ms_rng_gumbel(&a)) && isfinite(ms_rng_normal(&a));
+        double g = ms_rng_gamma(&a, 0.05 + 5.0 * rnd_unit());
+        finite &= isfinite(g) && g >= 0.0;
+    }
+    CHECK(finite);
+}
+
+/* ---------------------------------------------------------------------------- memory */
+static void check_memory_result(const ms_mem_result_t *r)
+{
+    double tiers = 0.0, classes = 0.0;
+    for (int t = 0; t < MS_N_TIERS; t++) {
+        CHECK(isfinite(r->tier[t]) && r->tier[t] >= 0.0);
+        tiers += r->tier[t];
+    }
+    for (int k = 0; k < MS_N_CLASSES; k++)
+        for (int t = 0; t < MS_N_TIERS; t++) classes += r->by_class[k][t];
+    CHECK(fabs(tiers - classes) <= 1e-9 * fmax(1.0, classes));
+    CHECK(r->weights > 0.0 && r->kv >= 0.0 && r->state >= 0.0 && r->kv_bytes_per_token >= 0.0);
+    CHECK(r->fits >= 0 && r->fits <= 7 && r->max_context >= 0 && r->max_batch >= 0);
+}
+
+static void test_memory(void)
+{
+    ms_model_t m = make_model(1);
+    ms_mem_result_t r;
+    ms_mem_config_t c = make_mem_config(MS_PLACE_ALL_GPU, 0, 4096, 1, 24.0, 64.0);
+    CHECK(ms_memory(&m, &c, &r) == 0);
+    check_memory_result(&r);
+    CHECK(r.fits & MS_FITS_GPU);
+    CHECK(ms_memory(NULL, &c, &r) == MS_ERR_NULL_ARGUMENT);
+    CHECK(ms_memory(&m, NULL, &r) == MS_ERR_NULL_ARGUMENT);
+    CHECK(ms_memory(&m, &c, NULL) == MS_ERR_NULL_ARGUMENT);
+    ms_mem_config_t bad = c;
+    bad.placement = 99;
+    CHECK(ms_memory(&m, &bad, &r) == MS_ERR_BAD_PLACEMENT);
+    bad = c; bad.context = 0;
+    CHECK(ms_memory(&m, &bad, &r) != 0);
+    bad = c; bad.gpu_capacity = -1.0;
+    CHECK(ms_memory(&m, &bad, &r) != 0);
+    bad = c; bad.kv_bytes_per_elem = NAN;
+    CHECK(ms_memory(&m, &bad, &r) != 0);
+    bad = c; bad.batch = 0;
+    CHECK(ms_memory(&m, &bad, &r) != 0);
+    ms_model_t dense_model = make_model(0);
+    for (int32_t p = 0; p < MS_N_PLACEMENTS; p++) {          /* every placement on both models */
+        for (int moe = 0; moe < 2; moe++) {
+            ms_model_t *mm = moe ? &m : &dense_model;
+            ms_mem_config_t cc = make_mem_config(p, p == MS_PLACE_LAYERS_GPU ? 3 : 2, 8192, 2, 24.0, 128.0);
+            int code = ms_memory(mm, &cc, &r);
+            CHECK(code == 0);
+            if (code == 0) check_memory_result(&r);
+        }
+    }
+    /* randomized: more memory never fits less; results finite; many == one by one on any thread count */
+    enum { N = 400 };
+    ms_mem_config_t *cfgs = malloc(N * sizeof(*cfgs));
+    ms_mem_result_t *out1 = malloc(N * sizeof(*out1)), *out2 = malloc(N * sizeof(*out2));
+    for (int i = 0; i < N; i++) {
+        int32_t p = (int32_t) rnd_range(0, MS_N_PLACEMENTS - 1);
+        cfgs[i] = make_mem_config(p, rnd_range(0, L), rnd_range(1, 1 << 20), rnd_range(1, 512),
+                                  (double) rnd_range(0, 200), (double) rnd_range(1, 1024));
+        if (cfgs[i].n_gpus == 0) cfgs[i].placement = MS_PLACE_CPU_ONLY;
+    }
+    int64_t bad_index = -1;
+    CHECK(ms_memory_many(&m, cfgs, N, out1, 1, &bad_index) == 0);
+    CHECK(ms_memory_many(&m, cfgs, N, out2, 2, &bad_index) == 0);
+    CHECK(memcmp(out1, out2, N * sizeof(*out1)) == 0);
+    int monotone = 1;
+    for (int i = 0; i < N; i++) {
+        check_memory_result(&out1[i]);
+        ms_mem_config_t more = cfgs[i];
+        more.gpu_capacity *= 2.0; more.host_capacity *= 2.0;
+        ms_mem_result_t r2;
+        if (ms_memory(&m, &more, &r2) == 0 && out1[i].fits && !r2.fits) monotone = 0;
+        if (r2.max_context < out1[i].max_context || r2.max_batch < out1[i].max_batch) monotone = 0;
+    }
+    CHECK(monotone);
+    cfgs[N / 2].placement = -5;                                 /* an error names its configuration */
+    CHECK(ms_memory_many(&m, cfgs, N, out1, 2, &bad_index) == MS_ERR_BAD_PLACEMENT && bad_index == N / 2);
+    free(cfgs); free(out1); free(out2);
+}
+
+/* ---------------------------------------------------------------------------- decode */
+static double d_attn_b[L], d_attn_f[L], d_kv[L], d_sf[L], d_sh_b[L], d_sh_f[L], d_ex_b[L], d_ex_f[L];
+static int32_t d_on_gpu[L], d_mode[L], d_slots[L], d_pages[L], d_moe[L];
+static double r_logpop[L * E], r_stick[L], r_recall[L], r_q[L * E], r_qbar[L * E], r_lqbar[L * E], r_qsq[L];
+static int32_t r_hot[L * E];
+
+static ms_decode_model_t make_decode_model(int32_t mode, int moe)
+{
+    ms_decode_model_t m;
+    memset(&m, 0, sizeof(m));
+    for (int l = 0; l < L; l++) {
+        d_attn_b[l] = 1e7; d_attn_f[l] = 2e7; d_kv[l] = 1e6; d_sf[l] = 1e6; d_sh_b[l] = 2e6; d_sh_f[l] = 4e6;
+        d_ex_b[l] = moe ? 3e6 : 0.0; d_ex_f[l] = moe ? 6e6 : 0.0;
+        d_on_gpu[l] = mode == MS_EXP_CPU ? 1 : 1;
+        d_mode[l] = moe ? mode : MS_EXP_NONE;
+        d_slots[l] = 4; d_pages[l] = E;
+        d_moe[l] = moe ? l : -1;
+    }
+    m.n_layers = L;
+    m.attn_bytes = d_attn_b; m.attn_flops = d_attn_f; m.kv_bytes = d_kv; m.score_flops = d_sf;
+    m.shared_bytes = d_sh_b; m.shared_flops = d_sh_f; m.expert_bytes = d_ex_b; m.expert_flops = d_ex_f;
+    m.attn_on_gpu = d_on_gpu; m.expert_mode = d_mode; m.slots = d_slots; m.page_slots = d_pages; m.moe_index = d_moe;
+    m.head_bytes = 3e7; m.head_flops = 6e7; m.head_on_gpu = 1; m.act_bytes = 8192.0;
+    return m;
+}
+
+static ms_machine_t make_machine(void)
+{
+    ms_machine_t h;
+    memset(&h, 0, sizeof(h));
+    h.gpu_bw = 8e11; h.host_bw = 6e10; h.pcie_bw = 2.4e10; h.storage_bw = 5e9;
+    h.gpu_flops = 1e14; h.cpu_flops = 1e12; h.interconnect_bw = 1e11;
+    h.launch_s = 5e-6; h.sync_s = 2e-5; h.dma_s = 1e-5; h.step_s = 1e-4;
+    return h;
+}
+
+static ms_routing_t make_routing(int moe)
+{
+    ms_routing_t r;
+    memset(&r, 0, sizeof(r));
+    if (!moe) return r;                                  /* a dense model routes nothing */
+    for (int l = 0; l < L; l++) {
+        double qs = 0.0;
+        for (int e = 0; e < E; e++) {
+            r_logpop[l * E + e] = -0.3 * e;
+            r_hot[l * E + e] = e;
+            r_q[l * E + e] = (double) K / E;
+            r_qbar[l * E + e] = (double) K / E;
+            r_lqbar[l * E + e] = log1p(-(double) K / E);
+            qs += r_q[l * E + e] * r_q[l * E + e];
+        }
+        r_stick[l] = 0.3; r_recall[l] = 0.0; r_qsq[l] = qs;
+    }
+    r.n_layers = L; r.n_experts = E; r.top_k = K; r.n_group = 0; r.topk_group = 0;
+    r.log_pop = r_logpop; r.stickiness = r_stick; r.recall = r_recall; r.hot = r_hot;
+    r.concentration = 0.0; r.request_tokens = 0;
+    r.n_scenarios = 1; r.q = r_q; r.qbar = r_qbar; r.lqbar = r_lqbar; r.qsq = r_qsq;
+    return r;
+}
+
+static ms_decode_config_t make_decode_config(int32_t batch, int64_t steps, int32_t policy, int32_t mode)
+{
+    ms_decode_config_t c;
+    memset(&c, 0, sizeof(c));
+    c.batch = batch; c.tokens_per_step = 1; c.drafts = 0; c.accepted = 1.0;
+    c.steps = steps; c.warmup = steps / 4; c.policy = policy; c.mode = mode; c.seed = 3; c.index = 0;
+    return c;
+}
+
+static void check_decode_result(const ms_decode_result_t *r)
+{
+    CHECK(isfinite(r->step_mean) && r->step_mean > 0.0);
+    CHECK(r->step_p50 > 0.0 && r->step_p99 >= r->step_p50 * (1.0 - 1e-12));
+    CHECK(r->hit_rate == -1.0 || (r->hit_rate >= 0.0 && r->hit_rate <= 1.0));
+    CHECK(r->page_hit_rate == -1.0 || (r->page_hit_rate >= 0.0 && r->page_hit_rate <= 1.0));
+    double res = 0.0;
+    for (int k = 0; k < MS_N_RES; k++) { CHECK(r->by_resource[k] >= 0.0); res += r->by_resource[k]; }
+    CHECK(fabs(res - r->step_mean) <= 1e-9 * r->step_mean);
+}
+
+static int run_decode(const ms_decode_model_t *m, const ms_machine_t *h, const ms_routing_t *r,
+                      const ms_decode_config_t *c, ms_decode_result_t *out)
+{
+    int64_t ws = ms_decode_workspace_size(m, r, c);
+    if (ws <= 0) return -1000;
+    void *buf = malloc((size_t) ws);
+    int code = ms_decode(m, h, r, c, buf, ws, out);
+    free(buf);
+    return code;
+}
+
+static void test_decode(void)
+{
+    ms_machine_t h = make_machine();
+    ms_decode_result_t out;
+    int32_t modes[] = {MS_EXP_GPU, MS_EXP_CPU, MS_EXP_SPLIT, MS_EXP_FETCH};
+    for (int moe = 0; moe < 2; moe++) {
+        ms_routing_t r = make_routing(moe);
+        for (int mi = 0; mi < 4; mi++) {
+            ms_decode_model_t m = make_decode_model(modes[mi], moe);
+            for (int32_t pol = 0; pol < MS_N_POLICIES; pol++) {
+                for (int32_t mode = 0; mode < 2; mode++) {
+                    ms_decode_config_t c = make_decode_config(3, 64, pol, mode);
+                    int code = run_decode(&m, &h, &r, &c, &out);
+                    if (mode == MS_MODE_ANALYTIC && pol == MS_POLICY_BELADY) {
+                        CHECK(code == MS_ERR_BAD_POLICY);   /* Belady needs the future: Monte Carlo only */
+                        continue;
+                    }
+                    CHECK(code == 0);                       /* Belady on a dense model used to segfault */
+                    if (code == 0) check_decode_result(&out);
+                }
+            }
+        }
+    }
+    ms_routing_t r = make_routing(1);
+    ms_decode_model_t m = make_decode_model(MS_EXP_FETCH, 1);
+    ms_decode_config_t c = make_decode_config(2, 32, MS_POLICY_LRU, MS_MODE_MONTECARLO);
+    int64_t ws = ms_decode_workspace_size(&m, &r, &c);
+    void *buf = malloc((size_t) ws);
+    CHECK(ms_decode(&m, &h, &r, &c, buf, ws - 8, &out) == MS_ERR_BAD_WORKSPACE);
+    CHECK(ms_decode(NULL, &h, &r, &c, buf, ws, &out) == MS_ERR_NULL_ARGUMENT);
+    ms_machine_t slow = h; slow.gpu_bw = 0.0;
+    CHECK(ms_decode(&m, &slow, &r, &c, buf, ws, &out) == MS_ERR_BAD_MACHINE);
+    ms_routing_t wide = r; wide.top_k = MS_MAX_TOP_K + 1;
+    CHECK(ms_decode(&m, &h, &wide, &c, buf, ws, &out) != 0);
+    wide = r; wide.top_k = E + 1;
+    CHECK(ms_decode(&m, &h, &wide, &c, buf, ws, &out) != 0);
+    ms_routing_t deep = r; deep.n_layers = MS_MAX_MOE_LAYERS + 1;
+    CHECK(ms_decode(&m, &h, &deep, &c, buf, ws, &out) != 0);
+    ms_decode_config_t bc = c; bc.policy = 17;
+    CHECK(ms_decode(&m, &h, &r, &bc, buf, ws, &out) == MS_ERR_BAD_POLICY);
+    bc = c; bc.batch = 0;
+    CHECK(ms_decode(&m, &h, &r, &bc, buf, ws, &out) != 0);
+    free(buf);
+    /* more bandwidth is never slower; the same seed gives the same result on any thread count */
+    enum { N = 24 };
+    ms_decode_config_t cfgs[N];
+    ms_decode_result_t o1[N], o2[N];
+    for (int i = 0; i < N; i++) {
+        cfgs[i] = make_decode_config((int32_t) rnd_range(1, 16), rnd_range(8, 96), (int32_t) rnd_range(0, 2),
+                                     (int32_t) rnd_range(0, 1));
+        cfgs[i].index = (uint64_t) i;
+    }
+    int64_t wsb = 0;
+    for (int i = 0; i < N; i++) {
+        int64_t w = ms_decode_workspace_size(&m, &r, &cfgs[i]);
+        if (w > wsb) wsb = w;
+    }
+    void *ws2 = malloc((size_t) wsb * 2);
+    int64_t bad = -1;
+    CHECK(ms_decode_many(&m, &h, &r, cfgs, N, o1, 1, ws2, wsb, &bad) == 0);
+    CHECK(ms_decode_many(&m, &h, &r, cfgs, N, o2, 2, ws2, wsb, &bad) == 0);
+    CHECK(memcmp(o1, o2, sizeof(o1)) == 0);
+    ms_machine_t fast = h; fast.host_bw *= 2.0; fast.pcie_bw *= 2.0; fast.gpu_bw *= 2.0;
+    CHECK(ms_decode_many(&m, &fast, &r, cfgs, N, o2, 1, ws2, wsb, &bad) == 0);
+    int never_slower = 1;
+    for (int i = 0; i < N; i++) never_slower &= o2[i].step_mean <= o1[i].step_mean * (1.0 + 1e-12);
+    CHECK(never_slower);
+    free(ws2);
+}
+
+/* ---------------------------------------------------------------------------- routing and caches */
+static void test_route_and_cache(void)
+{
+    ms_routing_t r = make_routing(1);
+    ms_decode_config_t c = make_decode_config(2, 40, MS_POLICY_LRU, MS_MODE_MONTECARLO);
+    ms_decode_model_t m = make_decode_model(MS_EXP_GPU, 1);
+    int64_t ws = ms_decode_workspace_size(&m, &r, &c);
+    void *buf = malloc((size_t) ws);
+    int32_t *tok = malloc((size_t) (40 * 2 * 1 * L * K) * sizeof(int32_t));
+    CHECK(ms_route_sample(&r, &c, tok, buf, ws) == 0);
+    int ok = 1;
+    for (int64_t i = 0; i < 40 * 2 * L * K; i++) ok &= tok[i] >= 0 && tok[i] < E;
+    CHECK(ok);
+    CHECK(ms_route_sample(&r, &c, NULL, buf, ws) == MS_ERR_NULL_ARGUMENT);
+    free(tok); free(buf);
+    /* cache replay: random step unions, every policy; hits never exceed accesses, capacity E always hits */
+    enum { T = 50, W = 4 };
+    int32_t sel[T * L * W], nsel[T * L];
+    for (int t = 0; t < T; t++)
+        for (int l = 0; l < L; l++) {
+            int32_t n = (int32_t) rnd_range(1, W);
+            nsel[t * L + l] = n;
+            for (int j = 0; j < n; j++) sel[(t * L + l) * W + j] = (int32_t) ((t + 3 * j) % E);  /* distinct */
+        }
+    double hits[L], acc[L];
+    for (int32_t pol = 0; pol < MS_N_POLICIES; pol++) {
+        for (int32_t cap = 0; cap <= E; cap += 5) {
+            int64_t cw = ms_cache_workspace_size(E, L, T, W);
+            void *cb = malloc((size_t) cw);
+            int code = ms_cache_replay(sel, nsel, T, L, W, E, cap, pol, r_hot, 0, cb, cw, hits, acc);
+            CHECK(code == 0);
+            int sane = 1;
+            for (int l = 0; l < L; l++) sane &= hits[l] >= 0.0 && hits[l] <= acc[l];
+            CHECK(sane);
+            free(cb);
+        }
+    }
+    int32_t badsel[T * L * W];
+    memcpy(badsel, sel, sizeof(sel));
+    badsel[0] = E + 3;                                   /* an expert id past the table (entry 0 is valid) */
+    int64_t cw = ms_cache_workspace_size(E, L, T, W);
+    void *cb = malloc((size_t) cw);
+    CHECK(ms_cache_replay(badsel, nsel, T, L, W, E, 4, MS_POLICY_LRU, r_hot, 0, cb, cw, hits, acc) == MS_ERR_BAD_TRACE);
+    CHECK(ms_cache_replay(sel, nsel, T, L, W, E, 4, 9, r_hot, 0, cb, cw, hits, acc) == MS_ERR_BAD_POLICY);
+    free(cb);
+}
+
+/* ---------------------------------------------------------------------------- sweep helpers */
+static void test_ctx_and_lookup(void)
+{
+    ms_ctx_fn_t f = {2.0, 1.0, 3.0, 0.5, 7.0, 1024, -1, 4, 512};
+    CHECK(ms_ctx_eval(&f, 1) == 2.0 + 1.0 + 7.0);
+    double v = ms_ctx_eval(&f, 8192);
+    CHECK(v == 2.0 * 1024 + 8192.0 + 3.0 * 512 + 0.5 * 2048 + 7.0);
+    int monotone = 1;
+    double prev = -1.0;
+    for (int64_t c = 1; c < 100000; c += 37) { double x = ms_ctx_eval(&f, c); monotone &= x >= prev; prev = x; }
+    CHECK(monotone);
+    int64_t table[] = {3, 5, 9, 12}, keys[] = {5, 4, 12, 3, 100}, missing[8], n_missing = 0;
+    int32_t var[5];
+    int64_t unknown = ms_sweep_lookup(keys, 5, table, 4, var, missing, 8, &n_missing);
+    CHECK(unknown == 2 && var[0] == 1 && var[1] == -1 && var[2] == 3 && var[3] == 0 && var[4] == -1);
+    CHECK(n_missing == 2);
+}
+
+int main(void)
+{
+    test_strerror_and_rng();
+    test_memory();
+    test_decode();
+    test_route_and_cache();
+    test_ctx_and_lookup();
+    printf("%d passed, %d failed\n", n_pass, n_fail);
+    return n_fail ? 1 : 0;
+}
