@@ -250,8 +250,9 @@ int ms_decode_many(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_
                    const ms_decode_config_t *cfgs, int64_t n, ms_decode_result_t *out, int n_threads,
                    void *workspace, int64_t ws_bytes, int64_t *err_index);
 
-/* Sample the routing only (Monte Carlo config c): writes every token's picks to tokens_out
- * [steps][batch][tokens_per_step][n_layers][top_k]. Workspace as ms_decode_workspace_size. */
+/* Sample the routing only (Monte Carlo config c; another mode, or steps x n_experts >= INT32_MAX, is
+ * MS_ERR_BAD_SIZE): writes every token's picks to tokens_out [steps][batch][tokens_per_step][n_layers][top_k].
+ * Workspace as ms_decode_workspace_size. */
 int ms_route_sample(const ms_routing_t *r, const ms_decode_config_t *c, int32_t *tokens_out, void *workspace,
                     int64_t workspace_bytes);
 

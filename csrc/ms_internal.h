@@ -73,11 +73,23 @@ static inline double ms_attention_time(double t_mem, double t_flops, int res_mem
     return t_mem;
 }
 
+/* ------------------------------------------------------------------------- stamps
+ * Marks "current" by equality with a running int32 stamp (the cache's step stamp, the sampler's
+ * per-token picks and group mask). A stamp is only ever compared for equality with the current one, so
+ * when it reaches MS_STAMP_MAX the caller clears its marks and restarts it at 1: the same answers, and
+ * no signed overflow (undefined behaviour) however many steps, sequences and layers a run has. A test
+ * build may define a small MS_STAMP_MAX to take the restart path every few increments
+ * (tests/test_c_core.py compares that build's results with the default build's, bit for bit). */
+#ifndef MS_STAMP_MAX
+#define MS_STAMP_MAX INT32_MAX
+#endif
+
 /* One per-layer cache over caller-owned arrays. */
 typedef struct {
     int32_t n_experts, capacity, policy, used, stamp;
     int32_t *where;      /* [E] slot holding expert e, or -1 */
-    int32_t *need;       /* [E] == stamp: the current step still needs expert e (not evicted first) */
+    int32_t *need;       /* [E] == stamp: the current step still needs expert e (not evicted first); stamp in
+                          * [0, MS_STAMP_MAX], restarted by ms_cache_begin_step */
     int32_t *slot;       /* [E] expert in slot i (first `used` valid) */
     double *freq;        /* [E] accesses so far (LFU) */
     double *last;        /* [E] tick of last access (LRU, LFU ties) */

@@ -184,6 +184,12 @@ static int step_token(const ms_routing_t *r, const ms_decode_config_t *c, ws_t *
     for (int32_t l = 0; l < L; l++) {
         int64_t row = (t * L + l) * (int64_t) ws->W;
         int32_t ov;
+        if (*stamp >= MS_STAMP_MAX) {
+            /* restart the stamp (see MS_STAMP_MAX): T x B x tokens x L increments pass INT32_MAX in long runs */
+            memset(ws->chosen, 0, (size_t) ws->E * sizeof(int32_t));
+            memset(ws->allowed, 0, (size_t) ws->E * sizeof(int32_t));
+            *stamp = 0;
+        }
         (*stamp)++;
         if (r->trace) {
             int rc = replay_token(r, ws, b, l, tp, *stamp, picks, &ov);

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "moesim.h"
+#include "ms_internal.h"     /* the cache view and MS_STAMP_MAX: the stamp-restart test drives them directly */
 
 static int n_pass = 0, n_fail = 0;
 
@@ -394,6 +395,122 @@ static void test_route_and_cache(void)
     free(cb);
 }
 
+/* ---------------------------------------------------------------------------- stamps
+ * ms_cache_t.stamp and the sampler's stamp are int32 and count up once per step (cache) or per token and
+ * layer (sampler: T x B x tokens x L increments, past INT32_MAX at e.g. Mixtral, 100k tokens x batch 700).
+ * The kernel restarts them at MS_STAMP_MAX (INT32_MAX unless a test build lowers it). Here a cache whose
+ * stamp is preset 3 below INT32_MAX is stepped 40 times next to a fresh one: the old `c->stamp++` passed
+ * INT32_MAX on the 4th step (signed overflow, which UBSan turns into an abort in this build); now both
+ * caches must give the same hits, the same resident experts and the stamp must have restarted. */
+static int32_t next_stamp(int32_t s) { return s >= MS_STAMP_MAX ? 1 : s + 1; }
+
+static void test_stamp_restart(void)
+{
+    enum { T = 40, EE = 16, CAP = 5 };
+    int64_t nb = ms_cache_bytes(EE);
+    char *buf_a = malloc((size_t) nb), *buf_b = malloc((size_t) nb);
+    int32_t hot[EE];
+    for (int e = 0; e < EE; e++) hot[e] = EE - 1 - e;
+    for (int32_t pol = 0; pol < MS_N_POLICIES; pol++) {
+        ms_cache_t a, b;
+        int32_t expect_a = 0, expect_b = INT32_MAX - 3;
+        int same = 1;
+        ms_cache_carve(&a, buf_a, EE);
+        ms_cache_carve(&b, buf_b, EE);
+        ms_cache_reset(&a, EE, CAP, pol, hot);
+        ms_cache_reset(&b, EE, CAP, pol, hot);
+        b.stamp = INT32_MAX - 3;
+        for (int t = 0; t < T; t++) {
+            int32_t sel[8], n = (int32_t) rnd_range(1, 8);
+            for (int j = 0; j < n; j++) sel[j] = (int32_t) ((t * 5 + j * 3 + (t % 3)) % EE);   /* distinct */
+            ms_cache_begin_step(&a, sel, n);
+            ms_cache_begin_step(&b, sel, n);
+            expect_a = next_stamp(expect_a);
+            expect_b = next_stamp(expect_b);
+            for (int j = 0; j < n; j++) {
+                double tick = (double) (t * 8 + j), nu = (double) rnd_range(0, 400);
+                same &= ms_cache_access(&a, sel[j], tick, nu) == ms_cache_access(&b, sel[j], tick, nu);
+            }
+            same &= a.used == b.used;
+            for (int e = 0; e < EE; e++) same &= a.where[e] == b.where[e];
+        }
+        CHECK(same);
+        CHECK(a.stamp == expect_a && b.stamp == expect_b);
+        CHECK(b.stamp >= 1 && b.stamp <= T);                 /* it restarted instead of passing INT32_MAX */
+    }
+    free(buf_a); free(buf_b);
+}
+
+/* A digest of results that go through every stamp (sampler, group mask, step unions, both caches):
+ * Monte Carlo decodes on every policy and expert mode with batch and tokens per step above 1, group-limited
+ * routing, per-request skew, a replayed trace, the sampler's raw picks and cache replays. tests/test_c_core.py
+ * builds the harness again with -DMS_STAMP_MAX=3 (a restart every few tokens) and requires the same digest:
+ * restarting a stamp never changes an answer. */
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *c = p;
+    for (size_t i = 0; i < n; i++) { h ^= c[i]; h *= 1099511628211ULL; }
+    return h;
+}
+
+static uint64_t stamp_digest(void)
+{
+    uint64_t h = 14695981039346656037ULL;
+    ms_machine_t hw = make_machine();
+    ms_decode_result_t out;
+    int32_t modes[] = {MS_EXP_GPU, MS_EXP_CPU, MS_EXP_SPLIT, MS_EXP_FETCH};
+    static int32_t trace[37 * 3 * K];
+    for (int i = 0; i < 37 * 3 * K; i += K) { trace[i] = (i / K) % E; trace[i + 1] = (i / K * 7 + 3) % E; }
+    for (int variant = 0; variant < 4; variant++) {
+        ms_routing_t r = make_routing(1);
+        if (variant == 1) { r.n_group = 4; r.topk_group = 2; }
+        if (variant == 2) { r.concentration = 0.3; r.request_tokens = 9; }
+        if (variant == 3) { r.trace = trace; r.trace_tokens = 37; r.trace_layers = 3; }
+        for (int mi = 0; mi < 8; mi++) {
+            static int32_t few_pages[L] = {6, 6, 6, 6, 6, 6};       /* weights spill: a host page cache of 6 */
+            ms_decode_model_t m = make_decode_model(modes[mi % 4], 1);
+            if (mi >= 4) m.page_slots = few_pages;
+            for (int32_t pol = 0; pol < MS_N_POLICIES; pol++) {
+                ms_decode_config_t c = make_decode_config(7, 48, pol, MS_MODE_MONTECARLO);
+                c.tokens_per_step = 2;
+                c.index = (uint64_t) (variant * 32 + mi * 4 + pol);
+                int code = run_decode(&m, &hw, &r, &c, &out);
+                CHECK(code == 0);
+                h = fnv(h, &code, sizeof(code));
+                h = fnv(h, &out, sizeof(out));
+            }
+        }
+        {
+            ms_decode_config_t c = make_decode_config(5, 30, MS_POLICY_LRU, MS_MODE_MONTECARLO);
+            ms_decode_model_t m = make_decode_model(MS_EXP_GPU, 1);
+            int64_t ws = ms_decode_workspace_size(&m, &r, &c);
+            void *buf = malloc((size_t) ws);
+            int32_t *tok = malloc((size_t) (30 * 5 * L * K) * sizeof(int32_t));
+            CHECK(ms_route_sample(&r, &c, tok, buf, ws) == 0);
+            h = fnv(h, tok, (size_t) (30 * 5 * L * K) * sizeof(int32_t));
+            free(tok); free(buf);
+        }
+    }
+    {
+        enum { TT = 60, WW = 6 };
+        int32_t sel[TT * L * WW], nsel[TT * L];
+        double hits[L], acc[L];
+        for (int i = 0; i < TT * L; i++) {
+            nsel[i] = 1 + i % WW;
+            for (int j = 0; j < nsel[i]; j++) sel[i * WW + j] = (i * 3 + j * 5) % E;
+        }
+        int64_t cw = ms_cache_workspace_size(E, L, TT, WW);
+        void *cb = malloc((size_t) cw);
+        for (int32_t pol = 0; pol < MS_N_POLICIES; pol++) {
+            CHECK(ms_cache_replay(sel, nsel, TT, L, WW, E, 5, pol, r_hot, 4, cb, cw, hits, acc) == 0);
+            h = fnv(h, hits, sizeof(hits));
+            h = fnv(h, acc, sizeof(acc));
+        }
+        free(cb);
+    }
+    return h;
+}
+
 /* ---------------------------------------------------------------------------- sweep helpers */
 static void test_ctx_and_lookup(void)
 {
@@ -419,6 +536,8 @@ int main(void)
     test_decode();
     test_route_and_cache();
     test_ctx_and_lookup();
+    test_stamp_restart();
+    printf("stamp digest %016llx (MS_STAMP_MAX %d)\n", (unsigned long long) stamp_digest(), (int) MS_STAMP_MAX);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
 }
