@@ -529,6 +529,395 @@ static void test_ctx_and_lookup(void)
     CHECK(n_missing == 2);
 }
 
+/* ---------------------------------------------------------------------------- sweeps: memory and placement
+ * A hand-built group of SL layers in two kinds (full attention; a 1024-token window with a fixed state),
+ * and the candidates engine.lower.placement lists: all-gpu, n-cpu-moe=0..SL, layers-gpu=0..SL, cpu-only,
+ * experts-cpu (llama.cpp's rule), or gpu-experts=0..E, experts-cpu (ktransformers'). Labels are the
+ * candidate indices, so a placement column names the candidate picked. */
+#define SL 4
+#define SNK 2
+static double s_per_token[SNK] = {4096.0, 2048.0}, s_ratio_bytes[SNK] = {0.0, 0.0}, s_state[SNK] = {0.0, 1e5};
+static int64_t s_cap[SNK] = {0, 1024}, s_ratio[SNK] = {0, 0};
+static int32_t s_count[SNK] = {2, 2}, s_gpu_count[(SL + 1) * SNK];
+
+static ms_sweep_place_t place(int32_t code, int64_t arg, int32_t layout, int32_t cfg, double w_gpu, double w_host,
+                              double routed_host)
+{
+    ms_sweep_place_t p;
+    memset(&p, 0, sizeof(p));
+    p.code = code; p.arg = arg; p.layout = layout; p.cfg = cfg; p.any_gpu = w_gpu > 0.0;
+    p.w_gpu = w_gpu; p.w_host = w_host; p.routed_host = routed_host;
+    return p;
+}
+
+/* places must hold 2 * SL + 5 (llama) or E + 2 (kt) entries */
+static ms_sweep_mem_t make_group(int32_t rule, ms_sweep_place_t *places)
+{
+    const double a = 1e9, x = 4e9;           /* attention and routed experts per layer */
+    ms_sweep_mem_t g;
+    int32_t n = 0;
+    memset(&g, 0, sizeof(g));
+    for (int32_t l = 0; l <= SL; l++) {
+        s_gpu_count[l * SNK] = l < 2 ? l : 2;
+        s_gpu_count[l * SNK + 1] = l > 2 ? l - 2 : 0;
+    }
+    g.n_kinds = SNK; g.per_token = s_per_token; g.ratio_bytes = s_ratio_bytes; g.state = s_state;
+    g.cap = s_cap; g.ratio = s_ratio; g.count = s_count; g.n_layouts = SL + 1; g.gpu_count = s_gpu_count;
+    g.max_context = 32768;
+    g.cfg[0] = make_mem_config(MS_PLACE_ALL_GPU, 0, 1, 1, 24.0, 40.0);
+    g.cfg[1] = make_mem_config(MS_PLACE_CPU_ONLY, 0, 1, 1, 0.0, 40.0);
+    g.rule = rule; g.n_layers = SL; g.n_experts = E;
+    g.i_all_gpu = g.i_n_cpu_moe = g.i_layers_gpu = g.i_cpu_only = g.i_experts_cpu = g.i_gpu_experts = -1;
+    if (rule == MS_SWEEP_AUTO_KT) {
+        g.i_gpu_experts = n;
+        for (int32_t e = 0; e <= E; e++)
+            places[n++] = place(MS_PLACE_GPU_EXPERTS, e, SL, 0, SL * a + SL * x * e / E, SL * x * (E - e) / E,
+                                SL * x * (E - e) / E);
+    } else {
+        g.i_all_gpu = n;
+        places[n++] = place(MS_PLACE_ALL_GPU, 0, SL, 0, SL * (a + x), 0.0, 0.0);
+        g.i_n_cpu_moe = n;
+        for (int32_t k = 0; k <= SL; k++)
+            places[n++] = place(MS_PLACE_N_CPU_MOE, k, SL, 0, SL * a + (SL - k) * x, k * x, k * x);
+        g.i_layers_gpu = n;
+        for (int32_t l = 0; l <= SL; l++)
+            places[n++] = place(MS_PLACE_LAYERS_GPU, l, l, 0, l * (a + x), (SL - l) * (a + x), (SL - l) * x);
+        g.i_cpu_only = n;
+        places[n++] = place(MS_PLACE_CPU_ONLY, 0, 0, 1, 0.0, SL * (a + x), SL * x);
+    }
+    g.i_experts_cpu = n;
+    places[n++] = place(MS_PLACE_EXPERTS_CPU, 0, SL, 0, SL * a, SL * x, SL * x);
+    for (int32_t j = 0; j < n; j++) places[j].label = j;
+    for (int b = 0; b < 8; b++) g.fits_label[b] = b;
+    g.n_places = n;
+    g.places = places;
+    return g;
+}
+
+enum { SN = 15 };
+typedef struct {
+    int64_t context[SN], batch[SN], key[SN], max_context[SN], max_batch[SN];
+    int32_t placement[SN], fits[SN];
+    double weights[SN], kv[SN], state[SN], gpu[SN], host[SN], storage[SN];
+} mem_cols_t;
+
+static ms_sweep_mem_out_t mem_out(mem_cols_t *c)
+{
+    ms_sweep_mem_out_t o = {c->context, c->batch, c->placement, c->fits, c->key, c->weights, c->kv, c->state,
+                            c->gpu, c->host, c->storage, c->max_context, c->max_batch};
+    return o;
+}
+
+static int run_sweep_memory(const ms_sweep_mem_t *g, const ms_sweep_axes_t *ax, int64_t j0, int64_t n, int threads,
+                            mem_cols_t *c, int64_t *bad)
+{
+    int64_t per = ms_sweep_memory_workspace_size(ax->n_b);
+    void *ws = malloc((size_t) (2 * per));
+    ms_sweep_mem_out_t o = mem_out(c);
+    memset(c, 0, sizeof(*c));
+    int code = ms_sweep_memory(g, ax, j0, n, threads, ws, 2 * per, &o, bad);
+    free(ws);
+    return code;
+}
+
+static void test_sweep_memory_and_placement(void)
+{
+    static ms_sweep_place_t places[2 * SL + 5 + E + 2];
+    int64_t ctx[5] = {1, 700, 4096, 20000, 32768}, bat[3] = {1, 3, 16}, bad = -7;
+    ms_sweep_axes_t ax = {ctx, bat, 5, 3, 0};
+    mem_cols_t c1, c2;
+    int32_t rules[3] = {MS_SWEEP_FIXED, MS_SWEEP_AUTO_LLAMA, MS_SWEEP_AUTO_KT};
+    int32_t seen[2 * SL + 5 + E + 2] = {0};
+    for (int ri = 0; ri < 3; ri++) {
+        ms_sweep_mem_t g = make_group(rules[ri], places);
+        CHECK(run_sweep_memory(&g, &ax, 0, SN, 1, &c1, &bad) == 0 && bad == -1);
+        CHECK(run_sweep_memory(&g, &ax, 0, SN, 2, &c2, &bad) == 0);
+        CHECK(memcmp(&c1, &c2, sizeof(c1)) == 0);
+        int sane = 1, agree = 1;
+        for (int i = 0; i < SN; i++) {
+            int32_t chosen = -1;
+            CHECK(ms_auto_placement(&g, c1.context[i], c1.batch[i], &chosen) == 0);
+            agree &= chosen == c1.placement[i];
+            if (chosen >= 0 && chosen < g.n_places) seen[chosen] = 1;
+            sane &= c1.context[i] == ctx[i / 3] && c1.batch[i] == bat[i % 3];
+            sane &= c1.fits[i] >= 0 && c1.fits[i] <= 7;
+            sane &= isfinite(c1.gpu[i]) && c1.gpu[i] >= 0.0 && isfinite(c1.host[i]) && c1.host[i] >= 0.0
+                    && c1.storage[i] >= 0.0 && c1.kv[i] >= 0.0 && c1.state[i] >= 0.0;
+            sane &= c1.max_context[i] >= 0 && c1.max_context[i] <= g.max_context && c1.max_batch[i] >= 0;
+            if (c1.fits[i]) sane &= c1.max_context[i] >= c1.context[i] && c1.max_batch[i] >= c1.batch[i];
+        }
+        CHECK(sane);
+        CHECK(agree);                        /* the sweep and moesim.fit's entry point pick the same */
+        /* a chunk of the configurations equals that slice of the whole */
+        mem_cols_t part;
+        CHECK(run_sweep_memory(&g, &ax, 4, 7, 2, &part, &bad) == 0);
+        int chunk = 1;
+        for (int i = 0; i < 7; i++)
+            chunk &= part.placement[i] == c1.placement[4 + i] && part.gpu[i] == c1.gpu[4 + i]
+                     && part.max_context[i] == c1.max_context[4 + i] && part.max_batch[i] == c1.max_batch[4 + i];
+        CHECK(chunk);
+        /* zipped axes */
+        ms_sweep_axes_t zip = {ctx, ctx, 5, 5, 1};
+        CHECK(run_sweep_memory(&g, &zip, 0, 5, 1, &part, &bad) == 0 && part.batch[4] == ctx[4]);
+    }
+    int spread = 0;                          /* the search walks through several candidates */
+    for (int j = 0; j < 2 * SL + 5 + E + 2; j++) spread += seen[j];
+    CHECK(spread >= 4);
+    /* malformed tables: an error code, never a read outside them */
+    ms_sweep_mem_t good = make_group(MS_SWEEP_AUTO_LLAMA, places), g;
+    ms_sweep_place_t bad_places[2 * SL + 5];
+    int32_t chosen;
+    int codes[12];
+    memcpy(bad_places, places, sizeof(bad_places));
+    g = good; g.places = bad_places; bad_places[2].layout = SL + 1;
+    codes[0] = ms_sweep_check_mem(&g);
+    bad_places[2].layout = places[2].layout; bad_places[3].cfg = 2;
+    codes[1] = ms_sweep_check_mem(&g);
+    g = good; g.i_layers_gpu = g.n_places - SL;
+    codes[2] = ms_sweep_check_mem(&g);
+    g = good; g.i_experts_cpu = g.n_places;
+    codes[3] = ms_sweep_check_mem(&g);
+    g = good; g.i_cpu_only = g.n_places;
+    codes[4] = ms_sweep_check_mem(&g);
+    g = good; g.i_all_gpu = -1;
+    codes[5] = ms_sweep_check_mem(&g);
+    g = good; g.i_n_cpu_moe = g.n_places - 1;
+    codes[6] = ms_sweep_check_mem(&g);
+    g = good; g.rule = 9;
+    codes[7] = ms_sweep_check_mem(&g);
+    g = make_group(MS_SWEEP_AUTO_KT, places); g.n_experts = -1;
+    codes[8] = ms_sweep_check_mem(&g);
+    g = make_group(MS_SWEEP_AUTO_KT, places); g.n_experts = E + 2;   /* gpu-experts=0..E+2 past the table */
+    codes[9] = ms_sweep_check_mem(&g);
+    g = make_group(MS_SWEEP_AUTO_KT, places); g.i_experts_cpu = -1;
+    codes[10] = ms_sweep_check_mem(&g);
+    g = good; g.n_layers = 1 << 30;
+    codes[11] = ms_sweep_check_mem(&g);
+    for (int i = 0; i < 12; i++) CHECK(codes[i] == MS_ERR_BAD_SWEEP);
+    good = make_group(MS_SWEEP_AUTO_LLAMA, places);
+    g = good; g.i_experts_cpu = g.n_places;           /* the same through both entry points */
+    CHECK(ms_auto_placement(&g, 4096, 1, &chosen) == MS_ERR_BAD_SWEEP);
+    CHECK(run_sweep_memory(&g, &ax, 0, SN, 1, &c1, &bad) == MS_ERR_BAD_SWEEP);
+    g = good; g.cap = NULL;
+    CHECK(ms_sweep_check_mem(&g) == MS_ERR_NULL_ARGUMENT);
+    g = good; g.n_places = 0;
+    CHECK(ms_sweep_check_mem(&g) == MS_ERR_BAD_SIZE);
+    CHECK(ms_auto_placement(NULL, 4096, 1, &chosen) == MS_ERR_NULL_ARGUMENT);
+    CHECK(ms_auto_placement(&good, 4096, 1, NULL) == MS_ERR_NULL_ARGUMENT);
+    CHECK(ms_auto_placement(&good, 0, 1, &chosen) == MS_ERR_BAD_CONTEXT);
+    CHECK(ms_auto_placement(&good, 4096, 0, &chosen) == MS_ERR_BAD_SIZE);
+    ms_sweep_axes_t bax = ax;
+    bax.n_b = 0;
+    CHECK(run_sweep_memory(&good, &bax, 0, 1, 1, &c1, &bad) == MS_ERR_BAD_SIZE);
+    CHECK(run_sweep_memory(&good, &ax, 10, 6, 1, &c1, &bad) == MS_ERR_BAD_SIZE);   /* past the grid */
+    CHECK(run_sweep_memory(&good, &ax, -1, 2, 1, &c1, &bad) == MS_ERR_BAD_SIZE);
+    int64_t bctx[5] = {1, 700, 0, 20000, 32768}, bbat[3] = {1, 0, 16};
+    bax = ax; bax.contexts = bctx;
+    CHECK(run_sweep_memory(&good, &bax, 0, SN, 1, &c1, &bad) == MS_ERR_BAD_CONTEXT && bad == 2);
+    bax = ax; bax.batches = bbat;
+    CHECK(run_sweep_memory(&good, &bax, 0, SN, 1, &c1, &bad) == MS_ERR_BAD_SIZE && bad == 1);
+    {
+        ms_sweep_mem_out_t o = mem_out(&c1);
+        int64_t per = ms_sweep_memory_workspace_size(3);
+        void *ws = malloc((size_t) per);
+        CHECK(ms_sweep_memory(&good, &ax, 0, SN, 1, ws, per - 8, &o, &bad) == MS_ERR_BAD_WORKSPACE);
+        CHECK(ms_sweep_memory(&good, &ax, 0, SN, 1, ws, per, NULL, &bad) == MS_ERR_NULL_ARGUMENT);
+        free(ws);
+    }
+}
+
+/* ---------------------------------------------------------------------------- sweeps: decode
+ * Two variants over a table of three attention kinds and two context functions; Monte Carlo with two
+ * templates (routed experts fetched into a GPU cache; computed on the CPU). Tables live on the heap so
+ * that any read past them is an ASan error. */
+enum { DN = 8 };
+typedef struct {
+    double dec[DN], agg[DN], tpot[DN], p50[DN], p99[DN], pre[DN], hit[DN];
+    int32_t bn[DN];
+} dec_cols_t;
+
+static ms_sweep_dec_out_t dec_out(dec_cols_t *c, int with_p)
+{
+    ms_sweep_dec_out_t o = {c->dec, c->agg, c->tpot, with_p ? c->p50 : NULL, with_p ? c->p99 : NULL, c->pre, c->hit,
+                            c->bn};
+    return o;
+}
+
+typedef struct {
+    ms_sweep_decode_t d;
+    ms_sweep_variant_t *variants;
+    ms_sweep_kind_t *kinds;
+    ms_ctx_fn_t *fns;
+    int32_t *layer_fn;
+    ms_decode_model_t *models;
+    ms_machine_t *machines;
+    ms_routing_t routing;
+} dec_group_t;
+
+static int32_t cpu_modes[L] = {MS_EXP_CPU, MS_EXP_CPU, MS_EXP_CPU, MS_EXP_CPU, MS_EXP_CPU, MS_EXP_CPU};
+
+static void make_dec_group(dec_group_t *g)
+{
+    ms_ctx_fn_t full = {1e5, 0.0, 0.0, 0.0, 0.0, -1, -1, 0, -1}, window = {1e5, 0.0, 0.0, 0.0, 512.0, 1024, -1, 0, -1};
+    ms_ctx_fn_t score = {2e3, 0.0, 0.0, 0.0, 0.0, -1, -1, 0, -1}, wscore = {2e3, 0.0, 0.0, 0.0, 0.0, 1024, -1, 0, -1};
+    memset(g, 0, sizeof(*g));
+    g->variants = calloc(2, sizeof(ms_sweep_variant_t));
+    g->kinds = calloc(3, sizeof(ms_sweep_kind_t));
+    g->fns = calloc(4, sizeof(ms_ctx_fn_t));
+    g->layer_fn = calloc(L, sizeof(int32_t));
+    g->models = calloc(2, sizeof(ms_decode_model_t));
+    g->machines = calloc(2, sizeof(ms_machine_t));
+    g->fns[0] = full; g->fns[1] = window; g->fns[2] = score; g->fns[3] = wscore;
+    for (int k = 0; k < 3; k++) {
+        ms_sweep_kind_t *q = &g->kinds[k];
+        q->n = 4.0 - k; q->t_bytes0 = 1e-4; q->kv_rate = 1.0 / 8e11; q->t_flops0 = 1e-6; q->sf_rate = 1.0 / 1e14;
+        q->res_mem = k == 2 ? MS_RES_HOST_MEM : MS_RES_GPU_MEM;
+        q->res_flops = k == 2 ? MS_RES_CPU_COMPUTE : MS_RES_GPU_COMPUTE;
+        q->fn = k % 2;
+    }
+    for (int v = 0; v < 2; v++) {
+        ms_sweep_variant_t *x = &g->variants[v];
+        x->step0 = 1e-3 * (v + 1);
+        x->by_resource[v ? MS_RES_HOST_MEM : MS_RES_GPU_MEM] = x->step0;
+        x->accepted = v ? 1.5 : 1.0;
+        x->tpot_scale = 1e3 / x->accepted;
+        x->hit_rate = v ? 0.6 : -1.0;
+        x->prefill0 = 0.05 * (v + 1);
+        x->kind0 = v; x->n_kinds = 2; x->mc = v;
+    }
+    for (int l = 0; l < L; l++) g->layer_fn[l] = l % 2;
+    g->models[0] = make_decode_model(MS_EXP_FETCH, 1);
+    g->models[1] = g->models[0];
+    g->models[1].expert_mode = cpu_modes;
+    g->machines[0] = make_machine();
+    g->machines[1] = make_machine();
+    g->machines[1].host_bw = 3e10;
+    g->routing = make_routing(1);
+    g->d.variants = g->variants; g->d.n_variants = 2; g->d.kinds = g->kinds; g->d.n_kinds = 3;
+    g->d.n_fns = 2; g->d.fn_kv = g->fns; g->d.fn_sf = g->fns + 2; g->d.prompt = 512.0;
+    g->d.n_layers = L; g->d.layer_fn = g->layer_fn; g->d.n_templates = 2; g->d.mc_models = g->models;
+    g->d.mc_machines = g->machines; g->d.routing = &g->routing;
+    g->d.steps = 40; g->d.warmup = 8; g->d.policy = MS_POLICY_LRU; g->d.seed = 5;
+}
+
+static void free_dec_group(dec_group_t *g)
+{
+    free(g->variants); free(g->kinds); free(g->fns); free(g->layer_fn); free(g->models); free(g->machines);
+}
+
+static int run_mc(const ms_sweep_decode_t *d, const int64_t *ctx, const int64_t *bat, const int32_t *var,
+                  const uint64_t *idx, int threads, dec_cols_t *c, int64_t *bad)
+{
+    int64_t wsb = ms_sweep_montecarlo_workspace_size(d, 4);
+    if (wsb <= 0) wsb = 64;
+    void *ws = malloc((size_t) (2 * wsb));
+    ms_sweep_dec_out_t o = dec_out(c, 1);
+    memset(c, 0, sizeof(*c));
+    int code = ms_sweep_montecarlo(d, ctx, bat, var, idx, DN, threads, ws, wsb, &o, bad);
+    free(ws);
+    return code;
+}
+
+static void test_sweep_decode(void)
+{
+    dec_group_t G;
+    int64_t ctx[DN] = {1, 512, 4096, 100000, 1, 512, 4096, 100000}, bat[DN] = {1, 4, 1, 4, 4, 1, 4, 1}, bad = -7;
+    int32_t var[DN] = {0, 1, 0, 1, 1, 0, 1, 0};
+    uint64_t idx[DN] = {10, 11, 12, 13, 14, 15, 16, 17};
+    dec_cols_t a, b;
+    ms_sweep_dec_out_t oa = dec_out(&a, 1), ob = dec_out(&b, 0);
+    make_dec_group(&G);
+    memset(&a, 0, sizeof(a)); memset(&b, 0, sizeof(b));
+    CHECK(ms_sweep_analytic(&G.d, ctx, bat, var, DN, 1, &oa, &bad) == 0 && bad == -1);
+    CHECK(ms_sweep_analytic(&G.d, ctx, bat, var, DN, 2, &ob, &bad) == 0);
+    int sane = 1;
+    for (int i = 0; i < DN; i++) {
+        sane &= a.dec[i] == b.dec[i] && a.tpot[i] == b.tpot[i] && a.bn[i] == b.bn[i] && a.pre[i] == b.pre[i];
+        sane &= isfinite(a.dec[i]) && a.dec[i] > 0.0 && a.agg[i] == (double) bat[i] * a.dec[i] && a.tpot[i] > 0.0;
+        sane &= a.p50[i] == a.tpot[i] && a.p99[i] == a.tpot[i] && a.pre[i] > 0.0;
+        sane &= a.bn[i] >= 0 && a.bn[i] < MS_N_RES;
+        sane &= var[i] ? a.hit[i] == 0.6 : isnan(a.hit[i]);
+    }
+    CHECK(sane);
+    CHECK(a.dec[3] < a.dec[1]);                       /* a longer context decodes slower */
+    /* Monte Carlo: each configuration is ms_decode of its template at its context, on any thread count */
+    CHECK(run_mc(&G.d, ctx, bat, var, idx, 1, &a, &bad) == 0 && bad == -1);
+    CHECK(run_mc(&G.d, ctx, bat, var, idx, 2, &b, &bad) == 0);
+    CHECK(memcmp(&a, &b, sizeof(a)) == 0);
+    int direct = 1;
+    for (int i = 0; i < DN; i++) {
+        double kv[L], sf[L];
+        ms_decode_model_t m = G.models[var[i]];
+        ms_decode_config_t c = make_decode_config((int32_t) bat[i], 40, MS_POLICY_LRU, MS_MODE_MONTECARLO);
+        ms_decode_result_t r;
+        for (int l = 0; l < L; l++) {
+            kv[l] = ms_ctx_eval(&G.fns[G.layer_fn[l]], ctx[i]);
+            sf[l] = ms_ctx_eval(&G.fns[2 + G.layer_fn[l]], ctx[i]);
+        }
+        m.kv_bytes = kv; m.score_flops = sf;
+        c.warmup = 8; c.seed = 5; c.index = idx[i];
+        direct &= run_decode(&m, &G.machines[var[i]], &G.routing, &c, &r) == 0 && a.dec[i] == r.accepted / r.step_mean
+                  && a.p99[i] == 1e3 * r.step_p99 / r.accepted;
+    }
+    CHECK(direct);
+    /* bad indices and tables: an error code before anything is read */
+    int32_t bvar[DN];
+    memcpy(bvar, var, sizeof(bvar));
+    bvar[3] = 2;
+    CHECK(ms_sweep_analytic(&G.d, ctx, bat, bvar, DN, 1, &oa, &bad) == MS_ERR_BAD_SWEEP && bad == 3);
+    CHECK(run_mc(&G.d, ctx, bat, bvar, idx, 1, &a, &bad) == MS_ERR_BAD_SWEEP && bad == 3);
+    bvar[3] = var[3]; bvar[5] = -1;
+    CHECK(ms_sweep_analytic(&G.d, ctx, bat, bvar, DN, 2, &oa, &bad) == MS_ERR_BAD_SWEEP && bad == 5);
+    ms_sweep_decode_t d = G.d;
+    d.n_kinds = 2;                                    /* variant 1's slice [1, 3) runs past the table */
+    CHECK(ms_sweep_analytic(&d, ctx, bat, var, DN, 1, &oa, &bad) == MS_ERR_BAD_SWEEP);
+    CHECK(run_mc(&d, ctx, bat, var, idx, 1, &a, &bad) == MS_ERR_BAD_SWEEP);
+    int codes[10];
+    G.variants[1].kind0 = 2;                          /* [2, 4) of 3 kinds */
+    codes[0] = ms_sweep_analytic(&G.d, ctx, bat, var, DN, 1, &oa, &bad);
+    G.variants[1].kind0 = -1;
+    codes[1] = ms_sweep_analytic(&G.d, ctx, bat, var, DN, 1, &oa, &bad);
+    G.variants[1].kind0 = 1; G.variants[1].n_kinds = INT32_MAX;   /* kind0 + n_kinds overflows int32 */
+    codes[2] = ms_sweep_analytic(&G.d, ctx, bat, var, DN, 1, &oa, &bad);
+    G.variants[1].n_kinds = 2; G.kinds[2].fn = 2;
+    codes[3] = ms_sweep_analytic(&G.d, ctx, bat, var, DN, 1, &oa, &bad);
+    G.kinds[2].fn = 0; G.kinds[0].res_mem = MS_N_RES;
+    codes[4] = ms_sweep_analytic(&G.d, ctx, bat, var, DN, 1, &oa, &bad);
+    G.kinds[0].res_mem = MS_RES_GPU_MEM;
+    d = G.d; d.n_fns = MS_SWEEP_MAX_FNS + 1;
+    codes[5] = ms_sweep_analytic(&d, ctx, bat, var, DN, 1, &oa, &bad);
+    G.variants[1].mc = 2;                             /* past the two templates */
+    codes[6] = run_mc(&G.d, ctx, bat, var, idx, 1, &a, &bad);
+    G.variants[1].mc = -1;
+    codes[7] = run_mc(&G.d, ctx, bat, var, idx, 1, &a, &bad);
+    G.variants[1].mc = 1; G.layer_fn[3] = 2;
+    codes[8] = run_mc(&G.d, ctx, bat, var, idx, 1, &a, &bad);
+    G.layer_fn[3] = 1;
+    d = G.d; d.n_layers = L - 1;                      /* templates deeper than the per-layer functions */
+    codes[9] = run_mc(&d, ctx, bat, var, idx, 1, &a, &bad);
+    for (int i = 0; i < 10; i++) CHECK(codes[i] == MS_ERR_BAD_SWEEP);
+    d = G.d; d.n_templates = 0;
+    CHECK(ms_sweep_montecarlo_workspace_size(&d, 4) == 0);
+    CHECK(run_mc(&d, ctx, bat, var, idx, 1, &a, &bad) == MS_ERR_BAD_SWEEP);
+    d = G.d; d.prompt = 0.0;
+    CHECK(ms_sweep_analytic(&d, ctx, bat, var, DN, 1, &oa, &bad) == MS_ERR_BAD_SIZE);
+    CHECK(ms_sweep_analytic(&G.d, ctx, bat, NULL, DN, 1, &oa, &bad) == MS_ERR_NULL_ARGUMENT);
+    CHECK(ms_sweep_analytic(NULL, ctx, bat, var, DN, 1, &oa, &bad) == MS_ERR_NULL_ARGUMENT);
+    {
+        void *ws = malloc(64);
+        ms_sweep_dec_out_t o = dec_out(&a, 1);
+        CHECK(ms_sweep_montecarlo(&G.d, ctx, bat, var, idx, DN, 1, ws, 8, &o, &bad) == MS_ERR_BAD_WORKSPACE);
+        free(ws);
+    }
+    int64_t bbat[DN];
+    memcpy(bbat, bat, sizeof(bbat));
+    bbat[5] = 0;
+    CHECK(run_mc(&G.d, ctx, bbat, var, idx, 2, &a, &bad) == MS_ERR_BAD_SIZE && bad == 5);
+    bbat[5] = 1; bbat[2] = ((int64_t) 1 << 32) + 3;   /* would have run as batch 3 under an int32 cast */
+    CHECK(run_mc(&G.d, ctx, bbat, var, idx, 1, &a, &bad) == MS_ERR_BAD_SIZE && bad == 2);
+    free_dec_group(&G);
+}
+
 int main(void)
 {
     test_strerror_and_rng();
@@ -537,6 +926,8 @@ int main(void)
     test_route_and_cache();
     test_ctx_and_lookup();
     test_stamp_restart();
+    test_sweep_memory_and_placement();
+    test_sweep_decode();
     printf("stamp digest %016llx (MS_STAMP_MAX %d)\n", (unsigned long long) stamp_digest(), (int) MS_STAMP_MAX);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
