@@ -250,8 +250,9 @@ int ms_decode_many(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_
                    const ms_decode_config_t *cfgs, int64_t n, ms_decode_result_t *out, int n_threads,
                    void *workspace, int64_t ws_bytes, int64_t *err_index);
 
-/* Sample the routing only (Monte Carlo config c): writes every token's picks to tokens_out
- * [steps][batch][tokens_per_step][n_layers][top_k]. Workspace as ms_decode_workspace_size. */
+/* Sample the routing only (Monte Carlo config c; another mode, or steps x n_experts >= INT32_MAX, is
+ * MS_ERR_BAD_SIZE): writes every token's picks to tokens_out [steps][batch][tokens_per_step][n_layers][top_k].
+ * Workspace as ms_decode_workspace_size. */
 int ms_route_sample(const ms_routing_t *r, const ms_decode_config_t *c, int32_t *tokens_out, void *workspace,
                     int64_t workspace_bytes);
 
@@ -368,18 +369,24 @@ typedef struct {
 
 #define MS_SWEEP_MAX_FNS 64
 
+/* Every index is checked against its table before any configuration runs (MS_ERR_BAD_SWEEP, never a
+ * read out of bounds): each variant's slice kind0 .. kind0 + n_kinds - 1 against n_kinds below, each
+ * kind's fn against n_fns, and (Monte Carlo) each variant's mc against n_templates, each layer_fn
+ * against n_fns, each template's n_layers against n_layers. */
 typedef struct {
     const ms_sweep_variant_t *variants;
     int32_t n_variants;
     const ms_sweep_kind_t *kinds;
+    int32_t n_kinds;                                 /* rows of kinds */
     int32_t n_fns;                                   /* distinct (kv, sf) context functions of the group */
     const ms_ctx_fn_t *fn_kv, *fn_sf;                /* KV bytes per sequence, score FLOPs per token */
     double prompt;                                   /* prefill tokens/s = prompt / prefill seconds */
     /* Monte Carlo */
     int32_t n_layers;
     const int32_t *layer_fn;                         /* [n_layers] index into fn_kv / fn_sf */
-    const ms_decode_model_t *mc_models;              /* [templates] (kv_bytes / score_flops set per config) */
-    const ms_machine_t *mc_machines;                 /* [templates] */
+    int32_t n_templates;                             /* rows of mc_models / mc_machines */
+    const ms_decode_model_t *mc_models;              /* [n_templates] (kv_bytes / score_flops set per config) */
+    const ms_machine_t *mc_machines;                 /* [n_templates] */
     const ms_routing_t *routing;
     int64_t steps, warmup;
     int32_t policy;
@@ -397,7 +404,8 @@ int ms_sweep_analytic(const ms_sweep_decode_t *d, const int64_t *context, const 
 /* Bytes of per-thread workspace ms_sweep_montecarlo needs for batches up to max_batch. */
 int64_t ms_sweep_montecarlo_workspace_size(const ms_sweep_decode_t *d, int32_t max_batch);
 
-/* Monte Carlo: configuration i runs ms_decode with stream (seed, index[i]). */
+/* Monte Carlo: configuration i runs ms_decode with stream (seed, index[i]); a batch outside [1, INT32_MAX]
+ * is MS_ERR_BAD_SIZE at its index. */
 int ms_sweep_montecarlo(const ms_sweep_decode_t *d, const int64_t *context, const int64_t *batch,
                         const int32_t *variant, const uint64_t *index, int64_t n, int n_threads, void *workspace,
                         int64_t ws_bytes, ms_sweep_dec_out_t *out, int64_t *err_index);

@@ -34,6 +34,11 @@ void ms_cache_reset(ms_cache_t *c, int32_t n_experts, int32_t capacity, int32_t 
 
 void ms_cache_begin_step(ms_cache_t *c, const int32_t *sel, int32_t n)
 {
+    if (c->stamp >= MS_STAMP_MAX) {
+        /* restart the stamp (see MS_STAMP_MAX): no mark may equal a future stamp */
+        for (int32_t e = 0; e < c->n_experts; e++) c->need[e] = 0;
+        c->stamp = 0;
+    }
     c->stamp++;
     for (int32_t j = 0; j < n; j++) c->need[sel[j]] = c->stamp;
 }

@@ -441,6 +441,9 @@ int ms_route_sample(const ms_routing_t *r, const ms_decode_config_t *c, int32_t 
     if (r->top_k > MS_MAX_TOP_K) return MS_ERR_BAD_ROUTING;
     if (r->trace == NULL && r->log_pop == NULL) return MS_ERR_BAD_ROUTING;
     if (c->batch <= 0 || c->tokens_per_step <= 0 || c->steps <= 0) return MS_ERR_BAD_SIZE;
+    /* the sampler fills Monte Carlo steps (an analytic layout has none, and would leave tokens_out unwritten);
+     * the bound on steps is ms_decode's: a step's union marks are int32 */
+    if (c->mode != MS_MODE_MONTECARLO || c->steps * (int64_t) r->n_experts >= INT32_MAX) return MS_ERR_BAD_SIZE;
     memset(&m, 0, sizeof(m));
     m.n_layers = 1;
     m.attn_bytes = m.attn_flops = m.kv_bytes = m.score_flops = &dz;

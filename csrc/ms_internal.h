@@ -3,6 +3,7 @@
 #define MS_INTERNAL_H
 
 #include <math.h>
+#include <stddef.h>
 
 #include "moesim.h"
 
@@ -72,11 +73,23 @@ static inline double ms_attention_time(double t_mem, double t_flops, int res_mem
     return t_mem;
 }
 
+/* ------------------------------------------------------------------------- stamps
+ * Marks "current" by equality with a running int32 stamp (the cache's step stamp, the sampler's
+ * per-token picks and group mask). A stamp is only ever compared for equality with the current one, so
+ * when it reaches MS_STAMP_MAX the caller clears its marks and restarts it at 1: the same answers, and
+ * no signed overflow (undefined behaviour) however many steps, sequences and layers a run has. A test
+ * build may define a small MS_STAMP_MAX to take the restart path every few increments
+ * (tests/test_c_core.py compares that build's results with the default build's, bit for bit). */
+#ifndef MS_STAMP_MAX
+#define MS_STAMP_MAX INT32_MAX
+#endif
+
 /* One per-layer cache over caller-owned arrays. */
 typedef struct {
     int32_t n_experts, capacity, policy, used, stamp;
     int32_t *where;      /* [E] slot holding expert e, or -1 */
-    int32_t *need;       /* [E] == stamp: the current step still needs expert e (not evicted first) */
+    int32_t *need;       /* [E] == stamp: the current step still needs expert e (not evicted first); stamp in
+                          * [0, MS_STAMP_MAX], restarted by ms_cache_begin_step */
     int32_t *slot;       /* [E] expert in slot i (first `used` valid) */
     double *freq;        /* [E] accesses so far (LFU) */
     double *last;        /* [E] tick of last access (LRU, LFU ties) */
@@ -91,12 +104,13 @@ static inline int64_t ms_cache_bytes(int32_t n_experts)
 
 static inline char *ms_cache_carve(ms_cache_t *c, char *p, int32_t n_experts)
 {
-    c->freq = (double *) p; p += n_experts * sizeof(double);
-    c->last = (double *) p; p += n_experts * sizeof(double);
-    c->next_use = (double *) p; p += n_experts * sizeof(double);
-    c->where = (int32_t *) p; p += n_experts * sizeof(int32_t);
-    c->slot = (int32_t *) p; p += n_experts * sizeof(int32_t);
-    c->need = (int32_t *) p; p += 2 * n_experts * sizeof(int32_t);   /* one array + padding to 8 bytes */
+    size_t e = (size_t) n_experts;   /* callers check n_experts > 0 */
+    c->freq = (double *) p; p += e * sizeof(double);
+    c->last = (double *) p; p += e * sizeof(double);
+    c->next_use = (double *) p; p += e * sizeof(double);
+    c->where = (int32_t *) p; p += e * sizeof(int32_t);
+    c->slot = (int32_t *) p; p += e * sizeof(int32_t);
+    c->need = (int32_t *) p; p += 2 * e * sizeof(int32_t);   /* one array + padding to 8 bytes */
     return p;
 }
 

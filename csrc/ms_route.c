@@ -184,6 +184,12 @@ static int step_token(const ms_routing_t *r, const ms_decode_config_t *c, ws_t *
     for (int32_t l = 0; l < L; l++) {
         int64_t row = (t * L + l) * (int64_t) ws->W;
         int32_t ov;
+        if (*stamp >= MS_STAMP_MAX) {
+            /* restart the stamp (see MS_STAMP_MAX): T x B x tokens x L increments pass INT32_MAX in long runs */
+            memset(ws->chosen, 0, (size_t) ws->E * sizeof(int32_t));
+            memset(ws->allowed, 0, (size_t) ws->E * sizeof(int32_t));
+            *stamp = 0;
+        }
         (*stamp)++;
         if (r->trace) {
             int rc = replay_token(r, ws, b, l, tp, *stamp, picks, &ov);
@@ -214,7 +220,7 @@ int ms_route_generate(const ms_routing_t *r, const ms_decode_config_t *c, ws_t *
     ms_rng_t rng;
     if (r->n_layers == 0) return 0;
     if (ws->K > MS_MAX_TOP_K) return MS_ERR_BAD_ROUTING;
-    memset(ws->mark, 0, (size_t) L * E * sizeof(int32_t));
+    memset(ws->mark, 0, (size_t) L * (size_t) E * sizeof(int32_t));
     memset(ws->chosen, 0, (size_t) E * sizeof(int32_t));
     memset(ws->allowed, 0, (size_t) E * sizeof(int32_t));
     for (int32_t b = 0; b < ws->B; b++) {

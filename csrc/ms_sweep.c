@@ -129,19 +129,22 @@ static void analytic_one(const ms_sweep_decode_t *d, int64_t ctx, int64_t b, con
     out->bottleneck[i] = argmax_res(res);
 }
 
+/* The group's tables: every variant's slice of the kinds table inside it, every kind's resources and
+ * context function in range, then every configuration's variant index (*bad gets the first bad one). */
 static int check_variants(const ms_sweep_decode_t *d, const int32_t *variant, int64_t n, int64_t *bad)
 {
     if (d == NULL || variant == NULL || d->variants == NULL) return MS_ERR_NULL_ARGUMENT;
     if (d->n_fns < 0 || d->n_fns > MS_SWEEP_MAX_FNS || (d->n_fns > 0 && (d->fn_kv == NULL || d->fn_sf == NULL)))
         return MS_ERR_BAD_SWEEP;
+    if (d->n_variants < 0 || d->n_kinds < 0 || (d->n_kinds > 0 && d->kinds == NULL)) return MS_ERR_BAD_SWEEP;
+    for (int32_t k = 0; k < d->n_kinds; k++) {
+        const ms_sweep_kind_t *q = &d->kinds[k];
+        if (q->res_mem < 0 || q->res_mem >= MS_N_RES || q->res_flops < 0 || q->res_flops >= MS_N_RES
+            || q->fn < 0 || q->fn >= d->n_fns) return MS_ERR_BAD_SWEEP;
+    }
     for (int32_t v = 0; v < d->n_variants; v++) {
         const ms_sweep_variant_t *x = &d->variants[v];
-        if (x->kind0 < 0 || x->n_kinds < 0 || (x->n_kinds > 0 && d->kinds == NULL)) return MS_ERR_BAD_SWEEP;
-        for (int32_t k = 0; k < x->n_kinds; k++) {
-            const ms_sweep_kind_t *q = &d->kinds[x->kind0 + k];
-            if (q->res_mem < 0 || q->res_mem >= MS_N_RES || q->res_flops < 0 || q->res_flops >= MS_N_RES
-                || q->fn < 0 || q->fn >= d->n_fns) return MS_ERR_BAD_SWEEP;
-        }
+        if (x->kind0 < 0 || x->n_kinds < 0 || (int64_t) x->kind0 + x->n_kinds > d->n_kinds) return MS_ERR_BAD_SWEEP;
     }
     if (!(d->prompt >= 1.0)) return MS_ERR_BAD_SIZE;
     for (int64_t i = 0; i < n; i++) {
@@ -200,17 +203,74 @@ int64_t ms_sweep_montecarlo_workspace_size(const ms_sweep_decode_t *d, int32_t m
 {
     ms_decode_config_t c;
     int64_t w;
-    if (d == NULL || d->mc_models == NULL || d->routing == NULL || max_batch < 1) return 0;
+    if (d == NULL || d->mc_models == NULL || d->routing == NULL || d->n_templates < 1 || max_batch < 1) return 0;
     c = mc_config(d, max_batch, 0);
+    /* every template has the group's n_layers (ms_sweep_montecarlo checks), so one size fits all */
     w = ms_decode_workspace_size(&d->mc_models[0], d->routing, &c);
     return MS_ALIGN64(2 * (int64_t) d->n_layers * (int64_t) sizeof(double)) + MS_ALIGN64(w);
+}
+
+/* The Monte Carlo tables: templates present, every variant's template index inside them, each template
+ * as deep as the per-layer context functions (its kv / score arrays are sized n_layers), those functions
+ * in range, and room for the per-layer arrays at the head of a thread's workspace. */
+static int check_mc(const ms_sweep_decode_t *d, int64_t ws_bytes)
+{
+    if (d->mc_models == NULL || d->mc_machines == NULL || d->routing == NULL || d->layer_fn == NULL)
+        return MS_ERR_NULL_ARGUMENT;
+    if (d->n_templates < 1 || d->n_layers < 1) return MS_ERR_BAD_SWEEP;
+    for (int32_t v = 0; v < d->n_variants; v++)
+        if (d->variants[v].mc < 0 || d->variants[v].mc >= d->n_templates) return MS_ERR_BAD_SWEEP;
+    for (int32_t t = 0; t < d->n_templates; t++)
+        if (d->mc_models[t].n_layers != d->n_layers) return MS_ERR_BAD_SWEEP;
+    for (int32_t l = 0; l < d->n_layers; l++)
+        if (d->layer_fn[l] < 0 || d->layer_fn[l] >= d->n_fns) return MS_ERR_BAD_SWEEP;
+    if (ws_bytes < MS_ALIGN64(2 * (int64_t) d->n_layers * (int64_t) sizeof(double))) return MS_ERR_BAD_WORKSPACE;
+    return 0;
+}
+
+/* Configuration i on one thread's workspace `base` (ws_bytes): ms_decode of its variant's template with
+ * the context's KV bytes and score FLOPs, into the output columns. Returns 0 or the error code. */
+static int mc_one(const ms_sweep_decode_t *d, int64_t ctx, int64_t b, const ms_sweep_variant_t *v, uint64_t index,
+                  char *base, int64_t ws_bytes, ms_sweep_dec_out_t *out, int64_t i)
+{
+    int64_t head = MS_ALIGN64(2 * (int64_t) d->n_layers * (int64_t) sizeof(double));
+    double *kv = (double *) base, *sf = kv + d->n_layers;
+    ms_decode_model_t m = d->mc_models[v->mc];
+    ms_decode_config_t c;
+    ms_decode_result_t r;
+    double res[MS_N_RES], step, pf, acc;
+    fn_cache_t fc;
+    int e;
+    if (b < 1 || b > INT32_MAX) return MS_ERR_BAD_SIZE;       /* ms_decode_config_t.batch is int32 */
+    c = mc_config(d, b, index);
+    for (int32_t l = 0; l < d->n_layers; l++) {
+        kv[l] = ms_ctx_eval(&d->fn_kv[d->layer_fn[l]], ctx);
+        sf[l] = ms_ctx_eval(&d->fn_sf[d->layer_fn[l]], ctx);
+    }
+    m.kv_bytes = kv;
+    m.score_flops = sf;
+    e = ms_decode(&m, &d->mc_machines[v->mc], d->routing, &c, base + head, ws_bytes - head, &r);
+    if (e) return e;
+    acc = r.accepted;
+    fc.ctx = -1;
+    memset(res, 0, sizeof(res));
+    variant_times(d, v, eval_fns(d, ctx, &fc), b, res, &step, &pf);
+    out->decode_tok_s[i] = acc / r.step_mean;
+    out->aggregate_tok_s[i] = (double) b * acc / r.step_mean;
+    out->tpot_ms[i] = 1e3 * r.step_mean / acc;
+    if (out->tpot_p50_ms) out->tpot_p50_ms[i] = 1e3 * r.step_p50 / acc;
+    if (out->tpot_p99_ms) out->tpot_p99_ms[i] = 1e3 * r.step_p99 / acc;
+    out->prefill_tok_s[i] = d->prompt / pf;
+    out->hit_rate[i] = r.hit_rate < 0.0 ? NAN : r.hit_rate;
+    out->bottleneck[i] = argmax_res(r.by_resource);
+    return 0;
 }
 
 int ms_sweep_montecarlo(const ms_sweep_decode_t *d, const int64_t *context, const int64_t *batch,
                         const int32_t *variant, const uint64_t *index, int64_t n, int n_threads, void *workspace,
                         int64_t ws_bytes, ms_sweep_dec_out_t *out, int64_t *err_index)
 {
-    int64_t bad = -1, head;
+    int64_t bad = -1;
     int rc, first = 0;
     if (err_index) *err_index = -1;
     if (context == NULL || batch == NULL || index == NULL || out == NULL || workspace == NULL)
@@ -220,13 +280,8 @@ int ms_sweep_montecarlo(const ms_sweep_decode_t *d, const int64_t *context, cons
         if (err_index) *err_index = bad;
         return rc;
     }
-    if (d->mc_models == NULL || d->mc_machines == NULL || d->routing == NULL || d->layer_fn == NULL)
-        return MS_ERR_NULL_ARGUMENT;
-    for (int32_t v = 0; v < d->n_variants; v++)
-        if (d->variants[v].mc < 0) return MS_ERR_BAD_SWEEP;
-    for (int32_t l = 0; l < d->n_layers; l++)
-        if (d->layer_fn[l] < 0 || d->layer_fn[l] >= d->n_fns) return MS_ERR_BAD_SWEEP;
-    head = MS_ALIGN64(2 * (int64_t) d->n_layers * (int64_t) sizeof(double));
+    rc = check_mc(d, ws_bytes);
+    if (rc) return rc;
     if (n_threads < 1) n_threads = 1;
 #ifndef MOESIM_HAVE_OPENMP
     n_threads = 1;
@@ -239,20 +294,8 @@ int ms_sweep_montecarlo(const ms_sweep_decode_t *d, const int64_t *context, cons
 #ifdef MOESIM_HAVE_OPENMP
         tid = omp_get_thread_num();
 #endif
-        char *base = (char *) workspace + (int64_t) tid * ws_bytes;
-        double *kv = (double *) base, *sf = kv + d->n_layers;
-        const ms_sweep_variant_t *v = &d->variants[variant[i]];
-        ms_decode_model_t m = d->mc_models[v->mc];
-        ms_decode_config_t c = mc_config(d, batch[i], index[i]);
-        ms_decode_result_t r;
-        int e;
-        for (int32_t l = 0; l < d->n_layers; l++) {
-            kv[l] = ms_ctx_eval(&d->fn_kv[d->layer_fn[l]], context[i]);
-            sf[l] = ms_ctx_eval(&d->fn_sf[d->layer_fn[l]], context[i]);
-        }
-        m.kv_bytes = kv;
-        m.score_flops = sf;
-        e = ms_decode(&m, &d->mc_machines[v->mc], d->routing, &c, base + head, ws_bytes - head, &r);
+        int e = mc_one(d, context[i], batch[i], &d->variants[variant[i]], index[i],
+                       (char *) workspace + (int64_t) tid * ws_bytes, ws_bytes, out, i);
         if (e) {
 #ifdef MOESIM_HAVE_OPENMP
             #pragma omp critical
@@ -260,22 +303,6 @@ int ms_sweep_montecarlo(const ms_sweep_decode_t *d, const int64_t *context, cons
             {
                 if (bad < 0 || i < bad) { bad = i; first = e; }
             }
-            continue;
-        }
-        {
-            double res[MS_N_RES], step, pf, acc = r.accepted;
-            fn_cache_t fc;
-            fc.ctx = -1;
-            memset(res, 0, sizeof(res));
-            variant_times(d, v, eval_fns(d, context[i], &fc), batch[i], res, &step, &pf);
-            out->decode_tok_s[i] = acc / r.step_mean;
-            out->aggregate_tok_s[i] = (double) batch[i] * acc / r.step_mean;
-            out->tpot_ms[i] = 1e3 * r.step_mean / acc;
-            if (out->tpot_p50_ms) out->tpot_p50_ms[i] = 1e3 * r.step_p50 / acc;
-            if (out->tpot_p99_ms) out->tpot_p99_ms[i] = 1e3 * r.step_p99 / acc;
-            out->prefill_tok_s[i] = d->prompt / pf;
-            out->hit_rate[i] = r.hit_rate < 0.0 ? NAN : r.hit_rate;
-            out->bottleneck[i] = argmax_res(r.by_resource);
         }
     }
     if (err_index) *err_index = bad;

@@ -286,21 +286,31 @@ int32_t ms_sweep_choose(const ms_sweep_mem_t *g, int64_t ctx, int64_t b, kvpart_
     return g->i_experts_cpu >= 0 ? g->i_experts_cpu : g->i_all_gpu;
 }
 
+/* Candidates first .. first + span (a run of the placement table) all exist. */
+static int in_places(const ms_sweep_mem_t *g, int32_t first, int64_t span)
+{
+    return first >= 0 && span >= 0 && (int64_t) first + span < (int64_t) g->n_places;
+}
+
 int ms_sweep_check_mem(const ms_sweep_mem_t *g)
 {
     if (g == NULL || g->places == NULL || g->per_token == NULL || g->gpu_count == NULL) return MS_ERR_NULL_ARGUMENT;
+    if (g->n_kinds > 0 && (g->ratio_bytes == NULL || g->state == NULL || g->cap == NULL || g->ratio == NULL
+                           || g->count == NULL)) return MS_ERR_NULL_ARGUMENT;
     if (g->n_places < 1 || g->n_kinds < 0 || g->n_layouts < 1 || g->max_context < 1 || g->n_layers < 1)
         return MS_ERR_BAD_SIZE;
     for (int32_t j = 0; j < g->n_places; j++) {
         const ms_sweep_place_t *p = &g->places[j];
         if (p->layout < 0 || p->layout >= g->n_layouts || p->cfg < 0 || p->cfg > 1) return MS_ERR_BAD_SWEEP;
     }
+    /* every candidate the rule may pick or probe is a row of places */
     if (g->rule == MS_SWEEP_AUTO_LLAMA) {
-        if (g->i_all_gpu < 0 || g->i_layers_gpu < 0 || g->i_cpu_only < 0
-            || g->i_layers_gpu + g->n_layers >= g->n_places
-            || (g->i_n_cpu_moe >= 0 && g->i_n_cpu_moe + g->n_layers >= g->n_places)) return MS_ERR_BAD_SWEEP;
+        if (!in_places(g, g->i_all_gpu, 0) || !in_places(g, g->i_layers_gpu, g->n_layers)
+            || !in_places(g, g->i_cpu_only, 0)
+            || (g->i_n_cpu_moe >= 0 && !in_places(g, g->i_n_cpu_moe, g->n_layers))
+            || (g->i_experts_cpu >= 0 && !in_places(g, g->i_experts_cpu, 0))) return MS_ERR_BAD_SWEEP;
     } else if (g->rule == MS_SWEEP_AUTO_KT) {
-        if (g->i_gpu_experts < 0 || g->i_experts_cpu < 0 || g->i_gpu_experts + g->n_experts >= g->n_places)
+        if (!in_places(g, g->i_gpu_experts, g->n_experts) || !in_places(g, g->i_experts_cpu, 0))
             return MS_ERR_BAD_SWEEP;
     } else if (g->rule != MS_SWEEP_FIXED) {
         return MS_ERR_BAD_SWEEP;

@@ -290,6 +290,54 @@ def test_sweep_tables_checked():
     assert exc.value.field == "ms_sweep_decode_t.fn_kv_f"
 
 
+def _sweep_out(n):
+    return dict(decode_tok_s=np.zeros(n), aggregate_tok_s=np.zeros(n), tpot_ms=np.zeros(n), prefill_tok_s=np.zeros(n),
+                expert_hit_rate=np.zeros(n), bottleneck=np.zeros(n, np.int32), tpot_p50_ms=np.zeros(n),
+                tpot_p99_ms=np.zeros(n))
+
+
+@pytest.mark.parametrize("mode", ["analytic", "montecarlo"])
+def test_sweep_decode_bad_kind_slice_or_template_is_an_error_code(mode):
+    """ms_sweep_decode_t carries n_kinds and n_templates: a variant whose kind slice runs past the kinds
+    table, or whose Monte Carlo template index is past the templates, is MS_ERR_BAD_SWEEP from the C
+    (before any configuration runs), never a read out of bounds."""
+    from moesim.analysis.sweep import Plan, build_spec, normalize_spec
+    plan = Plan(normalize_spec(build_spec(models=["qwen3-30b-a3b"], quants=["Q4_K_M"],
+                                          machines=[{"gpu": "rtx-4090", "host": "ddr5-6000x2", "host_mem_gb": 64,
+                                                     "name": "m"}], contexts=[4096], batches=[1, 2], mode=mode,
+                                          tokens=12)))
+    grp = plan.group(0)
+    grp.add_variants([0])
+    d = dict(grp.dec_tables)
+    n_kinds, n_var = len(d["kind_f64"]), len(d["variant_f64"])
+    ctx, bat = np.array([4096, 4096], np.int64), np.array([1, 2], np.int64)
+    var, idx = np.zeros(2, np.int32), np.arange(2, dtype=np.uint64)
+
+    def run(table):
+        dec = _kernel.SweepDecode(table)
+        if mode == "analytic":
+            return _kernel.sweep_analytic(dec, ctx, bat, var, 1, _sweep_out(2))
+        return _kernel.sweep_montecarlo(dec, ctx, bat, var, idx, 1, _sweep_out(2))
+
+    assert run(d) == (0, -1)
+    vi = np.array(d["variant_i32"])
+    bad_tables = []
+    for col, value in ((0, n_kinds), (0, -1), (1, n_kinds + 1), (0, 2**31 - 1)):   # kind0 / n_kinds columns
+        v = vi.copy()
+        v[:, col] = value
+        bad_tables.append(dict(d, variant_i32=v))
+    if mode == "montecarlo":
+        n_templates = len(d["mc"]["models"])
+        for value in (n_templates, n_templates + 1000, -1):                       # the template column
+            v = vi.copy()
+            v[:, 2] = value
+            bad_tables.append(dict(d, variant_i32=v))
+    for t in bad_tables:
+        code, bad = run(t)
+        assert code == codes.ERR_BAD_SWEEP, (code, t["variant_i32"])
+    assert n_var == 1 and run(d)[0] == 0
+
+
 # ------------------------------------------------------------------------------- limits
 def test_moe_layer_limit_is_a_moesim_error_before_c():
     dm, hw, rt = tables(L=3)

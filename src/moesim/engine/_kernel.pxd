@@ -244,12 +244,14 @@ cdef extern from "moesim.h" nogil:
         const ms_sweep_variant_t *variants
         int32_t n_variants
         const ms_sweep_kind_t *kinds
+        int32_t n_kinds
         int32_t n_fns
         const ms_ctx_fn_t *fn_kv
         const ms_ctx_fn_t *fn_sf
         double prompt
         int32_t n_layers
         const int32_t *layer_fn
+        int32_t n_templates
         const ms_decode_model_t *mc_models
         const ms_machine_t *mc_machines
         const ms_routing_t *routing

@@ -94,6 +94,7 @@ cdef class SweepDecode:
         self.d.variants = self.variants
         self.d.n_variants = <int32_t> nv
         self.d.kinds = self.kinds
+        self.d.n_kinds = <int32_t> nk                   # the C bounds every variant's kind slice by it
         self.d.n_fns = <int32_t> nf
         self.d.fn_kv = self.fns
         self.d.fn_sf = self.fns + nf
@@ -123,6 +124,7 @@ cdef class SweepDecode:
             _fill_decode_model(&self.models[i], check_struct("ms_decode_model_t", models[i]), sub)
             _fill_machine(&self.machines[i], check_struct("ms_machine_t", machines[i]))
         _fill_routing(&self.routing, check_routing(raw.get("routing")), keep)
+        self.d.n_templates = <int32_t> nt               # the C bounds every variant's template index by it
         self.d.mc_models = self.models
         self.d.mc_machines = self.machines
         self.d.routing = &self.routing

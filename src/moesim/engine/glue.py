@@ -132,7 +132,9 @@ SWEEP_MEMORY = (_arrays(F64, ("n_kinds",), "per_token", "ratio_bytes", "state") 
 # "cfg": two MEM_CONFIG tables (the group's GPU and CPU-only configurations), checked one by one.
 
 # ms_sweep_decode_t (analysis.sweep Group._build_decode): rows of ms_sweep_variant_t / ms_sweep_kind_t,
-# context functions (5 coefficients, 4 caps each), and the optional Monte Carlo templates.
+# context functions (5 coefficients, 4 caps each), and the optional Monte Carlo templates. Its counts are
+# derived, not declared: n_variants / n_kinds / n_fns are the rows of the tables below, n_templates the
+# length of mc["models"]; the C checks every variant's kind slice and template index against them.
 SWEEP_MC = (Field("layer_fn", I32, ("n_layers",)),) + _scalars(INT, "steps", "warmup", "policy", "seed")
 # "models" / "machines": lists of DECODE_MODEL / MACHINE tables (one per template); "routing": ROUTING.
 SWEEP_DECODE = (Field("variant_f64", F64, ("n_variants", 13)), Field("variant_i32", I32, ("n_variants", 3)),
