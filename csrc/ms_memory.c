@@ -141,6 +141,11 @@ static void account_head(const ms_model_t *m, const ms_mem_config_t *c, int64_t 
         bc[MS_CLASS_STATE][head_t] += st * (double) b * m->mtp_layers;
         s->kv += kv * (double) b * m->mtp_layers;
         s->state += st * (double) b * m->mtp_layers;
+        /* each MTP module's cache grows per token like the last layer's */
+        if (m->kv_cap[last] == 0) s->slope += (m->kv_elems[last] * c->kv_bytes_per_elem + m->kv_fixed[last]) * m->mtp_layers;
+        if (m->kv_ratio[last] > 0)
+            s->slope += (m->kv_ratio_elems[last] * c->kv_bytes_per_elem + m->kv_ratio_fixed[last])
+                        / (double) m->kv_ratio[last] * m->mtp_layers;
     }
     if (head_t == MS_TIER_GPU) s->any_gpu = 1;
 }

@@ -112,6 +112,11 @@ def account(low, cfg, context, batch):
         bc[CLASS_STATE][head_t] += st * batch * low.mtp_layers
         kv_total += kv * batch * low.mtp_layers
         state_total += st * batch * low.mtp_layers
+        last = L - 1      # each MTP module's cache grows per token like the last layer's
+        if low.kv_cap[last] == 0:
+            slope += (low.kv_elems[last] * kvb + low.kv_fixed[last]) * low.mtp_layers
+        if low.kv_ratio[last] > 0:
+            slope += (low.kv_ratio_elems[last] * kvb + low.kv_ratio_fixed[last]) / low.kv_ratio[last] * low.mtp_layers
     any_gpu = any_gpu or head_t == TIER_GPU
     if cfg["n_gpus"] > 0 and any_gpu:
         bc[CLASS_BUFFERS][TIER_GPU] = cfg["n_gpus"] * (cfg["gpu_fixed"] + cfg["gpu_buf0"] + cfg["gpu_buf_ctx"] * c)
