@@ -45,7 +45,8 @@ BATCHES = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32]
 def plan_for(model: str, placement: str, n_contexts: int, **run) -> Plan:
     spec = build_spec(models=[model], quants=["Q4_K_M"], machines=[MACHINE], placements=[placement],
                       contexts={"start": 256, "stop": 1 << 20, "num": n_contexts, "log": True}, batches=BATCHES,
-                      chunk_size=1 << 20, **run)
+                      chunk_size=1 << 20, filter={"allow_beyond_max_context": True},  # every row evaluated
+                      **run)
     return Plan(normalize_spec(spec))
 
 
@@ -78,7 +79,8 @@ def rate_simulate(plan: Plan, n: int, placement: str, engine: str = "c") -> floa
     for j in js:
         ci, bi = divmod(int(j), plan.n_b)
         moesim.simulate(model, mach, quant="Q4_K_M", context=int(plan.contexts[ci]), batch=int(plan.batches[bi]),
-                        placement=None if placement == "auto" else placement, mode="analytic", engine=engine)
+                        placement=None if placement == "auto" else placement, mode="analytic", engine=engine,
+                        allow_beyond_max_context=True)
     return n / (time.perf_counter() - t)
 
 
@@ -130,6 +132,9 @@ machines = [{", ".join(BIG_MACHINES)}]
 placements = ["auto"]
 contexts = {{start = 256, stop = {256 + 7 * (n_ctx - 1)}, step = 7}}
 batches = {BATCHES}
+
+[filter]
+allow_beyond_max_context = true
 """)
     out = tmp / "out"
     cmd = [sys.executable, "-m", "moesim", "sweep", str(spec), "--out", str(out), "--threads", str(threads),
@@ -189,7 +194,7 @@ def main():
         plan = Plan(normalize_spec(build_spec(
             models=[model], quants=["Q4_K_M"], machines=[MACHINE], placements=[placement],
             contexts={"start": 256, "stop": 1 << 17, "num": args.mc_configs // 2, "log": True}, batches=[1, 4],
-            mode="montecarlo", tokens=args.tokens, chunk_size=1 << 20)))
+            mode="montecarlo", tokens=args.tokens, chunk_size=1 << 20, filter={"allow_beyond_max_context": True})))
         plan = Plan(plan.norm)
         c1 = rate_c(plan, 1, repeats=1)
         cn = rate_c(plan, args.threads, repeats=1)

@@ -9,6 +9,8 @@ row (input) length. Quantization rules and ``-ot`` placement work on those names
 """
 from __future__ import annotations
 
+import dataclasses
+
 import copy
 import os
 from dataclasses import dataclass, field
@@ -45,6 +47,20 @@ class Model:
     source: str = field(default="", compare=False)
     quant_scheme: "Scheme | None" = None
     stored: StoredWeights | None = None
+
+    def __hash__(self) -> int:
+        # computed once: every lowering cache keys on the model, and its layers hash recursively
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash(tuple(getattr(self, f.name) for f in dataclasses.fields(self) if f.compare))
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def __getstate__(self) -> dict:
+        # the cached hash stays behind: string hashes differ between processes (dask workers)
+        state = dict(self.__dict__)
+        state.pop("_hash", None)
+        return state
 
     # ------------------------------------------------------------------ construction
     @classmethod
