@@ -106,14 +106,7 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
     if mtp and not m.mtp_layers:
         raise MoesimError(f"{m.id} has no MTP modules", "mtp")
     mtp_acceptance = _check_fraction(mtp_acceptance, "mtp_acceptance")
-    if not isinstance(policy, str) or policy.lower() not in POLICIES:
-        raise unknown_id("cache policy", policy, POLICIES, "policy")
-    policy = policy.lower()
-    if not isinstance(mode, str) or mode.lower() not in MODES:
-        raise unknown_id("mode", mode, MODES, "mode")
-    mode = mode.lower()
-    if mode == "analytic" and policy == "belady":
-        raise MoesimError("belady is an offline bound that needs the future: use mode='montecarlo'", "policy")
+    policy, mode = _policy_and_mode(policy, mode)
     if cache_experts is not None:
         cache_experts = check_count(cache_experts, "cache_experts", minimum=0)
     if prefetch_recall is not None:
@@ -165,6 +158,18 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
             "excluded as warm-up) and keeps the routing's token-to-token locality; fit's analytic figure is a "
             "steady state under independent picks, so the two differ (a longer --tokens converges the first)"]
     return _result(res, 0, batch, memory, mode, policy, tokens, seed, routing_name, pf_tok_s, ttft)
+
+
+def _policy_and_mode(policy, mode) -> tuple:
+    """The cache policy and decode path, lower-cased and checked (Belady needs the Monte Carlo path)."""
+    if not isinstance(policy, str) or policy.lower() not in POLICIES:
+        raise unknown_id("cache policy", policy, POLICIES, "policy")
+    if not isinstance(mode, str) or mode.lower() not in MODES:
+        raise unknown_id("mode", mode, MODES, "mode")
+    policy, mode = policy.lower(), mode.lower()
+    if mode == "analytic" and policy == "belady":
+        raise MoesimError("belady is an offline bound that needs the future: use mode='montecarlo'", "policy")
+    return policy, mode
 
 
 def _check_workspace(dims, tokens_per_step: int, steps: int, policy: str) -> None:
