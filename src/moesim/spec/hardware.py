@@ -258,14 +258,19 @@ def _gpu_count(gpu_id, base: dict, *, gpu, gpus, gpu_mem_gb) -> tuple:
     return n_gpus, gpu_id
 
 
+def _catalog_part(table: dict, value, kind: str, field: str) -> tuple:
+    """(normalised id, its catalog entry) of an optional part, or (falsy, {}) when none is given."""
+    if not value:
+        return value, {}
+    key = str(value).strip().lower()
+    if key not in table:
+        raise unknown_id(kind, key, table, field)
+    return key, table[key]
+
+
 def _cpu_part(h: dict, cpu_id) -> tuple:
     """(CPU id, its catalog entry); the entry supplies channel, core, socket and ISA defaults."""
-    if not cpu_id:
-        return cpu_id, {}
-    cpu_id = str(cpu_id).strip().lower()
-    if cpu_id not in h["cpu"]:
-        raise unknown_id("CPU", cpu_id, h["cpu"], "cpu")
-    return cpu_id, h["cpu"][cpu_id]
+    return _catalog_part(h["cpu"], cpu_id, "CPU", "cpu")
 
 
 def _host_memory(h: dict, host, base: dict, cpu_info: dict, assumptions: list) -> tuple:
@@ -289,12 +294,7 @@ def _host_memory(h: dict, host, base: dict, cpu_info: dict, assumptions: list) -
 
 def _pcie_link(h: dict, link) -> tuple:
     """(PCIe link id, its catalog entry), or (falsy, {}) when no link is known."""
-    if not link:
-        return link, {}
-    link = str(link).strip().lower()
-    if link not in h["link"]:
-        raise unknown_id("PCIe link", link, h["link"], "pcie")
-    return link, h["link"][link]
+    return _catalog_part(h["link"], link, "PCIe link", "pcie")
 
 
 def _storage(st) -> tuple:
