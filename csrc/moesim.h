@@ -420,4 +420,9 @@ int ms_sweep_montecarlo(const ms_sweep_decode_t *d, const int64_t *context, cons
  * ===================================================================================================== */
 int ms_auto_placement(const ms_sweep_mem_t *g, int64_t context, int64_t batch, int32_t *chosen);
 
+/* The largest context (at most g->max_context, 0 if none) that fits at this batch under the placement the
+ * rule picks for that context: the largest of the candidates' own (the rule picks one that fits whenever
+ * one does); for MS_SWEEP_FIXED that of candidate 0. Sweeps report the same value. */
+int ms_auto_max_context(const ms_sweep_mem_t *g, int64_t batch, int64_t *max_context);
+
 #endif

@@ -264,13 +264,31 @@ static int64_t largest_true(const ms_sweep_mem_t *g, int32_t first, int reverse,
 #undef PRED
 }
 
+/* The first of candidates first + from + step * i, i = 0 .. count - 1, that fits at (ctx, b); -1 when none
+ * does (or first < 0: the group has no such run). */
+static int32_t first_fitting(const ms_sweep_mem_t *g, int32_t first, int64_t from, int64_t step, int64_t count,
+                             int64_t ctx, int64_t b, kvpart_t *k)
+{
+    if (first < 0) return -1;
+    for (int64_t i = 0; i < count; i++) {
+        int32_t j = (int32_t) (first + from + step * i);
+        if (fits_at1(g, j, ctx, b, k)) return j;
+    }
+    return -1;
+}
+
 /* The automatic placement (engine.lower.placement) for the rules the C loop resolves per configuration. */
 int32_t ms_sweep_choose(const ms_sweep_mem_t *g, int64_t ctx, int64_t b, kvpart_t *k, int64_t *hint)
 {
     int32_t L = g->n_layers;
     if (g->rule == MS_SWEEP_AUTO_KT) {
         int64_t n = largest_true(g, g->i_gpu_experts, 0, 0, g->n_experts, ctx, b, k, hint);
-        return n > 0 ? g->i_gpu_experts + (int32_t) n : g->i_experts_cpu;
+        int32_t j;
+        if (n > 0) return g->i_gpu_experts + (int32_t) n;
+        if (n == 0 || fits_at1(g, g->i_experts_cpu, ctx, b, k)) return g->i_experts_cpu;
+        /* not even gpu-experts = 0 fits (a small host): the most experts on the GPU that does */
+        j = first_fitting(g, g->i_gpu_experts, g->n_experts, -1, g->n_experts, ctx, b, k);
+        return j >= 0 ? j : g->i_experts_cpu;
     }
     if (fits_at1(g, g->i_all_gpu, ctx, b, k)) return g->i_all_gpu;
     if (g->i_n_cpu_moe >= 0) {
@@ -283,7 +301,34 @@ int32_t ms_sweep_choose(const ms_sweep_mem_t *g, int64_t ctx, int64_t b, kvpart_
         if (n > 0) return g->i_layers_gpu + (int32_t) n;
     }
     if (fits_at1(g, g->i_cpu_only, ctx, b, k)) return g->i_cpu_only;
+    {
+        /* the searches above start from the layout with the most in host RAM; when even that one does not
+         * fit (a small host), a layout in between may: the first that fits, fewest experts in RAM first,
+         * then most layers on the GPU, so a context fits whenever any candidate fits there */
+        int32_t j = first_fitting(g, g->i_n_cpu_moe, 1, 1, L - 1, ctx, b, k);
+        if (j < 0) j = first_fitting(g, g->i_layers_gpu, L, -1, L, ctx, b, k);
+        if (j < 0 && g->i_experts_cpu >= 0 && fits_at1(g, g->i_experts_cpu, ctx, b, k)) j = g->i_experts_cpu;
+        if (j >= 0) return j;
+    }
     return g->i_experts_cpu >= 0 ? g->i_experts_cpu : g->i_all_gpu;
+}
+
+/* The largest context that fits at batch b under the best placement for that context. The rule's choice
+ * is complete (ms_sweep_choose returns a candidate that fits whenever one does) and each candidate's
+ * fits is monotone in context, so that is the largest of the candidates' own max contexts; a candidate
+ * that does not fit one past the best so far cannot raise it and costs one account(). */
+int64_t ms_sweep_auto_max_context(const ms_sweep_mem_t *g, int64_t b)
+{
+    int64_t best = 0;
+    kvpart_t k = {-1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+    if (g->rule == MS_SWEEP_FIXED) return max_context(g, 0, b);
+    for (int32_t j = 0; j < g->n_places && best < g->max_context; j++) {
+        int64_t v;
+        if (!fits_at(g, j, best + 1, b, &k)) continue;
+        v = max_context(g, j, b);
+        if (v > best) best = v;
+    }
+    return best;
 }
 
 /* Candidates first .. first + span (a run of the placement table) all exist. */
@@ -339,7 +384,14 @@ static void memory_one(const ms_sweep_mem_t *g, int64_t ctx, int64_t b, int32_t 
     p = &g->places[j];
     cp = padded(ctx, g->cfg[p->cfg].kv_granularity);
     account_scaled(g, j, ctx, b, k, &r);
-    if (ws->mc_place[bi] == j) {
+    if (g->rule != MS_SWEEP_FIXED) {
+        /* under the best placement for each context, whichever is chosen here: one value per batch */
+        if (ws->mc_place[bi] != g->n_places) {
+            ws->mc_place[bi] = g->n_places;
+            ws->mc_val[bi] = ms_sweep_auto_max_context(g, b);
+        }
+        v = ws->mc_val[bi];
+    } else if (ws->mc_place[bi] == j) {
         v = ws->mc_val[bi];
     } else {
         if (!memo_get(&ws->max_context, j, b, &v)) {

@@ -211,3 +211,55 @@ def test_runs_too_large_to_allocate_are_refused_up_front(kw, match, monkeypatch)
     with pytest.raises(MoesimError, match=match):
         moesim.simulate("mixtral-8x7b", "desktop-4090", quant="Q4_K_M", **kw)
     assert time.perf_counter() - t0 < 5.0
+
+
+# ----------------------------------------------------------- max context under the best placement for it
+def _fits(model, machine, quant, context, batch=1, runtime=None):
+    rec = moesim.fit(model, machine, quants=[quant], context=context, batch=batch, runtime=runtime)[0]
+    return rec["fits"] != "no", rec
+
+
+def test_max_context_does_not_depend_on_the_context_asked():
+    """The issue's case: DeepSeek-V4-Flash Q2_K on a 4090 + 128 GB said 56,576 at the default 4096 (the
+    limit of n-cpu-moe=34, the placement chosen there), yet 200,000 fits with a few more layers' experts
+    in RAM. max_context is now the same whatever context was asked, and 200,000 fits."""
+    mach = moesim.machine(gpu="rtx-4090", host="ddr5-6000x2", host_mem_gb=128)
+    answers = {c: _fits("deepseek-v4-flash", mach, "Q2_K", c)[1]["max_context"] for c in (4096, 56576, 200000)}
+    assert len(set(answers.values())) == 1, answers
+    assert answers[4096] >= 200000 and _fits("deepseek-v4-flash", mach, "Q2_K", 200000)[0]
+
+
+_M4090_64 = dict(gpu="rtx-4090", host="ddr5-6000x2", host_mem_gb=64)
+_M3060_32 = dict(gpu="rtx-3060", host="ddr4-3200x2", host_mem_gb=32)
+# each with its boundary below the model's maximum, across the placement families (n-cpu-moe,
+# layers-gpu, ktransformers' gpu-experts, unified, a dense model)
+_BRUTE_CASES = [("deepseek-v4-flash", _M4090_64, "Q2_K", 16, None),
+                ("qwen3-30b-a3b", _M3060_32, "Q4_K_M", 16, None),
+                ("qwen3-30b-a3b", _M3060_32, "Q4_K_M", 16, "ktransformers"),
+                ("gpt-oss-120b", _M4090_64, "MXFP4_MOE", 64, None),
+                ("deepseek-r1", _M3060_32, "Q2_K", 16, None),
+                ("glm-4.5-air", _M4090_64, "Q4_K_M", 1, "ktransformers"),
+                ("llama-3-70b", _M3060_32, "Q4_K_M", 16, None),
+                ("qwen3-235b-a22b", dict(id="dgx-spark"), "Q3_K_M", 1, None),
+                ("deepseek-r1", dict(id="dgx-h100"), "Q2_K", 64, "ktransformers")]
+
+
+@pytest.mark.parametrize("mid,mkw,quant,batch,runtime", _BRUTE_CASES)
+def test_max_context_is_the_largest_context_fit_finds_fitting(mid, mkw, quant, batch, runtime):
+    """Brute force against fit at each context: every context up to max_context fits (fit choosing the
+    placement for that context) and none beyond it does, on a grid of contexts plus both sides of the
+    boundary; the answer is the same at every context asked, and a sweep reports it too."""
+    mach = moesim.machine(**mkw)
+    limit = moesim.model(mid).max_context
+    mc = _fits(mid, mach, quant, 4096 if limit >= 4096 else limit, batch, runtime)[1]["max_context"]
+    assert 0 < mc < limit, mc       # a boundary to test
+    grid = sorted({1, 2, 4096, limit, *(int(limit * f) for f in (0.01, 0.1, 0.3, 0.5, 0.8))}
+                  | ({mc, mc - 1} if mc > 1 else set()) | ({mc + 1} if mc < limit else set()))
+    for c in (c for c in grid if c >= 1):
+        ok, rec = _fits(mid, mach, quant, c, batch, runtime)
+        assert ok == (c <= mc), (mid, c, mc, rec["placement"], rec["fits"])
+        assert rec["max_context"] == mc, (mid, c, rec["max_context"], mc)
+    from moesim.analysis.sweep import sweep
+    tab = sweep(models=[mid], quants=[quant], machines=[mkw], contexts=[1, 4096], batches=[batch],
+                runtimes=[runtime] if runtime else None)
+    assert set(int(x) for x in tab["max_context"]) == {mc}

@@ -239,7 +239,8 @@ def test_kv_bytes_per_token_counts_mtp_modules(mid):
 
 def _old_auto_placement(m, low, machine, rt, context, batch, kv, mtp=0):
     """The Python bisection analysis/resolve.py used before fit called the C choose(), kept as a test
-    oracle: each candidate evaluated by the per-layer memory kernel (ms_memory)."""
+    oracle (each candidate evaluated by the per-layer memory kernel, ms_memory), with choose()'s last
+    resort: where the search order reaches nothing that fits (a small host), the first candidate that does."""
     if machine.unified:
         return Placement("unified")
     if machine.n_gpus == 0:
@@ -249,8 +250,14 @@ def _old_auto_placement(m, low, machine, rt, context, batch, kv, mtp=0):
         cfg = LMEM.configure(m, low, machine, rt, p, context, batch, kv, mtp)
         return int(EMEM.evaluate(low, cfg)["fits"][0]) != 0
 
+    def first_fitting(order, otherwise):
+        return next((p for p in order if fits(p)), otherwise)
+
     if rt.family == "ktransformers" and m.n_experts:
         n = largest_true(lambda k: fits(Placement("gpu-experts", k)), 0, m.n_experts)
+        if n is None and not fits(Placement("experts-cpu")):
+            return first_fitting([Placement("gpu-experts", k) for k in range(m.n_experts, 0, -1)],
+                                 Placement("experts-cpu"))
         return Placement("gpu-experts", n) if n else Placement("experts-cpu")
     if fits(Placement("all-gpu")):
         return Placement("all-gpu")
@@ -266,7 +273,11 @@ def _old_auto_placement(m, low, machine, rt, context, batch, kv, mtp=0):
         return Placement("layers-gpu", k)
     if fits(Placement("cpu-only")):
         return Placement("cpu-only")
-    return Placement("experts-cpu") if m.n_experts else Placement("all-gpu")
+    # complete: when the search order reaches nothing that fits, the first candidate that does
+    order = [Placement("n-cpu-moe", n) for n in range(1, L)] if m.n_experts else []
+    order += [Placement("layers-gpu", k) for k in range(L, 0, -1)]
+    order += [Placement("experts-cpu")] if m.n_experts else []
+    return first_fitting(order, Placement("experts-cpu") if m.n_experts else Placement("all-gpu"))
 
 
 _AUTO_MACHINES = ["desktop-4090", "4090-small-host", "rtx3060-tiny", "2x3090", "xeon-6454s-4090", "dgx-h100",
@@ -354,6 +365,24 @@ def test_auto_placement_kernel_equals_python_twin_of_choose():
             for b in (1, 5):
                 got = RES.auto_placement(m, low, machine, rt, ctx, b, kv, mtp)
                 assert cands[SREF.choose(t, ctx, b)] == got, (mid, ctx, b)
+
+
+def test_auto_max_context_kernel_equals_python_twin():
+    """ms_auto_max_context (fit's max_context) equals the twin's plain maximum over every candidate's own
+    bisection, and it is at least the chosen placement's own limit."""
+    from moesim.engine import _kernel
+    for mid, mname, runtime in (("deepseek-r1", "desktop-4090", None), ("qwen3-30b-a3b", "rtx3060-tiny", None),
+                                ("glm-4.5-air", "4090-small-host", "ktransformers"), ("llama-3-70b", "2x3090", None),
+                                ("deepseek-coder-v2-lite", "rtx3060-tiny", None)):
+        machine = _machine(mname)
+        m, low, rt, kv = _auto_case(mid, "Q4_K_M", machine, runtime, 1, 1, 0)
+        cands, rule = placement_candidates(m, machine, rt, "auto")
+        t = memory_tables(m, low, machine, rt, kv, cands, rule)
+        mem = _kernel.SweepMemory(t)
+        for b in (1, 7, 64):
+            code, got = _kernel.auto_max_context(mem, b)
+            assert code == 0 and got == SREF.auto_max_context(t, b), (mid, mname, b)
+            assert got >= max(SREF.max_context(t, SREF.choose(t, c, b), b) for c in (1, 4096)), (mid, b)
 
 
 def test_auto_placement_kernel_rejects_bad_input():

@@ -636,8 +636,10 @@ static void test_sweep_memory_and_placement(void)
         int sane = 1, agree = 1;
         for (int i = 0; i < SN; i++) {
             int32_t chosen = -1;
+            int64_t mc = -1;
             CHECK(ms_auto_placement(&g, c1.context[i], c1.batch[i], &chosen) == 0);
-            agree &= chosen == c1.placement[i];
+            CHECK(ms_auto_max_context(&g, c1.batch[i], &mc) == 0);
+            agree &= chosen == c1.placement[i] && mc == c1.max_context[i];
             if (chosen >= 0 && chosen < g.n_places) seen[chosen] = 1;
             sane &= c1.context[i] == ctx[i / 3] && c1.batch[i] == bat[i % 3];
             sane &= c1.fits[i] >= 0 && c1.fits[i] <= 7;
@@ -706,6 +708,14 @@ static void test_sweep_memory_and_placement(void)
     CHECK(ms_auto_placement(&good, 4096, 1, NULL) == MS_ERR_NULL_ARGUMENT);
     CHECK(ms_auto_placement(&good, 0, 1, &chosen) == MS_ERR_BAD_CONTEXT);
     CHECK(ms_auto_placement(&good, 4096, 0, &chosen) == MS_ERR_BAD_SIZE);
+    {
+        int64_t mc = -1;
+        CHECK(ms_auto_max_context(NULL, 1, &mc) == MS_ERR_NULL_ARGUMENT);
+        CHECK(ms_auto_max_context(&good, 1, NULL) == MS_ERR_NULL_ARGUMENT);
+        CHECK(ms_auto_max_context(&good, 0, &mc) == MS_ERR_BAD_SIZE && mc == -1);
+        g = good; g.i_experts_cpu = g.n_places;
+        CHECK(ms_auto_max_context(&g, 1, &mc) == MS_ERR_BAD_SWEEP && mc == -1);
+    }
     ms_sweep_axes_t bax = ax;
     bax.n_b = 0;
     CHECK(run_sweep_memory(&good, &bax, 0, 1, 1, &c1, &bad) == MS_ERR_BAD_SIZE);

@@ -12,7 +12,7 @@ from ..spec.hardware import Machine
 from ..spec.hardware import as_machine
 from ..spec.limits import MAX_BATCH, MAX_DRAFTS, check_context, check_count
 from ..ingest import model as get_model
-from .resolve import _eval, placement_from_overrides, resolve
+from .resolve import memory_of, placement_from_overrides, resolve
 from .records import record
 
 
@@ -48,7 +48,7 @@ def fit(model, machine: Machine, quants=None, context: int = 4096, batch: int = 
     out = []
     for qname in quants:
         q, rt, kv, low, p = resolve(m, qname, machine, runtime, placement, context, batch, kv_dtype, mtp)
-        r = _eval(m, low, machine, rt, p, context, batch, kv, mtp)
+        r = memory_of(m, low, machine, rt, p, context, batch, kv, mtp, auto=placement in (None, "auto"))
         alias = Q.alias_note(qname, q)
         rec = record(m, q, kv, context, batch, p, rt, machine, r, mtp, notes + ([alias] if alias else []))
         rec["decode_tok_s"] = rec["prefill_tok_s"] = None

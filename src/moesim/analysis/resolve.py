@@ -44,10 +44,16 @@ def with_parallel(rt: Runtime, parallel: str | None, machine: Machine) -> Runtim
     return dataclasses.replace(rt, decode=dataclasses.replace(rt.decode, tensor_parallel=not split, data_parallel=dp))
 
 
-def _eval(m: Model, low, machine: Machine, rt: Runtime, p: Placement, context: int, batch: int, kv: str,
-          mtp: int) -> MemoryResult:
+def memory_of(m: Model, low, machine: Machine, rt: Runtime, p: Placement, context: int, batch: int, kv: str,
+              mtp: int, auto: bool = False) -> MemoryResult:
+    """The memory kernel's view of one configuration. With *auto* (p is the runtime's own choice) its
+    max_context is the largest context that fits under the placement the runtime would choose for
+    *that* context (:func:`auto_max_context`, as sweeps report it), not only under p."""
     cfg = configure(m, low, machine, rt, p, context, batch, kv, mtp)
-    return _result_from_arrays(evaluate(low, cfg), 0)
+    r = _result_from_arrays(evaluate(low, cfg), 0)
+    if auto:
+        r = dataclasses.replace(r, max_context=auto_max_context(m, low, machine, rt, batch, kv, mtp, r.max_context))
+    return r
 
 
 @functools.lru_cache(maxsize=64)
@@ -76,6 +82,19 @@ def auto_placement(m: Model, low, machine: Machine, rt: Runtime, context: int, b
     code, j = _kernel.auto_placement(mem, int(context), int(batch))
     handle_library_error(code, "ms_auto_placement")
     return cands[j]
+
+
+def auto_max_context(m: Model, low, machine: Machine, rt: Runtime, batch: int, kv: str, mtp: int,
+                     fixed_answer: int) -> int:
+    """The largest context that fits at *batch* when the runtime chooses the placement for each context
+    (the C ``ms_auto_max_context``); *fixed_answer* where the runtime has a single candidate."""
+    _, mem = _placement_kernel(m, low, machine, rt, kv, 1 if mtp else 0)
+    if mem is None:
+        return fixed_answer
+    from ..engine import _kernel
+    code, out = _kernel.auto_max_context(mem, int(batch))
+    handle_library_error(code, "ms_auto_max_context")
+    return int(out)
 
 
 def resolve(m: Model, quant, machine: Machine, runtime=None, placement=None, context: int = 4096, batch: int = 1,

@@ -22,8 +22,6 @@ from ..errors import MoesimError, unknown_id
 from ..spec.hardware import Machine
 from ..spec.hardware import as_machine
 from ..spec.limits import MAX_BATCH, MAX_DRAFTS, MAX_STEPS, check_context, check_count
-from ..engine.lower.memory import configure
-from ..engine.memory import evaluate, _result_from_arrays
 from ..spec.models import Model
 from ..ingest import model as get_model
 from ..spec.placement import Placement
@@ -93,7 +91,7 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
     *machine*: a :func:`moesim.machine`, a catalog machine id or a dict of its keywords. A context above
     the model's trained maximum is refused unless *allow_beyond_max_context*."""
     from .records import record
-    from .resolve import resolve
+    from .resolve import memory_of, resolve
     from ..ingest import traces as T
     m = get_model(model)
     machine = as_machine(machine)
@@ -122,8 +120,8 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
         if p.kind != "offload-cache" and placement not in (None, "auto"):
             raise MoesimError(f"cache_experts applies to the offload-cache placement, not {p}", "cache_experts")
         p = Placement("offload-cache", min(cache_experts, m.n_experts))
-    cfg = configure(m, low, machine, rt, p, context, batch, kv, mtp)
-    mem = _result_from_arrays(evaluate(low, cfg), 0)
+    mem = memory_of(m, low, machine, rt, p, context, batch, kv, mtp,
+                    auto=placement in (None, "auto") and cache_experts is None)
     alias = Q.alias_note(quant, q)
     memory = record(m, q, kv, context, batch, p, rt, machine, mem, mtp, notes + ([alias] if alias else []))
 

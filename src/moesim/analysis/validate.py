@@ -25,10 +25,8 @@ from ..engine.codes import MODES, POLICIES
 from ..engine.decode import run
 from ..engine.lower.decode_model import lower_model
 from ..engine.lower.machine import lower_machine
-from ..engine.lower.memory import configure
-from ..engine.memory import evaluate, _result_from_arrays
 from ..engine.prefill import prefill
-from .resolve import resolve
+from .resolve import memory_of, resolve
 from .simulate import accepted_per_step
 from .._catalog import load as _load_catalog
 from ..errors import MoesimError
@@ -322,8 +320,7 @@ def prepare(cfg: RowConfig, calibrated: bool = True) -> Prepared:
                 layerwise_chunk_tokens=cfg.kt_chunk or rt.decode.layerwise_chunk_tokens))
         q, rt, kv, low, p = resolve(m, cfg.quant, cfg.machine, rt, cfg.placement, cfg.context, cfg.batch,
                                     cfg.kv_dtype, cfg.mtp, cfg.parallel)
-        mem = _result_from_arrays(evaluate(low, configure(m, low, cfg.machine, rt, p, cfg.context, cfg.batch, kv,
-                                                          cfg.mtp)), 0)
+        mem = memory_of(m, low, cfg.machine, rt, p, cfg.context, cfg.batch, kv, cfg.mtp)
     except MoesimError as exc:
         raise Skip(str(exc)) from None
     tps = 1 + cfg.mtp

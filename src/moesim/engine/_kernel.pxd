@@ -280,3 +280,4 @@ cdef extern from "moesim.h" nogil:
 # ---- automatic placement of one configuration (csrc/ms_place.c; glue in _place.pxi)
 cdef extern from "moesim.h" nogil:
     int ms_auto_placement(const ms_sweep_mem_t *g, int64_t context, int64_t batch, int32_t *chosen)
+    int ms_auto_max_context(const ms_sweep_mem_t *g, int64_t batch, int64_t *max_context)

@@ -104,9 +104,13 @@ def choose(t: dict, ctx: int, b: int) -> int:
     if t["rule"] == 0:
         return 0
     if t["rule"] == 2:
-        first = t["i_gpu_experts"]
-        n = _largest_true(lambda x: _fits(t, first + x, ctx, b), 0, t["n_experts"])
-        return first + n if n > 0 else t["i_experts_cpu"]
+        first, E = t["i_gpu_experts"], t["n_experts"]
+        n = _largest_true(lambda x: _fits(t, first + x, ctx, b), 0, E)
+        if n > 0:
+            return first + n
+        if n == 0 or _fits(t, t["i_experts_cpu"], ctx, b):
+            return t["i_experts_cpu"]
+        return _first_fitting(t, [first + x for x in range(E, 0, -1)], ctx, b, t["i_experts_cpu"])
     if _fits(t, t["i_all_gpu"], ctx, b):
         return t["i_all_gpu"]
     if t["i_n_cpu_moe"] >= 0:
@@ -120,7 +124,23 @@ def choose(t: dict, ctx: int, b: int) -> int:
         return first + n
     if _fits(t, t["i_cpu_only"], ctx, b):
         return t["i_cpu_only"]
-    return t["i_experts_cpu"] if t["i_experts_cpu"] >= 0 else t["i_all_gpu"]
+    # nothing the search order reaches fits: the first candidate that does, so choose() is complete
+    order = [t["i_n_cpu_moe"] + n for n in range(1, L)] if t["i_n_cpu_moe"] >= 0 else []
+    order += [first + k for k in range(L, 0, -1)]
+    order += [t["i_experts_cpu"]] if t["i_experts_cpu"] >= 0 else []
+    return _first_fitting(t, order, ctx, b, t["i_experts_cpu"] if t["i_experts_cpu"] >= 0 else t["i_all_gpu"])
+
+
+def _first_fitting(t: dict, order: list, ctx: int, b: int, otherwise: int) -> int:
+    return next((j for j in order if _fits(t, j, ctx, b)), otherwise)
+
+
+def auto_max_context(t: dict, b: int) -> int:
+    """ms_sweep_auto_max_context: the largest context that fits under the best placement for it. choose()
+    is complete, so that is the largest of every candidate's own (candidate 0's for a fixed rule)."""
+    if t["rule"] == 0:
+        return max_context(t, 0, b)
+    return max(max_context(t, j, b) for j in range(len(t["places"]["code"])))
 
 
 def memory_one(t: dict, ctx: int, b: int, bi: int, n_b: int) -> dict:
@@ -139,7 +159,8 @@ def memory_one(t: dict, ctx: int, b: int, bi: int, n_b: int) -> dict:
     return dict(context=ctx, batch=b, placement=int(pl["label"][j]), fits=int(t["fits_label"][r["fits"] & 7]),
                 key=(j * (E + 2) + ps) * n_b + bi, weights_bytes=float(pl["w_gpu"][j]) + float(pl["w_host"][j]),
                 kv_bytes=r["kv"], state_bytes=r["state"], gpu_bytes=r["gpu"], host_bytes=r["host"] - r["spill"],
-                storage_bytes=r["spill"], max_context=max_context(t, j, b), max_batch=max_batch(t, j, ctx))
+                storage_bytes=r["spill"], max_context=auto_max_context(t, b) if t["rule"] else max_context(t, j, b),
+                max_batch=max_batch(t, j, ctx))
 
 
 def _ctx_eval(f5, c4, c: int) -> float:
