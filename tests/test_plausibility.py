@@ -199,6 +199,8 @@ def test_cli_machine_flags_are_bounded(capsys):
     (dict(tokens=10**10), "<= 1,048,576"),         # ended in 'internal error: MemoryError:'
     (dict(batch=2**31), "<= 65,536"),               # ended in an internal error
     (dict(tokens=1_000_000, batch=700, policy="belady"), None),
+    (dict(tokens=1_000_000, batch=700), "expert choices, over the 268,435,456"),   # ran for hours
+    (dict(tokens=100_000, batch=700), "use fewer tokens"),      # the int32-stamp run, hours long
 ])
 def test_runs_too_large_to_allocate_are_refused_up_front(kw, match, monkeypatch):
     if match is None:       # a workspace over half the RAM: pretend this machine has 4 GiB
@@ -263,3 +265,11 @@ def test_max_context_is_the_largest_context_fit_finds_fitting(mid, mkw, quant, b
     tab = sweep(models=[mid], quants=[quant], machines=[mkw], contexts=[1, 4096], batches=[batch],
                 runtimes=[runtime] if runtime else None)
     assert set(int(x) for x in tab["max_context"]) == {mc}
+
+
+def test_sweep_tokens_have_the_same_bound_as_simulate():
+    from moesim.analysis.sweep import sweep
+    with pytest.raises(MoesimError, match="<= 1,048,576") as exc:
+        sweep(models=["mixtral-8x7b"], quants=["Q4_K_M"], machines=["desktop-4090"], contexts=[4096],
+              mode="montecarlo", tokens=10**10)
+    assert exc.value.field == "run.tokens"

@@ -21,7 +21,7 @@ from .._catalog import load as _load_catalog
 from ..errors import MoesimError, unknown_id
 from ..spec.hardware import Machine
 from ..spec.hardware import as_machine
-from ..spec.limits import MAX_BATCH, MAX_DRAFTS, MAX_STEPS, check_context, check_count
+from ..spec.limits import MAX_BATCH, MAX_DRAFTS, MAX_MONTECARLO_WORK, MAX_STEPS, check_context, check_count
 from ..spec.models import Model
 from ..ingest import model as get_model
 from ..spec.placement import Placement
@@ -142,7 +142,7 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
     drafts = mtp
     tps = 1 + drafts
     if mode == "montecarlo":
-        _check_workspace(dims, batch * tps, tokens, policy)
+        _check_montecarlo_size(dims, m.n_layers, batch * tps, tokens, policy)
     dm = lower_model(m, low, p, machine, rt, context, kv, batch * tps, mem.by_class, mem.tier)
     hw = lower_machine(machine, rt, p, Q.kernel_mix(m, q))
     accepted = accepted_per_step(drafts, mtp_acceptance)
@@ -170,9 +170,10 @@ def _policy_and_mode(policy, mode) -> tuple:
     return policy, mode
 
 
-def _check_workspace(dims, tokens_per_step: int, steps: int, policy: str) -> None:
+def _check_montecarlo_size(dims, n_layers: int, tokens_per_step: int, steps: int, policy: str) -> None:
     """Refuse, before anything is allocated, a Monte Carlo run whose per-step expert unions (int32 ids and
-    counts per step, MoE layer and union slot, plus Belady's next uses) would not fit in this machine's RAM."""
+    counts per step, MoE layer and union slot, plus Belady's next uses) would not fit in this machine's RAM,
+    or whose work (steps x layers x expert choices per step) passes MAX_MONTECARLO_WORK."""
     width = min(dims.n_experts, tokens_per_step * dims.top_k) if dims.n_layers else 0
     need = steps * dims.n_layers * max(width, 1) * 4 * (3 if policy == "belady" else 2)
     try:
@@ -183,6 +184,12 @@ def _check_workspace(dims, tokens_per_step: int, steps: int, policy: str) -> Non
         raise MoesimError(f"{steps:,} Monte Carlo steps at {tokens_per_step} tokens per step need "
                           f"{need / 2**30:.1f} GiB of workspace, over half of this machine's {have / 2**30:.0f} GiB: "
                           "use fewer tokens or mode='analytic'", "tokens")
+    work = steps * n_layers * max(1, tokens_per_step * dims.top_k)
+    if work > MAX_MONTECARLO_WORK:
+        raise MoesimError(f"{steps:,} Monte Carlo steps x {n_layers} layers x {tokens_per_step} tokens per step "
+                          f"x top-{dims.top_k} is {work:,} expert choices, over the {MAX_MONTECARLO_WORK:,} one "
+                          "call may take (a few minutes on a core); use fewer tokens (the mean converges "
+                          "long before), or mode='analytic'", "tokens")
 
 
 def estimate(m: Model, low, machine: Machine, rt: Runtime, p: Placement, context: int, batch: int, kv: str,

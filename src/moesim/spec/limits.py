@@ -38,6 +38,11 @@ MAX_DRAFTS = 64
 # trained context but one (models.toml).
 MAX_BATCH = 1 << 16
 MAX_STEPS = 1 << 20
+# Monte Carlo work: steps x layers x expert choices per step (tokens per step x top-k, at least 1 for a
+# dense layer). The kernel draws about 2 million choices a second on one core (docs/speed.md), so 2**28
+# is a couple of minutes, the longest one call should run (a million-token DeepSeek-V3 decode is twice
+# that); past it the Monte Carlo mean has long since converged and mode="analytic" gives the steady state.
+MAX_MONTECARLO_WORK = 1 << 28
 
 
 # --------------------------------------------------------------------------------- plausibility

@@ -18,7 +18,7 @@ from ...errors import MoesimError, unknown_id
 from ...ingest import model as get_model
 from ...spec import quants as Q
 from ...spec.hardware import Machine, machine as make_machine
-from ...spec.limits import check_count
+from ...spec.limits import MAX_STEPS, check_count
 from ...spec.placement import parse as parse_placement
 from ...spec.runtimes import runtime as get_runtime
 
@@ -49,9 +49,9 @@ def _as_list(value, where: str) -> list:
     return out
 
 
-def _count(value, where: str, minimum: int = 1) -> int:
+def _count(value, where: str, minimum: int = 1, maximum: int = 2**40) -> int:
     try:
-        return check_count(value, where, minimum)
+        return check_count(value, where, minimum, maximum)
     except MoesimError as exc:
         raise _err(where, str(exc).split(": ", 1)[-1]) from None
 
@@ -343,7 +343,7 @@ def _normalize_run(rin, axes: dict) -> dict:
     run["seed"] = _count(run["seed"], "run.seed", 0)
     run["chunk_size"] = _count(run["chunk_size"], "run.chunk_size")
     run["prompt"] = _count(run["prompt"], "run.prompt")
-    run["tokens"] = _count(run["tokens"], "run.tokens")
+    run["tokens"] = _count(run["tokens"], "run.tokens", maximum=MAX_STEPS)
     if run["warmup"] is None:
         run["warmup"] = min(32, run["tokens"] // 4)
     run["warmup"] = _count(run["warmup"], "run.warmup", 0)
