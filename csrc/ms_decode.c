@@ -463,7 +463,7 @@ int ms_decode_many(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_
     int first = 0;
     int64_t bad = -1;
     if (cfgs == NULL || out == NULL || workspace == NULL) return MS_ERR_NULL_ARGUMENT;
-    if (n_threads < 1) n_threads = 1;
+    n_threads = ms_useful_threads(n, n_threads, 1);      /* a decode each: never more threads than rows */
 #ifdef MOESIM_HAVE_OPENMP
     #pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads)
 #endif

@@ -35,6 +35,21 @@ static inline int32_t ms_fits_rule(const ms_mem_config_t *c, double gpu, double 
     return fits;
 }
 
+/* Threads worth waking for n rows of about rows_per_ms rows per millisecond each: at most one per
+ * millisecond of work, so a call of a few rows never pays for waking (or, on a busy machine,
+ * waiting on) a thread team. Every row is independent, so the answers do not change; the C harness
+ * builds with MS_THREAD_GRAIN 0 (a thread per row) so its thread comparisons run real teams. */
+#ifndef MS_THREAD_GRAIN
+#define MS_THREAD_GRAIN 1
+#endif
+static inline int ms_useful_threads(int64_t n, int n_threads, int64_t rows_per_ms)
+{
+    int64_t per = rows_per_ms * MS_THREAD_GRAIN, most = per > 0 ? n / per : n;
+    if (n_threads < 1) n_threads = 1;
+    if (most < 1) most = 1;
+    return most < (int64_t) n_threads ? (int) most : n_threads;
+}
+
 /* Does memory grow linearly in context (no padding, no storage spill; the caller also checks that no
  * layer has a capped window or a compressed C / ratio term)? */
 static inline int ms_linear_in_context(const ms_mem_config_t *c)

@@ -271,7 +271,7 @@ int ms_memory_many(const ms_model_t *m, const ms_mem_config_t *cfgs, int64_t n, 
     int64_t bad = -1;
     if (cfgs == NULL || out == NULL) return MS_ERR_NULL_ARGUMENT;
 #ifdef MOESIM_HAVE_OPENMP
-    if (n_threads < 1) n_threads = 1;
+    n_threads = ms_useful_threads(n, n_threads, 64);     /* ~10 us a configuration */
     #pragma omp parallel for schedule(static) num_threads(n_threads)
     for (int64_t i = 0; i < n; i++) {
         int e = ms_memory(m, &cfgs[i], &out[i]);

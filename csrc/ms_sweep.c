@@ -165,7 +165,7 @@ int ms_sweep_analytic(const ms_sweep_decode_t *d, const int64_t *context, const 
         if (err_index) *err_index = bad;
         return rc;
     }
-    if (n_threads < 1) n_threads = 1;
+    n_threads = ms_useful_threads(n, n_threads, 8192);   /* ~100 ns a row */
 #ifdef MOESIM_HAVE_OPENMP
     #pragma omp parallel num_threads(n_threads)
 #endif
@@ -282,7 +282,7 @@ int ms_sweep_montecarlo(const ms_sweep_decode_t *d, const int64_t *context, cons
     }
     rc = check_mc(d, ws_bytes);
     if (rc) return rc;
-    if (n_threads < 1) n_threads = 1;
+    n_threads = ms_useful_threads(n, n_threads, 1);      /* a decode each: never more threads than rows */
 #ifndef MOESIM_HAVE_OPENMP
     n_threads = 1;
 #endif

@@ -474,7 +474,7 @@ int ms_sweep_memory(const ms_sweep_mem_t *g, const ms_sweep_axes_t *axes, int64_
         if (err_index) *err_index = bad;
         return rc;
     }
-    if (n_threads < 1) n_threads = 1;
+    n_threads = ms_useful_threads(n, n_threads, 8192);   /* ~100 ns a row */
 #ifndef MOESIM_HAVE_OPENMP
     n_threads = 1;
 #endif

@@ -67,4 +67,4 @@ def test_core_with_openmp_threads(tmp_path, asan_digest):
                            capture_output=True, text=True)
     if probe.returncode != 0:
         pytest.skip("the compiler has no OpenMP")
-    assert _run(_build(tmp_path, ["-fopenmp", "-DMOESIM_HAVE_OPENMP=1"], "test_core_omp")) == asan_digest
+    assert _run(_build(tmp_path, ["-fopenmp", "-DMOESIM_HAVE_OPENMP=1", "-DMS_THREAD_GRAIN=0"], "test_core_omp")) == asan_digest

@@ -167,7 +167,8 @@ def test_kernel_equals_python_twin():
 @pytest.mark.skipif(not _kernel.openmp_enabled(), reason="built without OpenMP: every thread count runs serially, so the comparison would pass vacuously")
 def test_threads_and_chunking_do_not_change_results():
     kw = dict(models=["qwen3-30b-a3b", "deepseek-r1"], quants=["Q4_K_M"], machines=[M4090, M4090_SMALL],
-              contexts={"start": 256, "stop": 163840, "num": 300, "log": True}, batches=[1, 2, 8, 64])
+              contexts={"start": 256, "stop": 163840, "num": 4200, "log": True}, batches=[1, 2, 8, 64])
+    # 16,800 rows a group: the kernels wake a second thread only for 8,192 rows or more each
     base = sweep(**kw, chunk_size=100000, threads=1)
     for threads, chunk in ((2, 100000), (2, 37), (1, 1000)):
         other = sweep(**kw, chunk_size=chunk, threads=threads)
