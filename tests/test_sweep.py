@@ -323,7 +323,7 @@ def test_resume_after_kill_is_identical(tmp_path):
     proc.wait()
     done = len(list(out.glob("part-*.parquet")))
     assert 0 < done < 15, done        # killed part-way
-    assert not json.loads((out / "manifest.json").read_text())["complete"]
+    assert not json.loads((out / "_manifest.json").read_text())["complete"]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert _digest(out) == _digest(ref)
@@ -594,7 +594,7 @@ def test_a_second_sweep_on_the_same_out_is_refused_and_the_first_finishes(tmp_pa
     stdout, stderr = first.communicate(timeout=300)
     assert first.returncode == 0, stderr
     assert second.returncode == 2 and "another sweep" in second.stderr and f"pid {first.pid}" in second.stderr
-    assert json.loads((out / "manifest.json").read_text())["complete"]
+    assert json.loads((out / "_manifest.json").read_text())["complete"]
     # once the first is done, the same command finds the sweep complete
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and "already complete" in again.stdout
@@ -617,3 +617,38 @@ def test_an_unwritable_out_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(distribute, "_write_chunk", disk_full)
     with pytest.raises(MoesimError, match="No space left on device"):
         sweep(**kw, out=tmp_path / "full", threads=1)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+def test_the_output_folder_reads_directly_with_pandas_and_pyarrow(tmp_path, fmt):
+    """Nothing but parts is visible to a dataset reader (the manifest used to break pandas.read_parquet(DIR));
+    the rows equal moesim's own reading of the folder."""
+    import pandas as pd
+    import pyarrow.dataset as ds
+    from moesim.analysis.sweep import read
+    out = tmp_path / "s"
+    sweep(models=["qwen3-30b-a3b", "llama-3-8b"], quants=["Q4_K_M"], machines=[M4090], contexts=[1024, 4096],
+          batches=[1, 2], out=str(out), format=fmt, chunk_size=3, progress=False)
+    assert len(list(out.glob("part-*"))) == 3
+    dset = ds.dataset(out, format=fmt)
+    ours = read(out)
+    assert dset.count_rows() == len(ours.columns["context"]) == 8
+    frame = pd.read_parquet(out) if fmt == "parquet" else dset.to_table().to_pandas()
+    assert list(frame["context"]) == list(ours.columns["context"])
+    assert list(frame["decode_tok_s"]) == pytest.approx(list(ours.columns["decode_tok_s"]), rel=1e-12)
+    assert sorted(set(frame["model"])) == ["llama-3-8b", "qwen3-30b-a3b"]
+
+
+def test_a_sweep_written_with_the_old_manifest_name_still_resumes_and_reads(tmp_path):
+    from moesim.analysis.sweep import read
+    out = tmp_path / "s"
+    kw = dict(models=["qwen3-30b-a3b"], quants=["Q4_K_M"], machines=[M4090], contexts=[1024, 4096], batches=[1],
+              out=str(out), chunk_size=1, progress=False)
+    sweep(**kw)
+    man = json.loads((out / "_manifest.json").read_text())
+    (out / "_manifest.json").unlink()
+    (out / "manifest.json").write_text(json.dumps(dict(man, complete=False)))   # as if killed mid-way
+    sorted(out.glob("part-*.parquet"))[-1].unlink()
+    sweep(**kw)                                   # resumes the old folder in place
+    assert (out / "manifest.json").exists() and not (out / "_manifest.json").exists()
+    assert list(read(out).columns["context"]) == [1024, 4096]

@@ -176,7 +176,7 @@ def _add_sweep_parser(sub) -> None:
                                      "files; resumable; optionally on dask.distributed")
     w.add_argument("spec", help="sweep spec TOML: [axes] models, quants, machines, contexts, batches, placements, "
                                 "...; [zip] groups; [filter] fits; [run] mode, seed, chunk_size")
-    w.add_argument("--out", required=True, help="output directory (chunk files + manifest.json); rerun the same "
+    w.add_argument("--out", required=True, help="output directory (chunk files + _manifest.json); rerun the same "
                                                 "command to resume")
     w.add_argument("--format", default="parquet", help="parquet | csv | jsonl (default parquet)")
     w.add_argument("--threads", type=_positive_int, help="kernel threads (default: every core; 1 per dask worker); "

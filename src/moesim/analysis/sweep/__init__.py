@@ -10,7 +10,7 @@ checked). The configurations of a group then run in C loops (csrc/ms_sweep.c) wi
 and OpenMP threads; nothing runs per configuration in Python.
 
 Output is written in deterministic chunks of global configuration indices (``part-NNNNNN.parquet`` /
-``.csv`` / ``.jsonl``), each to a temporary name and renamed, with a ``manifest.json`` (schema version,
+``.csv`` / ``.jsonl``), each to a temporary name and renamed, with a ``_manifest.json`` (schema version,
 moesim and catalog versions, seed, spec hash). A sweep interrupted at any point and restarted with the
 same command skips the finished chunks and ends with the same files; a finished one does nothing; a
 different spec on an existing directory is refused. ``--scheduler`` / ``--local-workers`` run the

@@ -1,6 +1,7 @@
 """Sweep output on disk: deterministic chunk files (``part-NNNNNN.parquet`` / ``.csv`` / ``.jsonl``),
-each written to a temporary name and renamed, and a ``manifest.json``; resuming an interrupted sweep,
-refusing to mix sweeps, and reading a finished one back."""
+each written to a temporary name and renamed, and a ``_manifest.json``; resuming an interrupted sweep,
+refusing to mix sweeps, and reading a finished one back. Every name that is not a part starts with ``_``
+or ``.``, which pyarrow.dataset and pandas.read_parquet skip, so they read the folder as it is."""
 from __future__ import annotations
 
 import contextlib
@@ -20,6 +21,14 @@ from .table import CATEGORICAL, SweepTable, column_type
 
 SCHEMA_VERSION = 1
 FORMATS = {"parquet": ".parquet", "csv": ".csv", "jsonl": ".jsonl"}
+MANIFEST = "_manifest.json"
+_LEGACY_MANIFEST = "manifest.json"      # moesim <= 0.x sweeps: still read, resumed in place
+
+
+def manifest_path(out: Path) -> Path:
+    """The manifest of sweep directory *out* (a sweep written before the rename keeps its old name)."""
+    new, old = out / MANIFEST, out / _LEGACY_MANIFEST
+    return old if old.exists() and not new.exists() else new
 
 
 # =============================================================================== chunk files
@@ -163,7 +172,7 @@ def _check_manifest(out: Path, man_path: Path, plan, fmt: str) -> dict:
 
 def _prepare_out(out: Path, plan, fmt: str) -> dict | None:
     """Check an existing output directory against this sweep; returns its manifest when complete."""
-    man_path = out / "manifest.json"
+    man_path = manifest_path(out)
     if out.exists() and not out.is_dir():
         raise _err("out", f"{out} exists and is not a directory")
     if man_path.exists():
@@ -171,7 +180,7 @@ def _prepare_out(out: Path, plan, fmt: str) -> dict | None:
         if old.get("complete"):
             return old
     elif out.exists() and any(not p.name.startswith(".") for p in out.iterdir()):
-        raise _err("out", f"{out} is not empty and has no manifest.json: not a moesim sweep directory")
+        raise _err("out", f"{out} is not empty and has no {MANIFEST}: not a moesim sweep directory")
     out.mkdir(parents=True, exist_ok=True)
     for p in out.glob(".part-*.tmp-*"):
         p.unlink(missing_ok=True)
@@ -188,7 +197,7 @@ def _pending(out: Path, plan, fmt: str) -> list:
 def _finish(out: Path, plan, fmt: str) -> dict:
     rows = {k: _count_rows(_chunk_path(out, k, fmt), fmt) for k in range(plan.n_chunks)}
     man = _manifest(plan, fmt, rows)
-    _write_json(out / "manifest.json", man)
+    _write_json(manifest_path(out), man)
     return man
 
 
@@ -224,7 +233,10 @@ def _column_part(a, c: str, cats: dict, kind: str) -> np.ndarray:
 def read(out) -> SweepTable:
     """Read a finished sweep directory back as one table (loads every row: for modest sweeps)."""
     outp = Path(out)
-    man = json.loads((outp / "manifest.json").read_text(encoding="utf-8"))
+    try:
+        man = json.loads(manifest_path(outp).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        raise _err("out", f"{outp} has no readable {MANIFEST}: not a moesim sweep directory") from None
     if not man.get("complete"):
         raise _err("out", f"{outp} is not a finished sweep (run the same command again to finish it)")
     tables = [t for t in (_read_file(outp / name, man["format"]) for name in man["files"]) if t is not None]
