@@ -22,7 +22,7 @@ from .table import CATEGORICAL, SweepTable, column_type
 SCHEMA_VERSION = 1
 FORMATS = {"parquet": ".parquet", "csv": ".csv", "jsonl": ".jsonl"}
 MANIFEST = "_manifest.json"
-_LEGACY_MANIFEST = "manifest.json"      # moesim <= 0.x sweeps: still read, resumed in place
+_LEGACY_MANIFEST = "manifest.json"      # the name before the rename: such folders still read and resume in place
 
 
 def manifest_path(out: Path) -> Path:
