@@ -4,6 +4,8 @@ memory tables over layer kinds (``_kernel.SweepMemory``; candidate weights per t
 kernel) and its decode variants (:mod:`.variants`), grown on demand."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ...engine.codes import POLICIES
@@ -17,6 +19,23 @@ from .spec import machine_label, make_machine_cached
 from .variants import DecodeVariants
 
 
+
+
+# Lowered pieces that depend on the model, quant and KV dtype only, shared by every machine's group.
+@functools.lru_cache(maxsize=1024)
+def _kv_bytes_per_token(low, cfg: tuple) -> float:
+    return float(evaluate(low, dict(cfg))["kv_bytes_per_token"][0])
+
+
+@functools.lru_cache(maxsize=256)
+def _layer_functions(m, low, kvb: float) -> tuple:
+    """(each layer's row into the attention-function table, read-only; the table of (KV read, score)
+    coefficient pairs): what the sweep's context terms evaluate."""
+    fns: dict = {}
+    layer_fn = np.array([fns.setdefault((kv_read_fn(m, low, l, kvb), score_fn(layer)), len(fns))
+                         for l, layer in enumerate(m.layers)], dtype=np.int32)
+    layer_fn.flags.writeable = False
+    return layer_fn, tuple(fns)
 
 
 class Group:
@@ -59,16 +78,11 @@ class Group:
         from ...engine import _kernel
         self.mem = _kernel.SweepMemory(self.mem_tables)
         cfg = configure(m, self.low, self.machine, self.rt, self.cands[0], 1, 1, self.kv, 0)
-        self.kv_bytes_per_token = float(evaluate(self.low, cfg)["kv_bytes_per_token"][0])
+        self.kv_bytes_per_token = _kv_bytes_per_token(self.low, tuple(sorted(cfg.items())))
         # prefetch off: the analytic variants rely on it (variants.check_separable)
         self.routing = R_routing.lower(R_routing.RoutingDims.of(m), R.profile(None, family=m.family), plan.run["seed"],
                                        prefetch=False)
-        self.layer_kv = [kv_read_fn(m, self.low, l, self.kvb) for l in range(m.n_layers)]
-        self.layer_sf = [score_fn(layer) for layer in m.layers]
-        fns: dict = {}
-        self.layer_fn = np.array([fns.setdefault((kf, sf), len(fns)) for kf, sf in zip(self.layer_kv, self.layer_sf)],
-                                 dtype=np.int32)
-        self.fns = list(fns)
+        self.layer_fn, self.fns = _layer_functions(m, self.low, self.kvb)
         self.variants = DecodeVariants(self)
 
     # ---------------------------------------------------------------- memory

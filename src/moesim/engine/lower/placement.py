@@ -7,6 +7,8 @@ experts per layer on the GPU as fit; served runtimes: all on the GPU or nothing.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ...spec.hardware import Machine
@@ -46,7 +48,27 @@ MEM_CFG_KEYS = ("kv_bytes_per_elem", "mtp", "n_gpus", "gpu_capacity", "host_capa
 _WEIGHT_ROWS = tuple(range(CLASS_MTP + 1))   # the weight classes, as ms_memory.c sums them
 
 
+# the configuration keys candidate_weights sets itself; the others are part of its cache key
+_PROBE_KEYS = frozenset(("context", "batch", "mtp", "placement", "placement_arg", "n_gpus", "gpu_fixed", "gpu_buf0",
+                         "gpu_buf_ctx", "gpu_capacity", "host_capacity", "storage_spill"))
+
+
 def candidate_weights(low, cands, cfg: dict, mtp: int = 0, engine: str = "c") -> dict:
+    """Weight bytes per tier of each candidate placement (:func:`_candidate_weights`), cached on
+    everything they depend on: a sweep's groups of one model and quant on many machines share them."""
+    rest = tuple(sorted((k, v) for k, v in cfg.items() if k not in _PROBE_KEYS))
+    placed = tuple((placement_code(p), max(0, p.arg)) for p in cands)
+    got = _candidate_weights_cached(low, placed, rest, 1 if mtp else 0, engine)
+    return {k: list(v) for k, v in got.items()}
+
+
+@functools.lru_cache(maxsize=512)
+def _candidate_weights_cached(low, placed: tuple, rest: tuple, mtp: int, engine: str) -> dict:
+    got = _candidate_weights(low, placed, dict(rest), mtp, engine)
+    return {k: tuple(v) for k, v in got.items()}
+
+
+def _candidate_weights(low, placed: tuple, cfg: dict, mtp: int, engine: str) -> dict:
     """Weight bytes per tier of each candidate placement, from the memory kernel (ms_memory.c account(),
     through :func:`moesim.engine.memory.evaluate`): configuration ``cfg`` (the all-GPU one: its
     embeddings rule) with each candidate's placement, at context 1 and batch 1, MTP modules loaded when
@@ -58,12 +80,12 @@ def candidate_weights(low, cands, cfg: dict, mtp: int = 0, engine: str = "c") ->
     byte of fixed buffer (weights do not depend on GPU count, buffers or capacities; capacities of 0
     make the kernel's max-context/max-batch searches stop at once)."""
     from ..memory import evaluate
-    n = len(cands)
+    n = len(placed)
     cols = {k: np.full(n, v) for k, v in cfg.items()}
     cols.update(context=np.ones(n, dtype=np.int64), batch=np.ones(n, dtype=np.int64),
                 mtp=np.full(n, 1 if mtp else 0, dtype=np.int64),
-                placement=np.array([placement_code(p) for p in cands], dtype=np.int64),
-                placement_arg=np.array([max(0, p.arg) for p in cands], dtype=np.int64),
+                placement=np.array([c for c, _ in placed], dtype=np.int64),
+                placement_arg=np.array([a for _, a in placed], dtype=np.int64),
                 n_gpus=np.ones(n, dtype=np.int64), gpu_fixed=np.ones(n), gpu_buf0=np.zeros(n), gpu_buf_ctx=np.zeros(n),
                 gpu_capacity=np.zeros(n), host_capacity=np.zeros(n), storage_spill=np.zeros(n, dtype=np.int64))
     bc = evaluate(low, cols, engine=engine)["by_class"]
