@@ -33,6 +33,7 @@ from ..engine.codes import MODES, POLICIES
 from ..engine.lower.machine import lower_machine
 from ..engine.lower.decode_model import lower_model
 from ..engine.prefill import prefill
+from .consistency import capacities, check_result
 
 
 # ------------------------------------------------------------------------------- public API
@@ -92,7 +93,7 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
 
     *machine*: a :func:`moesim.machine`, a catalog machine id or a dict of its keywords. A context above
     the model's trained maximum is refused unless *allow_beyond_max_context*."""
-    from .records import record
+    from .records import default_notes, record
     from .resolve import resolve
     from ..ingest import traces as T
     m = get_model(model)
@@ -125,7 +126,8 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
     cfg = configure(m, low, machine, rt, p, context, batch, kv, mtp)
     mem = _result_from_arrays(evaluate(low, cfg), 0)
     alias = Q.alias_note(quant, q)
-    memory = record(m, q, kv, context, batch, p, rt, machine, mem, mtp, notes + ([alias] if alias else []))
+    memory = record(m, q, kv, context, batch, p, rt, machine, mem, mtp, notes + ([alias] if alias else [])
+                    + default_notes(rt, kv, runtime, kv_dtype, placement))
 
     dims = R_routing.RoutingDims.of(m)
     prefetch = prefetch_recall is not None and prefetch_recall > 0
@@ -141,6 +143,8 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
             prof = R.profile(prof, recall=prefetch_recall)
         rtab = R_routing.lower(dims, prof, seed, prefetch=prefetch)
         routing_name = prof.id
+        if routing is None:
+            memory["assumptions"].append(f"routing: {prof.id}, the {m.family} family's profile (--routing, --trace)")
     drafts = mtp
     tps = 1 + drafts
     if mode == "montecarlo":
@@ -157,7 +161,8 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
             f"weights page from storage: this run's host page cache starts cold ({warmup} of {tokens} steps "
             "excluded as warm-up) and keeps the routing's token-to-token locality; fit's analytic figure is a "
             "steady state under independent picks, so the two differ (a longer --tokens converges the first)"]
-    return _result(res, 0, batch, memory, mode, policy, tokens, seed, routing_name, pf_tok_s, ttft)
+    return check_result(_result(res, 0, batch, memory, mode, policy, tokens, seed, routing_name, pf_tok_s, ttft),
+                        capacities(cfg), m.max_context, allow_beyond_max_context, m.n_experts)
 
 
 def _policy_and_mode(policy, mode) -> tuple:
