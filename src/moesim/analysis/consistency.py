@@ -147,8 +147,14 @@ def _check_fits(fits: str, tiers: dict, caps: dict) -> set:
         raise fail("memory_by_tier.storage", f"{storage!r} bytes paged from storage, with storage_capacity "
                    f"{caps['storage']!r} and paging {'on' if caps['storage_spill'] else 'off'}")
     if names:
-        if ("gpu" in names) != (gpu > 0 and caps["n_gpus"] > 0) or ("storage" in names) != (storage > 0):
-            raise fail("fits", f"fits is {fits!r} but the tiers in use are GPU {gpu!r}, storage {storage!r} bytes")
+        # host: anything there but its buffers (or nothing placed anywhere else)
+        placed = host - tiers["host"]["by_class"].get("buffers", 0.0)
+        on_host = placed > REL * host + _ABS_BYTES or (gpu <= 0 and storage <= 0)
+        off_host = placed <= 0 and not (gpu <= 0 and storage <= 0)
+        if ("gpu" in names) != (gpu > 0 and caps["n_gpus"] > 0) or ("storage" in names) != (storage > 0) \
+                or (on_host and "host" not in names) or (off_host and "host" in names):
+            raise fail("fits", f"fits is {fits!r} but the tiers in use are GPU {gpu!r}, host {placed!r} (besides its "
+                       f"buffers), storage {storage!r} bytes")
     return names
 
 
@@ -315,6 +321,12 @@ def _screen_lut(plan) -> np.ndarray:
 
 
 def check_chunk(plan, cols: dict, segments: list) -> None:
+    """:func:`_check_chunk`, without numpy's warnings for the NaN and zero it may meet (it raises instead)."""
+    with np.errstate(all="ignore"):
+        _check_chunk(plan, cols, segments)
+
+
+def _check_chunk(plan, cols: dict, segments: list) -> None:
     """The sweep's rows ``cols[k][s0:s1]`` of each evaluated group ``(s0, s1, group)`` in *segments*
     satisfy the record guarantees: bytes finite and >= 0, tiers >= weights + KV + state, fits against
     the capacities (GPU and storage tiers included), max_context and max_batch covering what fits,
@@ -372,8 +384,10 @@ def _explain_chunk(plan, r: dict, scalars: tuple) -> None:
     gpu, host, storage = r["gpu_bytes"], r["host_bytes"], r["storage_bytes"]
     parts = r["weights_bytes"] + r["kv_bytes"] + r["state_bytes"]
     tot = gpu + host + storage
-    _vec("bytes", ~(np.minimum(np.minimum(gpu, host), np.minimum(storage, parts)) >= 0) | ~np.isfinite(tot + parts),
-         r, "a byte count is negative or not finite")
+    neg = np.zeros(len(gpu), dtype=bool)
+    for k in _BYTE_COLUMNS:
+        neg |= ~(r[k] >= 0) | ~np.isfinite(r[k])
+    _vec("bytes", neg, r, "a byte count is negative or not finite")
     _vec("kv_bytes_per_token", ~(r["kv_bytes_per_token"] >= 0) | ~np.isfinite(r["kv_bytes_per_token"]), r,
          "kv_bytes_per_token is negative or not finite")
     _vec("gpu_bytes", tot < parts * (1 - REL) - _ABS_BYTES, r, "the tiers hold less than weights + KV + state")

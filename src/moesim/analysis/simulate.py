@@ -127,7 +127,7 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
     mem = _result_from_arrays(evaluate(low, cfg), 0)
     alias = Q.alias_note(quant, q)
     memory = record(m, q, kv, context, batch, p, rt, machine, mem, mtp, notes + ([alias] if alias else [])
-                    + default_notes(rt, kv, runtime, kv_dtype, placement))
+                    + default_notes(rt, kv, runtime, kv_dtype, placement if cache_experts is None else p))
 
     dims = R_routing.RoutingDims.of(m)
     prefetch = prefetch_recall is not None and prefetch_recall > 0
