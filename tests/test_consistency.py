@@ -218,9 +218,9 @@ def test_a_doctored_kernel_result_makes_simulate_raise(monkeypatch):
 def _sweep_capture(monkeypatch, **kw):
     real, calls = SR.check_chunk, []
 
-    def spy(plan, cols, segments):
+    def spy(plan, cols, segments, threads=1):
         calls.append((plan, {k: v.copy() for k, v in cols.items()}, list(segments)))
-        return real(plan, cols, segments)
+        return real(plan, cols, segments, threads)
     monkeypatch.setattr(SR, "check_chunk", spy)
     moesim.sweep(**kw)
     monkeypatch.setattr(SR, "check_chunk", real)
@@ -488,3 +488,13 @@ def chunk_once():
     finally:
         mp.undo()
     return plan, cols, segs
+
+
+@pytest.mark.parametrize("where", [0, -1])
+def test_the_screen_on_several_threads_sees_every_slice(chunk, monkeypatch, where):
+    plan, cols, segs, _ = chunk
+    monkeypatch.setattr(K, "_ROWS_PER_THREAD", 4)
+    K.check_chunk(plan, cols, segs, threads=3)
+    cols = {k: v.copy() for k, v in cols.items()}
+    cols["decode_tok_s"][where] = -1.0
+    _raises("decode_tok_s", K.check_chunk, plan, cols, segs, threads=3)

@@ -13,6 +13,7 @@ so the CLI prints its one-line form) names the output field and the values that 
 from __future__ import annotations
 
 import math
+import os
 import threading
 
 import numpy as np
@@ -275,6 +276,7 @@ def _rows(cols: dict, segments: list) -> dict:
 
 _BYTE_COLUMNS = ("gpu_bytes", "host_bytes", "storage_bytes", "weights_bytes", "kv_bytes", "state_bytes")
 _SCRATCH = threading.local()
+_MAX_BATCH = 1 << 30        # the memory kernel's max_batch search stops there (csrc/ms_memory.c)
 
 
 def _scratch(n: int) -> tuple:
@@ -299,18 +301,20 @@ def _screen_fits(r: dict, got: np.ndarray, capg, caph, b0, b1, i1) -> bool:
         np.logical_and(b1, capg > 0, out=b1)
     elif not capg > 0:
         b1[:] = False
-    np.left_shift(b1.view(np.int8), 1, out=i1)
-    np.bitwise_or(i1, b0.view(np.int8), out=i1)
+    v1 = b1.view(np.int8)                     # byte adds only (AVX2 has no byte shifts or multiplies)
+    np.add(v1, v1, out=i1)
+    np.add(i1, b0.view(np.int8), out=i1)
     np.greater(storage, 0.0, out=b1)
     np.logical_and(b1, b0, out=b1)
-    np.left_shift(b1.view(np.int8), 2, out=b1.view(np.int8))
-    np.bitwise_or(i1, b1.view(np.int8), out=i1)
+    np.add(v1, v1, out=v1)
+    np.add(v1, v1, out=v1)
+    np.add(i1, v1, out=i1)
     return bool(np.not_equal(got, i1, out=b0).any())
 
 
 def _exceeds(col: np.ndarray, bound, work: np.ndarray) -> bool:
-    """Any row of *col* above *bound* (a scalar: one reduction; per row: a comparison)."""
-    if np.ndim(bound) == 0:
+    """Any row of *col* above *bound* (a float scalar: one reduction; else a comparison)."""
+    if np.ndim(bound) == 0 and col.dtype.kind == "f":
         return bool(col.max() > bound)
     return bool(np.greater(col, bound, out=work).any())
 
@@ -320,24 +324,56 @@ def _screen_lut(plan) -> np.ndarray:
     return ((bits != 0) | ((bits & 1) << 1) | (bits & 4)).astype(np.int8)
 
 
-def check_chunk(plan, cols: dict, segments: list) -> None:
-    """:func:`_check_chunk`, without numpy's warnings for the NaN and zero it may meet (it raises instead)."""
-    with np.errstate(all="ignore"):
-        _check_chunk(plan, cols, segments)
-
-
-def _check_chunk(plan, cols: dict, segments: list) -> None:
+def check_chunk(plan, cols: dict, segments: list, threads: int = 1) -> None:
     """The sweep's rows ``cols[k][s0:s1]`` of each evaluated group ``(s0, s1, group)`` in *segments*
     satisfy the record guarantees: bytes finite and >= 0, tiers >= weights + KV + state, fits against
     the capacities (GPU and storage tiers included), max_context and max_batch covering what fits,
     decode figures finite and > 0 with aggregate = per sequence x batch and TPOT = 1000 / tok/s,
-    p99 >= p50, hit rate NaN (does not apply) or in [0, 1]. A fast screen of reductions and in-place
-    comparisons; only a flagged chunk pays for the row-by-row explanation, which raises."""
+    p99 >= p50, hit rate NaN (does not apply) or in [0, 1].
+
+    A screen of reductions and in-place comparisons (:func:`_screen`, on up to *threads* slices of
+    rows at once: numpy releases the GIL); only a flagged chunk pays for the row-by-row
+    explanation (:func:`_explain_chunk`), which raises naming the first bad row."""
     if not segments:
         return
-    r = _rows(cols, segments)
+    with np.errstate(all="ignore"):
+        r = _rows(cols, segments)
+        scalars = _group_scalars(segments)
+        n = len(r["context"])
+        k = max(1, min(int(threads), n // _ROWS_PER_THREAD))
+        flag = not all(g.kv_bytes_per_token >= 0 and math.isfinite(g.kv_bytes_per_token) for _a, _b, g in segments)
+        if k == 1:
+            flag = flag or _screen(plan, r, scalars)
+        elif not flag:
+            cuts = [n * j // k for j in range(k + 1)]
+            parts = [({c: v[a:b] for c, v in r.items()}, tuple(x[a:b] if np.ndim(x) else x for x in scalars))
+                     for a, b in zip(cuts, cuts[1:])]
+            flag = any(_pool().map(lambda part: _screen(plan, *part), parts))
+        if flag:
+            _explain_chunk(plan, r, scalars)
+
+
+_ROWS_PER_THREAD = 1 << 16
+_POOL: dict = {}
+_POOL_LOCK = threading.Lock()
+
+
+def _pool():
+    """The threads that screen slices of a chunk together: one pool per process, made on first use
+    (a forked child makes its own: the parent's threads do not exist there)."""
+    with _POOL_LOCK:
+        pid = os.getpid()
+        if _POOL.get("pid") != pid:
+            from concurrent.futures import ThreadPoolExecutor
+            _POOL.update(pid=pid, pool=ThreadPoolExecutor(max_workers=os.cpu_count() or 1,
+                                                          thread_name_prefix="moesim-check"))
+        return _POOL["pool"]
+
+
+def _screen(plan, r: dict, scalars: tuple) -> bool:
+    """True when some row could break a guarantee (exact comparisons: a row at a tolerance boundary is
+    flagged, and the explanation, with tolerances, decides)."""
     n = len(r["context"])
-    scalars = _group_scalars(segments)
     capg, caph, scap, mmax = scalars
     f0, f1, b0, b1, i0, i1 = _scratch(n)
     np.add(r["gpu_bytes"], r["host_bytes"], out=f0)
@@ -345,8 +381,7 @@ def _check_chunk(plan, cols: dict, segments: list) -> None:
     np.add(r["weights_bytes"], r["kv_bytes"], out=f1)
     np.add(f1, r["state_bytes"], out=f1)
     # every byte count >= 0 (NaN fails the comparison) and their sums finite: each is finite
-    flag = not (min(r[k].min() for k in _BYTE_COLUMNS) >= 0 and math.isfinite(f0.sum() + f1.sum())
-                and all(g.kv_bytes_per_token >= 0 and math.isfinite(g.kv_bytes_per_token) for _a, _b, g in segments))
+    flag = not (min(r[k].min() for k in _BYTE_COLUMNS) >= 0 and math.isfinite(f0.sum() + f1.sum()))
     flag = flag or bool(np.less(f0, f1, out=b0).any()) or _exceeds(r["storage_bytes"], scap, b0)
     np.take(_screen_lut(plan), r["fits"], out=i0)
     flag = flag or _screen_fits(r, i0, capg, caph, b0, b1, i1)
@@ -354,8 +389,10 @@ def _check_chunk(plan, cols: dict, segments: list) -> None:
     fits = i0.view(bool)
     mc, mb, ctx = r["max_context"], r["max_batch"], r["context"]
     bound = ARCH_BOUNDS["max_position_embeddings"] if plan.norm["filter"].get("allow_beyond_max_context") else mmax
-    flag = flag or not (mc.min() >= 0 and mb.min() >= 0) or _exceeds(mc, bound, b0)
-    need = ctx if np.ndim(mmax) == 0 and ctx.max() <= mmax else np.minimum(ctx, mmax)
+    # as unsigned, a negative count is huge: one comparison bounds each column on both sides
+    flag = flag or _exceeds(mc.view(np.uint64), np.asarray(bound).astype(np.uint64), b0) \
+        or bool(np.greater(mb.view(np.uint64), np.uint64(_MAX_BATCH), out=b0).any())
+    need = ctx if np.ndim(mmax) == 0 and int(plan.contexts.max()) <= mmax else np.minimum(ctx, mmax)
     np.less(mc, need, out=b0)
     np.logical_or(b0, np.less(mb, r["batch"], out=b1), out=b0)
     flag = flag or bool(np.logical_and(b0, fits, out=b0).any())
@@ -370,9 +407,7 @@ def _check_chunk(plan, cols: dict, segments: list) -> None:
         p50, p99 = r["tpot_p50_ms"], r["tpot_p99_ms"]
         flag = flag or not (p50.min() > 0 and math.isfinite(p99.sum())) or bool(np.less(p99, p50, out=b0).any())
     hit = r["expert_hit_rate"]
-    flag = flag or np.fmin.reduce(hit) < 0 or np.fmax.reduce(hit) > 1
-    if flag:
-        _explain_chunk(plan, r, scalars)
+    return flag or bool(np.less(hit, 0.0, out=b0).any()) or bool(np.greater(hit, 1.0, out=b0).any())
 
 
 def _explain_chunk(plan, r: dict, scalars: tuple) -> None:
@@ -401,7 +436,7 @@ def _explain_chunk(plan, r: dict, scalars: tuple) -> None:
     mc, mb = r["max_context"], r["max_batch"]
     _vec("max_context", (mc < 0) | (mc > bound) | (fits & (mc < np.minimum(r["context"], mmax))), r,
          "max_context does not cover the context that fits, or exceeds the model's maximum")
-    _vec("max_batch", (mb < 0) | (fits & (mb < r["batch"])), r, "max_batch does not cover the batch that fits")
+    _vec("max_batch", (mb < 0) | (mb > _MAX_BATCH) | (fits & (mb < r["batch"])), r, "max_batch does not cover the batch that fits")
     _check_decode_columns(r)
 
 
