@@ -13,7 +13,9 @@ from ..spec.hardware import as_machine
 from ..spec.limits import MAX_BATCH, MAX_DRAFTS, check_context, check_count
 from ..ingest import model as get_model
 from .resolve import memory_of, placement_from_overrides, resolve
-from .records import record
+from .consistency import capacities, check_record
+from .records import default_notes, record
+from ..engine.lower.memory import configure
 
 
 DEFAULT_FIT_QUANTS = ("Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "BF16")
@@ -55,5 +57,7 @@ def fit(model, machine: Machine, quants=None, context: int = 4096, batch: int = 
         if r.fits_bits:
             from .simulate import estimate
             rec["decode_tok_s"], rec["prefill_tok_s"] = estimate(m, low, machine, rt, p, context, batch, kv, r, mtp)
-        out.append(rec)
+        rec["assumptions"] += default_notes(rt, kv, runtime, kv_dtype, placement)
+        cfg = configure(m, low, machine, rt, p, context, batch, kv, mtp)
+        out.append(check_record(rec, capacities(cfg), m.max_context, allow_beyond_max_context))
     return out

@@ -40,3 +40,17 @@ def record(m: Model, q, kv: str, context: int, batch: int, p: Placement, rt: Run
         "flags": runtime_flags(p, rt, m, machine, context, kv, batch),
         "assumptions": list(machine.assumptions) + ([rt.launch] if rt.launch else []) + list(notes),
     }
+
+
+def default_notes(rt: Runtime, kv: str, runtime=None, kv_dtype=None, placement=None) -> list:
+    """One short assumption line for each setting the entry point chose because the call left it out:
+    the runtime (the format's default), the KV cache dtype (the runtime's), the placement (the
+    runtime's own fitting)."""
+    notes = []
+    if runtime is None:
+        notes.append(f"runtime {rt.id}: the default for this format (--runtime to choose)")
+    if kv_dtype is None:
+        notes.append(f"KV cache {kv}: {rt.id}'s default (--kv-dtype)")
+    if placement is None or (isinstance(placement, str) and placement == "auto"):
+        notes.append(f"placement: what {rt.id}'s own fitting picks (--placement to fix it)")
+    return notes

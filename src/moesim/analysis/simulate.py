@@ -22,6 +22,7 @@ from ..errors import MoesimError, unknown_id
 from ..spec.hardware import Machine
 from ..spec.hardware import as_machine
 from ..spec.limits import MAX_BATCH, MAX_DRAFTS, MAX_MONTECARLO_WORK, MAX_STEPS, check_context, check_count
+from ..engine.lower.memory import configure
 from ..spec.models import Model
 from ..ingest import model as get_model
 from ..spec.placement import Placement
@@ -31,6 +32,7 @@ from ..engine.codes import MODES, POLICIES
 from ..engine.lower.machine import lower_machine
 from ..engine.lower.decode_model import lower_model
 from ..engine.prefill import prefill
+from .consistency import capacities, check_result
 
 
 # ------------------------------------------------------------------------------- public API
@@ -90,7 +92,7 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
 
     *machine*: a :func:`moesim.machine`, a catalog machine id or a dict of its keywords. A context above
     the model's trained maximum is refused unless *allow_beyond_max_context*."""
-    from .records import record
+    from .records import default_notes, record
     from .resolve import memory_of, resolve
     from ..ingest import traces as T
     m = get_model(model)
@@ -120,10 +122,12 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
         if p.kind != "offload-cache" and placement not in (None, "auto"):
             raise MoesimError(f"cache_experts applies to the offload-cache placement, not {p}", "cache_experts")
         p = Placement("offload-cache", min(cache_experts, m.n_experts))
+    cfg = configure(m, low, machine, rt, p, context, batch, kv, mtp)
     mem = memory_of(m, low, machine, rt, p, context, batch, kv, mtp,
                     auto=placement in (None, "auto") and cache_experts is None)
     alias = Q.alias_note(quant, q)
-    memory = record(m, q, kv, context, batch, p, rt, machine, mem, mtp, notes + ([alias] if alias else []))
+    memory = record(m, q, kv, context, batch, p, rt, machine, mem, mtp, notes + ([alias] if alias else [])
+                    + default_notes(rt, kv, runtime, kv_dtype, placement if cache_experts is None else p))
 
     dims = R_routing.RoutingDims.of(m)
     prefetch = prefetch_recall is not None and prefetch_recall > 0
@@ -139,8 +143,9 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
             prof = R.profile(prof, recall=prefetch_recall)
         rtab = R_routing.lower(dims, prof, seed, prefetch=prefetch)
         routing_name = prof.id
-    drafts = mtp
-    tps = 1 + drafts
+        if routing is None:
+            memory["assumptions"].append(f"routing: {prof.id}, the {m.family} family's profile (--routing, --trace)")
+    drafts, tps = mtp, 1 + mtp
     if mode == "montecarlo":
         _check_montecarlo_size(dims, m.n_layers, batch * tps, tokens, policy)
     dm = lower_model(m, low, p, machine, rt, context, kv, batch * tps, mem.by_class, mem.tier)
@@ -155,7 +160,8 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
             f"weights page from storage: this run's host page cache starts cold ({warmup} of {tokens} steps "
             "excluded as warm-up) and keeps the routing's token-to-token locality; fit's analytic figure is a "
             "steady state under independent picks, so the two differ (a longer --tokens converges the first)"]
-    return _result(res, 0, batch, memory, mode, policy, tokens, seed, routing_name, pf_tok_s, ttft)
+    return check_result(_result(res, 0, batch, memory, mode, policy, tokens, seed, routing_name, pf_tok_s, ttft),
+                        capacities(cfg), m.max_context, allow_beyond_max_context, m.n_experts)
 
 
 def _policy_and_mode(policy, mode) -> tuple:

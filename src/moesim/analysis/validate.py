@@ -25,13 +25,17 @@ from ..engine.codes import MODES, POLICIES
 from ..engine.decode import run
 from ..engine.lower.decode_model import lower_model
 from ..engine.lower.machine import lower_machine
+from ..engine.lower.memory import configure
 from ..engine.prefill import prefill
+from .consistency import capacities, check_prediction, check_record
+from .records import default_notes, record
 from .resolve import memory_of, resolve
 from .simulate import accepted_per_step
 from .._catalog import load as _load_catalog
 from ..errors import MoesimError
 from ..spec.hardware import GB, Machine, machine as make_machine
 from ..ingest import model as get_model
+from ..spec.limits import check_context
 
 
 REQUIRED_COLUMNS = ("id", "quality", "model", "quant", "runtime", "gpu", "gpus", "placement", "batch",
@@ -268,6 +272,11 @@ def build(row: dict) -> RowConfig:
     if mtp and not m.mtp_layers:
         raise Skip(f"{m.id} has no MTP modules but the row used {mtp} drafts")
     kv = (row.get("kv_dtype") or "").strip() or None
+    try:    # fit's and simulate's context rule; a measured run beyond the trained maximum is kept, noted
+        context, beyond = check_context(max(1, context), m, allow_beyond_max_context=True)
+    except MoesimError as exc:
+        raise Skip(str(exc)) from None
+    assumed += beyond
     # depth_tokens is the decode depth; server logs put it at about the prompt length (the prompt was
     # prefilled from empty). A depth beyond the prompt is llama-bench -d: the prompt too ran on top of it.
     prompt_depth = depth if (depth and prompt and depth > prompt) else 0
@@ -320,9 +329,13 @@ def prepare(cfg: RowConfig, calibrated: bool = True) -> Prepared:
                 layerwise_chunk_tokens=cfg.kt_chunk or rt.decode.layerwise_chunk_tokens))
         q, rt, kv, low, p = resolve(m, cfg.quant, cfg.machine, rt, cfg.placement, cfg.context, cfg.batch,
                                     cfg.kv_dtype, cfg.mtp, cfg.parallel)
+        mem_cfg = configure(m, low, cfg.machine, rt, p, cfg.context, cfg.batch, kv, cfg.mtp)
         mem = memory_of(m, low, cfg.machine, rt, p, cfg.context, cfg.batch, kv, cfg.mtp)
     except MoesimError as exc:
         raise Skip(str(exc)) from None
+    cfg.assumed += [a for a in default_notes(rt, kv, cfg.runtime, cfg.kv_dtype, cfg.placement) if a not in cfg.assumed]
+    check_record(record(m, q, kv, cfg.context, cfg.batch, p, rt, cfg.machine, mem, cfg.mtp), capacities(mem_cfg),
+                 m.max_context, beyond_ok=cfg.context > m.max_context)
     tps = 1 + cfg.mtp
     dm = lower_model(m, low, p, cfg.machine, rt, cfg.context, kv, cfg.batch * tps, mem.by_class, mem.tier)
     rtab = R_routing.lower(R_routing.RoutingDims.of(m), R.profile(None, family=m.family), 0)
@@ -396,6 +409,7 @@ def evaluate_rows(rows: list, calibrated: bool = True) -> tuple:
             skipped.append({"id": row["id"], "reason": str(exc)})
             continue
         dec, pf = pr.predict()
+        check_prediction(dec, pf)
         rec = {"id": row["id"], "class": row_class(row), "quality": row["quality"], "model": cfg.model,
                "quant": cfg.quant, "runtime": pr.rt.id, "placement": str(pr.p), "batch": cfg.batch,
                "context": cfg.context, "decode_measured": meas_d, "decode_predicted": dec if meas_d else None,

@@ -61,7 +61,9 @@ def fit_text(rows: list, context: int, batch: int) -> str:
     """The ``fit`` table: one line per quantization, then the runtime flags of each."""
     r0 = rows[0]
     lines = [f"{r0['model']} on {r0['machine']}", f"context {context}, batch {batch}; runtime {r0['runtime']}"]
-    lines += [f"  assumed: {a}" for a in r0["assumptions"]]
+    common = [a for a in r0["assumptions"] if all(a in r["assumptions"] for r in rows)]
+    lines += [f"  assumed: {a}" for a in common]
+    lines += [f"  assumed ({r['quant']}): {a}" for r in rows for a in r["assumptions"] if a not in common]
     lines.append(f"{'quant':10} {'weights':>11} {'placement':>15} {'GPU':>11} {'host':>11} {'storage':>11} "
                  f"{'fits':>17} {'max context':>11} {'max batch':>9} {'tok/s':>8}  KV")
     for r in rows:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...engine.glue import handle_library_error
+from ..consistency import check_chunk
 from .table import DECODE_COLUMNS, decode_columns
 
 
@@ -83,6 +84,7 @@ def run_range(plan, start: int, end: int, threads: int = 1, buffers: dict | None
     key = cols.pop("_key")
     variant = cols.pop("_variant")
     g0, g1 = start // plan.block, (end - 1) // plan.block
+    segments = []
     for g in range(g0, g1 + 1) if n > 0 else ():
         a = max(start, g * plan.block)
         b = min(end, (g + 1) * plan.block)
@@ -93,6 +95,7 @@ def run_range(plan, start: int, end: int, threads: int = 1, buffers: dict | None
             keep[a - start:b - start] = False
             continue
         _run_group(plan, grp, cols, key, variant, a, b, start, threads)
+        segments.append((a - start, b - start, grp))
         limit = grp.m.max_context
         if limit > 0 and not plan.norm["filter"].get("allow_beyond_max_context", False):
             beyond = cols["context"][a - start:b - start] > limit
@@ -100,6 +103,7 @@ def run_range(plan, start: int, end: int, threads: int = 1, buffers: dict | None
                 if keep is None:
                     keep = np.ones(n, dtype=bool)
                 keep[a - start:b - start] &= ~beyond
+    check_chunk(plan, cols, segments, threads)     # every evaluated row, before filters or a file see it
     keep = _filter_rows(plan, cols, keep, n)
     names = plan.columns
     if keep is None or keep.all():
