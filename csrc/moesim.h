@@ -410,6 +410,22 @@ int ms_sweep_montecarlo(const ms_sweep_decode_t *d, const int64_t *context, cons
                         const int32_t *variant, const uint64_t *index, int64_t n, int n_threads, void *workspace,
                         int64_t ws_bytes, ms_sweep_dec_out_t *out, int64_t *err_index);
 
+/* The rows [start, end) of one group in a chunk's columns, with what the screen compares them to. */
+typedef struct {
+    int64_t start, end;
+    double gpu_cap, host_cap, storage_cap;   /* n_gpus x GPU capacity; host RAM; storage (0: no paging) */
+    int64_t max_context;                     /* the model's trained maximum */
+    int64_t context_bound;                   /* the largest max_context allowed */
+} ms_screen_segment_t;
+
+/* The consistency screen of a sweep chunk (csrc/ms_screen.c): *first_flagged gets the first row of the
+ * segments that could break a result guarantee (-1: none). fits_lut maps an output fits code to bits
+ * 1 fits, 2 GPU tier in use, 4 storage in use; rel is the relative slack of the decode identities.
+ * The caller owns the columns (mem and dec, every segment's rows within them). */
+int ms_sweep_screen(const ms_sweep_mem_out_t *mem, const ms_sweep_dec_out_t *dec, const ms_screen_segment_t *segs,
+                    int32_t n_segs, const int8_t *fits_lut, int32_t n_lut, double rel, int64_t max_batch,
+                    int64_t *first_flagged);
+
 /* =====================================================================================================
  * Automatic placement of one configuration (csrc/ms_place.c).
  *

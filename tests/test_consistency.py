@@ -490,11 +490,18 @@ def chunk_once():
     return plan, cols, segs
 
 
-@pytest.mark.parametrize("where", [0, -1])
-def test_the_screen_on_several_threads_sees_every_slice(chunk, monkeypatch, where):
-    plan, cols, segs, _ = chunk
-    monkeypatch.setattr(K, "_ROWS_PER_THREAD", 4)
-    K.check_chunk(plan, cols, segs, threads=3)
+@settings(max_examples=4 * EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+@given(col=st.sampled_from(_NUMERIC), row=st.integers(0, 31),
+       factor=st.sampled_from([-1.0, 0.0, 0.5, 0.999, 1 + 1e-12, 1 + 1e-6, 1.001, 2.0, 1e6, float("nan"),
+                               float("inf")]), skip_first=st.booleans())
+def test_the_c_screen_flags_exactly_what_its_numpy_twin_flags(chunk_once, col, row, factor, skip_first):
+    """ms_sweep_screen (one C pass) against consistency._screen (numpy), on doctored chunks and on
+    segments with a gap between them (a skipped group)."""
+    plan, cols, segs = chunk_once
     cols = {k: v.copy() for k, v in cols.items()}
-    cols["decode_tok_s"][where] = -1.0
-    _raises("decode_tok_s", K.check_chunk, plan, cols, segs, threads=3)
+    c, i = cols[col], row % len(cols[col])
+    with np.errstate(all="ignore"):
+        c[i] = c[i] * factor if c.dtype.kind == "f" else (int(c[i] * max(factor, 0)) if math.isfinite(factor) else 0)
+        part = segs[1:] if skip_first else segs
+        want = K._screen(plan, K._rows(cols, part), K._group_scalars(part))
+    assert K._screen_c(plan, cols, part) == want, (col, i, factor, skip_first)

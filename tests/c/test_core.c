@@ -928,6 +928,46 @@ static void test_sweep_decode(void)
     free_dec_group(&G);
 }
 
+/* The consistency screen: a consistent row passes, each kind of break is the first flagged row, and
+ * malformed calls are error codes. */
+static void test_screen(void)
+{
+    int64_t ctx[3] = {50, 50, 50}, bat[3] = {2, 2, 2}, mc[3] = {100, 100, 100}, mb[3] = {4, 4, 4};
+    int32_t fits[3] = {1, 1, 1};
+    double w[3] = {1, 1, 1}, kv[3] = {0.5, 0.5, 0.5}, st[3] = {0.5, 0.5, 0.5};
+    double gpu[3] = {1, 1, 1}, host[3] = {1, 1, 1}, sto[3] = {0, 0, 0};
+    double dec[3] = {10, 10, 10}, agg[3] = {20, 20, 20}, tpot[3] = {100, 100, 100}, pf[3] = {5, 5, 5};
+    double hit[3] = {0.5, NAN, 0.5}, p50[3] = {90, 90, 90}, p99[3] = {120, 120, 120};
+    int8_t lut[2] = {0, 3};                        /* code 1: fits, GPU tier in use */
+    ms_sweep_mem_out_t m = {ctx, bat, NULL, fits, NULL, w, kv, st, gpu, host, sto, mc, mb};
+    ms_sweep_dec_out_t d = {dec, agg, tpot, NULL, NULL, pf, hit, NULL};
+    ms_screen_segment_t seg = {0, 3, 10.0, 10.0, 0.0, 1000, 1000};
+    int64_t first = 7;
+    CHECK(ms_sweep_screen(&m, &d, &seg, 1, lut, 2, 1e-9, 1 << 30, &first) == 0 && first == -1);
+    d.tpot_p50_ms = p50; d.tpot_p99_ms = p99;
+    CHECK(ms_sweep_screen(&m, &d, &seg, 1, lut, 2, 1e-9, 1 << 30, &first) == 0 && first == -1);
+    p99[2] = 80;                                   /* p99 < p50 */
+    CHECK(ms_sweep_screen(&m, &d, &seg, 1, lut, 2, 1e-9, 1 << 30, &first) == 0 && first == 2);
+    p99[2] = 120; gpu[1] = 11;                     /* over the GPU's capacity, yet said to fit */
+    CHECK(ms_sweep_screen(&m, &d, &seg, 1, lut, 2, 1e-9, 1 << 30, &first) == 0 && first == 1);
+    gpu[1] = 1; kv[0] = NAN;
+    CHECK(ms_sweep_screen(&m, &d, &seg, 1, lut, 2, 1e-9, 1 << 30, &first) == 0 && first == 0);
+    kv[0] = 0.5; mc[2] = 10;                       /* fits at 50 but max context 10 */
+    CHECK(ms_sweep_screen(&m, &d, &seg, 1, lut, 2, 1e-9, 1 << 30, &first) == 0 && first == 2);
+    mc[2] = 100; agg[1] = 21; seg.start = 2;       /* a segment sees only its own rows */
+    CHECK(ms_sweep_screen(&m, &d, &seg, 1, lut, 2, 1e-9, 1 << 30, &first) == 0 && first == -1);
+    seg.start = 0;
+    CHECK(ms_sweep_screen(&m, &d, &seg, 1, lut, 2, 1e-9, 1 << 30, &first) == 0 && first == 1);
+    agg[1] = 20; fits[0] = 5;                      /* a fits code outside the table */
+    CHECK(ms_sweep_screen(&m, &d, &seg, 1, lut, 2, 1e-9, 1 << 30, &first) == 0 && first == 0);
+    fits[0] = 1;
+    CHECK(ms_sweep_screen(&m, &d, &seg, 1, lut, 2, 1e-9, 1 << 30, NULL) == MS_ERR_NULL_ARGUMENT);
+    CHECK(ms_sweep_screen(NULL, &d, &seg, 1, lut, 2, 1e-9, 1 << 30, &first) == MS_ERR_NULL_ARGUMENT && first == -1);
+    CHECK(ms_sweep_screen(&m, &d, &seg, 1, lut, 0, 1e-9, 1 << 30, &first) == MS_ERR_BAD_SIZE);
+    seg.end = -1;
+    CHECK(ms_sweep_screen(&m, &d, &seg, 1, lut, 2, 1e-9, 1 << 30, &first) == MS_ERR_BAD_SIZE);
+}
+
 int main(void)
 {
     test_strerror_and_rng();
@@ -938,6 +978,7 @@ int main(void)
     test_stamp_restart();
     test_sweep_memory_and_placement();
     test_sweep_decode();
+    test_screen();
     printf("stamp digest %016llx (MS_STAMP_MAX %d)\n", (unsigned long long) stamp_digest(), (int) MS_STAMP_MAX);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;

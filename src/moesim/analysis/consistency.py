@@ -13,7 +13,6 @@ so the CLI prints its one-line form) names the output field and the values that 
 from __future__ import annotations
 
 import math
-import os
 import threading
 
 import numpy as np
@@ -324,50 +323,42 @@ def _screen_lut(plan) -> np.ndarray:
     return ((bits != 0) | ((bits & 1) << 1) | (bits & 4)).astype(np.int8)
 
 
-def check_chunk(plan, cols: dict, segments: list, threads: int = 1) -> None:
+def check_chunk(plan, cols: dict, segments: list, engine: str = "c") -> None:
     """The sweep's rows ``cols[k][s0:s1]`` of each evaluated group ``(s0, s1, group)`` in *segments*
     satisfy the record guarantees: bytes finite and >= 0, tiers >= weights + KV + state, fits against
     the capacities (GPU and storage tiers included), max_context and max_batch covering what fits,
     decode figures finite and > 0 with aggregate = per sequence x batch and TPOT = 1000 / tok/s,
     p99 >= p50, hit rate NaN (does not apply) or in [0, 1].
 
-    A screen of reductions and in-place comparisons (:func:`_screen`, on up to *threads* slices of
-    rows at once: numpy releases the GIL); only a flagged chunk pays for the row-by-row
-    explanation (:func:`_explain_chunk`), which raises naming the first bad row."""
+    A screen of exact comparisons, one pass in C (``ms_sweep_screen``; *engine* "python": its numpy
+    twin :func:`_screen`); only a flagged chunk pays for the row-by-row explanation
+    (:func:`_explain_chunk`), which raises naming the first bad row."""
     if not segments:
         return
     with np.errstate(all="ignore"):
-        r = _rows(cols, segments)
-        scalars = _group_scalars(segments)
-        n = len(r["context"])
-        k = max(1, min(int(threads), n // _ROWS_PER_THREAD))
         flag = not all(g.kv_bytes_per_token >= 0 and math.isfinite(g.kv_bytes_per_token) for _a, _b, g in segments)
-        if k == 1:
-            flag = flag or _screen(plan, r, scalars)
-        elif not flag:
-            cuts = [n * j // k for j in range(k + 1)]
-            parts = [({c: v[a:b] for c, v in r.items()}, tuple(x[a:b] if np.ndim(x) else x for x in scalars))
-                     for a, b in zip(cuts, cuts[1:])]
-            flag = any(_pool().map(lambda part: _screen(plan, *part), parts))
+        if not flag:
+            flag = _screen_c(plan, cols, segments) if engine == "c" else \
+                _screen(plan, _rows(cols, segments), _group_scalars(segments))
         if flag:
-            _explain_chunk(plan, r, scalars)
+            _explain_chunk(plan, _rows(cols, segments), _group_scalars(segments))
 
 
-_ROWS_PER_THREAD = 1 << 16
-_POOL: dict = {}
-_POOL_LOCK = threading.Lock()
-
-
-def _pool():
-    """The threads that screen slices of a chunk together: one pool per process, made on first use
-    (a forked child makes its own: the parent's threads do not exist there)."""
-    with _POOL_LOCK:
-        pid = os.getpid()
-        if _POOL.get("pid") != pid:
-            from concurrent.futures import ThreadPoolExecutor
-            _POOL.update(pid=pid, pool=ThreadPoolExecutor(max_workers=os.cpu_count() or 1,
-                                                          thread_name_prefix="moesim-check"))
-        return _POOL["pool"]
+def _screen_c(plan, cols: dict, segments: list) -> bool:
+    """ms_sweep_screen over the segments' rows: True when one could break a guarantee."""
+    from ..engine import _kernel
+    from ..engine.glue import handle_library_error
+    beyond = plan.norm["filter"].get("allow_beyond_max_context")
+    segs = []
+    for s0, s1, grp in segments:
+        c = grp.mem_tables["cfg"][0]
+        mmax = int(grp.low.max_context)
+        segs.append((s0, s1, float(c["n_gpus"]) * float(c["gpu_capacity"]), float(c["host_capacity"]),
+                     float(c["storage_capacity"]) if c["storage_spill"] else 0.0, mmax,
+                     ARCH_BOUNDS["max_position_embeddings"] if beyond else mmax))
+    code, first = _kernel.sweep_screen(cols, segs, _screen_lut(plan), REL, _MAX_BATCH)
+    handle_library_error(code, "ms_sweep_screen")
+    return first >= 0
 
 
 def _screen(plan, r: dict, scalars: tuple) -> bool:

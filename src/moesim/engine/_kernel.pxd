@@ -1,5 +1,5 @@
 # Declarations of the plain-C core (csrc/moesim.h) for the Cython glue.
-from libc.stdint cimport int32_t, int64_t, uint64_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint64_t
 
 cdef extern from "moesim.h" nogil:
     int MS_N_CLASSES
@@ -279,5 +279,13 @@ cdef extern from "moesim.h" nogil:
 
 # ---- automatic placement of one configuration (csrc/ms_place.c; glue in _place.pxi)
 cdef extern from "moesim.h" nogil:
+    ctypedef struct ms_screen_segment_t:
+        int64_t start, end
+        double gpu_cap, host_cap, storage_cap
+        int64_t max_context
+        int64_t context_bound
+    int ms_sweep_screen(const ms_sweep_mem_out_t *mem, const ms_sweep_dec_out_t *dec,
+                        const ms_screen_segment_t *segs, int32_t n_segs, const int8_t *fits_lut, int32_t n_lut,
+                        double rel, int64_t max_batch, int64_t *first_flagged)
     int ms_auto_placement(const ms_sweep_mem_t *g, int64_t context, int64_t batch, int32_t *chosen)
     int ms_auto_max_context(const ms_sweep_mem_t *g, int64_t batch, int64_t *max_context)

@@ -14,7 +14,7 @@ modules above. One extension module, its parts included per struct family:
 import numpy as np
 cimport numpy as cnp
 from libc.stdlib cimport malloc, free
-from libc.stdint cimport int32_t, int64_t, uint64_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint64_t
 from libc.string cimport memset
 
 from moesim.errors import MoesimError

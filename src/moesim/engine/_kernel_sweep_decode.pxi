@@ -211,3 +211,59 @@ def sweep_montecarlo(SweepDecode dec, context, batch, variant, index, int n_thre
     finally:
         free(ws)
     return code, bad
+
+
+def sweep_screen(dict cols, segments, fits_lut, double rel, int64_t max_batch):
+    """ms_sweep_screen over the rows of `segments` ((start, end, gpu_cap, host_cap, storage_cap,
+    max_context, context_bound) each) of the chunk columns `cols`: (code, first flagged row or -1)."""
+    cdef const int8_t[::1] lut = fits_lut
+    cdef Py_ssize_t n_seg = len(segments), k, n = 0
+    if lut.shape[0] < 1:
+        raise ValueError("empty fits table")
+    for seg in segments:
+        if not (0 <= seg[0] <= seg[1]):
+            raise ValueError("bad segment")
+        n = max(n, seg[1])
+    if n == 0:
+        return 0, -1
+    # the columns the screen reads (key, placement and bottleneck it does not)
+    cdef int64_t[::1] ctx = cols["context"], bat = cols["batch"], mc = cols["max_context"], mb = cols["max_batch"]
+    cdef int32_t[::1] fits = cols["fits"]
+    cdef double[::1] w = cols["weights_bytes"], kv = cols["kv_bytes"], st = cols["state_bytes"]
+    cdef double[::1] gpu = cols["gpu_bytes"], host = cols["host_bytes"], sto = cols["storage_bytes"]
+    cdef double[::1] a = cols["decode_tok_s"], b = cols["aggregate_tok_s"], c = cols["tpot_ms"]
+    cdef double[::1] f = cols["prefill_tok_s"], h = cols["expert_hit_rate"], d, e
+    if min(ctx.shape[0], bat.shape[0], mc.shape[0], mb.shape[0], fits.shape[0], w.shape[0], kv.shape[0], st.shape[0],
+           gpu.shape[0], host.shape[0], sto.shape[0], a.shape[0], b.shape[0], c.shape[0], f.shape[0], h.shape[0]) < n:
+        raise ValueError("a column is shorter than the segments")
+    cdef ms_sweep_mem_out_t mem
+    cdef ms_sweep_dec_out_t dec
+    mem.context = &ctx[0]; mem.batch = &bat[0]; mem.placement = NULL; mem.fits = &fits[0]; mem.key = NULL
+    mem.weights = &w[0]; mem.kv = &kv[0]; mem.state = &st[0]; mem.gpu = &gpu[0]; mem.host = &host[0]
+    mem.storage = &sto[0]; mem.max_context = &mc[0]; mem.max_batch = &mb[0]
+    dec.decode_tok_s = &a[0]; dec.aggregate_tok_s = &b[0]; dec.tpot_ms = &c[0]; dec.prefill_tok_s = &f[0]
+    dec.hit_rate = &h[0]; dec.bottleneck = NULL; dec.tpot_p50_ms = NULL; dec.tpot_p99_ms = NULL
+    if cols.get("tpot_p50_ms") is not None:
+        d = cols["tpot_p50_ms"]
+        e = cols["tpot_p99_ms"]
+        if d.shape[0] < n or e.shape[0] < n:
+            raise ValueError("a column is shorter than the segments")
+        dec.tpot_p50_ms = &d[0]
+        dec.tpot_p99_ms = &e[0]
+    cdef ms_screen_segment_t *segs = <ms_screen_segment_t *> malloc(max(n_seg, 1) * sizeof(ms_screen_segment_t))
+    cdef int code
+    cdef int64_t first = -1
+    cdef int32_t n_lut = <int32_t> lut.shape[0]
+    if segs == NULL:
+        raise MemoryError()
+    try:
+        for k in range(n_seg):
+            s = segments[k]
+            segs[k].start = s[0]; segs[k].end = s[1]
+            segs[k].gpu_cap = s[2]; segs[k].host_cap = s[3]; segs[k].storage_cap = s[4]
+            segs[k].max_context = s[5]; segs[k].context_bound = s[6]
+        with nogil:
+            code = ms_sweep_screen(&mem, &dec, segs, <int32_t> n_seg, &lut[0], n_lut, rel, max_batch, &first)
+    finally:
+        free(segs)
+    return code, first
