@@ -1,7 +1,9 @@
 """Build definition for the compiled kernel only; metadata lives in pyproject.toml.
 
-MOESIM_DEBUG=1 turns Cython's bounds/wraparound checks back on and compiles the C
-core with -O0 -g, for a debug build that catches indexing errors in the glue.
+MOESIM_DEBUG=1 turns Cython's bounds checks back on and compiles the C core with -O0 -g, for a
+debug build that catches indexing errors in the glue: any index outside [0, len) raises IndexError.
+Wraparound stays off as in the release build, so a negative index is refused, not silently wrapped
+(the release glue would read before the buffer there).
 MOESIM_SANITIZE=1 (gcc or clang, not MSVC) compiles the C core and the Cython-generated C with
 AddressSanitizer + UndefinedBehaviorSanitizer (-fsanitize=address,undefined
 -fno-sanitize-recover=undefined -fno-omit-frame-pointer -O1 -g) and links the sanitizer runtimes;
@@ -80,7 +82,7 @@ setup(
         language_level=3,
         compiler_directives={
             "boundscheck": DEBUG,
-            "wraparound": DEBUG,
+            "wraparound": False,  # as in release; with boundscheck a negative index raises, never wraps
             "cdivision": not DEBUG,
             "initializedcheck": DEBUG,
         },
