@@ -168,7 +168,8 @@ def test_the_run_environment_stops_on_a_report(tmp_path, call, report):
     res = subprocess.run([GCC, *SANITIZE, "-fPIC", "-shared", str(src), "-o", str(lib)], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     code = f"import ctypes; print(ctypes.CDLL({str(lib)!r}).{call}); print('survived')"
-    res = subprocess.run([sys.executable, "-c", code], env=_sanitizer_env(), capture_output=True, text=True, timeout=120)
+    res = subprocess.run([sys.executable, "-c", code], env=_sanitizer_env(), capture_output=True, text=True,
+                         timeout=120)
     assert res.returncode != 0 and "survived" not in res.stdout, res.stdout + res.stderr[-3000:]
     assert report in res.stderr, res.stderr[-3000:]
 
@@ -178,8 +179,8 @@ def subset_run(build, tmp_path_factory):
     """Runs SUBSET against the build (-v names the test a sanitizer report stops; --capture=sys leaves
     file descriptor 2 alone, so the report itself reaches stderr instead of dying in pytest's capture)."""
     report = tmp_path_factory.mktemp("sanitized_report") / "calls.json"
-    args = [sys.executable, "-c", BOOT, str(build), str(report), "-x", "-v", "--capture=sys", "-p", "no:cacheprovider", *SUBSET,
-            *(f"--deselect={node}" for node in DESELECT)]
+    args = [sys.executable, "-c", BOOT, str(build), str(report), "-x", "-v", "--capture=sys", "-p", "no:cacheprovider",
+            *SUBSET, *(f"--deselect={node}" for node in DESELECT)]
     path = os.pathsep.join([str(build)] + [p for p in [os.environ.get("PYTHONPATH")] if p])  # the build first
     res = subprocess.run(args, cwd=ROOT, env=_sanitizer_env(PYTHONPATH=path, **SUBSET_ENV),
                          capture_output=True, text=True, timeout=1800)
