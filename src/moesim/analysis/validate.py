@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -103,7 +104,8 @@ def load_rows(path) -> list:
     try:
         with open(path, newline="", encoding="utf-8") as fh:
             reader = csv.DictReader(fh)
-            rows = list(reader)
+            # a short row leaves None in its last columns, a long one puts its extras under None
+            rows = [{k: v if isinstance(v, str) else "" for k, v in r.items() if k is not None} for r in reader]
             header = reader.fieldnames or []
     except OSError as exc:
         raise MoesimError(f"cannot read {path}: {exc.strerror}", "data") from None
@@ -119,14 +121,27 @@ def row_class(row: dict) -> str:
     return row["id"].split("-", 1)[0]
 
 
+_MAX_COUNT = 2**40      # integer columns (GPUs, channels, tokens, batch): far above any measured run
+
+
 def _num(row, col, kind=float):
     v = (row.get(col) or "").strip()
     if not v:
         return None
     try:
-        return kind(float(v)) if kind is int else kind(v)
+        x = float(v)
     except ValueError:
         raise Skip(f"column {col} is not a number: {v!r}") from None
+    if not math.isfinite(x):
+        raise Skip(f"column {col} is not a finite number: {v!r}")
+    if kind is int and not 0 <= x <= _MAX_COUNT:
+        raise Skip(f"column {col} must be a count in [0, {_MAX_COUNT:,}], got {v!r}")
+    return int(x) if kind is int else x
+
+
+def measurements(row) -> tuple:
+    """(decode tok/s, prefill tok/s) a row measured (None where not given); :class:`Skip` if unreadable."""
+    return _num(row, "decode_tok_s"), _num(row, "prefill_tok_s")
 
 
 def _cpu_id(name: str) -> str | None:
@@ -224,6 +239,8 @@ def _machine_for(row: dict, notes: str, assumed: list) -> Machine:
                                                        if not (i.startswith("avx512") or i == "amx")))
         assumed.append("an AVX2 build (notes): no AVX-512 / AMX kernels")
     measured_bw = _num(row, "measured_host_bw_gbs")
+    if measured_bw is not None and measured_bw < 0:
+        raise Skip(f"column measured_host_bw_gbs must be positive, got {measured_bw:g}")
     if measured_bw and not mach.unified:
         mach = dataclasses.replace(mach, host_bw_gbs=measured_bw / DEFAULTS["stream_fraction"])
         assumed.append(f"host bandwidth from the measured {measured_bw:g} GB/s (STREAM ~"
@@ -238,7 +255,7 @@ def _note_settings(notes: str, runtime: str, assumed: list) -> dict:
         if match:
             assumed.append(what.format(match.group(1)))
         return int(match.group(1)) if match else 0
-    kt = runtime.startswith("ktransformers")
+    kt = (runtime or "").startswith("ktransformers")
     return {"ubatch": stated(_UBATCH_NOTE, "ubatch {} from the notes"),
             "kt_threshold": stated(_KT_THRESHOLD_NOTE, "GPU prefill threshold {} (notes)", kt),
             "kt_chunk": stated(_KT_CHUNK_NOTE, "chunked prefill {} (notes)", kt),
@@ -387,12 +404,10 @@ def evaluate_rows(rows: list, calibrated: bool = True) -> tuple:
     """(prepared rows, per-row records, skipped [{id, reason}])."""
     prepared, records, skipped = [], [], []
     for row in rows:
-        meas_d = _num(row, "decode_tok_s")
-        meas_p = _num(row, "prefill_tok_s")
-        if meas_d is None and meas_p is None:
-            skipped.append({"id": row["id"], "reason": "no decode or prefill measurement (aggregate only)"})
-            continue
         try:
+            meas_d, meas_p = measurements(row)
+            if meas_d is None and meas_p is None:
+                raise Skip("no decode or prefill measurement (aggregate only)")
             cfg = build(row)
             pr = prepare(cfg, calibrated=calibrated)
         except Skip as exc:
