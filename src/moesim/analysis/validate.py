@@ -34,6 +34,7 @@ from .simulate import accepted_per_step
 from .._catalog import load as _load_catalog
 from ..errors import MoesimError
 from ..spec.hardware import GB, Machine, machine as make_machine
+from ..spec.limits import ARCH_BOUNDS, MAX_BATCH, MAX_DRAFTS
 from ..ingest import model as get_model
 
 
@@ -124,7 +125,7 @@ def row_class(row: dict) -> str:
 _MAX_COUNT = 2**40      # integer columns (GPUs, channels, tokens, batch): far above any measured run
 
 
-def _num(row, col, kind=float):
+def _num(row, col, kind=float, maximum: int = _MAX_COUNT):
     v = (row.get(col) or "").strip()
     if not v:
         return None
@@ -134,8 +135,8 @@ def _num(row, col, kind=float):
         raise Skip(f"column {col} is not a number: {v!r}") from None
     if not math.isfinite(x):
         raise Skip(f"column {col} is not a finite number: {v!r}")
-    if kind is int and not 0 <= x <= _MAX_COUNT:
-        raise Skip(f"column {col} must be a count in [0, {_MAX_COUNT:,}], got {v!r}")
+    if kind is int and not 0 <= x <= maximum:
+        raise Skip(f"column {col} must be a count in [0, {maximum:,}], got {v!r}")
     return int(x) if kind is int else x
 
 
@@ -277,13 +278,13 @@ def build(row: dict) -> RowConfig:
     placement = (row.get("placement") or "").strip() or None
     if placement == "all-gpu" and mach.unified:
         placement = "unified"
-    depth = _num(row, "depth_tokens", int)
-    prompt = _num(row, "prompt_tokens", int)
+    depth = _num(row, "depth_tokens", int, ARCH_BOUNDS["max_position_embeddings"])
+    prompt = _num(row, "prompt_tokens", int, ARCH_BOUNDS["max_position_embeddings"])
     context = depth if depth else (prompt or DEFAULTS["context"])
     if not depth:
         assumed.append(f"decode depth not stated: {context} tokens")
-    batch = _num(row, "batch", int) or 1
-    mtp = _num(row, "mtp", int) or 0
+    batch = _num(row, "batch", int, MAX_BATCH) or 1
+    mtp = _num(row, "mtp", int, MAX_DRAFTS) or 0
     if mtp and not m.mtp_layers:
         raise Skip(f"{m.id} has no MTP modules but the row used {mtp} drafts")
     kv = (row.get("kv_dtype") or "").strip() or None
