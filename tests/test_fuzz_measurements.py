@@ -109,11 +109,13 @@ def test_seed_csv_validates(tmp_path):
                                            ("decode_tok_s", "inf"), ("measured_host_bw_gbs", "-200"),
                                            ("measured_host_bw_gbs", "inf"), ("gpus", "nan"), ("host_cores", "inf"),
                                            ("batch", "-1"), ("batch", "1e300"), ("batch", "2147483648"),
-                                           ("mtp", "65"), ("depth_tokens", "1e12")])
+                                           ("mtp", "65"), ("depth_tokens", "1e12"),
+                                           ("measured_host_bw_gbs", "1e300")])
 def test_hostile_cells_skip_the_row_with_a_reason(tmp_path, column, value):
     """Regression: inf in an integer column raised OverflowError, a non-numeric measurement escaped as an
     internal error, a NaN/inf measurement put NaN in the report, a negative measured bandwidth reached
-    the kernel (KernelError), as did a negative batch; a batch of 2^31 failed the kernel's int32 check."""
+    the kernel (KernelError), as did a negative batch; a batch of 2^31 failed the kernel's int32 check, a
+    measured bandwidth of 1e300 GB/s gave an infinite roofline."""
     table = _table(seed_csv())
     c = COLUMNS.index(column)
     for row in table[1:]:

@@ -123,6 +123,7 @@ def row_class(row: dict) -> str:
 
 
 _MAX_COUNT = 2**40      # integer columns (GPUs, channels, tokens, batch): far above any measured run
+_MAX_BW_GBS = 1e5       # a measured host bandwidth: 100 TB/s is far above any DRAM system
 
 
 def _num(row, col, kind=float, maximum: int = _MAX_COUNT):
@@ -240,8 +241,8 @@ def _machine_for(row: dict, notes: str, assumed: list) -> Machine:
                                                        if not (i.startswith("avx512") or i == "amx")))
         assumed.append("an AVX2 build (notes): no AVX-512 / AMX kernels")
     measured_bw = _num(row, "measured_host_bw_gbs")
-    if measured_bw is not None and measured_bw < 0:
-        raise Skip(f"column measured_host_bw_gbs must be positive, got {measured_bw:g}")
+    if measured_bw is not None and not 0 <= measured_bw <= _MAX_BW_GBS:
+        raise Skip(f"column measured_host_bw_gbs must be in [0, {_MAX_BW_GBS:g}] GB/s, got {measured_bw:g}")
     if measured_bw and not mach.unified:
         mach = dataclasses.replace(mach, host_bw_gbs=measured_bw / DEFAULTS["stream_fraction"])
         assumed.append(f"host bandwidth from the measured {measured_bw:g} GB/s (STREAM ~"
