@@ -124,7 +124,7 @@ def _no_nan(text: str):
 def test_hostile_argv_exits_0_or_2_with_one_line(files, tally, monkeypatch):
     monkeypatch.delenv("MOESIM_TRACEBACK", raising=False)
     rng = random.Random("cli")
-    count = fuzz_count(250, 10_000)
+    count = fuzz_count(300, 8_000)
     for i in range(count):
         argv = _argv(rng, files, i)
         out, err = io.StringIO(), io.StringIO()

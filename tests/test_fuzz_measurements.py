@@ -145,7 +145,7 @@ def test_mutated_measurement_rows_build_or_are_skipped(tmp_path, tally):
     """The reader proper (load_rows, then build per row): cheap, so most of the --long inputs."""
     rng = random.Random("measurement rows")
     p = tmp_path / "m.csv"
-    count = fuzz_count(1000, 150_000)
+    count = fuzz_count(1500, 60_000)
     for i in range(count):
         rewrite(p, _mutate_cells(rng))
         with bounded(10, f"measurement rows mutant {i}"):
@@ -170,7 +170,7 @@ def test_mutated_measurement_rows_build_or_are_skipped(tmp_path, tally):
 def test_mutated_measurements_validate_to_finite_reports(tmp_path, tally):
     rng = random.Random("measurements validate")
     p = tmp_path / "m.csv"
-    count = fuzz_count(60, 3_000)
+    count = fuzz_count(60, 2_000)
     for i in range(count):
         rewrite(p, _mutate_cells(rng))
         with bounded(30, f"validate mutant {i}"):

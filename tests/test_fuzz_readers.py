@@ -42,7 +42,7 @@ def test_mutated_gguf_parses_and_lowers_or_is_refused(small_gguf, tmp_path, tall
     header = GGUF.read_gguf_header(small_gguf).data_offset
     rng = random.Random("gguf")
     p = tmp_path / "f.gguf"
-    for i in range(fuzz_count(600, 200_000)):
+    for i in range(fuzz_count(1500, 250_000)):
         data = _mutate_header(raw, header, rng)
         rewrite(p, data)
         t0 = time.perf_counter()
@@ -56,7 +56,7 @@ def test_mutated_gguf_parses_and_lowers_or_is_refused(small_gguf, tmp_path, tall
             else:
                 tally.ok()
         assert time.perf_counter() - t0 < 1.0, i
-    assert tally.refused > 0 and tally.inputs == fuzz_count(600, 200_000)
+    assert tally.refused > 0 and tally.inputs == fuzz_count(1500, 250_000)
 
 
 def test_mutated_safetensors_header_is_read_or_refused(tmp_path, tally):
@@ -66,7 +66,7 @@ def test_mutated_safetensors_header_is_read_or_refused(tmp_path, tally):
     n = struct.unpack_from("<Q", seed)[0]
     rng = random.Random("safetensors")
     alphabet = b'{}[]",:-0123456789 eE.xa\xff\x00'
-    count = fuzz_count(1500, 300_000)
+    count = fuzz_count(3000, 350_000)
     for i in range(count):
         if rng.random() < 0.5:          # JSON-ish bytes inside the header, the length intact
             buf = bytearray(seed)

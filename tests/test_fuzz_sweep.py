@@ -111,7 +111,7 @@ def _plan_or_refusal(spec, tally) -> "Plan | None":
 
 def test_mutated_sweep_specs_plan_run_or_are_refused(tally):
     rng = random.Random("sweep specs")
-    count = fuzz_count(400, 40_000)
+    count = fuzz_count(800, 40_000)
     ran = 0
     for i in range(count):
         spec = _mutate_spec(rng)
@@ -135,7 +135,7 @@ def test_mutated_sweep_specs_plan_run_or_are_refused(tally):
 def test_mutated_sweep_toml_loads_plans_or_is_refused(tmp_path, tally):
     rng = random.Random("sweep toml")
     p = tmp_path / "spec.toml"
-    count = fuzz_count(600, 80_000)
+    count = fuzz_count(1500, 150_000)
     for i in range(count):
         rewrite(p, mutate_bytes(SEED_TOML, rng))
         with bounded(30, f"toml mutant {i}"):

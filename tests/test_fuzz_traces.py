@@ -13,7 +13,7 @@ from conftest import bounded, fuzz_count, mutate_bytes, rewrite
 from moesim import MoesimError
 from moesim.ingest import traces as T
 
-COUNT = {".jsonl": (700, 100_000), ".csv": (700, 100_000), ".json": (700, 100_000)}
+COUNT = {".jsonl": (1500, 100_000), ".csv": (1500, 100_000), ".json": (1500, 100_000)}
 
 
 def _jsonl() -> bytes:
