@@ -161,3 +161,11 @@ def test_validate_plot_that_cannot_be_written_is_one_line(files, capsys):
     for out in ("/nonexistent/dir/f.png", files["@f.xyz"]):
         assert main(["validate", files["@csv"], "--plot", out]) == 2
         _one_line_error(capsys.readouterr().err, out)
+
+
+def test_inspect_config_tensor_table_prints(files, capsys):
+    """Regression: ``inspect config.json --tensors`` ended in an internal error (a config's tensor bytes
+    are floats; the table formatted them as integers)."""
+    assert main(["inspect", files["@config"], "--tensors"]) == 0
+    out = capsys.readouterr().out
+    assert "model.layers.0" in out or "blk.0" in out, out
