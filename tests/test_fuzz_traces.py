@@ -72,3 +72,13 @@ def test_mutated_trace_files_never_escape_as_builtin_errors(tmp_path, ext, tally
         _check_valid(tr)
         tally.ok()
     assert tally.refused > 0 and tally.inputs == count
+
+
+@pytest.mark.parametrize("field", ["token_idx", "layer"])
+def test_infinite_token_or_layer_is_refused(tmp_path, field):
+    """Regression (found by the --long run): 1e400 parses as inf, and int(inf) escaped as OverflowError."""
+    p = tmp_path / "t.jsonl"
+    p.write_text(_jsonl().decode().replace(f'"{field}": 1', f'"{field}": 1e400', 1))
+    with pytest.raises(MoesimError, match="lacks integer") as ei:
+        T.load(p)
+    assert ei.value.field == "trace"
