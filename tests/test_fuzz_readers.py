@@ -86,3 +86,17 @@ def test_mutated_safetensors_header_is_read_or_refused(tmp_path, tally):
         assert isinstance(tensors, list) and isinstance(meta, dict), i
         tally.ok()
     assert tally.refused > 0 and tally.accepted > 0 and tally.inputs == count
+
+
+def test_layer_bound_error_names_the_file(small_gguf, tmp_path):  # noqa: F811
+    """Regression (found by the --long run): a head count over its plausible bound raised a MoesimError
+    that named the field but not the file."""
+    raw = small_gguf.read_bytes()
+    key = b"qwen3moe.attention.head_count"
+    i = raw.find(key + struct.pack("<I", 4))          # the u32 value type, then the value
+    assert i >= 0
+    p = tmp_path / "heads.gguf"
+    p.write_bytes(raw[:i + len(key) + 4] + struct.pack("<I", 20226) + raw[i + len(key) + 8:])
+    with pytest.raises(MoesimError, match="above the plausible maximum") as ei:
+        Model.from_gguf(p)
+    assert str(p) in str(ei.value) and ei.value.field == "num_attention_heads", ei.value
