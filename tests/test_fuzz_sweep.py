@@ -61,15 +61,19 @@ SECTIONS = {"axes": ["models", "quants", "machines", "runtimes", "kv_dtypes", "p
 MAX_RUN = 64      # plans at most this large are run (in memory)
 
 
+def _hostile(rng: random.Random):
+    return copy.deepcopy(rng.choice(HOSTILE))      # a fresh object: a later edit must not change HOSTILE
+
+
 def _mutate_spec(rng: random.Random) -> dict:
     spec = copy.deepcopy(SEED)
     for _ in range(rng.randint(1, 3)):
         sec = rng.choice(sorted(SECTIONS) + ["bogus"])
         if sec == "bogus" or rng.random() < 0.05:
-            spec[sec] = rng.choice(HOSTILE)
+            spec[sec] = _hostile(rng)
             continue
         if sec == "zip":
-            spec["zip"] = rng.choice(HOSTILE)
+            spec["zip"] = _hostile(rng)
             continue
         if not isinstance(spec.get(sec), dict):
             spec[sec] = {}
@@ -79,11 +83,11 @@ def _mutate_spec(rng: random.Random) -> dict:
             spec[sec].pop(key, None)
         elif op < 0.3 and isinstance(spec[sec].get(key), list) and spec[sec][key]:
             lst = spec[sec][key]
-            lst[rng.randrange(len(lst))] = rng.choice(HOSTILE)
+            lst[rng.randrange(len(lst))] = _hostile(rng)
         elif op < 0.4:
-            spec[sec][key] = [rng.choice(HOSTILE) for _ in range(rng.randint(0, 3))]
+            spec[sec][key] = [_hostile(rng) for _ in range(rng.randint(0, 3))]
         else:
-            spec[sec][key] = rng.choice(HOSTILE)
+            spec[sec][key] = _hostile(rng)
     return spec
 
 
@@ -179,6 +183,17 @@ def test_spec_that_is_not_utf8_is_refused(tmp_path):
     with pytest.raises(MoesimError, match="not UTF-8") as ei:
         load_spec(p)
     assert ei.value.field == "spec" and str(p) in str(ei.value)
+
+
+@pytest.mark.parametrize("value", [{1, 2}, object(), "self"])
+def test_spec_values_that_are_not_toml_are_refused(value):
+    """Regression: a set or another object in a spec dict escaped build_spec as a TypeError, a table that
+    holds itself as a ValueError (circular reference)."""
+    spec = copy.deepcopy(SEED)
+    spec["axes"]["models"] = spec if value == "self" else value
+    with pytest.raises(MoesimError, match="expected tables of TOML values") as ei:
+        moesim.sweep(spec)
+    assert ei.value.field == "spec"
 
 
 def test_seed_spec_runs():

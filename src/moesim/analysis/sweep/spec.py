@@ -415,7 +415,10 @@ def build_spec(spec=None, **kw) -> dict:
     elif isinstance(spec, (str, os.PathLike)):
         s = load_spec(spec)
     elif isinstance(spec, dict):
-        s = json.loads(json.dumps(spec, default=_jsonable))
+        try:
+            s = json.loads(json.dumps(spec, default=_jsonable))
+        except (TypeError, ValueError, RecursionError) as exc:     # a set, an object, a table holding itself
+            raise _err("spec", f"expected tables of TOML values: {exc}") from None
     else:
         raise _err("spec", f"expected a TOML path or a dict, got {type(spec).__name__}")
     for k in SECTIONS:
