@@ -54,9 +54,11 @@ FLAGS = {
               "--no-progress": None},
     "models": {"--json": None}, "hardware": {"--json": None}, "quants": {"--json": None},
 }
-POSITIONAL = {"fit": MODELS + ["@gguf", "@config"], "simulate": MODELS + ["@gguf"], "inspect": ["@gguf", "@config",
-              "@csv", "/nonexistent.gguf", "@dir", "qwen3-30b-a3b"], "validate": ["@csv", "@bad.csv", "@gguf", "@dir"],
-              "calibrate": ["@bad.csv", "@gguf", "/nonexistent.csv", "@dir"], "sweep": ["@spec", "@bad.toml", "@csv", "/nonexistent.toml"]}
+POSITIONAL = {"fit": MODELS + ["@gguf", "@config"], "simulate": MODELS + ["@gguf"],
+              "inspect": ["@gguf", "@config", "@csv", "/nonexistent.gguf", "@dir", "qwen3-30b-a3b"],
+              "validate": ["@csv", "@bad.csv", "@gguf", "@dir"],
+              "calibrate": ["@bad.csv", "@gguf", "/nonexistent.csv", "@dir"],
+              "sweep": ["@spec", "@bad.toml", "@csv", "/nonexistent.toml"]}
 CONTRADICTIONS = [["--machine", "dgx-h200", "--gpu", "rtx-4090"], ["--placement", "all-gpu", "-ot", "exps=CPU"],
                   ["--context", "999999999", "--allow-beyond-max-context"], ["--gpus", "0", "--gpu", "h100"],
                   ["--gpu", "m3-ultra", "--host", "ddr5-4800x8"], ["--cpu-moe", "--n-cpu-moe", "3"],
@@ -123,6 +125,7 @@ def _no_nan(text: str):
 
 def test_hostile_argv_exits_0_or_2_with_one_line(files, tally, monkeypatch):
     monkeypatch.delenv("MOESIM_TRACEBACK", raising=False)
+    monkeypatch.chdir(files["root"])         # a relative --plot / --out value is written here, not in the repo
     rng = random.Random("cli")
     count = fuzz_count(300, 8_000)
     for i in range(count):
