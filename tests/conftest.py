@@ -141,9 +141,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     tot = [0, 0, 0, 0.0]
     for name in sorted(TALLIES):
         t = TALLIES[name]
-        tr.write_line(f"{name:<58} inputs {t.inputs:>9,}  accepted {t.accepted:>9,}  refused {t.refused:>9,}  "
+        tr.write_line(f"{name:<66} inputs {t.inputs:>9,}  accepted {t.accepted:>9,}  refused {t.refused:>9,}  "
                       f"{t.seconds:8.1f} s")
         for i, v in enumerate((t.inputs, t.accepted, t.refused, t.seconds)):
             tot[i] += v
-    tr.write_line(f"{'TOTAL':<58} inputs {tot[0]:>9,}  accepted {tot[1]:>9,}  refused {tot[2]:>9,}  "
+    tr.write_line(f"{'TOTAL':<66} inputs {tot[0]:>9,}  accepted {tot[1]:>9,}  refused {tot[2]:>9,}  "
                   f"{tot[3]:8.1f} s")
