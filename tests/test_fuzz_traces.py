@@ -1,19 +1,19 @@
 """Fuzzing the trace readers with counts: every mutated file gives a valid Trace or a MoesimError
-naming the trace, never a bare built-in exception or a crash. MOESIM_FUZZ_COUNT sets the number of
-mutants per format (default 300 in the suite)."""
+naming the trace, never a bare built-in exception or a crash. The number of mutants per format comes
+from conftest.fuzz_count (--long, MOESIM_FUZZ_COUNT)."""
 from __future__ import annotations
 
 import json
-import os
 import random
 
 import numpy as np
 import pytest
 
+from conftest import bounded, fuzz_count, mutate_bytes, rewrite
 from moesim import MoesimError
 from moesim.ingest import traces as T
 
-COUNT = int(os.environ.get("MOESIM_FUZZ_COUNT", "300"))
+COUNT = {".jsonl": (1500, 100_000), ".csv": (1500, 100_000), ".json": (1500, 100_000)}
 
 
 def _jsonl() -> bytes:
@@ -39,29 +39,6 @@ def _gptoss() -> bytes:
 
 
 SEEDS = {".jsonl": _jsonl, ".csv": _csv, ".json": _gptoss}
-TOKENS = [b"-1", b"1e9", b"[]", b"{}", b"null", b"\"x\"", b"99999999999", b"\xff\xfe", b",", b"\n", b"[[1,2]]",
-          b"true", b"0"]
-
-
-def _mutate(data: bytes, rng: random.Random) -> bytes:
-    b = bytearray(data)
-    for _ in range(rng.randint(1, 4)):
-        op = rng.randrange(5)
-        i = rng.randrange(len(b) + 1)
-        if op == 0 and b:
-            b[min(i, len(b) - 1)] = rng.randrange(256)
-        elif op == 1:
-            b[i:i] = rng.choice(TOKENS)
-        elif op == 2 and b:
-            del b[i:i + rng.randint(1, 16)]
-        elif op == 3:
-            j = rng.randrange(len(b) + 1)
-            b[i:i] = b[min(i, j):max(i, j)][:64]
-        else:
-            b = b[:i]
-    return bytes(b)
-
-
 def _check_valid(tr: T.Trace):
     assert tr.requests and 1 <= tr.top_k <= T._MAX_TOP_K and 1 <= tr.n_experts <= T._MAX_EXPERTS
     for r in tr.requests:
@@ -76,20 +53,32 @@ def test_seed_files_load(tmp_path, ext):
     _check_valid(T.load(p))
 
 
+@pytest.mark.fuzz
 @pytest.mark.parametrize("ext", sorted(SEEDS))
-def test_mutated_trace_files_never_escape_as_builtin_errors(tmp_path, ext):
+def test_mutated_trace_files_never_escape_as_builtin_errors(tmp_path, ext, tally):
     rng = random.Random(f"traces{ext}")
     seed = SEEDS[ext]()
-    counts = {"valid": 0, "refused": 0}
+    count = fuzz_count(*COUNT[ext])
     p = tmp_path / f"mutant{ext}"
-    for _ in range(COUNT):
-        p.write_bytes(_mutate(seed, rng))
-        try:
-            tr = T.load(p)
-        except MoesimError as exc:
-            assert exc.field == "trace" and str(p) in str(exc)
-            counts["refused"] += 1
-        else:
-            _check_valid(tr)
-            counts["valid"] += 1
-    assert counts["refused"] > 0 and sum(counts.values()) == COUNT
+    for i in range(count):
+        rewrite(p, mutate_bytes(seed, rng))
+        with bounded(10, f"{ext} mutant {i}"):
+            try:
+                tr = T.load(p)
+            except MoesimError as exc:
+                assert exc.field == "trace" and str(p) in str(exc)
+                tally.refuse()
+                continue
+        _check_valid(tr)
+        tally.ok()
+    assert tally.refused > 0 and tally.inputs == count
+
+
+@pytest.mark.parametrize("field", ["token_idx", "layer"])
+def test_infinite_token_or_layer_is_refused(tmp_path, field):
+    """Regression (found by the --long run): 1e400 parses as inf, and int(inf) escaped as OverflowError."""
+    p = tmp_path / "t.jsonl"
+    p.write_text(_jsonl().decode().replace(f'"{field}": 1', f'"{field}": 1e400', 1))
+    with pytest.raises(MoesimError, match="lacks integer") as ei:
+        T.load(p)
+    assert ei.value.field == "trace"

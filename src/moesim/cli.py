@@ -43,6 +43,18 @@ def _number(text: str) -> float:
     return v
 
 
+def _writable(path: str, field: str) -> str:
+    """An output file path whose folder exists (checked before the work that ends in writing it)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise MoesimError(f"{path} is a directory; give a file name", field)
+    if not os.path.isdir(folder):
+        raise MoesimError(f"cannot write {path}: no such folder {folder}", field)
+    if not os.access(folder, os.W_OK):
+        raise MoesimError(f"cannot write {path}: folder {folder} is not writable", field)
+    return path
+
+
 def _add_machine_flags(p):
     g = p.add_argument_group("machine (a catalog id, or composed from parts; parts override the id)")
     g.add_argument("--machine", help="catalog machine id (moesim hardware)")
@@ -297,6 +309,8 @@ def _cmd_inspect(args) -> int:
 def _cmd_validate(args) -> int:
     from .analysis.validate import validate
     from .report.text import validate_text
+    if args.plot:
+        _writable(args.plot, "plot")
     rep = validate(args.data, calibrated=not args.uncalibrated)
     if args.plot:
         from .report.plots import validation_plot
@@ -317,6 +331,8 @@ def _cmd_calibrate(args) -> int:
         print(f"\rcross-validation {i}/{n}: {group[:60]:60}", end="" if i < n else "\n", file=sys.stderr,
               flush=True)
 
+    if args.out:
+        _writable(args.out, "out")
     rep = C.calibrate(args.data, cross_validate=not args.no_cv, progress=None if args.json else progress)
     if args.out:
         C.write_toml(rep, args.out, "moesim calibrate " + " ".join(sys.argv[2:] if len(sys.argv) > 2 else [args.data]))

@@ -263,5 +263,8 @@ def write_toml(report: dict, out, command: str) -> None:
             name = f"{fam}.{k}"
             lo, hi = report["bounds"][name]
             lines.append(f"{k} = {v:.6g}    # prior {report['priors'][name]:.6g}, bounds [{lo:g}, {hi:g}]")
-    with open(out, "w", encoding="utf-8") as fh:
-        fh.write("\n".join(lines) + "\n")
+    try:
+        with open(out, "w", encoding="utf-8") as fh:
+            fh.write("\n".join(lines) + "\n")
+    except OSError as exc:
+        raise MoesimError(f"cannot write {out}: {exc.strerror or exc}", "out") from None

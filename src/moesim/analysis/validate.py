@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from .simulate import accepted_per_step
 from .._catalog import load as _load_catalog
 from ..errors import MoesimError
 from ..spec.hardware import GB, Machine, machine as make_machine
+from ..spec.limits import ARCH_BOUNDS, MAX_BATCH, MAX_DRAFTS
 from ..ingest import model as get_model
 from ..spec.limits import check_context
 
@@ -105,7 +107,8 @@ def load_rows(path) -> list:
     try:
         with open(path, newline="", encoding="utf-8") as fh:
             reader = csv.DictReader(fh)
-            rows = list(reader)
+            # a short row leaves None in its last columns, a long one puts its extras under None
+            rows = [{k: v if isinstance(v, str) else "" for k, v in r.items() if k is not None} for r in reader]
             header = reader.fieldnames or []
     except OSError as exc:
         raise MoesimError(f"cannot read {path}: {exc.strerror}", "data") from None
@@ -121,14 +124,28 @@ def row_class(row: dict) -> str:
     return row["id"].split("-", 1)[0]
 
 
-def _num(row, col, kind=float):
+_MAX_COUNT = 2**40      # integer columns (GPUs, channels, tokens, batch): far above any measured run
+_MAX_BW_GBS = 1e5       # a measured host bandwidth: 100 TB/s is far above any DRAM system
+
+
+def _num(row, col, kind=float, maximum: int = _MAX_COUNT):
     v = (row.get(col) or "").strip()
     if not v:
         return None
     try:
-        return kind(float(v)) if kind is int else kind(v)
+        x = float(v)
     except ValueError:
         raise Skip(f"column {col} is not a number: {v!r}") from None
+    if not math.isfinite(x):
+        raise Skip(f"column {col} is not a finite number: {v!r}")
+    if kind is int and not 0 <= x <= maximum:
+        raise Skip(f"column {col} must be a count in [0, {maximum:,}], got {v!r}")
+    return int(x) if kind is int else x
+
+
+def measurements(row) -> tuple:
+    """(decode tok/s, prefill tok/s) a row measured (None where not given); :class:`Skip` if unreadable."""
+    return _num(row, "decode_tok_s"), _num(row, "prefill_tok_s")
 
 
 def _cpu_id(name: str) -> str | None:
@@ -226,6 +243,8 @@ def _machine_for(row: dict, notes: str, assumed: list) -> Machine:
                                                        if not (i.startswith("avx512") or i == "amx")))
         assumed.append("an AVX2 build (notes): no AVX-512 / AMX kernels")
     measured_bw = _num(row, "measured_host_bw_gbs")
+    if measured_bw is not None and not 0 <= measured_bw <= _MAX_BW_GBS:
+        raise Skip(f"column measured_host_bw_gbs must be in [0, {_MAX_BW_GBS:g}] GB/s, got {measured_bw:g}")
     if measured_bw and not mach.unified:
         mach = dataclasses.replace(mach, host_bw_gbs=measured_bw / DEFAULTS["stream_fraction"])
         assumed.append(f"host bandwidth from the measured {measured_bw:g} GB/s (STREAM ~"
@@ -240,7 +259,7 @@ def _note_settings(notes: str, runtime: str, assumed: list) -> dict:
         if match:
             assumed.append(what.format(match.group(1)))
         return int(match.group(1)) if match else 0
-    kt = runtime.startswith("ktransformers")
+    kt = (runtime or "").startswith("ktransformers")
     return {"ubatch": stated(_UBATCH_NOTE, "ubatch {} from the notes"),
             "kt_threshold": stated(_KT_THRESHOLD_NOTE, "GPU prefill threshold {} (notes)", kt),
             "kt_chunk": stated(_KT_CHUNK_NOTE, "chunked prefill {} (notes)", kt),
@@ -262,13 +281,13 @@ def build(row: dict) -> RowConfig:
     placement = (row.get("placement") or "").strip() or None
     if placement == "all-gpu" and mach.unified:
         placement = "unified"
-    depth = _num(row, "depth_tokens", int)
-    prompt = _num(row, "prompt_tokens", int)
+    depth = _num(row, "depth_tokens", int, ARCH_BOUNDS["max_position_embeddings"])
+    prompt = _num(row, "prompt_tokens", int, ARCH_BOUNDS["max_position_embeddings"])
     context = depth if depth else (prompt or DEFAULTS["context"])
     if not depth:
         assumed.append(f"decode depth not stated: {context} tokens")
-    batch = _num(row, "batch", int) or 1
-    mtp = _num(row, "mtp", int) or 0
+    batch = _num(row, "batch", int, MAX_BATCH) or 1
+    mtp = _num(row, "mtp", int, MAX_DRAFTS) or 0
     if mtp and not m.mtp_layers:
         raise Skip(f"{m.id} has no MTP modules but the row used {mtp} drafts")
     kv = (row.get("kv_dtype") or "").strip() or None
@@ -397,12 +416,10 @@ def evaluate_rows(rows: list, calibrated: bool = True) -> tuple:
     """(prepared rows, per-row records, skipped [{id, reason}])."""
     prepared, records, skipped = [], [], []
     for row in rows:
-        meas_d = _num(row, "decode_tok_s")
-        meas_p = _num(row, "prefill_tok_s")
-        if meas_d is None and meas_p is None:
-            skipped.append({"id": row["id"], "reason": "no decode or prefill measurement (aggregate only)"})
-            continue
         try:
+            meas_d, meas_p = measurements(row)
+            if meas_d is None and meas_p is None:
+                raise Skip("no decode or prefill measurement (aggregate only)")
             cfg = build(row)
             pr = prepare(cfg, calibrated=calibrated)
         except Skip as exc:

@@ -329,7 +329,11 @@ def read_gguf_model(path: str | os.PathLike) -> Model:
     art = read_gguf(path)
     try:
         return gguf_model(art)
-    except MoesimError:
-        raise
+    except MoesimError as exc:
+        if path in str(exc):
+            raise
+        # a layer's own bound check (check_dims) names the field but not the file
+        problem = str(exc)[len(f"{exc.field}: "):] if exc.field else str(exc)
+        raise _err(path, problem, exc.field or "gguf") from None
     except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError, ZeroDivisionError) as exc:
         raise _err(path, f"malformed GGUF metadata ({type(exc).__name__}: {exc})", "gguf") from None

@@ -108,7 +108,7 @@ def _load_jsonl(path) -> Trace:
                 raise _bad(path, f"line {n} has neither 'topk_ids' nor 'experts'")
             try:
                 tok, layer = int(row["token_idx"]), int(row["layer"])
-            except (KeyError, TypeError, ValueError):
+            except (KeyError, TypeError, ValueError, OverflowError):   # OverflowError: 1e400 reads as inf
                 raise _bad(path, f"line {n} lacks integer 'token_idx'/'layer'") from None
             by_req.setdefault(req, {})[(tok, layer)] = ids
             layers.add(layer)
@@ -215,6 +215,7 @@ def load(path) -> Trace:
         raise
     except OSError as exc:
         raise _bad(path, f"cannot read: {exc.strerror or exc}") from None
-    except (UnicodeDecodeError, ValueError, TypeError, AttributeError, KeyError, IndexError, RecursionError) as exc:
+    except (UnicodeDecodeError, ValueError, TypeError, AttributeError, KeyError, IndexError, RecursionError,
+            OverflowError) as exc:
         # a malformed file: ragged rows, wrong types where ids or layer names belong, bad encoding
         raise _bad(path, f"malformed trace ({type(exc).__name__}: {str(exc)[:120]})") from None

@@ -41,5 +41,9 @@ def validation_plot(report: dict, out) -> None:
                  f"roofline {s['roofline_decode']['median_abs_pct_err']:.0f} %", fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
+    try:
+        fig.savefig(out, dpi=120)
+    except (OSError, ValueError) as exc:    # no such folder, read-only, a suffix matplotlib cannot write
+        raise MoesimError(f"cannot write {out}: {getattr(exc, 'strerror', None) or exc}", "plot") from None
+    finally:
+        plt.close(fig)

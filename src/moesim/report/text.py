@@ -161,7 +161,7 @@ def inspect_text(d: dict, tensors: bool = False) -> str:
     if "placement" in d:
         lines += _placement_lines(d["placement"])
     elif tensors and d.get("tensor_table"):
-        lines += [f"  {t['name']:48} {t['type']:8} {str(tuple(t['shape'])):28} {t['bytes']:14d}  {t['class']}"
+        lines += [f"  {t['name']:48} {t['type']:8} {str(tuple(t['shape'])):28} {round(t['bytes']):14d}  {t['class']}"
                   for t in d["tensor_table"]]
     lines += [f"note: {note}" for note in d.get("notes") or []]
     return "\n".join(lines)

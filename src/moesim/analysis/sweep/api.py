@@ -11,7 +11,7 @@ from ...errors import unknown_id
 from ...spec.hardware import Machine
 from .distribute import _Progress, _run_chunks
 from .plan import Plan
-from .spec import _count, _err, build_spec, normalize_spec
+from .spec import MAX_THREADS, _count, _err, build_spec, normalize_spec
 from .store import FORMATS, _finish, _pending, _prepare_out, locked
 from .table import SweepTable, _concat
 
@@ -77,11 +77,12 @@ def sweep(spec=None, *, models=None, quants=None, machines=None, runtimes=None, 
     if format not in FORMATS:
         raise unknown_id("format", format, FORMATS, "format")
     distributed = scheduler is not None or bool(local_workers)
-    threads = _count(threads, "threads") if threads is not None else (1 if distributed else os.cpu_count() or 1)
+    threads = (_count(threads, "threads", maximum=MAX_THREADS) if threads is not None
+               else (1 if distributed else os.cpu_count() or 1))
     if scheduler is not None and local_workers:
         raise _err("scheduler", "give either a scheduler address or local_workers, not both")
     if local_workers is not None:
-        local_workers = _count(local_workers, "local_workers", 0)
+        local_workers = _count(local_workers, "local_workers", 0, MAX_THREADS)
     plan = Plan(normalize_spec(s))
     if progress is None:
         progress = bool(out) and sys.stderr.isatty() and plan.total > plan.chunk_size

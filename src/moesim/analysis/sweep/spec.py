@@ -36,6 +36,14 @@ FILTERABLE = ("context", "batch", "weights_bytes", "kv_bytes_per_token", "kv_byt
               "tpot_ms", "tpot_p50_ms", "tpot_p99_ms", "prefill_tok_s", "expert_hit_rate")
 
 
+# Points of one contexts/batches axis: a million depths or batch sizes is far past any useful grid, and
+# bounds the arrays a range expands into (8 MB) before they are allocated.
+MAX_AXIS_POINTS = 1 << 20
+# Kernel threads and local dask workers: the kernel takes a C int, and thousands of either is far past
+# any machine (the largest sockets have a few hundred hardware threads).
+MAX_THREADS = 1 << 12
+
+
 def _err(where: str, message: str) -> MoesimError:
     return MoesimError(message, where)
 
@@ -76,12 +84,15 @@ def _int_range(value: dict, where: str) -> dict:
         raise _err(f"{where}.log", f"must be true or false, got {log!r}")
     if "num" in value:
         num = _count(value["num"], f"{where}.num")
-        if num > 10**9:
-            raise _err(f"{where}.num", f"is implausibly large ({num})")
+        if num > MAX_AXIS_POINTS:
+            raise _err(f"{where}.num", f"must be <= {MAX_AXIS_POINTS:,} points, got {num:,}")
         return {"start": start, "stop": stop, "num": num, "log": log}
     if log:
         raise _err(f"{where}.log", "log spacing takes num, not step")
-    return {"start": start, "stop": stop, "step": _count(value["step"], f"{where}.step")}
+    step = _count(value["step"], f"{where}.step")
+    if (stop - start) // step + 1 > MAX_AXIS_POINTS:
+        raise _err(f"{where}.step", f"gives {(stop - start) // step + 1:,} points, more than {MAX_AXIS_POINTS:,}")
+    return {"start": start, "stop": stop, "step": step}
 
 
 def _int_axis(value, where: str) -> "list | dict":
@@ -389,6 +400,8 @@ def load_spec(path) -> dict:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise _err("spec", f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise _err("spec", f"{path} is not UTF-8 text (TOML): {exc.reason} at byte {exc.start}") from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -402,7 +415,10 @@ def build_spec(spec=None, **kw) -> dict:
     elif isinstance(spec, (str, os.PathLike)):
         s = load_spec(spec)
     elif isinstance(spec, dict):
-        s = json.loads(json.dumps(spec, default=_jsonable))
+        try:
+            s = json.loads(json.dumps(spec, default=_jsonable))
+        except (TypeError, ValueError, RecursionError) as exc:     # a set, an object, a table holding itself
+            raise _err("spec", f"expected tables of TOML values: {exc}") from None
     else:
         raise _err("spec", f"expected a TOML path or a dict, got {type(spec).__name__}")
     for k in SECTIONS:
