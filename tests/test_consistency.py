@@ -377,7 +377,7 @@ def test_validate_applies_the_context_rule():
     assert recs[0]["context"] == 60000 and not skipped
     assert any("beyond qwen3-30b-a3b's trained maximum" in a for a in recs[0]["assumed"])
     _, recs, skipped = V.evaluate_rows([dict(VROW, depth_tokens=str(1 << 29))])
-    assert not recs and "plausible maximum" in skipped[0]["reason"]
+    assert not recs and "268,435,456" in skipped[0]["reason"]         # the bound named, as the reader checks it
 
 
 # ------------------------------------------------------------------------------ assumptions listed

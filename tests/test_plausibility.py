@@ -205,9 +205,7 @@ def test_cli_machine_flags_are_bounded(capsys):
 def test_runs_too_large_to_allocate_are_refused_up_front(kw, match, monkeypatch):
     if match is None:       # a workspace over half the RAM: pretend this machine has 4 GiB
         import moesim.analysis.simulate as S
-        real = os.sysconf
-        monkeypatch.setattr(S.os, "sysconf", lambda k: (4 << 30) // real("SC_PAGE_SIZE") if k == "SC_PHYS_PAGES"
-                            else real(k))
+        monkeypatch.setattr(S, "this_machines_ram", lambda: 4 << 30)
         match = "GiB of workspace"
     t0 = time.perf_counter()
     with pytest.raises(MoesimError, match=match):
@@ -273,3 +271,15 @@ def test_sweep_tokens_have_the_same_bound_as_simulate():
         sweep(models=["mixtral-8x7b"], quants=["Q4_K_M"], machines=["desktop-4090"], contexts=[4096],
               mode="montecarlo", tokens=10**10)
     assert exc.value.field == "run.tokens"
+
+
+def test_an_in_memory_sweep_too_large_to_hold_is_refused_before_it_runs():
+    """A grid whose table would not fit in RAM (here 4 billion rows) is refused naming out=, at once;
+    it used to allocate until MemoryError."""
+    from moesim.analysis.sweep import sweep
+    t0 = time.perf_counter()
+    with pytest.raises(MoesimError, match="give out=") as exc:
+        sweep(models=["qwen3-30b-a3b"], quants=["Q4_K_M"], machines=["desktop-4090"],
+              contexts={"start": 1, "stop": 40960, "num": 40960}, batches=list(range(1, 100001)),
+              filter={"allow_beyond_max_context": True}, progress=False)
+    assert exc.value.field == "out" and time.perf_counter() - t0 < 10.0

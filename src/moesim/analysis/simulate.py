@@ -8,7 +8,6 @@ into effective rates and latencies (``ms_machine_t``), and a routing profile or 
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,7 +20,8 @@ from .._catalog import load as _load_catalog
 from ..errors import MoesimError, unknown_id
 from ..spec.hardware import Machine
 from ..spec.hardware import as_machine
-from ..spec.limits import MAX_BATCH, MAX_DRAFTS, MAX_MONTECARLO_WORK, MAX_STEPS, check_context, check_count
+from ..spec.limits import (MAX_BATCH, MAX_DRAFTS, MAX_MONTECARLO_WORK, MAX_STEPS, check_context, check_count,
+                           this_machines_ram)
 from ..engine.lower.memory import configure
 from ..spec.models import Model
 from ..ingest import model as get_model
@@ -182,10 +182,7 @@ def _check_montecarlo_size(dims, n_layers: int, tokens_per_step: int, steps: int
     or whose work (steps x layers x expert choices per step) passes MAX_MONTECARLO_WORK."""
     width = min(dims.n_experts, tokens_per_step * dims.top_k) if dims.n_layers else 0
     need = steps * dims.n_layers * max(width, 1) * 4 * (3 if policy == "belady" else 2)
-    try:
-        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        have = 0
+    have = this_machines_ram()
     if have and need > have / 2:
         raise MoesimError(f"{steps:,} Monte Carlo steps at {tokens_per_step} tokens per step need "
                           f"{need / 2**30:.1f} GiB of workspace, over half of this machine's {have / 2**30:.0f} GiB: "

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
@@ -126,3 +127,12 @@ def check_context(context, model, allow_beyond_max_context: bool = False) -> tup
                           "(--allow-beyond-max-context) to extrapolate", "context")
     return context, [f"context {context:,} is beyond {model.id}'s trained maximum of {limit:,} "
                      "(allow_beyond_max_context): memory and speed extrapolate, quality is not modelled"]
+
+
+def this_machines_ram() -> int:
+    """Bytes of physical memory of the machine moesim runs on (0 when the OS does not say): the bound on
+    workspaces sized from untrusted input, checked before they are allocated."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):
+        return 0

@@ -9,6 +9,7 @@ from ... import __version__
 from ..._catalog import catalog_version
 from ...errors import unknown_id
 from ...spec.hardware import Machine
+from ...spec.limits import this_machines_ram
 from .distribute import _Progress, _run_chunks
 from .plan import Plan
 from .spec import MAX_THREADS, _count, _err, build_spec, normalize_spec
@@ -17,6 +18,12 @@ from .table import SweepTable, _concat
 
 
 def _in_memory(plan: Plan, fmt: str, threads: int, scheduler, local_workers, progress: bool) -> SweepTable:
+    need = 2 * plan.total * 8 * len(plan.columns)        # the chunks' columns, then the table they join into
+    have = this_machines_ram()
+    if have and need > have / 2:
+        raise _err("out", f"{plan.total:,} configurations need about {need / 2**30:,.1f} GiB held in memory, over "
+                          f"half of this machine's {have / 2**30:.0f} GiB: give out= (a directory of chunks, "
+                          "written with bounded memory) or a smaller grid")
     bar = _Progress(plan.total, progress)
     try:
         res = _run_chunks(plan, list(range(plan.n_chunks)), None, fmt, threads, scheduler, local_workers, bar)

@@ -1,0 +1,91 @@
+"""The grids users run, end to end through the public API (issue: sweeps at full speed on narrow grids).
+
+    python bench/bench_grids.py                 # website and one-machine grids
+    python bench/bench_grids.py --twin 40       # + the pure-Python twin on 40 of the website grid's groups
+
+website: every catalog model x Q4_K_M, Q8_0 x 10 GPUs (each with 128 GB of DDR5-6000 x2) x 4 contexts x
+3 batches, automatic placement: many small groups, the shape of a fit table on a web page.
+one machine: every catalog model x 6 GGUF quants on one RTX 4090 + 64 GB at one context and batch: the
+"what runs on my GPU" question.
+
+Each grid runs twice in one process: the first time includes lowering every model and quant (cached
+afterwards), the second is what a long-lived process (a server, a notebook) pays. Rates are configurations
+per second including the output table. With --twin, engine/reference/sweep.py evaluates every
+configuration of the first N groups one by one (their lowering shared with the C path, so the ratio is of
+the per-configuration work only).
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import moesim
+from moesim.analysis.sweep.plan import Plan
+from moesim.analysis.sweep.spec import build_spec, normalize_spec
+from moesim.engine.reference import sweep as SR
+from moesim.spec import models as M
+
+GPUS = ["rtx-3060", "rtx-3090", "rtx-4060-ti", "rtx-4080", "rtx-4090", "rtx-5090", "l40s", "a100", "h100", "h200"]
+
+
+def grids() -> dict:
+    gpus = []
+    for g in GPUS:
+        try:
+            moesim.machine(gpu=g)
+            gpus.append(g)
+        except moesim.MoesimError:
+            pass
+    common = dict(filter={"skip_inapplicable": True, "allow_beyond_max_context": True}, progress=False)
+    return {
+        "website": dict(models=M.model_ids(), quants=["Q4_K_M", "Q8_0"],
+                        machines=[dict(gpu=g, host="ddr5-6000x2", host_mem_gb=128) for g in gpus],
+                        contexts=[4096, 16384, 32768, 131072], batches=[1, 4, 16], **common),
+        "one machine": dict(models=M.model_ids(), quants=["Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0"],
+                            machines=[dict(gpu="rtx-4090", host="ddr5-6000x2", host_mem_gb=64)],
+                            contexts=[4096], batches=[1], **common),
+    }
+
+
+def timed(kw: dict, threads: int) -> tuple:
+    t0 = time.perf_counter()
+    tab = moesim.sweep(**kw, threads=threads)
+    return len(tab.columns["context"]), time.perf_counter() - t0
+
+
+def twin_rate(kw: dict, n_groups: int) -> float:
+    """Configurations per second of the pure-Python twin over the first n_groups groups that run."""
+    spec = {k: v for k, v in kw.items() if k != "progress"}
+    plan = Plan(normalize_spec(build_spec(**spec)))
+    done, seconds = 0, 0.0
+    for g in range(plan.n_groups):
+        grp = plan.group(g)
+        if grp.skip:
+            continue
+        t0 = time.perf_counter()
+        done += len(SR.segment(grp, 0, plan.block))
+        seconds += time.perf_counter() - t0
+        n_groups -= 1
+        if n_groups == 0:
+            break
+    return done / seconds
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--twin", type=int, default=0, help="groups of the website grid for the Python twin")
+    args = ap.parse_args()
+    print(f"{'grid':12s} {'configs':>8s} {'first run':>22s} {'warm':>22s}")
+    for name, kw in grids().items():
+        n, first = timed(kw, args.threads)
+        _, warm = timed(kw, args.threads)
+        print(f"{name:12s} {n:8d} {first:8.2f} s {n / first:9.0f}/s {warm:8.2f} s {n / warm:9.0f}/s")
+        if name == "website" and args.twin:
+            twin = twin_rate(kw, args.twin)
+            print(f"{'':12s} Python twin {twin:.0f} configs/s per configuration; C warm end to end is "
+                  f"{n / warm / twin:.1f}x that")
+
+
+if __name__ == "__main__":
+    main()
