@@ -11,8 +11,9 @@ one machine: every catalog model x 6 GGUF quants on one RTX 4090 + 64 GB at one 
 Each grid runs twice in one process: the first time includes lowering every model and quant (cached
 afterwards), the second is what a long-lived process (a server, a notebook) pays. Rates are configurations
 per second including the output table. With --twin, engine/reference/sweep.py evaluates every
-configuration of the first N groups one by one (their lowering shared with the C path, so the ratio is of
-the per-configuration work only).
+configuration of the first N groups one by one (their tables and decode variants lowered first, as the C
+path has them, so the twin's rate is of the per-configuration work only and the ratio shows how much of
+the C path's time is that work).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import time
 
 import moesim
 from moesim.analysis.sweep.plan import Plan
+from moesim.analysis.sweep.run import run_range
 from moesim.analysis.sweep.spec import build_spec, normalize_spec
 from moesim.engine.reference import sweep as SR
 from moesim.spec import models as M
@@ -62,6 +64,7 @@ def twin_rate(kw: dict, n_groups: int) -> float:
         grp = plan.group(g)
         if grp.skip:
             continue
+        run_range(plan, g * plan.block, (g + 1) * plan.block)     # the variants lowered, as the C path has them
         t0 = time.perf_counter()
         done += len(SR.segment(grp, 0, plan.block))
         seconds += time.perf_counter() - t0

@@ -424,7 +424,7 @@ typedef struct {
  * The caller owns the columns (mem and dec, every segment's rows within them). */
 int ms_sweep_screen(const ms_sweep_mem_out_t *mem, const ms_sweep_dec_out_t *dec, const ms_screen_segment_t *segs,
                     int32_t n_segs, const int8_t *fits_lut, int32_t n_lut, double rel, int64_t max_batch,
-                    int64_t *first_flagged);
+                    int n_threads, int64_t *first_flagged);
 
 /* =====================================================================================================
  * Automatic placement of one configuration (csrc/ms_place.c).

@@ -207,7 +207,10 @@ typedef struct {
 int ms_sweep_check_mem(const ms_sweep_mem_t *g);
 /* The candidate (index into g->places) the group's automatic-placement rule (MS_SWEEP_AUTO_*) picks at
  * (ctx, b); k caches partial sums, *hint is the previous answer of the search (-1: none). */
-int32_t ms_sweep_choose(const ms_sweep_mem_t *g, int64_t ctx, int64_t b, kvpart_t *k, int64_t *hint);
+/* The automatic placement at (ctx, b); fits_up_to: the largest context any candidate fits at b if known
+ * (ms_sweep_auto_max_context), else -1. */
+int32_t ms_sweep_choose(const ms_sweep_mem_t *g, int64_t ctx, int64_t b, int64_t fits_up_to, kvpart_t *k,
+                        int64_t *hint);
 /* The largest context that fits at batch b under the best placement for that context (ms_sweep_memory.c). */
 int64_t ms_sweep_auto_max_context(const ms_sweep_mem_t *g, int64_t b);
 

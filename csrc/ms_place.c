@@ -23,7 +23,7 @@ int ms_auto_placement(const ms_sweep_mem_t *g, int64_t context, int64_t batch, i
     if (rc != 0) return rc;
     if (context < 1) return MS_ERR_BAD_CONTEXT;
     if (batch < 1) return MS_ERR_BAD_SIZE;
-    *chosen = g->rule == MS_SWEEP_FIXED ? 0 : ms_sweep_choose(g, context, batch, &k, &hint);
+    *chosen = g->rule == MS_SWEEP_FIXED ? 0 : ms_sweep_choose(g, context, batch, -1, &k, &hint);
     return 0;
 }
 

@@ -38,10 +38,11 @@ typedef struct {
     int64_t *mc_place, *mc_val;  /* [n_b] latest max context per batch index */
     int64_t *auto_cp, *auto_j;   /* [n_b] latest automatic placement per batch index (by padded context) */
     int64_t *hint;               /* [n_b] latest answer of the automatic placement's search */
+    int64_t *fit_up;             /* [n_b] fit_limit up to FIT_CAP (-1: not computed yet) */
     kvpart_t k1;                 /* per-sequence sums at batch 1 of the latest (layout, cfg, context) */
 } mem_ws_t;
 
-#define WS_ARRAYS 5
+#define WS_ARRAYS 6
 
 int64_t ms_sweep_memory_workspace_size(int32_t n_b)
 {
@@ -155,11 +156,11 @@ static int fits_at1(const ms_sweep_mem_t *g, int32_t j, int64_t ctx, int64_t b, 
     return account_scaled(g, j, ctx, b, k1, NULL) != 0;
 }
 
-/* ms_memory.c linear_context_candidate / max_context_search, for candidate j at batch b. */
-static int64_t max_context(const ms_sweep_mem_t *g, int32_t j, int64_t b)
+/* ms_memory.c linear_context_candidate / max_context_search, for candidate j at batch b, up to cap. */
+static int64_t max_context_to(const ms_sweep_mem_t *g, int32_t j, int64_t b, int64_t cap)
 {
     const ms_mem_config_t *c = &g->cfg[g->places[j].cfg];
-    int64_t lo = 1, hi = g->max_context, cand = 0;
+    int64_t lo = 1, hi = cap, cand = 0;
     int linear = ms_linear_in_context(c);
     kvpart_t k = {-1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
     if (!fits_at(g, j, lo, b, &k)) return 0;
@@ -170,7 +171,7 @@ static int64_t max_context(const ms_sweep_mem_t *g, int32_t j, int64_t b)
         mem_eval_t s1, s2;
         account(g, j, 1, b, &k, &s1);
         account(g, j, 2, b, &k, &s2);
-        cand = ms_linear_context(c, s1.gpu, s1.host - s1.spill, s2.gpu, s2.host - s2.spill, g->max_context);
+        cand = ms_linear_context(c, s1.gpu, s1.host - s1.spill, s2.gpu, s2.host - s2.spill, cap);
     }
     if (cand >= 1 && cand < hi && fits_at(g, j, cand, b, &k) && !fits_at(g, j, cand + 1, b, &k)) return cand;
     while (hi - lo > 1) {
@@ -178,6 +179,11 @@ static int64_t max_context(const ms_sweep_mem_t *g, int32_t j, int64_t b)
         if (fits_at(g, j, mid, b, &k)) lo = mid; else hi = mid;
     }
     return lo;
+}
+
+static int64_t max_context(const ms_sweep_mem_t *g, int32_t j, int64_t b)
+{
+    return max_context_to(g, j, b, g->max_context);
 }
 
 /* account()'s fits bits at batch b from the per-sequence sums at batch 1 (k1). */
@@ -278,9 +284,14 @@ static int32_t first_fitting(const ms_sweep_mem_t *g, int32_t first, int64_t fro
 }
 
 /* The automatic placement (engine.lower.placement) for the rules the C loop resolves per configuration. */
-int32_t ms_sweep_choose(const ms_sweep_mem_t *g, int64_t ctx, int64_t b, kvpart_t *k, int64_t *hint)
+int32_t ms_sweep_choose(const ms_sweep_mem_t *g, int64_t ctx, int64_t b, int64_t fits_up_to, kvpart_t *k,
+                        int64_t *hint)
 {
     int32_t L = g->n_layers;
+    /* past the largest context any candidate fits (when the caller knows it) nothing fits: the search
+     * below would end at the same fallback, after probing every candidate */
+    if (fits_up_to >= 0 && ctx > fits_up_to)
+        return g->i_experts_cpu >= 0 ? g->i_experts_cpu : g->i_all_gpu;
     if (g->rule == MS_SWEEP_AUTO_KT) {
         int64_t n = largest_true(g, g->i_gpu_experts, 0, 0, g->n_experts, ctx, b, k, hint);
         int32_t j;
@@ -317,18 +328,36 @@ int32_t ms_sweep_choose(const ms_sweep_mem_t *g, int64_t ctx, int64_t b, kvpart_
  * is complete (ms_sweep_choose returns a candidate that fits whenever one does) and each candidate's
  * fits is monotone in context, so that is the largest of the candidates' own max contexts; a candidate
  * that does not fit one past the best so far cannot raise it and costs one account(). */
-int64_t ms_sweep_auto_max_context(const ms_sweep_mem_t *g, int64_t b)
+static int64_t fit_limit(const ms_sweep_mem_t *g, int64_t b, int64_t cap)
 {
     int64_t best = 0;
     kvpart_t k = {-1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
-    if (g->rule == MS_SWEEP_FIXED) return max_context(g, 0, b);
-    for (int32_t j = 0; j < g->n_places && best < g->max_context; j++) {
+    if (g->rule == MS_SWEEP_FIXED) return max_context_to(g, 0, b, cap);
+    for (int32_t j = 0; j < g->n_places && best < cap; j++) {
         int64_t v;
         if (!fits_at(g, j, best + 1, b, &k)) continue;
-        v = max_context(g, j, b);
+        v = max_context_to(g, j, b, cap);
         if (v > best) best = v;
     }
     return best;
+}
+
+int64_t ms_sweep_auto_max_context(const ms_sweep_mem_t *g, int64_t b)
+{
+    return fit_limit(g, b, g->max_context);
+}
+
+/* Sweeps may go past the trained maximum (filter.allow_beyond_max_context): the search bound there. */
+#define FIT_CAP ((int64_t) 1 << 28)
+
+/* The largest context any candidate fits at batch index bi when that is a real boundary (every larger
+ * context fits nowhere), else -1: what lets ms_sweep_choose skip the search where nothing fits. */
+static int64_t fitting_boundary(const ms_sweep_mem_t *g, int64_t ctx, int64_t b, int32_t bi, mem_ws_t *ws)
+{
+    if (ws->mc_val[bi] < g->max_context) return ws->mc_val[bi];
+    if (ctx <= g->max_context) return -1;          /* some candidate fits here */
+    if (ws->fit_up[bi] < 0) ws->fit_up[bi] = fit_limit(g, b, FIT_CAP);
+    return ws->fit_up[bi] < FIT_CAP ? ws->fit_up[bi] : -1;
 }
 
 /* Candidates first .. first + span (a run of the placement table) all exist. */
@@ -372,11 +401,16 @@ static void memory_one(const ms_sweep_mem_t *g, int64_t ctx, int64_t b, int32_t 
     const ms_sweep_place_t *p;
     mem_eval_t r;
     if (g->rule != MS_SWEEP_FIXED) {
+        /* under the best placement for each context, whichever is chosen here: one value per batch */
+        if (ws->mc_place[bi] != g->n_places) {
+            ws->mc_place[bi] = g->n_places;
+            ws->mc_val[bi] = ms_sweep_auto_max_context(g, b);
+        }
         /* a pure function of (padded context, batch) */
         if (ws->auto_cp[bi] == cp) {
             j = (int32_t) ws->auto_j[bi];
         } else {
-            j = ms_sweep_choose(g, ctx, b, k, &ws->hint[bi]);
+            j = ms_sweep_choose(g, ctx, b, fitting_boundary(g, ctx, b, bi, ws), k, &ws->hint[bi]);
             ws->auto_cp[bi] = cp;
             ws->auto_j[bi] = j;
         }
@@ -385,12 +419,7 @@ static void memory_one(const ms_sweep_mem_t *g, int64_t ctx, int64_t b, int32_t 
     cp = padded(ctx, g->cfg[p->cfg].kv_granularity);
     account_scaled(g, j, ctx, b, k, &r);
     if (g->rule != MS_SWEEP_FIXED) {
-        /* under the best placement for each context, whichever is chosen here: one value per batch */
-        if (ws->mc_place[bi] != g->n_places) {
-            ws->mc_place[bi] = g->n_places;
-            ws->mc_val[bi] = ms_sweep_auto_max_context(g, b);
-        }
-        v = ws->mc_val[bi];
+        v = ws->mc_val[bi];      /* the best placement's for each context, whichever is chosen here */
     } else if (ws->mc_place[bi] == j) {
         v = ws->mc_val[bi];
     } else {
@@ -445,11 +474,13 @@ static void ws_init(mem_ws_t *ws, char *base, int32_t n_b)
     ws->auto_cp = ws->mc_val + nb;
     ws->auto_j = ws->auto_cp + nb;
     ws->hint = ws->auto_j + nb;
+    ws->fit_up = ws->hint + nb;
     for (int s = 0; s < MEMO_SLOTS; s++) ws->max_context.place[s] = ws->max_batch.place[s] = -1;
     for (int32_t i = 0; i < n_b; i++) {
         ws->mc_place[i] = -1;
         ws->auto_cp[i] = -1;
         ws->hint[i] = -1;
+        ws->fit_up[i] = -1;
     }
     ws->last_place = -1;
     ws->k1.layout = -1;

@@ -943,29 +943,29 @@ static void test_screen(void)
     ms_sweep_dec_out_t d = {dec, agg, tpot, NULL, NULL, pf, hit, NULL};
     ms_screen_segment_t seg = {0, 3, 10.0, 10.0, 0.0, 1000, 1000};
     int64_t first = 7;
-    CHECK(ms_sweep_screen(&m, &d, &seg, 1, lut, 2, 1e-9, 1 << 30, &first) == 0 && first == -1);
+    CHECK(ms_sweep_screen(&m, &d, &seg, 1, lut, 2, 1e-9, 1 << 30, 2, &first) == 0 && first == -1);
     d.tpot_p50_ms = p50; d.tpot_p99_ms = p99;
-    CHECK(ms_sweep_screen(&m, &d, &seg, 1, lut, 2, 1e-9, 1 << 30, &first) == 0 && first == -1);
+    CHECK(ms_sweep_screen(&m, &d, &seg, 1, lut, 2, 1e-9, 1 << 30, 2, &first) == 0 && first == -1);
     p99[2] = 80;                                   /* p99 < p50 */
-    CHECK(ms_sweep_screen(&m, &d, &seg, 1, lut, 2, 1e-9, 1 << 30, &first) == 0 && first == 2);
+    CHECK(ms_sweep_screen(&m, &d, &seg, 1, lut, 2, 1e-9, 1 << 30, 2, &first) == 0 && first == 2);
     p99[2] = 120; gpu[1] = 11;                     /* over the GPU's capacity, yet said to fit */
-    CHECK(ms_sweep_screen(&m, &d, &seg, 1, lut, 2, 1e-9, 1 << 30, &first) == 0 && first == 1);
+    CHECK(ms_sweep_screen(&m, &d, &seg, 1, lut, 2, 1e-9, 1 << 30, 2, &first) == 0 && first == 1);
     gpu[1] = 1; kv[0] = NAN;
-    CHECK(ms_sweep_screen(&m, &d, &seg, 1, lut, 2, 1e-9, 1 << 30, &first) == 0 && first == 0);
+    CHECK(ms_sweep_screen(&m, &d, &seg, 1, lut, 2, 1e-9, 1 << 30, 2, &first) == 0 && first == 0);
     kv[0] = 0.5; mc[2] = 10;                       /* fits at 50 but max context 10 */
-    CHECK(ms_sweep_screen(&m, &d, &seg, 1, lut, 2, 1e-9, 1 << 30, &first) == 0 && first == 2);
+    CHECK(ms_sweep_screen(&m, &d, &seg, 1, lut, 2, 1e-9, 1 << 30, 2, &first) == 0 && first == 2);
     mc[2] = 100; agg[1] = 21; seg.start = 2;       /* a segment sees only its own rows */
-    CHECK(ms_sweep_screen(&m, &d, &seg, 1, lut, 2, 1e-9, 1 << 30, &first) == 0 && first == -1);
+    CHECK(ms_sweep_screen(&m, &d, &seg, 1, lut, 2, 1e-9, 1 << 30, 2, &first) == 0 && first == -1);
     seg.start = 0;
-    CHECK(ms_sweep_screen(&m, &d, &seg, 1, lut, 2, 1e-9, 1 << 30, &first) == 0 && first == 1);
+    CHECK(ms_sweep_screen(&m, &d, &seg, 1, lut, 2, 1e-9, 1 << 30, 2, &first) == 0 && first == 1);
     agg[1] = 20; fits[0] = 5;                      /* a fits code outside the table */
-    CHECK(ms_sweep_screen(&m, &d, &seg, 1, lut, 2, 1e-9, 1 << 30, &first) == 0 && first == 0);
+    CHECK(ms_sweep_screen(&m, &d, &seg, 1, lut, 2, 1e-9, 1 << 30, 2, &first) == 0 && first == 0);
     fits[0] = 1;
-    CHECK(ms_sweep_screen(&m, &d, &seg, 1, lut, 2, 1e-9, 1 << 30, NULL) == MS_ERR_NULL_ARGUMENT);
-    CHECK(ms_sweep_screen(NULL, &d, &seg, 1, lut, 2, 1e-9, 1 << 30, &first) == MS_ERR_NULL_ARGUMENT && first == -1);
-    CHECK(ms_sweep_screen(&m, &d, &seg, 1, lut, 0, 1e-9, 1 << 30, &first) == MS_ERR_BAD_SIZE);
+    CHECK(ms_sweep_screen(&m, &d, &seg, 1, lut, 2, 1e-9, 1 << 30, 2, NULL) == MS_ERR_NULL_ARGUMENT);
+    CHECK(ms_sweep_screen(NULL, &d, &seg, 1, lut, 2, 1e-9, 1 << 30, 2, &first) == MS_ERR_NULL_ARGUMENT && first == -1);
+    CHECK(ms_sweep_screen(&m, &d, &seg, 1, lut, 0, 1e-9, 1 << 30, 2, &first) == MS_ERR_BAD_SIZE);
     seg.end = -1;
-    CHECK(ms_sweep_screen(&m, &d, &seg, 1, lut, 2, 1e-9, 1 << 30, &first) == MS_ERR_BAD_SIZE);
+    CHECK(ms_sweep_screen(&m, &d, &seg, 1, lut, 2, 1e-9, 1 << 30, 2, &first) == MS_ERR_BAD_SIZE);
 }
 
 int main(void)

@@ -323,14 +323,15 @@ def _screen_lut(plan) -> np.ndarray:
     return ((bits != 0) | ((bits & 1) << 1) | (bits & 4)).astype(np.int8)
 
 
-def check_chunk(plan, cols: dict, segments: list, engine: str = "c") -> None:
+def check_chunk(plan, cols: dict, segments: list, threads: int = 1, engine: str = "c") -> None:
     """The sweep's rows ``cols[k][s0:s1]`` of each evaluated group ``(s0, s1, group)`` in *segments*
     satisfy the record guarantees: bytes finite and >= 0, tiers >= weights + KV + state, fits against
     the capacities (GPU and storage tiers included), max_context and max_batch covering what fits,
     decode figures finite and > 0 with aggregate = per sequence x batch and TPOT = 1000 / tok/s,
     p99 >= p50, hit rate NaN (does not apply) or in [0, 1].
 
-    A screen of exact comparisons, one pass in C (``ms_sweep_screen``; *engine* "python": its numpy
+    A screen of exact comparisons, one pass in C on up to *threads* threads (``ms_sweep_screen``;
+    *engine* "python": its numpy
     twin :func:`_screen`); only a flagged chunk pays for the row-by-row explanation
     (:func:`_explain_chunk`), which raises naming the first bad row."""
     if not segments:
@@ -338,13 +339,13 @@ def check_chunk(plan, cols: dict, segments: list, engine: str = "c") -> None:
     with np.errstate(all="ignore"):
         flag = not all(g.kv_bytes_per_token >= 0 and math.isfinite(g.kv_bytes_per_token) for _a, _b, g in segments)
         if not flag:
-            flag = _screen_c(plan, cols, segments) if engine == "c" else \
+            flag = _screen_c(plan, cols, segments, threads) if engine == "c" else \
                 _screen(plan, _rows(cols, segments), _group_scalars(segments))
         if flag:
             _explain_chunk(plan, _rows(cols, segments), _group_scalars(segments))
 
 
-def _screen_c(plan, cols: dict, segments: list) -> bool:
+def _screen_c(plan, cols: dict, segments: list, threads: int = 1) -> bool:
     """ms_sweep_screen over the segments' rows: True when one could break a guarantee."""
     from ..engine import _kernel
     from ..engine.glue import handle_library_error
@@ -356,7 +357,7 @@ def _screen_c(plan, cols: dict, segments: list) -> bool:
         segs.append((s0, s1, float(c["n_gpus"]) * float(c["gpu_capacity"]), float(c["host_capacity"]),
                      float(c["storage_capacity"]) if c["storage_spill"] else 0.0, mmax,
                      ARCH_BOUNDS["max_position_embeddings"] if beyond else mmax))
-    code, first = _kernel.sweep_screen(cols, segs, _screen_lut(plan), REL, _MAX_BATCH)
+    code, first = _kernel.sweep_screen(cols, segs, _screen_lut(plan), REL, _MAX_BATCH, int(threads))
     handle_library_error(code, "ms_sweep_screen")
     return first >= 0
 

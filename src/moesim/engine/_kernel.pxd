@@ -286,6 +286,6 @@ cdef extern from "moesim.h" nogil:
         int64_t context_bound
     int ms_sweep_screen(const ms_sweep_mem_out_t *mem, const ms_sweep_dec_out_t *dec,
                         const ms_screen_segment_t *segs, int32_t n_segs, const int8_t *fits_lut, int32_t n_lut,
-                        double rel, int64_t max_batch, int64_t *first_flagged)
+                        double rel, int64_t max_batch, int n_threads, int64_t *first_flagged)
     int ms_auto_placement(const ms_sweep_mem_t *g, int64_t context, int64_t batch, int32_t *chosen)
     int ms_auto_max_context(const ms_sweep_mem_t *g, int64_t batch, int64_t *max_context)

@@ -213,7 +213,7 @@ def sweep_montecarlo(SweepDecode dec, context, batch, variant, index, int n_thre
     return code, bad
 
 
-def sweep_screen(dict cols, segments, fits_lut, double rel, int64_t max_batch):
+def sweep_screen(dict cols, segments, fits_lut, double rel, int64_t max_batch, int n_threads=1):
     """ms_sweep_screen over the rows of `segments` ((start, end, gpu_cap, host_cap, storage_cap,
     max_context, context_bound) each) of the chunk columns `cols`: (code, first flagged row or -1)."""
     cdef const int8_t[::1] lut = fits_lut
@@ -254,6 +254,7 @@ def sweep_screen(dict cols, segments, fits_lut, double rel, int64_t max_batch):
     cdef int code
     cdef int64_t first = -1
     cdef int32_t n_lut = <int32_t> lut.shape[0]
+    cdef int nt = _threads(n_threads)
     if segs == NULL:
         raise MemoryError()
     try:
@@ -263,7 +264,7 @@ def sweep_screen(dict cols, segments, fits_lut, double rel, int64_t max_batch):
             segs[k].gpu_cap = s[2]; segs[k].host_cap = s[3]; segs[k].storage_cap = s[4]
             segs[k].max_context = s[5]; segs[k].context_bound = s[6]
         with nogil:
-            code = ms_sweep_screen(&mem, &dec, segs, <int32_t> n_seg, &lut[0], n_lut, rel, max_batch, &first)
+            code = ms_sweep_screen(&mem, &dec, segs, <int32_t> n_seg, &lut[0], n_lut, rel, max_batch, nt, &first)
     finally:
         free(segs)
     return code, first

@@ -103,7 +103,7 @@ def run_range(plan, start: int, end: int, threads: int = 1, buffers: dict | None
                 if keep is None:
                     keep = np.ones(n, dtype=bool)
                 keep[a - start:b - start] &= ~beyond
-    check_chunk(plan, cols, segments)     # every evaluated row, before filters or a file see it
+    check_chunk(plan, cols, segments, threads)     # every evaluated row, before filters or a file see it
     keep = _filter_rows(plan, cols, keep, n)
     names = plan.columns
     if keep is None or keep.all():
