@@ -140,49 +140,44 @@ def test_short_rows_and_reordered_columns_are_skipped_not_crashed(tmp_path):
     assert [s["id"] for s in rep["summary"]["rows_skipped"]] == ["LC-9"]
 
 
-@pytest.mark.fuzz
-def test_mutated_measurement_rows_build_or_are_skipped(tmp_path, tally):
-    """The reader proper (load_rows, then build per row): cheap, so most of the --long inputs."""
-    rng = random.Random("measurement rows")
+def _fuzz_csv(tmp_path, tally, seed: str, count: int, seconds: int, read, check) -> None:
+    """*count* mutated measurement CSVs through *read* (a MoesimError must name the file as `data`),
+    each accepted result through *check*; every input tallied."""
+    rng = random.Random(seed)
     p = tmp_path / "m.csv"
-    count = fuzz_count(1500, 60_000)
     for i in range(count):
         rewrite(p, _mutate_cells(rng))
-        with bounded(10, f"measurement rows mutant {i}"):
+        with bounded(seconds, f"{seed} mutant {i}"):
             try:
-                rows = V.load_rows(p)
+                got = read(p)
             except MoesimError as exc:
                 assert exc.field == "data" and str(p) in str(exc), exc
                 tally.refuse()
                 continue
-            for row in rows:
-                assert all(isinstance(k, str) and isinstance(v, str) for k, v in row.items()), row
-                try:
-                    V.measurements(row)
-                    _check_built(V.build(row))
-                except V.Skip as exc:
-                    assert str(exc), row
+            check(got)
         tally.ok()
     assert tally.refused > 0 and tally.accepted > 0 and tally.inputs == count
+
+
+def _check_rows(rows) -> None:
+    for row in rows:
+        assert all(isinstance(k, str) and isinstance(v, str) for k, v in row.items()), row
+        try:
+            V.measurements(row)
+            _check_built(V.build(row))
+        except V.Skip as exc:
+            assert str(exc), row
+
+
+@pytest.mark.fuzz
+def test_mutated_measurement_rows_build_or_are_skipped(tmp_path, tally):
+    """The reader proper (load_rows, then build per row): cheap, so most of the --long inputs."""
+    _fuzz_csv(tmp_path, tally, "measurement rows", fuzz_count(1500, 60_000), 10, V.load_rows, _check_rows)
 
 
 @pytest.mark.fuzz
 def test_mutated_measurements_validate_to_finite_reports(tmp_path, tally):
-    rng = random.Random("measurements validate")
-    p = tmp_path / "m.csv"
-    count = fuzz_count(60, 2_000)
-    for i in range(count):
-        rewrite(p, _mutate_cells(rng))
-        with bounded(30, f"validate mutant {i}"):
-            try:
-                rep = V.validate(p)
-            except MoesimError as exc:
-                assert exc.field == "data" and str(p) in str(exc), exc
-                tally.refuse()
-                continue
-        _check_report(rep)
-        tally.ok()
-    assert tally.refused > 0 and tally.accepted > 0 and tally.inputs == count
+    _fuzz_csv(tmp_path, tally, "measurements validate", fuzz_count(60, 2_000), 30, V.validate, _check_report)
 
 
 def test_empty_runtime_is_the_default_runtime(tmp_path):
