@@ -7,6 +7,7 @@ import os
 import time
 
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import moesim
 from moesim import MoesimError
@@ -283,3 +284,27 @@ def test_an_in_memory_sweep_too_large_to_hold_is_refused_before_it_runs():
               contexts={"start": 1, "stop": 40960, "num": 40960}, batches=list(range(1, 100001)),
               filter={"allow_beyond_max_context": True}, progress=False)
     assert exc.value.field == "out" and time.perf_counter() - t0 < 10.0
+
+
+@settings(max_examples=int(os.environ.get("MOESIM_FUZZ_COUNT", "30")), deadline=None,
+          suppress_health_check=list(HealthCheck))
+@given(mid=st.sampled_from(["qwen3-30b-a3b", "gpt-oss-120b", "glm-4.5-air", "deepseek-v2-lite", "llama-3-8b",
+                            "mixtral-8x7b", "deepseek-v4-flash", "qwen3-next-80b-a3b"]),
+       gpu=st.sampled_from(["rtx-3060", "rtx-4090", "rtx-3090"]), host_gb=st.sampled_from([16, 32, 64, 128]),
+       quant=st.sampled_from(["Q2_K", "Q4_K_M", "Q8_0"]), batch=st.sampled_from([1, 3, 16, 64]),
+       runtime=st.sampled_from([None, "ktransformers"]))
+def test_max_context_boundary_holds_on_random_configurations(mid, gpu, host_gb, quant, batch, runtime):
+    """The brute-force property on random model x machine x quant x batch x runtime: fit fits at
+    max_context and not one past it (when that is below the model's maximum)."""
+    mach = moesim.machine(gpu=gpu, host="ddr5-6000x2", host_mem_gb=host_gb)
+    limit = moesim.model(mid).max_context
+    try:
+        mc = _fits(mid, mach, quant, min(4096, limit), batch, runtime)[1]["max_context"]
+    except MoesimError:
+        return                                    # e.g. ktransformers on a dense model
+    if mc > 0:
+        ok, rec = _fits(mid, mach, quant, mc, batch, runtime)
+        assert ok and rec["max_context"] == mc, (mc, rec["placement"], rec["fits"])
+    if mc < limit:
+        ok, rec = _fits(mid, mach, quant, mc + 1, batch, runtime)
+        assert not ok and rec["max_context"] == mc, (mc, rec["placement"], rec["fits"])
