@@ -32,17 +32,16 @@ typedef struct {
 } memo_t;
 
 typedef struct {
-    memo_t max_context;          /* x: batch */
     memo_t max_batch;            /* x: padded context */
     int64_t last_place, last_cp, last_val;   /* the latest max batch */
-    int64_t *mc_place, *mc_val;  /* [n_b] latest max context per batch index */
+    int64_t *mc_val;             /* [n_b] max context per batch index (-1: not computed yet) */
     int64_t *auto_cp, *auto_j;   /* [n_b] latest automatic placement per batch index (by padded context) */
     int64_t *hint;               /* [n_b] latest answer of the automatic placement's search */
     int64_t *fit_up;             /* [n_b] fit_limit up to FIT_CAP (-1: not computed yet) */
     kvpart_t k1;                 /* per-sequence sums at batch 1 of the latest (layout, cfg, context) */
 } mem_ws_t;
 
-#define WS_ARRAYS 6
+#define WS_ARRAYS 5
 
 int64_t ms_sweep_memory_workspace_size(int32_t n_b)
 {
@@ -157,7 +156,7 @@ static int fits_at1(const ms_sweep_mem_t *g, int32_t j, int64_t ctx, int64_t b, 
 }
 
 /* ms_memory.c linear_context_candidate / max_context_search, for candidate j at batch b, up to cap. */
-static int64_t max_context_to(const ms_sweep_mem_t *g, int32_t j, int64_t b, int64_t cap)
+static int64_t max_context(const ms_sweep_mem_t *g, int32_t j, int64_t b, int64_t cap)
 {
     const ms_mem_config_t *c = &g->cfg[g->places[j].cfg];
     int64_t lo = 1, hi = cap, cand = 0;
@@ -179,11 +178,6 @@ static int64_t max_context_to(const ms_sweep_mem_t *g, int32_t j, int64_t b, int
         if (fits_at(g, j, mid, b, &k)) lo = mid; else hi = mid;
     }
     return lo;
-}
-
-static int64_t max_context(const ms_sweep_mem_t *g, int32_t j, int64_t b)
-{
-    return max_context_to(g, j, b, g->max_context);
 }
 
 /* account()'s fits bits at batch b from the per-sequence sums at batch 1 (k1). */
@@ -332,11 +326,11 @@ static int64_t fit_limit(const ms_sweep_mem_t *g, int64_t b, int64_t cap)
 {
     int64_t best = 0;
     kvpart_t k = {-1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
-    if (g->rule == MS_SWEEP_FIXED) return max_context_to(g, 0, b, cap);
+    if (g->rule == MS_SWEEP_FIXED) return max_context(g, 0, b, cap);
     for (int32_t j = 0; j < g->n_places && best < cap; j++) {
         int64_t v;
         if (!fits_at(g, j, best + 1, b, &k)) continue;
-        v = max_context_to(g, j, b, cap);
+        v = max_context(g, j, b, cap);
         if (v > best) best = v;
     }
     return best;
@@ -400,12 +394,10 @@ static void memory_one(const ms_sweep_mem_t *g, int64_t ctx, int64_t b, int32_t 
     int32_t j = 0;
     const ms_sweep_place_t *p;
     mem_eval_t r;
+    /* one value per batch: under the best placement for each context, whichever is chosen here (the
+     * fixed placement's for a fixed rule) */
+    if (ws->mc_val[bi] < 0) ws->mc_val[bi] = ms_sweep_auto_max_context(g, b);
     if (g->rule != MS_SWEEP_FIXED) {
-        /* under the best placement for each context, whichever is chosen here: one value per batch */
-        if (ws->mc_place[bi] != g->n_places) {
-            ws->mc_place[bi] = g->n_places;
-            ws->mc_val[bi] = ms_sweep_auto_max_context(g, b);
-        }
         /* a pure function of (padded context, batch) */
         if (ws->auto_cp[bi] == cp) {
             j = (int32_t) ws->auto_j[bi];
@@ -418,19 +410,7 @@ static void memory_one(const ms_sweep_mem_t *g, int64_t ctx, int64_t b, int32_t 
     p = &g->places[j];
     cp = padded(ctx, g->cfg[p->cfg].kv_granularity);
     account_scaled(g, j, ctx, b, k, &r);
-    if (g->rule != MS_SWEEP_FIXED) {
-        v = ws->mc_val[bi];      /* the best placement's for each context, whichever is chosen here */
-    } else if (ws->mc_place[bi] == j) {
-        v = ws->mc_val[bi];
-    } else {
-        if (!memo_get(&ws->max_context, j, b, &v)) {
-            v = max_context(g, j, b);
-            memo_put(&ws->max_context, j, b, v);
-        }
-        ws->mc_place[bi] = j;
-        ws->mc_val[bi] = v;
-    }
-    out->max_context[i] = v;
+    out->max_context[i] = ws->mc_val[bi];
     if (ws->last_place == j && ws->last_cp == cp) {
         v = ws->last_val;
     } else {
@@ -469,15 +449,14 @@ static void memory_one(const ms_sweep_mem_t *g, int64_t ctx, int64_t b, int32_t 
 static void ws_init(mem_ws_t *ws, char *base, int32_t n_b)
 {
     int64_t nb = n_b > 0 ? n_b : 1;
-    ws->mc_place = (int64_t *) (base + MS_ALIGN64((int64_t) sizeof(mem_ws_t)));
-    ws->mc_val = ws->mc_place + nb;
+    ws->mc_val = (int64_t *) (base + MS_ALIGN64((int64_t) sizeof(mem_ws_t)));
     ws->auto_cp = ws->mc_val + nb;
     ws->auto_j = ws->auto_cp + nb;
     ws->hint = ws->auto_j + nb;
     ws->fit_up = ws->hint + nb;
-    for (int s = 0; s < MEMO_SLOTS; s++) ws->max_context.place[s] = ws->max_batch.place[s] = -1;
+    for (int s = 0; s < MEMO_SLOTS; s++) ws->max_batch.place[s] = -1;
     for (int32_t i = 0; i < n_b; i++) {
-        ws->mc_place[i] = -1;
+        ws->mc_val[i] = -1;
         ws->auto_cp[i] = -1;
         ws->hint[i] = -1;
         ws->fit_up[i] = -1;

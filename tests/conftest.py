@@ -107,6 +107,25 @@ def rewrite(path, data) -> None:
         os.close(fd)
 
 
+def fuzz_file(tally, path, make, count: int, seconds: int, read, field: str, check) -> None:
+    """*count* mutated files (each ``make()`` written to *path*) through *read*, each under a *seconds*
+    bound: a MoesimError must name *field* and the file; what reads goes to *check*, which returns False
+    when it refused the input itself (having tallied that). Every input is tallied once."""
+    from moesim import MoesimError
+    for i in range(count):
+        rewrite(path, make())
+        with bounded(seconds, f"{path.name} mutant {i}"):
+            try:
+                got = read(path)
+            except MoesimError as exc:
+                assert exc.field == field and str(path) in str(exc), exc
+                tally.refuse()
+                continue
+            if check(got) is not False:
+                tally.ok()
+    assert tally.refused > 0 and tally.accepted > 0 and tally.inputs == count
+
+
 # byte strings a mutation splices in: numbers out of range, other JSON types, bad UTF-8, separators
 SPLICE = [b"-1", b"1e9", b"[]", b"{}", b"null", b"\"x\"", b"99999999999", b"\xff\xfe", b",", b"\n", b"[[1,2]]",
           b"true", b"0", b"1e400", b"NaN", b"-0"]

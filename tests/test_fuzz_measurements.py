@@ -13,8 +13,7 @@ import random
 
 import pytest
 
-from conftest import bounded, fuzz_count, mutate_bytes, rewrite
-from moesim import MoesimError
+from conftest import fuzz_count, fuzz_file, mutate_bytes
 from moesim.analysis import validate as V
 
 COLUMNS = ["id", "quality", "model", "quant", "kv_dtype", "runtime", "gpu", "gpus", "gpu_mem_gb", "host_cpu",
@@ -140,25 +139,6 @@ def test_short_rows_and_reordered_columns_are_skipped_not_crashed(tmp_path):
     assert [s["id"] for s in rep["summary"]["rows_skipped"]] == ["LC-9"]
 
 
-def _fuzz_csv(tmp_path, tally, seed: str, count: int, seconds: int, read, check) -> None:
-    """*count* mutated measurement CSVs through *read* (a MoesimError must name the file as `data`),
-    each accepted result through *check*; every input tallied."""
-    rng = random.Random(seed)
-    p = tmp_path / "m.csv"
-    for i in range(count):
-        rewrite(p, _mutate_cells(rng))
-        with bounded(seconds, f"{seed} mutant {i}"):
-            try:
-                got = read(p)
-            except MoesimError as exc:
-                assert exc.field == "data" and str(p) in str(exc), exc
-                tally.refuse()
-                continue
-            check(got)
-        tally.ok()
-    assert tally.refused > 0 and tally.accepted > 0 and tally.inputs == count
-
-
 def _check_rows(rows) -> None:
     for row in rows:
         assert all(isinstance(k, str) and isinstance(v, str) for k, v in row.items()), row
@@ -172,12 +152,16 @@ def _check_rows(rows) -> None:
 @pytest.mark.fuzz
 def test_mutated_measurement_rows_build_or_are_skipped(tmp_path, tally):
     """The reader proper (load_rows, then build per row): cheap, so most of the --long inputs."""
-    _fuzz_csv(tmp_path, tally, "measurement rows", fuzz_count(1500, 60_000), 10, V.load_rows, _check_rows)
+    rng = random.Random("measurement rows")
+    fuzz_file(tally, tmp_path / "m.csv", lambda: _mutate_cells(rng), fuzz_count(1500, 60_000), 10, V.load_rows,
+              "data", _check_rows)
 
 
 @pytest.mark.fuzz
 def test_mutated_measurements_validate_to_finite_reports(tmp_path, tally):
-    _fuzz_csv(tmp_path, tally, "measurements validate", fuzz_count(60, 2_000), 30, V.validate, _check_report)
+    rng = random.Random("measurements validate")
+    fuzz_file(tally, tmp_path / "m.csv", lambda: _mutate_cells(rng), fuzz_count(60, 2_000), 30, V.validate,
+              "data", _check_report)
 
 
 def test_empty_runtime_is_the_default_runtime(tmp_path):

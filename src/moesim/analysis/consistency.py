@@ -250,13 +250,21 @@ def _fits_bits(plan) -> np.ndarray:
     return lut
 
 
+def _group_limits(grp) -> tuple:
+    """(GPU, host, storage capacity the rows may page to, model's max context) of one sweep group."""
+    caps = capacities(grp.mem_tables["cfg"][0])
+    return (caps["gpu"], caps["host"], caps["storage"] if caps["storage_spill"] else 0.0, int(grp.low.max_context))
+
+
+def _context_bound(plan, mmax):
+    """The largest max_context a sweep row may report: the model's, or the plausible bound when the
+    sweep keeps contexts beyond it."""
+    return ARCH_BOUNDS["max_position_embeddings"] if plan.norm["filter"].get("allow_beyond_max_context") else mmax
+
+
 def _group_scalars(segments: list) -> tuple:
     """(GPU, host, storage capacity, model's max context): scalars for one group, else one per row."""
-    vals = []
-    for _s0, _s1, grp in segments:
-        c = grp.mem_tables["cfg"][0]
-        vals.append((float(c["n_gpus"]) * float(c["gpu_capacity"]), float(c["host_capacity"]),
-                     float(c["storage_capacity"]) if c["storage_spill"] else 0.0, int(grp.low.max_context)))
+    vals = [_group_limits(grp) for _s0, _s1, grp in segments]
     if len(segments) == 1:
         return tuple(np.float64(v) if isinstance(v, float) else np.int64(v) for v in vals[0])
     lens = [s1 - s0 for s0, s1, _ in segments]
@@ -349,14 +357,10 @@ def _screen_c(plan, cols: dict, segments: list, threads: int = 1) -> bool:
     """ms_sweep_screen over the segments' rows: True when one could break a guarantee."""
     from ..engine import _kernel
     from ..engine.glue import handle_library_error
-    beyond = plan.norm["filter"].get("allow_beyond_max_context")
     segs = []
     for s0, s1, grp in segments:
-        c = grp.mem_tables["cfg"][0]
-        mmax = int(grp.low.max_context)
-        segs.append((s0, s1, float(c["n_gpus"]) * float(c["gpu_capacity"]), float(c["host_capacity"]),
-                     float(c["storage_capacity"]) if c["storage_spill"] else 0.0, mmax,
-                     ARCH_BOUNDS["max_position_embeddings"] if beyond else mmax))
+        capg, caph, scap, mmax = _group_limits(grp)
+        segs.append((s0, s1, capg, caph, scap, mmax, _context_bound(plan, mmax)))
     code, first = _kernel.sweep_screen(cols, segs, _screen_lut(plan), REL, _MAX_BATCH, int(threads))
     handle_library_error(code, "ms_sweep_screen")
     return first >= 0
@@ -380,7 +384,7 @@ def _screen(plan, r: dict, scalars: tuple) -> bool:
     np.bitwise_and(i0, np.int8(1), out=i0)
     fits = i0.view(bool)
     mc, mb, ctx = r["max_context"], r["max_batch"], r["context"]
-    bound = ARCH_BOUNDS["max_position_embeddings"] if plan.norm["filter"].get("allow_beyond_max_context") else mmax
+    bound = _context_bound(plan, mmax)
     # as unsigned, a negative count is huge: one comparison bounds each column on both sides
     flag = flag or _exceeds(mc.view(np.uint64), np.asarray(bound).astype(np.uint64), b0) \
         or bool(np.greater(mb.view(np.uint64), np.uint64(_MAX_BATCH), out=b0).any())
@@ -424,7 +428,7 @@ def _explain_chunk(plan, r: dict, scalars: tuple) -> None:
     _vec("storage_bytes", storage > caps * (1 + REL) + _ABS_BYTES, r, "more paged from storage than it holds")
     _vec("fits", fits & ((((bits & 1) != 0) != ((gpu > 0) & (capg > 0))) | (((bits & 4) != 0) != (storage > 0))),
          r, "fits names other tiers than those in use")
-    bound = ARCH_BOUNDS["max_position_embeddings"] if plan.norm["filter"].get("allow_beyond_max_context") else mmax
+    bound = _context_bound(plan, mmax)
     mc, mb = r["max_context"], r["max_batch"]
     _vec("max_context", (mc < 0) | (mc > bound) | (fits & (mc < np.minimum(r["context"], mmax))), r,
          "max_context does not cover the context that fits, or exceeds the model's maximum")

@@ -50,7 +50,8 @@ def fit(model, machine: Machine, quants=None, context: int = 4096, batch: int = 
     out = []
     for qname in quants:
         q, rt, kv, low, p = resolve(m, qname, machine, runtime, placement, context, batch, kv_dtype, mtp)
-        r = memory_of(m, low, machine, rt, p, context, batch, kv, mtp, auto=placement in (None, "auto"))
+        cfg = configure(m, low, machine, rt, p, context, batch, kv, mtp)
+        r = memory_of(m, low, machine, rt, p, context, batch, kv, mtp, auto=placement in (None, "auto"), cfg=cfg)
         alias = Q.alias_note(qname, q)
         rec = record(m, q, kv, context, batch, p, rt, machine, r, mtp, notes + ([alias] if alias else []))
         rec["decode_tok_s"] = rec["prefill_tok_s"] = None
@@ -58,6 +59,5 @@ def fit(model, machine: Machine, quants=None, context: int = 4096, batch: int = 
             from .simulate import estimate
             rec["decode_tok_s"], rec["prefill_tok_s"] = estimate(m, low, machine, rt, p, context, batch, kv, r, mtp)
         rec["assumptions"] += default_notes(rt, kv, runtime, kv_dtype, placement)
-        cfg = configure(m, low, machine, rt, p, context, batch, kv, mtp)
         out.append(check_record(rec, capacities(cfg), m.max_context, allow_beyond_max_context))
     return out

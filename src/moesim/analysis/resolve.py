@@ -45,11 +45,13 @@ def with_parallel(rt: Runtime, parallel: str | None, machine: Machine) -> Runtim
 
 
 def memory_of(m: Model, low, machine: Machine, rt: Runtime, p: Placement, context: int, batch: int, kv: str,
-              mtp: int, auto: bool = False) -> MemoryResult:
-    """The memory kernel's view of one configuration. With *auto* (p is the runtime's own choice) its
-    max_context is the largest context that fits under the placement the runtime would choose for
-    *that* context (:func:`auto_max_context`, as sweeps report it), not only under p."""
-    cfg = configure(m, low, machine, rt, p, context, batch, kv, mtp)
+              mtp: int, auto: bool = False, cfg: dict | None = None) -> MemoryResult:
+    """The memory kernel's view of one configuration (*cfg*: its ``configure`` when the caller has it).
+    With *auto* (p is the runtime's own choice) its max_context is the largest context that fits under
+    the placement the runtime would choose for *that* context (:func:`auto_max_context`, as sweeps
+    report it), not only under p."""
+    if cfg is None:
+        cfg = configure(m, low, machine, rt, p, context, batch, kv, mtp)
     r = _result_from_arrays(evaluate(low, cfg), 0)
     if auto:
         r = dataclasses.replace(r, max_context=auto_max_context(m, low, machine, rt, batch, kv, mtp, r.max_context))

@@ -124,7 +124,7 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
         p = Placement("offload-cache", min(cache_experts, m.n_experts))
     cfg = configure(m, low, machine, rt, p, context, batch, kv, mtp)
     mem = memory_of(m, low, machine, rt, p, context, batch, kv, mtp,
-                    auto=placement in (None, "auto") and cache_experts is None)
+                    auto=placement in (None, "auto") and cache_experts is None, cfg=cfg)
     alias = Q.alias_note(quant, q)
     memory = record(m, q, kv, context, batch, p, rt, machine, mem, mtp, notes + ([alias] if alias else [])
                     + default_notes(rt, kv, runtime, kv_dtype, placement if cache_experts is None else p))

@@ -349,7 +349,7 @@ def prepare(cfg: RowConfig, calibrated: bool = True) -> Prepared:
         q, rt, kv, low, p = resolve(m, cfg.quant, cfg.machine, rt, cfg.placement, cfg.context, cfg.batch,
                                     cfg.kv_dtype, cfg.mtp, cfg.parallel)
         mem_cfg = configure(m, low, cfg.machine, rt, p, cfg.context, cfg.batch, kv, cfg.mtp)
-        mem = memory_of(m, low, cfg.machine, rt, p, cfg.context, cfg.batch, kv, cfg.mtp)
+        mem = memory_of(m, low, cfg.machine, rt, p, cfg.context, cfg.batch, kv, cfg.mtp, cfg=mem_cfg)
     except MoesimError as exc:
         raise Skip(str(exc)) from None
     cfg.assumed += [a for a in default_notes(rt, kv, cfg.runtime, cfg.kv_dtype, cfg.placement) if a not in cfg.assumed]

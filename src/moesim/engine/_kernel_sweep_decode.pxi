@@ -141,16 +141,23 @@ cdef class SweepDecode:
         free(self.machines)
 
 
-cdef ms_sweep_dec_out_t _dec_out(dict out, Py_ssize_t n) except *:
+cdef ms_sweep_dec_out_t _dec_out(dict out, Py_ssize_t n, bint bottleneck=True) except *:
+    """The decode columns of `out` (each at least n long) as C sees them; p50 / p99 NULL when absent
+    (analytic), and the bottleneck column NULL without `bottleneck` (what only reads, the screen)."""
     cdef ms_sweep_dec_out_t o
     cdef double[::1] a = out["decode_tok_s"], b = out["aggregate_tok_s"], c = out["tpot_ms"]
     cdef double[::1] f = out["prefill_tok_s"], h = out["expert_hit_rate"]
     cdef double[::1] d, e
-    cdef int32_t[::1] bn = out["bottleneck"]
-    if a.shape[0] < n or b.shape[0] < n or c.shape[0] < n or f.shape[0] < n or h.shape[0] < n or bn.shape[0] < n:
+    cdef int32_t[::1] bn
+    if a.shape[0] < n or b.shape[0] < n or c.shape[0] < n or f.shape[0] < n or h.shape[0] < n or n < 1:
         raise ValueError("output column shorter than the configurations")
     o.decode_tok_s = &a[0]; o.aggregate_tok_s = &b[0]; o.tpot_ms = &c[0]
-    o.prefill_tok_s = &f[0]; o.hit_rate = &h[0]; o.bottleneck = &bn[0]
+    o.prefill_tok_s = &f[0]; o.hit_rate = &h[0]; o.bottleneck = NULL
+    if bottleneck:
+        bn = out["bottleneck"]
+        if bn.shape[0] < n:
+            raise ValueError("output column shorter than the configurations")
+        o.bottleneck = &bn[0]
     o.tpot_p50_ms = NULL
     o.tpot_p99_ms = NULL
     if out.get("tpot_p50_ms") is not None:
@@ -226,30 +233,8 @@ def sweep_screen(dict cols, segments, fits_lut, double rel, int64_t max_batch, i
         n = max(n, seg[1])
     if n == 0:
         return 0, -1
-    # the columns the screen reads (key, placement and bottleneck it does not)
-    cdef int64_t[::1] ctx = cols["context"], bat = cols["batch"], mc = cols["max_context"], mb = cols["max_batch"]
-    cdef int32_t[::1] fits = cols["fits"]
-    cdef double[::1] w = cols["weights_bytes"], kv = cols["kv_bytes"], st = cols["state_bytes"]
-    cdef double[::1] gpu = cols["gpu_bytes"], host = cols["host_bytes"], sto = cols["storage_bytes"]
-    cdef double[::1] a = cols["decode_tok_s"], b = cols["aggregate_tok_s"], c = cols["tpot_ms"]
-    cdef double[::1] f = cols["prefill_tok_s"], h = cols["expert_hit_rate"], d, e
-    if min(ctx.shape[0], bat.shape[0], mc.shape[0], mb.shape[0], fits.shape[0], w.shape[0], kv.shape[0], st.shape[0],
-           gpu.shape[0], host.shape[0], sto.shape[0], a.shape[0], b.shape[0], c.shape[0], f.shape[0], h.shape[0]) < n:
-        raise ValueError("a column is shorter than the segments")
-    cdef ms_sweep_mem_out_t mem
-    cdef ms_sweep_dec_out_t dec
-    mem.context = &ctx[0]; mem.batch = &bat[0]; mem.placement = NULL; mem.fits = &fits[0]; mem.key = NULL
-    mem.weights = &w[0]; mem.kv = &kv[0]; mem.state = &st[0]; mem.gpu = &gpu[0]; mem.host = &host[0]
-    mem.storage = &sto[0]; mem.max_context = &mc[0]; mem.max_batch = &mb[0]
-    dec.decode_tok_s = &a[0]; dec.aggregate_tok_s = &b[0]; dec.tpot_ms = &c[0]; dec.prefill_tok_s = &f[0]
-    dec.hit_rate = &h[0]; dec.bottleneck = NULL; dec.tpot_p50_ms = NULL; dec.tpot_p99_ms = NULL
-    if cols.get("tpot_p50_ms") is not None:
-        d = cols["tpot_p50_ms"]
-        e = cols["tpot_p99_ms"]
-        if d.shape[0] < n or e.shape[0] < n:
-            raise ValueError("a column is shorter than the segments")
-        dec.tpot_p50_ms = &d[0]
-        dec.tpot_p99_ms = &e[0]
+    cdef ms_sweep_mem_out_t mem = _mem_out(cols, n, False)      # key, placement, bottleneck: not read
+    cdef ms_sweep_dec_out_t dec = _dec_out(cols, n, False)
     cdef ms_screen_segment_t *segs = <ms_screen_segment_t *> malloc(max(n_seg, 1) * sizeof(ms_screen_segment_t))
     cdef int code
     cdef int64_t first = -1

@@ -101,20 +101,27 @@ cdef class SweepMemory:
         free(self.places)
 
 
-cdef ms_sweep_mem_out_t _mem_out(dict out, Py_ssize_t n) except *:
-    """The memory columns of `out` (each at least n long) as C sees them."""
-    cdef int64_t[::1] ctx = out["context"], bat = out["batch"], key = out["key"], mc = out["max_context"]
-    cdef int64_t[::1] mb = out["max_batch"]
-    cdef int32_t[::1] place = out["placement"], fits = out["fits"]
+cdef ms_sweep_mem_out_t _mem_out(dict out, Py_ssize_t n, bint keys=True) except *:
+    """The memory columns of `out` (each at least n long) as C sees them; without `keys` the key and
+    placement columns are not read (NULL: what only reads the others, the screen)."""
+    cdef int64_t[::1] ctx = out["context"], bat = out["batch"], mc = out["max_context"], mb = out["max_batch"], key
+    cdef int32_t[::1] fits = out["fits"], place
     cdef double[::1] w = out["weights_bytes"], kv = out["kv_bytes"], st = out["state_bytes"]
     cdef double[::1] gpu = out["gpu_bytes"], host = out["host_bytes"], sto = out["storage_bytes"]
-    if min(ctx.shape[0], bat.shape[0], key.shape[0], mc.shape[0], mb.shape[0], place.shape[0], fits.shape[0],
-           w.shape[0], kv.shape[0], st.shape[0], gpu.shape[0], host.shape[0], sto.shape[0]) < n or n < 1:
+    if min(ctx.shape[0], bat.shape[0], mc.shape[0], mb.shape[0], fits.shape[0], w.shape[0], kv.shape[0],
+           st.shape[0], gpu.shape[0], host.shape[0], sto.shape[0]) < n or n < 1:
         raise ValueError("output column shorter than the configurations")
     cdef ms_sweep_mem_out_t o
-    o.context = &ctx[0]; o.batch = &bat[0]; o.placement = &place[0]; o.fits = &fits[0]; o.key = &key[0]
+    o.context = &ctx[0]; o.batch = &bat[0]; o.fits = &fits[0]; o.placement = NULL; o.key = NULL
     o.weights = &w[0]; o.kv = &kv[0]; o.state = &st[0]; o.gpu = &gpu[0]; o.host = &host[0]; o.storage = &sto[0]
     o.max_context = &mc[0]; o.max_batch = &mb[0]
+    if keys:
+        key = out["key"]
+        place = out["placement"]
+        if key.shape[0] < n or place.shape[0] < n:
+            raise ValueError("output column shorter than the configurations")
+        o.key = &key[0]
+        o.placement = &place[0]
     return o
 
 

@@ -58,20 +58,16 @@ def candidate_weights(low, cands, cfg: dict, mtp: int = 0, engine: str = "c") ->
     everything they depend on: a sweep's groups of one model and quant on many machines share them."""
     rest = tuple(sorted((k, v) for k, v in cfg.items() if k not in _PROBE_KEYS))
     placed = tuple((placement_code(p), max(0, p.arg)) for p in cands)
-    got = _candidate_weights_cached(low, placed, rest, 1 if mtp else 0, engine)
+    got = _candidate_weights(low, placed, rest, 1 if mtp else 0, engine)
     return {k: list(v) for k, v in got.items()}
 
 
 @functools.lru_cache(maxsize=512)
-def _candidate_weights_cached(low, placed: tuple, rest: tuple, mtp: int, engine: str) -> dict:
-    got = _candidate_weights(low, placed, dict(rest), mtp, engine)
-    return {k: tuple(v) for k, v in got.items()}
-
-
-def _candidate_weights(low, placed: tuple, cfg: dict, mtp: int, engine: str) -> dict:
+def _candidate_weights(low, placed: tuple, rest: tuple, mtp: int, engine: str) -> dict:
     """Weight bytes per tier of each candidate placement, from the memory kernel (ms_memory.c account(),
-    through :func:`moesim.engine.memory.evaluate`): configuration ``cfg`` (the all-GPU one: its
-    embeddings rule) with each candidate's placement, at context 1 and batch 1, MTP modules loaded when
+    through :func:`moesim.engine.memory.evaluate`), cached (read-only tuples): the configuration items
+    ``rest`` (the all-GPU one's: its embeddings rule) with each candidate's (placement code, argument) of
+    ``placed``, at context 1 and batch 1, MTP modules loaded when
     *mtp* (on the output head's tier, as the kernel counts them).
 
     ``w_gpu`` / ``w_host``: the weight classes summed per tier in the kernel's class order;
@@ -81,7 +77,7 @@ def _candidate_weights(low, placed: tuple, cfg: dict, mtp: int, engine: str) -> 
     make the kernel's max-context/max-batch searches stop at once)."""
     from ..memory import evaluate
     n = len(placed)
-    cols = {k: np.full(n, v) for k, v in cfg.items()}
+    cols = {k: np.full(n, v) for k, v in rest}
     cols.update(context=np.ones(n, dtype=np.int64), batch=np.ones(n, dtype=np.int64),
                 mtp=np.full(n, 1 if mtp else 0, dtype=np.int64),
                 placement=np.array([c for c, _ in placed], dtype=np.int64),
@@ -97,8 +93,9 @@ def _candidate_weights(low, placed: tuple, cfg: dict, mtp: int, engine: str) -> 
             h += float(bc[j, k, TIER_HOST])
         w_gpu.append(g)
         w_host.append(h)
-    return {"w_gpu": w_gpu, "w_host": w_host, "routed_host": [float(x) for x in bc[:, CLASS_ROUTED, TIER_HOST]],
-            "any_gpu": [int(x > 0.0) for x in bc[:, CLASS_BUFFERS, TIER_GPU]]}
+    return {"w_gpu": tuple(w_gpu), "w_host": tuple(w_host),
+            "routed_host": tuple(float(x) for x in bc[:, CLASS_ROUTED, TIER_HOST]),
+            "any_gpu": tuple(int(x > 0.0) for x in bc[:, CLASS_BUFFERS, TIER_GPU])}
 
 
 def _kv_kinds(low, kvb: float, L: int) -> tuple:

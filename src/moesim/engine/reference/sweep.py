@@ -159,8 +159,7 @@ def memory_one(t: dict, ctx: int, b: int, bi: int, n_b: int) -> dict:
     return dict(context=ctx, batch=b, placement=int(pl["label"][j]), fits=int(t["fits_label"][r["fits"] & 7]),
                 key=(j * (E + 2) + ps) * n_b + bi, weights_bytes=float(pl["w_gpu"][j]) + float(pl["w_host"][j]),
                 kv_bytes=r["kv"], state_bytes=r["state"], gpu_bytes=r["gpu"], host_bytes=r["host"] - r["spill"],
-                storage_bytes=r["spill"], max_context=auto_max_context(t, b) if t["rule"] else max_context(t, j, b),
-                max_batch=max_batch(t, j, ctx))
+                storage_bytes=r["spill"], max_context=auto_max_context(t, b), max_batch=max_batch(t, j, ctx))
 
 
 def _ctx_eval(f5, c4, c: int) -> float:
