@@ -1,106 +1,12 @@
-"""The ``moesim`` command line (DESIGN §4 flag vocabulary).
-
-Errors in input print one line on stderr (``moesim: error: <field>: <message>``) and exit 2; never a
-traceback. An internal error prints one line and exits 3; MOESIM_TRACEBACK=1 lets it raise instead.
-(MOESIM_DEBUG is the build's switch for a bounds-checked kernel, read only by setup.py.)
-This module parses arguments and dispatches; ``analysis`` computes and ``report`` renders.
-"""
+"""The first commands: catalog listings, fit, simulate, inspect, validate, sweep and calibrate."""
 from __future__ import annotations
 
-import argparse
 import json
-import math
-import os
 import sys
 
-from . import __version__
-from .errors import MoesimError
-
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports usage errors in moesim's one-line form."""
-
-    def error(self, message):
-        raise MoesimError(message, "usage")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    return v
-
-
-def _number(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(v):
-        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
-    return v
-
-
-def _writable(path: str, field: str) -> str:
-    """An output file path whose folder exists (checked before the work that ends in writing it)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise MoesimError(f"{path} is a directory; give a file name", field)
-    if not os.path.isdir(folder):
-        raise MoesimError(f"cannot write {path}: no such folder {folder}", field)
-    if not os.access(folder, os.W_OK):
-        raise MoesimError(f"cannot write {path}: folder {folder} is not writable", field)
-    return path
-
-
-def _add_machine_flags(p):
-    g = p.add_argument_group("machine (a catalog id, or composed from parts; parts override the id)")
-    g.add_argument("--machine", help="catalog machine id (moesim hardware)")
-    g.add_argument("--gpu", help="GPU id, or a unified-memory chip id such as m3-ultra or dgx-spark")
-    g.add_argument("--gpus", type=_positive_int, help="number of GPUs")
-    g.add_argument("--gpu-mem-gb", type=_number, help="memory per GPU in GB (e.g. 48 for a modded 4090)")
-    g.add_argument("--host", help="host memory part x channels, e.g. ddr5-4800x8")
-    g.add_argument("--sockets", type=_positive_int)
-    g.add_argument("--cores", type=_positive_int)
-    g.add_argument("--host-mem-gb", type=_number, help="host RAM in GB")
-    g.add_argument("--pcie", help="gen3x16 | gen4x16 | gen5x16 | ...")
-    g.add_argument("--storage", help="nvme-gen4 | nvme-gen5 | sata-ssd | none")
-    g.add_argument("--cpu", help="CPU id (sets channels/ISA defaults)")
-
-
-def _machine_from(args):
-    from .spec.hardware import machine
-    return machine(args.machine, gpu=args.gpu, gpus=args.gpus, gpu_mem_gb=args.gpu_mem_gb, host=args.host,
-                   sockets=args.sockets, cores=args.cores, host_mem_gb=args.host_mem_gb, pcie=args.pcie,
-                   storage=args.storage, cpu=args.cpu)
-
-
-class _TensorOverride(argparse.Action):
-    """Collect llama.cpp tensor overrides (-ot, --cpu-moe, --n-cpu-moe) in command-line order, as
-    llama.cpp appends them to tensor_buft_overrides in the order it parses them."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        from .spec import overrides as O
-        acc = list(getattr(namespace, self.dest, None) or [])
-        if self.const == "cpu-moe":
-            acc.append(O.cpu_moe())
-        elif self.const == "n-cpu-moe":
-            try:
-                n = int(values)
-            except ValueError:
-                raise MoesimError(f"expected an integer, got {values!r}", "--n-cpu-moe") from None
-            acc.extend(O.n_cpu_moe(n))
-        else:
-            acc.extend(O.parse_overrides(values, "--override-tensor"))
-        setattr(namespace, self.dest, acc)
-
-
-_MODEL_HELP = ("catalog model id, or a path: a GGUF file (any shard of a split), a config.json or its "
-               "directory, a model.safetensors.index.json or .safetensors file")
-_OT_HELP = ("llama.cpp tensor override PATTERN=DEVICE (repeatable, comma lists allowed), e.g. "
-            "'\\.ffn_.*_exps\\.=CPU'; mapped to the equivalent placement")
+from ..errors import MoesimError
+from ._args import (_MODEL_HELP, _OT_HELP, _TensorOverride, _add_machine_flags, _machine_from, _number,
+                    _positive_int, _print_json, _writable)
 
 
 def _add_listing_parsers(sub) -> None:
@@ -213,23 +119,14 @@ def _add_calibrate_parser(sub) -> None:
     c.add_argument("--json", action="store_true")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="moesim", description="Will this MoE model run on this machine, and how fast?")
-    p.add_argument("--version", action="version", version=f"moesim {__version__}")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+def add_parsers(sub) -> None:
     for add in (_add_listing_parsers, _add_fit_parser, _add_simulate_parser, _add_inspect_parser,
                 _add_validate_parser, _add_sweep_parser, _add_calibrate_parser):
         add(sub)
-    return p
-
-
-def _print_json(data, **kw) -> int:
-    print(json.dumps(data, indent=1, **kw))
-    return 0
 
 
 def _cmd_models(args) -> int:
-    from .report import listings, text
+    from ..report import listings, text
     rows = listings.models()
     if args.json:
         return _print_json(rows)
@@ -238,7 +135,7 @@ def _cmd_models(args) -> int:
 
 
 def _cmd_hardware(args) -> int:
-    from .report import listings, text
+    from ..report import listings, text
     ids, hw = listings.hardware()
     if args.json:
         return _print_json(ids)
@@ -247,7 +144,7 @@ def _cmd_hardware(args) -> int:
 
 
 def _cmd_quants(args) -> int:
-    from .report import listings, text
+    from ..report import listings, text
     data = listings.quants()
     if args.json:
         return _print_json(data)
@@ -256,9 +153,9 @@ def _cmd_quants(args) -> int:
 
 
 def _cmd_fit(args) -> int:
-    from .analysis.fit import fit
-    from .ingest import model as get_model
-    from .report.text import fit_text
+    from ..analysis.fit import fit
+    from ..ingest import model as get_model
+    from ..report.text import fit_text
     mach = _machine_from(args)
     m = get_model(args.model)
     rows = fit(m, mach, quants=args.quant, context=args.context, batch=args.batch,
@@ -271,14 +168,14 @@ def _cmd_fit(args) -> int:
 
 
 def _cmd_simulate(args) -> int:
-    from .analysis.simulate import simulate
-    from .ingest import model as get_model
-    from .report.text import simulate_text
+    from ..analysis.simulate import simulate
+    from ..ingest import model as get_model
+    from ..report.text import simulate_text
     mach = _machine_from(args)
     m = get_model(args.model)
     placement = args.placement
     if args.tensor_overrides:
-        from .analysis.resolve import placement_from_overrides
+        from ..analysis.resolve import placement_from_overrides
         if placement not in (None, "auto"):
             raise MoesimError("give either --placement or --override-tensor, not both", "placement")
         placement = placement_from_overrides(m, args.tensor_overrides, args.quant)
@@ -296,8 +193,8 @@ def _cmd_simulate(args) -> int:
 
 
 def _cmd_inspect(args) -> int:
-    from .analysis.inspect import inspect
-    from .report.text import inspect_text
+    from ..analysis.inspect import inspect
+    from ..report.text import inspect_text
     d = inspect(args.path, overrides=args.tensor_overrides or (), n_gpu_layers=args.n_gpu_layers, gpu=args.device,
                 context=args.context, kv_dtype=args.kv_dtype, tensors=args.tensors)
     if args.json:
@@ -307,13 +204,13 @@ def _cmd_inspect(args) -> int:
 
 
 def _cmd_validate(args) -> int:
-    from .analysis.validate import validate
-    from .report.text import validate_text
+    from ..analysis.validate import validate
+    from ..report.text import validate_text
     if args.plot:
         _writable(args.plot, "plot")
     rep = validate(args.data, calibrated=not args.uncalibrated)
     if args.plot:
-        from .report.plots import validation_plot
+        from ..report.plots import validation_plot
         validation_plot(rep, args.plot)
     if args.json:
         return _print_json(rep)
@@ -324,8 +221,8 @@ def _cmd_validate(args) -> int:
 
 
 def _cmd_calibrate(args) -> int:
-    from .analysis import calibrate as C
-    from .report.text import calibrate_text
+    from ..analysis import calibrate as C
+    from ..report.text import calibrate_text
 
     def progress(i, n, group):
         print(f"\rcross-validation {i}/{n}: {group[:60]:60}", end="" if i < n else "\n", file=sys.stderr,
@@ -346,8 +243,8 @@ def _cmd_calibrate(args) -> int:
 
 def _cmd_sweep(args) -> int:
     import time
-    from .analysis.sweep import sweep
-    from .report.text import sweep_text
+    from ..analysis.sweep import sweep
+    from ..report.text import sweep_text
     t0 = time.perf_counter()
     man = sweep(args.spec, out=args.out, format=args.format, threads=args.threads, scheduler=args.scheduler,
                 local_workers=args.local_workers, progress=args.progress)
@@ -359,34 +256,6 @@ def _cmd_sweep(args) -> int:
     return 0
 
 
-_COMMANDS = {"models": _cmd_models, "hardware": _cmd_hardware, "quants": _cmd_quants, "fit": _cmd_fit,
+COMMANDS = {"models": _cmd_models, "hardware": _cmd_hardware, "quants": _cmd_quants, "fit": _cmd_fit,
              "simulate": _cmd_simulate, "inspect": _cmd_inspect, "validate": _cmd_validate,
              "calibrate": _cmd_calibrate, "sweep": _cmd_sweep}
-
-
-def main(argv=None) -> int:
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-        if not args.command:
-            parser.print_help()
-            return 0
-        return _COMMANDS[args.command](args)
-    except MoesimError as exc:
-        print(f"moesim: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("moesim: interrupted", file=sys.stderr)
-        return 130
-    except BrokenPipeError:
-        return 0
-    except Exception as exc:  # an internal bug: one line unless debugging
-        if os.environ.get("MOESIM_TRACEBACK", "") not in ("", "0"):
-            raise
-        print(f"moesim: internal error: {type(exc).__name__}: {exc} (set MOESIM_TRACEBACK=1 for a traceback)",
-              file=sys.stderr)
-        return 3
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

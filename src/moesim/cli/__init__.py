@@ -1,0 +1,57 @@
+"""The ``moesim`` command line (DESIGN §4 flag vocabulary).
+
+Errors in input print one line on stderr (``moesim: error: <field>: <message>``) and exit 2; never a
+traceback. An internal error prints one line and exits 3; MOESIM_TRACEBACK=1 lets it raise instead.
+(MOESIM_DEBUG is the build's switch for a bounds-checked kernel, read only by setup.py.)
+This package parses arguments and dispatches; ``analysis`` computes and ``report`` renders. Each module
+holds a group of commands: ``add_parsers(sub)`` and a ``COMMANDS`` table of name -> handler.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+from .. import __version__
+from ..errors import MoesimError
+from . import core
+from ._args import _Parser
+
+COMMAND_MODULES = (core,)
+_COMMANDS = {name: fn for mod in COMMAND_MODULES for name, fn in mod.COMMANDS.items()}
+
+
+def build_parser():
+    p = _Parser(prog="moesim", description="Will this MoE model run on this machine, and how fast?")
+    p.add_argument("--version", action="version", version=f"moesim {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for mod in COMMAND_MODULES:
+        mod.add_parsers(sub)
+    return p
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if not args.command:
+            parser.print_help()
+            return 0
+        return _COMMANDS[args.command](args)
+    except MoesimError as exc:
+        print(f"moesim: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("moesim: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:  # an internal bug: one line unless debugging
+        if os.environ.get("MOESIM_TRACEBACK", "") not in ("", "0"):
+            raise
+        print(f"moesim: internal error: {type(exc).__name__}: {exc} (set MOESIM_TRACEBACK=1 for a traceback)",
+              file=sys.stderr)
+        return 3
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
