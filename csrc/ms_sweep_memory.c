@@ -309,9 +309,10 @@ int32_t ms_sweep_choose(const ms_sweep_mem_t *g, int64_t ctx, int64_t b, int64_t
     {
         /* the searches above start from the layout with the most in host RAM; when even that one does not
          * fit (a small host), a layout in between may: the first that fits, fewest experts in RAM first,
-         * then most layers on the GPU, so a context fits whenever any candidate fits there */
+         * then most layers on the GPU down to none (-ngl 0 still keeps its compute buffers on the GPU, so
+         * it can fit where cpu-only does not), so a context fits whenever any candidate fits there */
         int32_t j = first_fitting(g, g->i_n_cpu_moe, 1, 1, L - 1, ctx, b, k);
-        if (j < 0) j = first_fitting(g, g->i_layers_gpu, L, -1, L, ctx, b, k);
+        if (j < 0) j = first_fitting(g, g->i_layers_gpu, L, -1, L + 1, ctx, b, k);
         if (j < 0 && g->i_experts_cpu >= 0 && fits_at1(g, g->i_experts_cpu, ctx, b, k)) j = g->i_experts_cpu;
         if (j >= 0) return j;
     }

@@ -230,6 +230,18 @@ def test_max_context_does_not_depend_on_the_context_asked():
     assert answers[4096] >= 200000 and _fits("deepseek-v4-flash", mach, "Q2_K", 200000)[0]
 
 
+def test_no_layers_on_the_gpu_is_the_last_resort_of_the_automatic_choice():
+    """DeepSeek-V4-Flash Q8_0 x 16 on a 3060 + 64 GB: at its max context only -ngl 0 fits (all layers in
+    RAM, the compute buffers still on the GPU; cpu-only does not fit). fit reported that max context
+    and then chose experts-cpu there, which does not fit: the complete choice's last scan stopped at
+    layers-gpu = 1."""
+    mach = moesim.machine(gpu="rtx-3060", host="ddr5-6000x2", host_mem_gb=64)
+    mc = _fits("deepseek-v4-flash", mach, "Q8_0", 4096, 16)[1]["max_context"]
+    ok, rec = _fits("deepseek-v4-flash", mach, "Q8_0", mc, 16)
+    assert ok and rec["placement"] == "layers-gpu=0" and rec["max_context"] == mc, rec
+    assert not _fits("deepseek-v4-flash", mach, "Q8_0", mc + 1, 16)[0]
+
+
 _M4090_64 = dict(gpu="rtx-4090", host="ddr5-6000x2", host_mem_gb=64)
 _M3060_32 = dict(gpu="rtx-3060", host="ddr4-3200x2", host_mem_gb=32)
 # each with its boundary below the model's maximum, across the placement families (n-cpu-moe,

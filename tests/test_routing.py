@@ -191,3 +191,30 @@ def test_missing_traces_skip(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "TRACES", tmp_path / "nowhere")
     with pytest.raises(pytest.skip.Exception):
         trace("gpt-oss-20b")
+
+
+def test_inclusion_probabilities_solve_the_rosen_equation_like_bisection():
+    """The vectorised Newton solve against per-row bisection on the same equation sum_i 1 - exp(-w_i t) = k,
+    on skewed Dirichlet rows (with the lowering's 1e-300 floor), flat rows, and rows with <= k experts."""
+    from moesim.engine.lower.routing import inclusion_probabilities
+
+    def bisection(row, k):
+        if k >= np.count_nonzero(row):
+            return (row > 0).astype(float)
+        lo, hi = 0.0, 1.0
+        while np.sum(1 - np.exp(-row * hi)) < k:
+            lo, hi = hi, hi * 2
+        for _ in range(200):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (mid, hi) if np.sum(1 - np.exp(-row * mid)) < k else (lo, mid)
+        return 1 - np.exp(-row * hi)
+
+    rng = np.random.default_rng(7)
+    for E, k, conc in ((8, 2, 0.05), (64, 6, 1.0), (256, 8, 0.01), (128, 1, 10.0), (16, 16, 1.0)):
+        w = np.maximum(np.stack([rng.dirichlet(np.full(E, conc)) for _ in range(12)]), 1e-300)
+        w[0, 2:] = 0.0                                  # a row with at most k experts
+        w /= w.sum(axis=1, keepdims=True)
+        got = inclusion_probabilities(w, k)
+        want = np.stack([bisection(r, k) for r in w])
+        np.testing.assert_allclose(got, want, atol=1e-12)
+        assert np.all((got >= 0) & (got <= 1))

@@ -275,7 +275,7 @@ def _old_auto_placement(m, low, machine, rt, context, batch, kv, mtp=0):
         return Placement("cpu-only")
     # complete: when the search order reaches nothing that fits, the first candidate that does
     order = [Placement("n-cpu-moe", n) for n in range(1, L)] if m.n_experts else []
-    order += [Placement("layers-gpu", k) for k in range(L, 0, -1)]
+    order += [Placement("layers-gpu", k) for k in range(L, -1, -1)]
     order += [Placement("experts-cpu")] if m.n_experts else []
     return first_fitting(order, Placement("experts-cpu") if m.n_experts else Placement("all-gpu"))
 

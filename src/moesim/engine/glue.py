@@ -159,12 +159,18 @@ STRUCTS = {
 
 # ------------------------------------------------------------------------------- checking
 def _get(obj, name):
+    if type(obj) is dict:                  # the common case, ahead of the abstract-class check
+        return obj.get(name)
     if isinstance(obj, Mapping):           # dicts and read-only views of them (sweep variant tables)
         return obj.get(name)
     return getattr(obj, name, None)
 
 
 def _scalar(struct: str, f: Field, v):
+    if type(v) is float and f.kind == REAL:
+        return v
+    if type(v) is int and f.kind != REAL and (f.name in _WIDE_SCALARS or _INT32[0] <= v <= _INT32[1]):
+        return v
     if isinstance(v, np.ndarray) and v.ndim == 0:
         v = v[()]
     if f.kind == REAL:
@@ -186,7 +192,9 @@ _WIDE_SCALARS = {"max_context", "request_tokens", "steps", "warmup", "kv_granula
 
 def _array(struct: str, f: Field, v, dims: dict) -> np.ndarray:
     dtype = np.dtype(f.kind)
-    if dtype == np.uint64:
+    if isinstance(v, np.ndarray) and v.dtype == dtype and v.flags.c_contiguous:
+        arr = v                            # already what C reads: only its shape is left to check
+    elif dtype == np.uint64:
         try:
             arr = np.array([int(x) & 0xFFFFFFFFFFFFFFFF for x in np.ravel(np.asarray(v, dtype=object))],
                            dtype=np.uint64).reshape(np.shape(v))

@@ -39,49 +39,72 @@ def prefill(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, prompt: int, 
     score = prefill_score_flops(m, prompt, depth) / np.where(on_gpu, hw["prefill_attn_flops"], cflops)
     weights = np.asarray(dm["attn_bytes"]) + np.asarray(dm["shared_bytes"])
     per_tok = (np.asarray(dm["attn_flops"]) + np.asarray(dm["shared_flops"])) / fl + score
+    experts = _expert_layers(dm, rtab, mode, moe_idx, qbar)
     total = 0.0
     for n_tok, count in sizes:
-        # KT switches per forward: a chunk of num_tokens >= the threshold streams (KTSGL kt_ep_wrapper.py)
-        layerwise = 0 < threshold <= n_tok
         # a ubatch streams each weight matrix once and its tiles' loads are not hidden behind the
         # multiply-adds (llama.cpp PR #8495: LLaMA-8B Q5_K_S on a 4090 takes 9.1 ms per 16-token and
         # 48 ms per 512-token ubatch, weight reads + per-token work, not their max)
         t = weights / bw + n_tok * per_tok + np.where(on_gpu, hw["launch_s"], 0.0)
-        for l in np.nonzero(mode != EXP_NONE)[0] if qbar is not None else ():
-            q = qbar[moe_idx[l]]
-            used = 1.0 - (1.0 - q) ** n_tok
-            gpu_share = 1.0 if mode[l] == EXP_GPU else 0.0
-            if mode[l] == EXP_SPLIT:
-                pinned = np.asarray(rtab["hot"][moe_idx[l]][:dm["slots"][l]])
-                gpu_share = float(q[pinned].sum() / max(q.sum(), 1e-300))
-            eb, ef = dm["expert_bytes"][l], dm["expert_flops"][l]
-            distinct, pairs = float(used.sum()), n_tok * k
-            # as for the dense GEMMs, each used expert's weights are read once per ubatch on top of its
-            # multiply-adds (it serves only pairs / distinct tokens of the ubatch)
-            t_gpu = distinct * gpu_share * eb / hw["gpu_bw"] + pairs * gpu_share * ef / gemm
-            host_distinct, host_pairs = distinct * (1 - gpu_share), pairs * (1 - gpu_share)
-            if layerwise and host_pairs > 0:
-                # the layer's whole expert set crosses PCIe (double-buffered expert by expert), then the GPU
-                # computes the layer: the load synchronises the device before and after it (KTSGL
-                # kt_ep_wrapper.py load()), so copy and compute add. Under tensor parallelism each GPU pulls
-                # its own slice over its own link, all fed from host DRAM
-                t_copy = (dm["layer_experts"][l] * eb * (1 - gpu_share)
-                          / min(hw["pcie_bw"] * hw["pcie_links"], hw["host_bw"]))
-                t_cgpu = host_distinct * eb / hw["gpu_bw"] + host_pairs * ef / gemm
-                t[l] += t_gpu + t_copy + t_cgpu
-            elif host_pairs <= 0:
-                t[l] += t_gpu
-            elif offload or mode[l] == EXP_FETCH:
-                t_copy = host_distinct * eb / hw["pcie_bw"]
-                t_cgpu = host_distinct * eb / hw["gpu_bw"] + host_pairs * ef / gemm
-                t[l] += t_gpu + (max(t_copy, t_cgpu) if hw["overlap"] else t_copy + t_cgpu)
-            else:
-                # AMX tiles once the ubatch gives each expert more than 4 tokens on average (RT §5.1)
-                amx = hw["amx_flops"] * dm["amx_flops_per_cycle"]
-                rate = max(cflops, amx) if host_pairs > 4.0 * max(host_distinct, 1e-300) else cflops
-                t_cpu = host_distinct * eb / hw["host_bw"] + host_pairs * ef / rate
-                t[l] += (max(t_gpu, t_cpu) if hw["overlap"] else t_gpu + t_cpu) + hw["sync_s"]
+        if experts is not None:
+            # KT switches per forward: a chunk of num_tokens >= the threshold streams (KTSGL kt_ep_wrapper.py)
+            t[experts["layers"]] += _expert_times(experts, dm, hw, n_tok, k, gemm, cflops,
+                                                  layerwise=0 < threshold <= n_tok, offload=offload)
         t_ub = float(t.sum()) + dm["head_bytes"] / hw["gpu_bw"] + dm["head_flops"] / gflops
         total += count * t_ub
     ttft = total * batch
     return prompt * batch / ttft, ttft
+
+
+def _expert_layers(dm: dict, rtab: dict, mode: np.ndarray, moe_idx: np.ndarray, qbar) -> "dict | None":
+    """The layers with routed experts and what their prefill cost reads: each layer's mean inclusion
+    probabilities, its expert mode, and the share of its expert traffic that the GPU's pinned
+    experts serve (the hottest ``slots`` experts of a split layer, all of a GPU layer)."""
+    if qbar is None:
+        return None
+    layers = np.nonzero(mode != EXP_NONE)[0]
+    if layers.size == 0:
+        return None
+    q = qbar[moe_idx[layers]]
+    lmode = mode[layers]
+    gpu_share = (lmode == EXP_GPU).astype(float)
+    split = np.nonzero(lmode == EXP_SPLIT)[0]
+    if split.size:
+        hot = np.asarray(rtab["hot"])[moe_idx[layers[split]]]
+        slots = np.asarray(dm["slots"])[layers[split]]
+        pinned = np.arange(hot.shape[1])[None, :] < slots[:, None]
+        hot_q = np.take_along_axis(q[split], hot, axis=1)
+        gpu_share[split] = np.where(pinned, hot_q, 0.0).sum(axis=1) / np.maximum(q[split].sum(axis=1), 1e-300)
+    take = lambda key: np.asarray(dm[key], dtype=float)[layers]   # noqa: E731
+    return dict(layers=layers, q=q, mode=lmode, gpu_share=gpu_share, eb=take("expert_bytes"),
+                ef=take("expert_flops"), layer_experts=take("layer_experts"))
+
+
+def _expert_times(x: dict, dm: dict, hw: dict, n_tok: int, k: int, gemm: float, cflops: float,
+                  layerwise: bool, offload: bool) -> np.ndarray:
+    """Routed-expert seconds of one ubatch of ``n_tok`` tokens, per layer of :func:`_expert_layers`."""
+    share, eb, ef = x["gpu_share"], x["eb"], x["ef"]
+    distinct = (1.0 - (1.0 - x["q"]) ** n_tok).sum(axis=1)
+    pairs = float(n_tok * k)
+    # as for the dense GEMMs, each used expert's weights are read once per ubatch on top of its
+    # multiply-adds (it serves only pairs / distinct tokens of the ubatch)
+    t_gpu = distinct * share * eb / hw["gpu_bw"] + pairs * share * ef / gemm
+    host_distinct, host_pairs = distinct * (1 - share), pairs * (1 - share)
+    t_cgpu = host_distinct * eb / hw["gpu_bw"] + host_pairs * ef / gemm
+    if layerwise:
+        # the layer's whole expert set crosses PCIe (double-buffered expert by expert), then the GPU
+        # computes the layer: the load synchronises the device before and after it (KTSGL
+        # kt_ep_wrapper.py load()), so copy and compute add. Under tensor parallelism each GPU pulls
+        # its own slice over its own link, all fed from host DRAM
+        t_copy = x["layer_experts"] * eb * (1 - share) / min(hw["pcie_bw"] * hw["pcie_links"], hw["host_bw"])
+        host = t_gpu + t_copy + t_cgpu
+    else:
+        t_copy = host_distinct * eb / hw["pcie_bw"]
+        fetched = t_gpu + (np.maximum(t_copy, t_cgpu) if hw["overlap"] else t_copy + t_cgpu)
+        # AMX tiles once the ubatch gives each expert more than 4 tokens on average (RT §5.1)
+        amx = hw["amx_flops"] * dm["amx_flops_per_cycle"]
+        rate = np.where(host_pairs > 4.0 * np.maximum(host_distinct, 1e-300), max(cflops, amx), cflops)
+        t_cpu = host_distinct * eb / hw["host_bw"] + host_pairs * ef / rate
+        computed = (np.maximum(t_gpu, t_cpu) if hw["overlap"] else t_gpu + t_cpu) + hw["sync_s"]
+        host = np.where(offload | (x["mode"] == EXP_FETCH), fetched, computed)
+    return np.where(host_pairs > 0, host, t_gpu)

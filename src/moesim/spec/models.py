@@ -57,10 +57,17 @@ class Model:
         return h
 
     def __getstate__(self) -> dict:
-        # the cached hash stays behind: string hashes differ between processes (dask workers)
-        state = dict(self.__dict__)
-        state.pop("_hash", None)
-        return state
+        # the cached hash stays behind: string hashes differ between processes (dask workers); the
+        # cached derived views are rebuilt where they are needed
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+
+    def cached_view(self, key: str, build):
+        """A derived view computed once per model (the model is frozen, so it cannot go stale)."""
+        v = self.__dict__.get(key)
+        if v is None:
+            v = build()
+            object.__setattr__(self, key, v)
+        return v
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -98,7 +105,7 @@ class Model:
 
     @property
     def moe_layers(self) -> tuple:
-        return tuple(l for l in self.layers if l.ffn.kind == "moe")
+        return self.cached_view("_cache_moe_layers", lambda: tuple(l for l in self.layers if l.ffn.kind == "moe"))
 
     @property
     def n_experts(self) -> int:
@@ -115,6 +122,10 @@ class Model:
         """Every weight tensor, named as llama.cpp names them in GGUF files.
 
         A model read from a GGUF file returns the file's own tensors (real names and shapes)."""
+        key = "_cache_tensors_mtp" if include_mtp else "_cache_tensors"
+        return list(self.cached_view(key, lambda: tuple(self._tensors(include_mtp))))
+
+    def _tensors(self, include_mtp: bool) -> list:
         if self.stored is not None and self.stored.container == "gguf":
             return [t for t, _typ, _nb in self.stored.table if include_mtp or t.cls != "mtp"]
         out = [Tensor("token_embd.weight", (self.hidden, self.vocab), "embeddings")]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from dataclasses import dataclass
 
 from .. import _catalog
@@ -285,9 +286,9 @@ def _table_type(table: dict, ftype: str, base: str, s: "_GGUFState", i: int = 0,
     return base if new is None else new
 
 
-def _gguf_type(ftype: str, base: str, t: Tensor, s: _GGUFState) -> str:
+def _gguf_type(ftype: str, base: str, t: Tensor, s: _GGUFState, types: dict) -> str:
     """llama_tensor_get_type, for one tensor that is being quantized."""
-    return _fit_block(_role_type(ftype, base, t, s), t.shape[0])
+    return _fit_block(_role_type(ftype, base, t, s), t.shape[0], types)
 
 
 def _role_type(ftype: str, base: str, t: Tensor, s: _GGUFState) -> str:
@@ -370,27 +371,59 @@ def _attn_v_type(ftype: str, base: str, s: _GGUFState) -> str:
     return new
 
 
-def _fit_block(new: str, ne0: int) -> str:
+def _fit_block(new: str, ne0: int, types: dict) -> str:
     """A type whose block does not divide the rows falls back (llama.cpp's fallback table), then to F16."""
-    if ne0 % ggml_types()[new]["block"] != 0:
+    if ne0 % types[new]["block"] != 0:
         new = _FALLBACK.get(new, new)
-        if ne0 % ggml_types()[new]["block"] != 0:
+        if ne0 % types[new]["block"] != 0:
             new = "F16"
     return new
 
 
-def _gguf_assign(model: Model, q: Quant, tensors: list) -> list:
+_BLOCK_PREFIX = re.compile(r"^blk\.\d+\.")
+
+
+def _gguf_roles(model: Model, include_mtp: bool) -> tuple:
+    """Per tensor of ``model.tensors(include_mtp)``: (its name with the block number masked, whether
+    llama.cpp quantizes it, whether its type can depend on its layer or on the walk's counters:
+    attn_v, ffn_down, and the gate/up tensors IQ3_XS lowers in middle layers)."""
+    def build():
+        out = []
+        for t in model.tensors(include_mtp):
+            role = _BLOCK_PREFIX.sub("blk.*.", t.name)
+            counted = "attn_v.weight" in role or "ffn_down" in role or "ffn_gate" in role or "ffn_up" in role
+            out.append((role, _quantizable(t), counted))
+        return tuple(out)
+    return model.cached_view("_cache_gguf_roles_mtp" if include_mtp else "_cache_gguf_roles", build)
+
+
+def _gguf_assign(model: Model, q: Quant, include_mtp: bool) -> list:
+    """llama.cpp's per-tensor types, walking the tensors in file order. A tensor whose type depends on
+    neither its layer nor the counters gets the type of the first tensor of its role and shape."""
+    tensors = model.tensors(include_mtp=include_mtp)
     ftype = q.id
     base = _tables()["ftypes"][ftype]["base"]
     s = _GGUFState(model, tensors)
     out = []
-    mixture = ggml_types()[base]["block"] > 1  # llama.cpp applies its rules only to quantized ftypes
-    for t in tensors:
-        if _quantizable(t):
-            typ = _gguf_type(ftype, base, t, s) if mixture else base
-        else:
+    types = ggml_types()
+    mixture = types[base]["block"] > 1  # llama.cpp applies its rules only to quantized ftypes
+    nbytes = {}                          # (shape, type) -> bytes: most shapes repeat in every layer
+    by_role = {}                         # (role, shape) -> type, for the tensors no counter reaches
+    for t, (role, quantizable, counted) in zip(tensors, _gguf_roles(model, include_mtp)):
+        if not quantizable:
             typ = "F32"
-        out.append((t, typ, ggml_bytes(t.shape, typ)))
+        elif not mixture:
+            typ = base
+        elif counted:
+            typ = _gguf_type(ftype, base, t, s, types)
+        else:
+            typ = by_role.get((role, t.shape))
+            if typ is None:
+                typ = by_role[(role, t.shape)] = _gguf_type(ftype, base, t, s, types)
+        nb = nbytes.get((t.shape, typ))
+        if nb is None:
+            nb = nbytes[(t.shape, typ)] = ggml_bytes(t.shape, typ)
+        out.append((t, typ, nb))
     return out
 
 
@@ -503,10 +536,9 @@ def assign(model: Model, quant: "str | Quant", include_mtp: bool = False) -> lis
 def _assign_cached(model: Model, q: Quant, include_mtp: bool) -> list:
     if q.kind == "stored":
         return [e for e in model.stored.table if include_mtp or e[0].cls != "mtp"]
-    tensors = model.tensors(include_mtp=include_mtp)
     if q.kind == "gguf":
-        return _gguf_assign(model, q, tensors)
-    return _format_assign(model, q, tensors)
+        return _gguf_assign(model, q, include_mtp)
+    return _format_assign(model, q, model.tensors(include_mtp=include_mtp))
 
 
 def bytes_by_class(model: Model, quant: "str | Quant", include_mtp: bool = False) -> dict:
@@ -543,12 +575,15 @@ def kernel_mix(model: Model, quant: "str | Quant") -> KernelMix:
 
 @functools.lru_cache(maxsize=512)
 def _kernel_mix_cached(model: Model, quant: Quant) -> KernelMix:
-    types, formats, table = ggml_types(), _tables()["formats"], assign(model, quant)
+    types, formats = ggml_types(), _tables()["formats"]
+    by_class_type = {}                   # (class, type) -> bytes, one pass over the tensor table
+    for t, typ, nb in assign(model, quant):
+        by_class_type[(t.cls, typ)] = by_class_type.get((t.cls, typ), 0.0) + nb
 
     def share(classes: tuple, flag: str) -> float:
         total = flagged = 0.0
-        for t, typ, nb in table:
-            if t.cls in classes:
+        for (cls, typ), nb in by_class_type.items():
+            if cls in classes:
                 total += nb
                 flagged += nb if (types.get(typ) or formats.get(typ) or {}).get(flag, False) else 0.0
         return flagged / total if total > 0 else 0.0

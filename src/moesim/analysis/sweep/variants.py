@@ -204,15 +204,17 @@ class DecodeVariants:
         if j in self._kinds:
             return self._kinds[j]
         g = self.group
-        on_gpu = np.asarray(dm["attn_on_gpu"])
+        # layers alike in (attention on the GPU, bytes, FLOPs, context function), in first-seen order
+        keys = zip((np.asarray(dm["attn_on_gpu"]) != 0).tolist(),
+                   (np.asarray(dm["attn_bytes"], dtype=np.float64) + np.asarray(dm["shared_bytes"])).tolist(),
+                   (np.asarray(dm["attn_flops"], dtype=np.float64) + np.asarray(dm["shared_flops"])).tolist(),
+                   np.asarray(g.layer_fn).tolist())
         table: dict = {}
-        for l in range(g.m.n_layers):
-            key = (bool(on_gpu[l]), float(dm["attn_bytes"][l] + dm["shared_bytes"][l]),
-                   float(dm["attn_flops"][l] + dm["shared_flops"][l]), int(g.layer_fn[l]))
+        for key in keys:
             table[key] = table.get(key, 0) + 1
         start = len(self._kind_rows)
         for (on, ab, af, fn), n in table.items():
-            self._kind_rows.append(kind_row(n, on, ab, af, fn, hw))
+            self._kind_rows.append(kind_row(n, on, ab, af, int(fn), hw))
         self._kinds[j] = (start, len(table))
         return self._kinds[j]
 

@@ -1,6 +1,8 @@
 """Attention's context dependence, in one place: KV bytes read and score FLOPs per layer at a context."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ...spec.layers import compressed_topk
@@ -18,11 +20,29 @@ def _kv_read_bytes(model: Model, low, l: int, context: int, kvb: float) -> float
     return ctx_eval(kv_read_fn(model, low, l, kvb), context)
 
 
+def decode_context_rows(model: Model, low, context: int, kvb: float) -> tuple:
+    """(KV bytes read, score FLOPs) per layer and token at KV depth ``context``: fresh arrays, from a
+    cache shared by every machine and placement of a model, quant and KV dtype."""
+    kv, score = _decode_context_rows(model, low, int(context), float(kvb))
+    return kv.copy(), score.copy()
+
+
+@functools.lru_cache(maxsize=4096)
+def _decode_context_rows(model: Model, low, context: int, kvb: float) -> tuple:
+    return (np.array([_kv_read_bytes(model, low, l, context, kvb) for l in range(model.n_layers)]),
+            _score_row(model, context))
+
+
 # ------------------------------------------------------------------------------- prefill
 def prefill_score_flops(m: Model, prompt: int, depth: int = 0) -> np.ndarray:
     """Attention-score FLOPs per prompt token and layer: a prompt of ``prompt`` tokens appended to
     ``depth`` cached ones attends, on average, over depth + prompt / 2 keys."""
-    return np.array([_score_flops(layer, depth + max(1, prompt // 2)) for layer in m.layers])
+    return _score_row(m, depth + max(1, prompt // 2)).copy()
+
+
+@functools.lru_cache(maxsize=4096)
+def _score_row(m: Model, context: int) -> np.ndarray:
+    return np.array([_score_flops(layer, context) for layer in m.layers])
 
 
 # =============================================================================== context functions

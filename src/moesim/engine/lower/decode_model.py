@@ -13,7 +13,7 @@ from ...spec.placement import Placement
 from ...spec.runtimes import Runtime
 from ..codes import EXP_CPU, EXP_FETCH, EXP_GPU, EXP_NONE, EXP_SPLIT
 from .machine import _AMX_FLOPS_PER_CYCLE
-from .attention import _kv_read_bytes, _score_flops
+from .attention import decode_context_rows
 
 
 # ------------------------------------------------------------------------------- model lowering
@@ -65,11 +65,11 @@ def lower_model(m: Model, low, p: Placement, machine: Machine, rt: Runtime, cont
     tp = machine.n_gpus if (rt.decode.tensor_parallel and machine.n_gpus > 1 and not cpu_only) else 1
     quant = Q.resolve(low.quant, m)
     draft_bytes, draft_flops = _draft_cost(m, low, par)
+    kv_bytes, score_flops = decode_context_rows(m, low, context, kvb)
     return dict(
         attn_bytes=low.attn + low.router,
         attn_flops=2.0 * (par["attention"] + par["router"]),
-        kv_bytes=np.array([_kv_read_bytes(m, low, l, context, kvb) for l in range(L)]),
-        score_flops=np.array([_score_flops(layer, context) for layer in m.layers]),
+        kv_bytes=kv_bytes, score_flops=score_flops,
         shared_bytes=low.shared + low.dense,
         shared_flops=2.0 * (par["shared_experts"] + par["dense_ffn"]),
         expert_bytes=np.array(low.expert_one, dtype=np.float64),

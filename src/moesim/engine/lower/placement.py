@@ -125,6 +125,33 @@ def _layer_counts(kind_of: np.ndarray, K: int, L: int, n_mtp: int) -> tuple:
     return count, gpu_count
 
 
+@functools.lru_cache(maxsize=1024)
+def _kv_layout(low, kvb: float, n_mtp: int) -> tuple:
+    """(cache-rule rows, layers per rule, per-layout GPU layer counts) of a lowered model at one KV
+    dtype's bytes per element (shared by every machine and placement of a sweep)."""
+    L = low.n_layers
+    rows, kind_of = _kv_kinds(low, kvb, L)
+    count, gpu_count = _layer_counts(kind_of, len(rows), L, n_mtp)
+    return rows, count, gpu_count
+
+
+@functools.lru_cache(maxsize=1024)
+def _candidate_columns(cands: tuple, labels: "tuple | None", cpu_machine: bool) -> tuple:
+    """The machine-independent columns of the candidate placements (code, argument, KV layout, memory
+    configuration row, output label) and the first index of each placement kind."""
+    pl = {k: [] for k in ("code", "arg", "layout", "cfg", "label")}
+    first = {"all-gpu": -1, "n-cpu-moe": -1, "layers-gpu": -1, "cpu-only": -1, "experts-cpu": -1, "gpu-experts": -1}
+    for j, p in enumerate(cands):
+        if first.get(p.kind, 0) == -1:
+            first[p.kind] = j
+        pl["code"].append(placement_code(p))
+        pl["arg"].append(max(0, p.arg))
+        pl["layout"].append(1 if p.kind == "cpu-only" else (2 + p.arg if p.kind == "layers-gpu" else 0))
+        pl["cfg"].append(1 if p.kind == "cpu-only" or cpu_machine else 0)
+        pl["label"].append(labels[j] if labels is not None else j)
+    return {k: tuple(v) for k, v in pl.items()}, first
+
+
 def memory_tables(m, low, machine: Machine, rt, kv: str, cands: list, rule: int, mtp: int = 0,
                   labels=None, fits_label=None) -> dict:
     """The group table of ms_sweep_mem_t (what the C ``choose()`` and the sweep memory loop read) for one
@@ -134,25 +161,17 @@ def memory_tables(m, low, machine: Machine, rt, kv: str, cands: list, rule: int,
     from ...spec import quants as Q
     from .memory import configure
     L = m.n_layers
-    rows, kind_of = _kv_kinds(low, Q.kv_dtype_bytes(kv), L)
     n_mtp = int(low.mtp_layers) if mtp else 0
-    count, gpu_count = _layer_counts(kind_of, len(rows), L, n_mtp)
+    rows, count, gpu_count = _kv_layout(low, Q.kv_dtype_bytes(kv), n_mtp)
     full = [configure(m, low, machine, rt, p, 1, 1, kv, 1 if n_mtp else 0)
             for p in (Placement("all-gpu"), Placement("cpu-only"))]
     cfgs = [{k: c[k] for k in MEM_CFG_KEYS} for c in full]
     w = candidate_weights(low, cands, full[0], n_mtp)
-    pl = {k: [] for k in ("code", "arg", "layout", "cfg", "any_gpu", "label", "w_gpu", "w_host", "routed_host")}
-    first = {"all-gpu": -1, "n-cpu-moe": -1, "layers-gpu": -1, "cpu-only": -1, "experts-cpu": -1, "gpu-experts": -1}
-    for j, p in enumerate(cands):
-        if first.get(p.kind, 0) == -1:
-            first[p.kind] = j
-        pl["code"].append(placement_code(p))
-        pl["arg"].append(max(0, p.arg))
-        pl["layout"].append(1 if p.kind == "cpu-only" else (2 + p.arg if p.kind == "layers-gpu" else 0))
-        pl["cfg"].append(1 if p.kind == "cpu-only" or machine.n_gpus == 0 else 0)
-        pl["label"].append(int(labels[j]) if labels is not None else j)
-        for k in ("any_gpu", "w_gpu", "w_host", "routed_host"):
-            pl[k].append(w[k][j])
+    skeleton, first = _candidate_columns(tuple(cands), None if labels is None else tuple(int(x) for x in labels),
+                                         machine.n_gpus == 0)
+    pl = {k: list(v) for k, v in skeleton.items()}
+    pl.update((k, w[k]) for k in ("any_gpu", "w_gpu", "w_host", "routed_host"))
+    count, gpu_count = count.copy(), gpu_count.copy()
     return dict(per_token=[r[0] for r in rows], cap=[r[1] for r in rows], ratio=[r[2] for r in rows],
                 ratio_bytes=[r[3] for r in rows], state=[r[4] for r in rows], count=count, gpu_count=gpu_count,
                 max_context=int(low.max_context), cfg=cfgs, places=pl, rule=rule, n_layers=L, n_experts=m.n_experts,

@@ -16,26 +16,35 @@ def inclusion_probabilities(weights: np.ndarray, k: int) -> np.ndarray:
 
     Rosén's approximation for order sampling with exponential order variables (Gumbel-top-k is
     the k smallest of Exp(w_i)): pi_i = 1 - exp(-w_i t) with t solving sum_i pi_i = k.
+    f(t) = sum_i (1 - exp(-w_i t)) - k is increasing and concave, so Newton's method started at t = 0
+    (below the root) rises monotonically to it; every row is solved at once.
     """
     w = np.atleast_2d(np.asarray(weights, dtype=np.float64))
     w = w / w.sum(axis=1, keepdims=True)
-    out = np.empty_like(w)
-    for r in range(w.shape[0]):
-        row = w[r]
-        if k >= np.count_nonzero(row):
-            out[r] = (row > 0).astype(float)
-            continue
-        lo, hi = 0.0, 1.0
-        while np.sum(1 - np.exp(-row * hi)) < k:
-            lo, hi = hi, hi * 2
-        for _ in range(200):
-            mid = 0.5 * (lo + hi)
-            if np.sum(1 - np.exp(-row * mid)) < k:
-                lo = mid
-            else:
-                hi = mid
-        out[r] = 1 - np.exp(-row * hi)
+    out = (w > 0).astype(float)
+    rows = np.flatnonzero(np.count_nonzero(w, axis=1) > k)
+    if rows.size:
+        out[rows] = _solve_inclusion(w[rows], k)
     return out
+
+
+def _solve_inclusion(w: np.ndarray, k: int, max_iter: int = 500) -> np.ndarray:
+    """1 - exp(-w t) with t the root of f(t) = sum(1 - exp(-w t)) - k per row (Newton from below)."""
+    t = np.zeros(w.shape[0])
+    active = np.arange(w.shape[0])
+    for _ in range(max_iter):
+        wa, ta = w[active], t[active]
+        e = np.exp(-wa * ta[:, None])
+        f = (1.0 - e).sum(axis=1) - k
+        slope = (wa * e).sum(axis=1)
+        nxt = ta - f / slope
+        # concavity keeps the iterates below the root; rounding can make a step stall or step back
+        moved = nxt > ta * (1.0 + 4e-16)
+        t[active] = np.maximum(ta, nxt)
+        active = active[moved]
+        if active.size == 0:
+            break
+    return 1.0 - np.exp(-w * t[:, None])
 
 
 # ------------------------------------------------------------------------------- lowering
@@ -87,10 +96,9 @@ def _lower_cached(dims: RoutingDims, prof: RoutingProfile, seed: int, prefetch: 
     g /= g.sum(axis=1, keepdims=True)
     if prof.concentration > 0:
         S = max(1, scenarios)
-        q = np.empty((S, L, E))
-        for s in range(S):
-            w = np.stack([rng.dirichlet(np.maximum(prof.concentration * E * g[l], 1e-12)) for l in range(L)])
-            q[s] = inclusion_probabilities(np.maximum(w, 1e-300), k)
+        w = np.stack([rng.dirichlet(np.maximum(prof.concentration * E * g[l], 1e-12))
+                      for _s in range(S) for l in range(L)])
+        q = inclusion_probabilities(np.maximum(w, 1e-300), k).reshape(S, L, E)
     else:
         q = inclusion_probabilities(g, k)[None]
     from .._kernel import q_tables

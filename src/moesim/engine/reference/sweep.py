@@ -126,7 +126,7 @@ def choose(t: dict, ctx: int, b: int) -> int:
         return t["i_cpu_only"]
     # nothing the search order reaches fits: the first candidate that does, so choose() is complete
     order = [t["i_n_cpu_moe"] + n for n in range(1, L)] if t["i_n_cpu_moe"] >= 0 else []
-    order += [first + k for k in range(L, 0, -1)]
+    order += [first + k for k in range(L, -1, -1)]
     order += [t["i_experts_cpu"]] if t["i_experts_cpu"] >= 0 else []
     return _first_fitting(t, order, ctx, b, t["i_experts_cpu"] if t["i_experts_cpu"] >= 0 else t["i_all_gpu"])
 
