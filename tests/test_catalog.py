@@ -122,7 +122,8 @@ from test_catalog_dense import NEW_LOOSE_ACTIVE, NEW_PRECISE_ACTIVE  # noqa: E40
 PRECISE_ACTIVE.update(NEW_PRECISE_ACTIVE)
 LOOSE_ACTIVE |= NEW_LOOSE_ACTIVE
 PRECISE_ACTIVE.update({mid: (INGEST.model(mid).published_active_params, "all")
-                       for mid in ALL_IDS if INGEST.model(mid).n_experts == 0 and mid not in PRECISE_ACTIVE})
+                       for mid in ALL_IDS if INGEST.model(mid).n_experts == 0 and mid not in PRECISE_ACTIVE
+                       and INGEST.model(mid).published_active_params})
 
 
 def test_every_published_active_count_is_checked():

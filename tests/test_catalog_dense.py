@@ -64,7 +64,10 @@ def test_dense_entries_are_dense_and_match_published_totals(mid):
     m = ingest.model(mid)
     total, active = m.param_counts()
     assert m.n_experts == 0 and active == total
-    assert total == pytest.approx(m.published_total_params, rel=0.03)
+    if mid == "gemma-3-4b":         # its 4B headline counts the vision encoder this entry leaves out
+        assert m.published_total_params is None and 3.8e9 < total < 3.9e9
+    else:
+        assert total == pytest.approx(m.published_total_params, rel=0.03)
 
 
 @pytest.mark.parametrize("mid", NEW_IDS)

@@ -434,6 +434,7 @@ def model_ids() -> list:
 
 
 _MODEL_CACHE: dict = {}
+_HF_INDEX: dict = {}     # "index": the alias table, built on first use
 
 
 def _hf_alias_index() -> dict:
@@ -457,9 +458,6 @@ def _hf_alias_index() -> dict:
             index[key] = mid
     _HF_INDEX["index"] = index
     return index
-
-
-_HF_INDEX: dict = {}
 
 
 def resolve_model_id(text: str) -> str | None:
