@@ -22,17 +22,17 @@ from moesim.spec import models as M
 NEW_IDS = [
     # MoE siblings
     "deepseek-v2", "deepseek-coder-v2", "deepseek-v3.1", "qwen1.5-moe-a2.7b", "qwen3-coder-480b-a35b",
-    "qwen3-30b-a3b-2507", "qwen3-235b-a22b-2507", "glm-4.7",
+    "qwen3-30b-a3b-2507", "qwen3-235b-a22b-2507", "glm-4.7", "kimi-k2-thinking",
     # dense
     "llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "llama-3.2-1b", "llama-3.2-3b", "llama-3.3-70b",
     "deepseek-r1-distill-llama-70b", "qwen2-7b", "qwen2-72b", "qwen2.5-3b", "qwen2.5-7b", "qwen2.5-14b",
-    "qwen2.5-32b", "qwq-32b", "deepseek-r1-distill-qwen-32b", "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b",
+    "qwen2.5-32b", "qwen2.5-72b", "qwq-32b", "deepseek-r1-distill-qwen-32b", "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b",
     "qwen3-8b", "qwen3-14b", "qwen3-32b", "mistral-7b-v0.3", "mistral-nemo-12b", "mistral-small-22b",
     "ministral-8b", "mistral-large-2", "gemma-2-2b", "gemma-2-9b", "gemma-2-27b", "gemma-3-1b",
     "gemma-3-4b", "gemma-3-12b", "gemma-3-27b", "phi-3-medium", "phi-3.5-mini", "phi-4-mini", "aya-23-8b",
 ]
 
-DENSE_NEW = [i for i in NEW_IDS if i not in NEW_IDS[:8]]
+DENSE_NEW = NEW_IDS[9:]
 
 # Active-parameter checks for the new entries, imported by tests/test_catalog.py into its own tables
 # (figure, counting convention as there). Dense models: active == total, the vendor figure in catalog.
@@ -44,6 +44,7 @@ NEW_PRECISE_ACTIVE = {
     "qwen3-coder-480b-a35b": (35e9, "all"),       # name A35B; derived 35.5B
     "qwen3-235b-a22b-2507": (22e9, "all"),
     "glm-4.7": (32e9, "no_embed_head"),           # as GLM-4.5/4.6
+    "kimi-k2-thinking": (32e9, "no_embed"),       # as Kimi-K2
 }
 NEW_LOOSE_ACTIVE = {"qwen3-30b-a3b-2507"}          # "A3B" name only, as qwen3-30b-a3b
 
@@ -107,6 +108,12 @@ def test_phi3_window_not_applied_and_qwen_window_off(h200):
     assert _kv("phi-3-medium", 4096, h200) == 40 * 10 * 128 * 2 * 2 * 4096
     # Qwen2.5 configs carry sliding_window 131072 with use_sliding_window false: no cap on any layer
     assert all(l.attention.window == 0 for l in ingest.model("qwen2.5-7b").layers)
+
+
+def test_kimi_k2_thinking_ships_int4_experts():
+    m = ingest.model("kimi-k2-thinking")
+    assert m.native_quant == "int4-g32" and m.max_context == 262144
+    assert m.param_counts() == ingest.model("kimi-k2").param_counts()
 
 
 def test_gemma_ties_embeddings_by_default():
