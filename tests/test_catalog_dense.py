@@ -19,20 +19,19 @@ from moesim.spec import hardware
 from moesim.spec import models as M
 
 # The entries this change adds (tests/test_catalog.py covers their parameter counts through the tables below).
-NEW_IDS = [
-    # MoE siblings
+NEW_MOE = [
     "deepseek-v2", "deepseek-coder-v2", "deepseek-v3.1", "qwen1.5-moe-a2.7b", "qwen3-coder-480b-a35b",
-    "qwen3-30b-a3b-2507", "qwen3-235b-a22b-2507", "glm-4.7", "kimi-k2-thinking",
-    # dense
+    "qwen3-30b-a3b-2507", "qwen3-235b-a22b-2507", "glm-4.7", "kimi-k2-thinking", "ernie-4.5-21b-a3b",
+]
+DENSE_NEW = [
     "llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "llama-3.2-1b", "llama-3.2-3b", "llama-3.3-70b",
     "deepseek-r1-distill-llama-70b", "qwen2-7b", "qwen2-72b", "qwen2.5-3b", "qwen2.5-7b", "qwen2.5-14b",
-    "qwen2.5-32b", "qwen2.5-72b", "qwq-32b", "deepseek-r1-distill-qwen-32b", "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b",
-    "qwen3-8b", "qwen3-14b", "qwen3-32b", "mistral-7b-v0.3", "mistral-nemo-12b", "mistral-small-22b",
+    "qwen2.5-32b", "qwen2.5-72b", "qwq-32b", "deepseek-r1-distill-qwen-32b", "qwen3-0.6b", "qwen3-1.7b",
+    "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-32b", "mistral-7b-v0.3", "mistral-nemo-12b", "mistral-small-22b",
     "ministral-8b", "mistral-large-2", "gemma-2-2b", "gemma-2-9b", "gemma-2-27b", "gemma-3-1b",
     "gemma-3-4b", "gemma-3-12b", "gemma-3-27b", "phi-3-medium", "phi-3.5-mini", "phi-4-mini", "aya-23-8b",
 ]
-
-DENSE_NEW = NEW_IDS[9:]
+NEW_IDS = NEW_MOE + DENSE_NEW
 
 # Active-parameter checks for the new entries, imported by tests/test_catalog.py into its own tables
 # (figure, counting convention as there). Dense models: active == total, the vendor figure in catalog.
@@ -46,7 +45,8 @@ NEW_PRECISE_ACTIVE = {
     "glm-4.7": (32e9, "no_embed_head"),           # as GLM-4.5/4.6
     "kimi-k2-thinking": (32e9, "no_embed"),       # as Kimi-K2
 }
-NEW_LOOSE_ACTIVE = {"qwen3-30b-a3b-2507"}          # "A3B" name only, as qwen3-30b-a3b
+# "A3B" names only: qwen3-30b-a3b-2507 as qwen3-30b-a3b; ERNIE-4.5-21B-A3B +2.9 % without the (tied) table
+NEW_LOOSE_ACTIVE = {"qwen3-30b-a3b-2507", "ernie-4.5-21b-a3b"}
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +108,12 @@ def test_phi3_window_not_applied_and_qwen_window_off(h200):
     assert _kv("phi-3-medium", 4096, h200) == 40 * 10 * 128 * 2 * 2 * 4096
     # Qwen2.5 configs carry sliding_window 131072 with use_sliding_window false: no cap on any layer
     assert all(l.attention.window == 0 for l in ingest.model("qwen2.5-7b").layers)
+
+
+def test_ernie_21b_matches_the_hub_safetensors_count():
+    # the Hub lists 21,825,437,888 stored parameters; the derived count differs by norms only
+    total, _ = ingest.model("ernie-4.5-21b-a3b").param_counts()
+    assert abs(total - 21_825_437_888) < 10_000
 
 
 def test_kimi_k2_thinking_ships_int4_experts():
