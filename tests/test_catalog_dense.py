@@ -22,6 +22,7 @@ from moesim.spec import models as M
 NEW_MOE = [
     "deepseek-v2", "deepseek-coder-v2", "deepseek-v3.1", "qwen1.5-moe-a2.7b", "qwen3-coder-480b-a35b",
     "qwen3-30b-a3b-2507", "qwen3-235b-a22b-2507", "glm-4.7", "kimi-k2-thinking", "ernie-4.5-21b-a3b",
+    "tongyi-deepresearch-30b-a3b",
 ]
 DENSE_NEW = [
     "llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "llama-3.2-1b", "llama-3.2-3b", "llama-3.3-70b",
@@ -45,8 +46,9 @@ NEW_PRECISE_ACTIVE = {
     "glm-4.7": (32e9, "no_embed_head"),           # as GLM-4.5/4.6
     "kimi-k2-thinking": (32e9, "no_embed"),       # as Kimi-K2
 }
-# "A3B" names only: qwen3-30b-a3b-2507 as qwen3-30b-a3b; ERNIE-4.5-21B-A3B +2.9 % without the (tied) table
-NEW_LOOSE_ACTIVE = {"qwen3-30b-a3b-2507", "ernie-4.5-21b-a3b"}
+# "A3B" names only: qwen3-30b-a3b-2507 and Tongyi as qwen3-30b-a3b; ERNIE-4.5-21B-A3B +2.9 % without the
+# (tied) table
+NEW_LOOSE_ACTIVE = {"qwen3-30b-a3b-2507", "ernie-4.5-21b-a3b", "tongyi-deepresearch-30b-a3b"}
 
 
 @pytest.fixture(scope="module")
@@ -117,6 +119,7 @@ HUB_SAFETENSORS_TOTAL = {
     "deepseek-r1-distill-qwen-32b": 32_763_876_352,
     "gemma-3-1b": 999_885_952,
     "ernie-4.5-21b-a3b": 21_825_437_888,      # ERNIE-4.5-21B-A3B-Thinking, same architecture
+    "tongyi-deepresearch-30b-a3b": 30_532_122_624,
 }
 # what the tensor inventory leaves out: Gemma 3's post-attention and post-FFN norms (2 x 1152 per layer);
 # ERNIE's router score-correction bias (64 experts x 27 MoE layers), which the ernie4_5_moe reader omits
