@@ -183,6 +183,17 @@ def test_hf_id_in_a_sweep():
     assert {str(v) for v in table["model"]} == {"llama-3.1-8b"}
 
 
+def test_a_local_snapshot_named_like_an_hf_id_is_read_from_disk(tmp_path, monkeypatch):
+    # ./Qwen/Qwen3-8B holding a config.json is the user's files, not the catalog entry
+    d = tmp_path / "Qwen" / "Qwen3-8B"
+    d.mkdir(parents=True)
+    cfg = dict(M.hf_config("qwen3-8b"), num_hidden_layers=2)
+    (d / "config.json").write_text(json.dumps(cfg))
+    monkeypatch.chdir(tmp_path)
+    assert ingest.model("Qwen/Qwen3-8B").n_layers == 2
+    assert ingest.model("Qwen/Qwen3-14B").id == "qwen3-14b"        # no such directory: the alias
+
+
 def test_unknown_hf_id_names_field_and_nearest():
     with pytest.raises(MoesimError) as e:
         ingest.model("deepseek-ai/DeepSeek-R9")

@@ -113,9 +113,10 @@ def model(id_or_model: "str | os.PathLike | Model") -> Model:
     if not isinstance(id_or_model, str):
         raise MoesimError(f"expected a model id string, got {type(id_or_model).__name__}", "model")
     text = id_or_model.strip()
-    if text and not is_catalog_id(text) and looks_like_path(text) and not (
-            looks_like_hf_id(text) and not os.path.exists(text)):
-        return load(text)
+    if text and looks_like_path(text):
+        # an 'org/name' is a local snapshot when that directory exists, else a Hugging Face id
+        if os.path.exists(text) if looks_like_hf_id(text) else not is_catalog_id(text):
+            return load(text)
     # a catalog id, a Hugging Face id the catalog lists (hf_ids), or an unknown one: catalog_model
     # then names the nearest catalog and Hugging Face ids
     return catalog_model(id_or_model)
