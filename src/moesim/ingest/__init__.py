@@ -29,6 +29,7 @@ safetensors
 from __future__ import annotations
 
 import os
+import re
 
 from ..errors import MoesimError
 from ..spec import models as _models
@@ -112,9 +113,21 @@ def model(id_or_model: "str | os.PathLike | Model") -> Model:
     if not isinstance(id_or_model, str):
         raise MoesimError(f"expected a model id string, got {type(id_or_model).__name__}", "model")
     text = id_or_model.strip()
-    if text and not is_catalog_id(text) and looks_like_path(text):
-        return load(text)
+    if text and looks_like_path(text):
+        # an 'org/name' is a local snapshot when that directory exists, else a Hugging Face id
+        if os.path.exists(text) if looks_like_hf_id(text) else not is_catalog_id(text):
+            return load(text)
+    # a catalog id, a Hugging Face id the catalog lists (hf_ids), or an unknown one: catalog_model
+    # then names the nearest catalog and Hugging Face ids
     return catalog_model(id_or_model)
+
+
+_HF_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def looks_like_hf_id(text: str) -> bool:
+    """Is *text* shaped like a Hugging Face repo id ('org/name', no artifact suffix)?"""
+    return bool(_HF_ID.fullmatch(text)) and not text.lower().endswith(_ARTIFACT_SUFFIXES)
 
 
 _models.ARTIFACT_READERS.update(gguf=read_gguf_model, safetensors=read_safetensors_model, config=read_hf_config)

@@ -3,16 +3,18 @@ from __future__ import annotations
 
 
 def models() -> list:
-    """One dict per catalog model: id, name, family, layers, experts, top-k, parameters, context, quant."""
+    """One dict per catalog model: id, name, family, layers, experts, top-k, parameters, context, quant and
+    the Hugging Face repo ids that name it."""
     from ..ingest import model
-    from ..spec.models import model_ids
+    from ..spec.models import hf_ids, model_ids
     rows = []
     for mid in model_ids():
         m = model(mid)
         total, active = m.param_counts()
         rows.append({"id": mid, "name": m.name, "family": m.family, "layers": m.n_layers,
                      "experts": m.n_experts, "top_k": m.top_k, "total_params": total, "active_params": active,
-                     "max_context": m.max_context, "native_quant": m.native_quant})
+                     "max_context": m.max_context, "native_quant": m.native_quant,
+                     "hf_ids": hf_ids(mid)})
     return rows
 
 

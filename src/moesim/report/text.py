@@ -20,11 +20,12 @@ def human(b: float) -> str:
 
 # ------------------------------------------------------------------------------ catalog listings
 def models_text(rows: list) -> str:
-    lines = [f"{'id':24} {'total':>8} {'active':>8} {'layers':>6} {'experts':>9} {'context':>9}  native"]
+    lines = [f"{'id':30} {'total':>8} {'active':>8} {'layers':>6} {'experts':>9} {'context':>9}  {'native':6}  hf ids"]
     for r in rows:
         ex = f"{r['experts']}/{r['top_k']}" if r["experts"] else "dense"
-        lines.append(f"{r['id']:24} {r['total_params'] / 1e9:7.1f}B {r['active_params'] / 1e9:7.1f}B "
-                     f"{r['layers']:6d} {ex:>9} {r['max_context']:9d}  {r['native_quant']}")
+        lines.append(f"{r['id']:30} {r['total_params'] / 1e9:7.1f}B {r['active_params'] / 1e9:7.1f}B "
+                     f"{r['layers']:6d} {ex:>9} {r['max_context']:9d}  {r['native_quant']:6}  "
+                     + (", ".join(r.get("hf_ids") or []) or "-"))
     return "\n".join(lines)
 
 

@@ -378,11 +378,66 @@ def _parse_inkling(c, hidden, id):
 
 def _parse_dense(c, hidden, id):
     n = _req(c, "num_hidden_layers", id)
-    window = int(_opt(c, "sliding_window", 0) or 0)
+    # Qwen2/Qwen3 configs carry a sliding_window that only applies when use_sliding_window is set
+    # (HF Qwen2Attention); Mistral v0.1 has no such switch and always slides.
+    window = int(_opt(c, "sliding_window", 0) or 0) if _opt(c, "use_sliding_window", True) else 0
     ffn = FFN("dense", intermediate=_req(c, "intermediate_size", id))
     qk_norm = c.get("model_type") == "qwen3"
     bias = c.get("model_type") == "qwen2" or bool(_opt(c, "attention_bias", False))
     return [Layer(i, _gqa(c, id, window=window, qk_norm=qk_norm, bias=bias), ffn) for i in range(n)], {}
+
+
+def _layer_kinds(c, n: int, global_every: int) -> list:
+    """Per-layer 'sliding_attention' / 'full_attention': the config's layer_types, else every
+    *global_every*-th layer (1-based) is full (HF Gemma2/Gemma3/Cohere2 defaults)."""
+    types = c.get("layer_types")
+    if types is not None:
+        if not isinstance(types, list) or len(types) != n:
+            raise MoesimError(f"needs one entry per layer ({n})", "layer_types")
+        return list(types)
+    return ["full_attention" if (i + 1) % global_every == 0 else "sliding_attention" for i in range(n)]
+
+
+def _parse_gemma(c, hidden, id):
+    """gemma2 / gemma3_text: interleaved sliding-window and global GQA layers, GeGLU FFN (three
+    matrices, as SwiGLU), tied embeddings by default. Gemma 2 alternates (even layers slide); Gemma 3
+    slides five of every six layers (sliding_window_pattern) and adds QK norms."""
+    n = _req(c, "num_hidden_layers", id)
+    gemma3 = str(c.get("model_type", "")).startswith("gemma3")
+    every = _opt_int(c, "sliding_window_pattern", 6) if gemma3 else 2
+    kinds = _layer_kinds(c, n, every or 1)
+    window = _req(c, "sliding_window", id)
+    ffn = FFN("dense", intermediate=_req(c, "intermediate_size", id))
+    layers = [Layer(i, _gqa(c, id, window=window if kinds[i] == "sliding_attention" else 0,
+                             qk_norm=gemma3, bias=bool(_opt(c, "attention_bias", False))), ffn)
+              for i in range(n)]
+    return layers, {"tie_default": True}
+
+
+def _parse_phi3(c, hidden, id):
+    """phi3 (Phi-3, Phi-3.5-mini, Phi-4): fused QKV and gate/up projections hold the same weights as
+    the split GQA/SwiGLU tensors. The config's sliding_window is not applied: llama.cpp disables Phi
+    SWA ("Phi SWA is currently disabled", llama.cpp PR 13676) and caches every position."""
+    n = _req(c, "num_hidden_layers", id)
+    ffn = FFN("dense", intermediate=_req(c, "intermediate_size", id))
+    att = _gqa(c, id, bias=bool(_opt(c, "attention_bias", False)))
+    return [Layer(i, att, ffn) for i in range(n)], {}
+
+
+def _parse_cohere(c, hidden, id):
+    """cohere (Command-R, Aya-23) and cohere2 (Command-R7B, Command-A): parallel attention + SwiGLU
+    blocks, tied embeddings by default; cohere2 slides three of every four layers."""
+    n = _req(c, "num_hidden_layers", id)
+    ffn = FFN("dense", intermediate=_req(c, "intermediate_size", id))
+    qk_norm = bool(_opt(c, "use_qk_norm", False))
+    if c.get("model_type") == "cohere2":
+        kinds = _layer_kinds(c, n, _opt_int(c, "sliding_window_pattern", 4) or 1)
+        window = _req(c, "sliding_window", id)
+    else:
+        kinds, window = ["full_attention"] * n, 0
+    layers = [Layer(i, _gqa(c, id, window=window if kinds[i] == "sliding_attention" else 0, qk_norm=qk_norm,
+                             bias=bool(_opt(c, "attention_bias", False))), ffn) for i in range(n)]
+    return layers, {"tie_default": True}
 
 
 _PARSERS = {
@@ -410,4 +465,10 @@ _PARSERS = {
     "mistral": _parse_dense,
     "qwen2": _parse_dense,
     "qwen3": _parse_dense,
+    "gemma2": _parse_gemma,
+    "gemma3_text": _parse_gemma,
+    "gemma3": _parse_gemma,
+    "phi3": _parse_phi3,
+    "cohere": _parse_cohere,
+    "cohere2": _parse_cohere,
 }

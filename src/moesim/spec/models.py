@@ -375,7 +375,7 @@ def _moe_ffn_tensors(add, f, h: int) -> None:
 def _parse(cfg: dict, id: str, meta: dict) -> Model:
     mt = str(cfg.get("model_type", "")).lower()
     text = cfg.get("text_config")
-    if isinstance(text, Mapping) and mt in ("kimi_k3", "llama4"):
+    if isinstance(text, Mapping) and mt in ("kimi_k3", "llama4", "gemma3"):
         inner = dict(text)
         inner.setdefault("quantization_config", cfg.get("quantization_config"))
         family_cfg, family = inner, mt
@@ -395,6 +395,8 @@ def _parse(cfg: dict, id: str, meta: dict) -> Model:
     if max_ctx <= 0:
         raise MoesimError("config lacks max_position_embeddings", "max_position_embeddings")
     mtp_layers = int(extra.pop("mtp_layers", 0) or 0)
+    # Gemma and Cohere configs omit tie_word_embeddings: their transformers config classes default it on
+    tie = bool(_opt(c, "tie_word_embeddings", extra.pop("tie_default", False)))
     scheme = scheme_from_config({"quantization_config": cfg.get("quantization_config"),
                                  "expert_dtype": c.get("expert_dtype", cfg.get("expert_dtype"))})
     return Model(
@@ -403,7 +405,7 @@ def _parse(cfg: dict, id: str, meta: dict) -> Model:
         family=family,
         hidden=hidden,
         vocab=vocab,
-        tie_embeddings=bool(_opt(c, "tie_word_embeddings", False)),
+        tie_embeddings=tie,
         layers=tuple(layers),
         max_context=max_ctx,
         mtp_layers=mtp_layers,
@@ -443,28 +445,80 @@ def model_ids() -> list:
 
 
 _MODEL_CACHE: dict = {}
+_HF_INDEX: dict = {}     # "index": the alias table, built on first use
+
+
+def _hf_alias_index() -> dict:
+    """Lower-cased Hugging Face repo id -> catalog id, from every entry's ``hf_ids`` (built once).
+
+    An alias that two entries claim, or that shadows a catalog id, is a catalog bug: refuse it."""
+    index = _HF_INDEX.get("index")
+    if index is not None:
+        return index
+    entries = _catalog.load("models")["models"]
+    index = {}
+    for mid, entry in entries.items():
+        aliases = entry.get("hf_ids", [])
+        if not isinstance(aliases, list) or not all(isinstance(a, str) and "/" in a for a in aliases):
+            raise MoesimError(f"catalog entry {mid!r}: hf_ids must be a list of 'org/name' strings", "hf_ids")
+        for alias in aliases:
+            key = alias.strip().lower()
+            if key in index or key in entries:
+                raise MoesimError(f"catalog entry {mid!r}: hf id {alias!r} is already taken by "
+                                  f"{index.get(key, key)!r}", "hf_ids")
+            index[key] = mid
+    _HF_INDEX["index"] = index
+    return index
+
+
+def resolve_model_id(text: str) -> str | None:
+    """The catalog id that *text* names: a catalog id or a Hugging Face repo id listed in an entry's
+    ``hf_ids`` (both case-insensitive); None when it names none."""
+    key = text.strip().lower()
+    if key in _catalog.load("models")["models"]:
+        return key
+    return _hf_alias_index().get(key)
+
+
+def hf_ids(id: str) -> list:
+    """The Hugging Face repo ids that are aliases of catalog model *id*."""
+    return list(_catalog.load("models")["models"][_require_id(id)].get("hf_ids", []))
+
+
+def _require_id(id: str) -> str:
+    if not isinstance(id, str):
+        raise MoesimError(f"expected a model id string, got {type(id).__name__}", "model")
+    mid = resolve_model_id(id)
+    if mid is None:
+        entries = _catalog.load("models")["models"]
+        # nearest catalog ids and, for an 'org/name', the nearest Hugging Face aliases
+        raise unknown_id("model", id, list(entries) + list(_hf_alias_names()), "model")
+    return mid
+
+
+def _hf_alias_names() -> list:
+    entries = _catalog.load("models")["models"]
+    return [a for e in entries.values() for a in e.get("hf_ids", [])]
 
 
 def catalog_model(id: str) -> Model:
-    """The catalog model *id* (``catalog/models.toml``), parsed once and cached. Paths are read by
-    :func:`moesim.ingest.model`, which falls back to this."""
-    if not isinstance(id, str):
-        raise MoesimError(f"expected a model id string, got {type(id).__name__}", "model")
-    key = id.strip().lower()
+    """The catalog model *id* (``catalog/models.toml``) or the entry whose ``hf_ids`` lists that Hugging
+    Face repo id, parsed once and cached. Paths are read by :func:`moesim.ingest.model`, which falls back
+    to this."""
+    key = _require_id(id)
     if key in _MODEL_CACHE:
         return _MODEL_CACHE[key]
     entries = _catalog.load("models")["models"]
-    if key not in entries:
-        raise unknown_id("model", id, entries, "model")
     entry = entries[key]
-    meta = {k: v for k, v in entry.items() if k not in ("config", "base")}
+    meta = {k: v for k, v in entry.items() if k not in ("config", "base", "hf_ids")}
     m = _parse(_merged_config(entries, key), key, meta)
     _MODEL_CACHE[key] = m
     return m
 
 
 def is_catalog_id(text: str) -> bool:
-    return text.strip().lower() in _catalog.load("models")["models"]
+    """Does *text* name a catalog model (its id or one of its Hugging Face ids)?"""
+    return isinstance(text, str) and resolve_model_id(text) is not None
 
 
 # The artifact readers (GGUF, safetensors, config.json on disk) live in moesim.ingest, the layer above;
@@ -482,7 +536,4 @@ def _artifact_reader(kind: str):
 
 def hf_config(id: str) -> dict:
     """The catalog entry's HF config dict (what ``Model.from_hf_config`` would be given)."""
-    entries = _catalog.load("models")["models"]
-    if id not in entries:
-        raise unknown_id("model", id, entries, "model")
-    return _merged_config(entries, id)
+    return _merged_config(_catalog.load("models")["models"], _require_id(id))
