@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Mapping
 
 from ..errors import MoesimError
-from .architectures import _check_moe, _gqa, _int_list, _moe_or_dense, _mtp, _opt, _opt_int, _req
+from .architectures import (_check_moe, _gqa, _int_list, _moe_or_dense, _mtp, _opt, _opt_int, _parse_qwen3_next,
+                            _req)
 from .layers import FFN, Attention, Layer
 
 
@@ -224,4 +225,7 @@ MORE_PARSERS = {
     "minimax_text_01": _parse_minimax_lightning,
     "minimax_m1": _parse_minimax_lightning,
     "minimax": _parse_minimax_lightning,
+    # Qwen3.5 / Qwen3.6 MoE language model (the text_config of Qwen3_5MoeForConditionalGeneration): the
+    # Qwen3-Next layer pattern -- gated DeltaNet with every 4th layer gated GQA, MoE with a shared expert
+    "qwen3_5_moe_text": _parse_qwen3_next,
 }
