@@ -1,5 +1,5 @@
 """The MoE families read by spec/architectures_more.py (Hunyuan, dots.llm1, Ling/Ring, Granite MoE and
-Granite-4.0-H, OLMoE, Phi-3.5-MoE, MiniMax-Text-01/M1, Qwen3.5 MoE text) and the catalog entries added
+Granite-4.0-H, OLMoE, Phi-3.5-MoE, MiniMax-Text-01/M1, Qwen3.5 MoE text, Grok-1) and the catalog entries added
 with them: active parameters against the vendors' figures, hand-computed layer weights and cache bytes,
 routing-profile fallback, and the fit / simulate commands on every new id.
 
@@ -71,6 +71,8 @@ ACTIVE_CHECKS = {
     # gpt-oss-safeguard = gpt-oss weights: active excludes the embedding table (+0.6 %, +0.2 %).
     "gpt-oss-safeguard-120b": (5.1e9, "no_embed", 0.03),
     "gpt-oss-safeguard-20b": (3.6e9, "no_embed", 0.03),
+    # Grok-1: 86B active of 314B (OLMoE paper's table); derived 83.8B counting the shared table once (-2.6 %).
+    "grok-1": (86e9, "all", 0.03),
 }
 NEW_IDS = sorted(ACTIVE_CHECKS)
 
@@ -79,7 +81,7 @@ FAMILY_EXAMPLES = {
     "hunyuan_v1_moe": "hunyuan-a13b", "dots1": "dots.llm1.inst", "bailing_moe": "ling-mini-2.0",
     "granitemoe": "granite-3.1-3b-a800m", "granitemoehybrid": "granite-4.0-h-small", "olmoe": "olmoe-1b-7b",
     "phimoe": "phi-3.5-moe", "minimax_m1": "minimax-m1-80k", "minimax_text_01": "minimax-text-01",
-    "qwen3_5_moe_text": "qwen3.5-35b-a3b",
+    "qwen3_5_moe_text": "qwen3.5-35b-a3b", "grok-1": "grok-1",
 }
 
 

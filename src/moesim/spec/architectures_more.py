@@ -1,5 +1,6 @@
 """More per-architecture readers of Hugging Face ``config.json`` fields: Hunyuan, dots.llm1, Ling/Ring
-(Bailing), Granite MoE and Granite-4.0-H, OLMoE, Phi-3.5-MoE, MiniMax-Text-01/M1 and the Qwen3.5 MoE text model.
+(Bailing), Granite MoE and Granite-4.0-H, OLMoE, Phi-3.5-MoE, MiniMax-Text-01/M1, the Qwen3.5 MoE text
+model and Grok-1.
 
 Registered into :data:`moesim.spec.architectures._PARSERS` (see the end of that module). Two families
 here mix in layers whose token mixer is a fixed-size recurrent state rather than a KV cache; both are
@@ -11,8 +12,8 @@ from __future__ import annotations
 from typing import Mapping
 
 from ..errors import MoesimError
-from .architectures import (_check_moe, _gqa, _int_list, _moe_or_dense, _mtp, _opt, _opt_int, _parse_qwen3_next,
-                            _req)
+from .architectures import (_check_moe, _gqa, _int_list, _moe_or_dense, _mtp, _opt, _opt_int, _parse_mixtral,
+                            _parse_qwen3_next, _req)
 from .layers import FFN, Attention, Layer
 
 
@@ -206,4 +207,7 @@ MORE_PARSERS = {
     # Qwen3.5 / Qwen3.6 MoE language model (the text_config of Qwen3_5MoeForConditionalGeneration): the
     # Qwen3-Next layer pattern -- gated DeltaNet with every 4th layer gated GQA, MoE with a shared expert
     "qwen3_5_moe_text": _parse_qwen3_next,
+    # Grok-1 (the HF ports' model_type): 8 experts, top-2, each a gated GELU MLP of 3 matrices like
+    # Mixtral's SwiGLU ones, over GQA -- the Mixtral reader's fields and shapes
+    "grok-1": _parse_mixtral,
 }
