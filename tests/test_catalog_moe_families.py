@@ -1,5 +1,5 @@
 """The MoE families read by spec/architectures_more.py (Hunyuan, dots.llm1, Ling/Ring, Granite MoE and
-Granite-4.0-H, OLMoE, Phi-3.5-MoE, MiniMax-Text-01/M1, Qwen3.5 MoE text, Grok-1) and the catalog entries added
+Granite-4.0-H, OLMoE, Phi-3.5-MoE, MiniMax-Text-01/M1, Qwen3.5 MoE text, Grok-1, Arcee Trinity) and the catalog entries added
 with them: active parameters against the vendors' figures, hand-computed layer weights and cache bytes,
 routing-profile fallback, and the fit / simulate commands on every new id.
 
@@ -73,6 +73,14 @@ ACTIVE_CHECKS = {
     "gpt-oss-safeguard-20b": (3.6e9, "no_embed", 0.03),
     # Grok-1: 86B active of 314B (OLMoE paper's table); derived 83.8B counting the shared table once (-2.6 %).
     "grok-1": (86e9, "all", 0.03),
+    # Granite-4.0-H-Tiny "7B-A1B": derived 1.31B without the table (+31 %; the shared MLP and the Mamba
+    # mixers run for every token); H-1B is a dense hybrid of ~1.5B.
+    "granite-4.0-h-tiny": (1e9, "no_embed", 0.35),
+    "granite-4.0-h-1b": (1.5e9, "all", 0.03),
+    # Trinity cards: Mini 3B active (+2.2 % without the table), Large 13B (-1.9 %), Nano "A1B" (-18 %).
+    "trinity-nano": (1e9, "no_embed", 0.35),
+    "trinity-mini": (3e9, "no_embed", 0.03),
+    "trinity-large": (13e9, "no_embed", 0.03),
 }
 NEW_IDS = sorted(ACTIVE_CHECKS)
 
@@ -81,7 +89,7 @@ FAMILY_EXAMPLES = {
     "hunyuan_v1_moe": "hunyuan-a13b", "dots1": "dots.llm1.inst", "bailing_moe": "ling-mini-2.0",
     "granitemoe": "granite-3.1-3b-a800m", "granitemoehybrid": "granite-4.0-h-small", "olmoe": "olmoe-1b-7b",
     "phimoe": "phi-3.5-moe", "minimax_m1": "minimax-m1-80k", "minimax_text_01": "minimax-text-01",
-    "qwen3_5_moe_text": "qwen3.5-35b-a3b", "grok-1": "grok-1",
+    "qwen3_5_moe_text": "qwen3.5-35b-a3b", "grok-1": "grok-1", "afmoe": "trinity-nano",
 }
 
 
@@ -248,6 +256,20 @@ def test_qwen3_5_text_pattern_and_cache(h200):
     r = mem.memory(m.id, h200, "bf16", context=4096, kv_dtype="bf16")
     assert r.kv_bytes_per_token == 10 * 2 * 2 * 256 * 2
     assert r.state == 30 * (32 * 128 * 128 * 4 + 3 * (2 * 16 * 128 + 32 * 128) * 2)
+
+
+def test_trinity_gated_sliding_attention(h200):
+    m = INGEST.model("trinity-nano")
+    full = [i for i, l in enumerate(m.layers) if not l.attention.window]
+    assert full == list(range(3, 56, 4))
+    assert all(l.attention.window == 2048 and l.attention.output_gate for l in m.layers if l.index not in full)
+    assert [l.ffn.kind for l in m.layers[:3]] == ["dense", "dense", "moe"]
+    # q and its output gate (2 x 8 x 128), K and V (2 x 128 each), O, per-head q/k norms, two block norms.
+    assert _layer_params(m, 3)["attention"] == 1024 * 2048 + 2 * 1024 * 256 + 1024 * 1024 + 2 * 128 + 2 * 1024
+    # Past the window only the 14 full layers grow: 14 x 2 KV heads x 128 x K,V x 2 B = 14,336 B per token.
+    r = mem.memory(m.id, h200, "bf16", context=8192, kv_dtype="bf16")
+    assert r.kv_bytes_per_token == 14 * 2 * 2 * 128 * 2 == 14_336
+    assert r.kv == 14_336 * 8192 + 42 * 2048 * 2 * 2 * 128 * 2
 
 
 def test_minimax_bad_layer_pattern_names_the_field():

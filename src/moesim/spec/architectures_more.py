@@ -1,6 +1,6 @@
 """More per-architecture readers of Hugging Face ``config.json`` fields: Hunyuan, dots.llm1, Ling/Ring
 (Bailing), Granite MoE and Granite-4.0-H, OLMoE, Phi-3.5-MoE, MiniMax-Text-01/M1, the Qwen3.5 MoE text
-model and Grok-1.
+model, Grok-1 and Arcee Trinity (afmoe).
 
 Registered into :data:`moesim.spec.architectures._PARSERS` (see the end of that module). Two families
 here mix in layers whose token mixer is a fixed-size recurrent state rather than a KV cache; both are
@@ -191,6 +191,33 @@ def _parse_minimax_lightning(c, hidden, id):
     return [Layer(i, _gqa(c, id) if kinds[i] else _lightning(c, id), ffn) for i in range(n)], {}
 
 
+def _parse_afmoe(c, hidden, id):
+    """afmoe (Arcee Trinity): gated GQA with per-head QK norm, sliding-window layers with a full-attention
+    layer every global_attn_every_n_layers (or as ``layer_types`` says), num_dense_layers dense layers,
+    then sigmoid-routed MoE with an expert bias and shared experts of the routed width."""
+    n = _req(c, "num_hidden_layers", id)
+    every = _opt_int(c, "global_attn_every_n_layers", 4) or 4
+    types = c.get("layer_types") or ["full_attention" if (i + 1) % every == 0 else "sliding_attention"
+                                     for i in range(n)]
+    if not isinstance(types, list) or len(types) != n or any(
+            t not in ("full_attention", "sliding_attention") for t in types):
+        raise MoesimError(f"needs {n} entries, each 'full_attention' or 'sliding_attention'", "layer_types")
+    e, k = _req(c, "num_experts", id), _req(c, "num_experts_per_tok", id)
+    _check_moe(e, k, id)
+    first_dense = _opt_int(c, "num_dense_layers", 0)
+    window = _req(c, "sliding_window", id)
+    layers = []
+    for i in range(n):
+        dense = i < first_dense
+        ffn = _moe_or_dense(dense, c, hidden, ff_dense=_req(c, "intermediate_size", id) if dense else 0,
+                            experts=e, top_k=k, expert_ff=_req(c, "moe_intermediate_size", id),
+                            shared=_opt_int(c, "num_shared_experts", 0), router_bias=True,
+                            n_group=_opt_int(c, "n_group", 1), topk_group=_opt_int(c, "topk_group", 1))
+        att = _gqa(c, id, window=window if types[i] == "sliding_attention" else 0, qk_norm=True, output_gate=True)
+        layers.append(Layer(i, att, ffn))
+    return layers, {}
+
+
 MORE_PARSERS = {
     "hunyuan_v1_moe": _parse_hunyuan_moe,
     "dots1": _parse_dots1,
@@ -210,4 +237,5 @@ MORE_PARSERS = {
     # Grok-1 (the HF ports' model_type): 8 experts, top-2, each a gated GELU MLP of 3 matrices like
     # Mixtral's SwiGLU ones, over GQA -- the Mixtral reader's fields and shapes
     "grok-1": _parse_mixtral,
+    "afmoe": _parse_afmoe,
 }
