@@ -1,5 +1,6 @@
 """The MoE families read by spec/architectures_more.py (Hunyuan, dots.llm1, Ling/Ring, Granite MoE and
-Granite-4.0-H, OLMoE, Phi-3.5-MoE, MiniMax-Text-01/M1, Qwen3.5 MoE text, Grok-1, Arcee Trinity) and the catalog entries added
+Granite-4.0-H, OLMoE, Phi-3.5-MoE, MiniMax-Text-01/M1, Qwen3.5 and Qwen3-VL MoE text, Grok-1, Arcee
+Trinity, SmallThinker) and the catalog entries added
 with them: active parameters against the vendors' figures, hand-computed layer weights and cache bytes,
 routing-profile fallback, and the fit / simulate commands on every new id.
 
@@ -81,6 +82,11 @@ ACTIVE_CHECKS = {
     "trinity-nano": (1e9, "no_embed", 0.35),
     "trinity-mini": (3e9, "no_embed", 0.03),
     "trinity-large": (13e9, "no_embed", 0.03),
+    # SmallThinker card "0.6B activated": derived 0.631B without the (tied) table (+5.1 %).
+    "smallthinker-4b-a0.6b": (0.6e9, "no_embed", 0.35),
+    # Qwen counts everything, as for Qwen3-235B-A22B in test_catalog (derived 3.35B, +1.6 %).
+    "qwen3-vl-30b-a3b": (3.3e9, "all", 0.03),
+    "qwen3-vl-30b-a3b-thinking": (3.3e9, "all", 0.03),
 }
 NEW_IDS = sorted(ACTIVE_CHECKS)
 
@@ -90,6 +96,7 @@ FAMILY_EXAMPLES = {
     "granitemoe": "granite-3.1-3b-a800m", "granitemoehybrid": "granite-4.0-h-small", "olmoe": "olmoe-1b-7b",
     "phimoe": "phi-3.5-moe", "minimax_m1": "minimax-m1-80k", "minimax_text_01": "minimax-text-01",
     "qwen3_5_moe_text": "qwen3.5-35b-a3b", "grok-1": "grok-1", "afmoe": "trinity-nano",
+    "smallthinker": "smallthinker-4b-a0.6b", "qwen3_vl_moe_text": "qwen3-vl-30b-a3b",
 }
 
 
@@ -270,6 +277,20 @@ def test_trinity_gated_sliding_attention(h200):
     r = mem.memory(m.id, h200, "bf16", context=8192, kv_dtype="bf16")
     assert r.kv_bytes_per_token == 14 * 2 * 2 * 128 * 2 == 14_336
     assert r.kv == 14_336 * 8192 + 42 * 2048 * 2 * 2 * 128 * 2
+
+
+def test_smallthinker_and_qwen3_vl_layers(h200):
+    st = INGEST.model("smallthinker-4b-a0.6b")
+    # 32 experts of up/gate/down 1536 x 768, router 1536 x 32; GQA 12 x 128 / 2 KV heads, no window.
+    p = _layer_params(st, 0)
+    assert p["routed_experts"] == 32 * 3 * 1536 * 768 and p["router"] == 1536 * 32
+    assert all(l.attention.window == 0 for l in st.layers)
+    r = mem.memory(st.id, h200, "bf16", context=4096, kv_dtype="bf16")
+    assert r.kv_bytes_per_token == 32 * 2 * 2 * 128 * 2
+    vl = INGEST.model("qwen3-vl-30b-a3b")
+    # The Qwen3-VL text model is Qwen3-MoE's: QK norm on, 128 experts top-8 of 768, no shared expert.
+    assert all(l.attention.qk_norm and l.ffn.n_shared == 0 for l in vl.layers)
+    assert (vl.layers[0].ffn.n_experts, vl.layers[0].ffn.top_k, vl.layers[0].ffn.expert_intermediate) == (128, 8, 768)
 
 
 def test_minimax_bad_layer_pattern_names_the_field():

@@ -1,6 +1,6 @@
 """More per-architecture readers of Hugging Face ``config.json`` fields: Hunyuan, dots.llm1, Ling/Ring
 (Bailing), Granite MoE and Granite-4.0-H, OLMoE, Phi-3.5-MoE, MiniMax-Text-01/M1, the Qwen3.5 MoE text
-model, Grok-1 and Arcee Trinity (afmoe).
+model, the Qwen3-VL MoE text model, Grok-1, Arcee Trinity (afmoe) and SmallThinker.
 
 Registered into :data:`moesim.spec.architectures._PARSERS` (see the end of that module). Two families
 here mix in layers whose token mixer is a fixed-size recurrent state rather than a KV cache; both are
@@ -13,7 +13,7 @@ from typing import Mapping
 
 from ..errors import MoesimError
 from .architectures import (_check_moe, _gqa, _int_list, _moe_or_dense, _mtp, _opt, _opt_int, _parse_mixtral,
-                            _parse_qwen3_next, _req)
+                            _parse_qwen3_next, _parse_qwen_moe, _req)
 from .layers import FFN, Attention, Layer
 
 
@@ -218,6 +218,26 @@ def _parse_afmoe(c, hidden, id):
     return layers, {}
 
 
+def _parse_smallthinker(c, hidden, id):
+    """smallthinker (PowerInfer SmallThinker): GQA, full or sliding per ``sliding_window_layout``; every
+    layer MoE of ``moe_num_primary_experts`` ReGLU experts (up, gate, down: the SwiGLU shapes)."""
+    n = _req(c, "num_hidden_layers", id)
+    swa = _int_list(c, "sliding_window_layout") or [0] * n
+    if len(swa) != n or any(x not in (0, 1) for x in swa):
+        raise MoesimError(f"needs {n} entries, each 0 (full) or 1 (sliding)", "sliding_window_layout")
+    e, k = _req(c, "moe_num_primary_experts", id), _req(c, "moe_num_active_primary_experts", id)
+    _check_moe(e, k, id)
+    window = _req(c, "sliding_window_size", id) if any(swa) else 0
+    ffn = FFN("moe", n_experts=e, top_k=k, expert_intermediate=_req(c, "moe_ffn_hidden_size", id))
+    return [Layer(i, _gqa(c, id, window=window if swa[i] else 0), ffn) for i in range(n)], {}
+
+
+def _parse_qwen3_vl_moe_text(c, hidden, id):
+    """qwen3_vl_moe_text (the language model of Qwen3-VL MoE): Qwen3-MoE's layers (GQA with QK norm,
+    decoder_sparse_step / mlp_only_layers), read by the Qwen-MoE reader as the qwen3_moe it is."""
+    return _parse_qwen_moe({**c, "model_type": "qwen3_moe"}, hidden, id)
+
+
 MORE_PARSERS = {
     "hunyuan_v1_moe": _parse_hunyuan_moe,
     "dots1": _parse_dots1,
@@ -238,4 +258,6 @@ MORE_PARSERS = {
     # Mixtral's SwiGLU ones, over GQA -- the Mixtral reader's fields and shapes
     "grok-1": _parse_mixtral,
     "afmoe": _parse_afmoe,
+    "smallthinker": _parse_smallthinker,
+    "qwen3_vl_moe_text": _parse_qwen3_vl_moe_text,
 }
