@@ -12,9 +12,14 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
+import random
 import re
 
 import pytest
+
+import moesim
+from conftest import bounded, fuzz_count, rewrite
 
 from moesim import ingest as INGEST
 from moesim.cli import main
@@ -299,6 +304,34 @@ def test_minimax_bad_layer_pattern_names_the_field():
         with pytest.raises(MoesimError) as e:
             Model.from_hf_config({**cfg, "attn_type_list": bad})
         assert e.value.field == "attn_type_list"
+
+
+HOSTILE = [-1, 0, 1, 3.5, 2**40, 1e300, float("nan"), "x", None, [], {}, True, [1, 2], ["mamba"]]
+
+
+@pytest.mark.fuzz
+def test_mutated_family_configs_give_a_sane_fit_or_a_named_error(tmp_path, tally):
+    # Each new reader's config with one to three fields (any key, lists and flags included) set hostile:
+    # a finite fit or a MoesimError naming a field, never a bare exception.
+    rng = random.Random("moe-families")
+    count = fuzz_count(30, 3_000)
+    for _ in range(count):
+        mid = rng.choice(sorted(FAMILY_EXAMPLES.values()))
+        cfg = models.hf_config(mid)
+        muts = [(k, rng.choice(HOSTILE)) for k in rng.sample(sorted(cfg), rng.randint(1, 3))]
+        cfg.update(muts)
+        rewrite(tmp_path / "config.json", json.dumps(cfg))
+        with bounded(20, (mid, muts)):
+            try:
+                rec = moesim.fit(Model.from_hf_config(tmp_path), "desktop-4090", quants=["Q4_K_M"])[0]
+            except MoesimError as exc:
+                assert exc.field, (mid, muts, exc)
+                tally.refuse()
+                continue
+        for v in (rec["weights_bytes"], rec["kv_bytes_per_token"], rec["decode_tok_s"] or 1.0):
+            assert isinstance(v, (int, float)) and math.isfinite(v) and v >= 0, (mid, muts, rec)
+        tally.ok()
+    assert tally.refused > 0 and tally.accepted > 0 and tally.inputs == count
 
 
 # ------------------------------------------------------------------------------------ routing
