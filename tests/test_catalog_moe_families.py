@@ -314,7 +314,7 @@ def test_mutated_family_configs_give_a_sane_fit_or_a_named_error(tmp_path, tally
     # Each new reader's config with one to three fields (any key, lists and flags included) set hostile:
     # a finite fit or a MoesimError naming a field, never a bare exception.
     rng = random.Random("moe-families")
-    count = fuzz_count(30, 3_000)
+    count = fuzz_count(20, 3_000)
     for _ in range(count):
         mid = rng.choice(sorted(FAMILY_EXAMPLES.values()))
         cfg = models.hf_config(mid)
