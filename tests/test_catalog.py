@@ -124,11 +124,13 @@ LOOSE_ACTIVE |= NEW_LOOSE_ACTIVE
 PRECISE_ACTIVE.update({mid: (INGEST.model(mid).published_active_params, "all")
                        for mid in ALL_IDS if INGEST.model(mid).n_experts == 0 and mid not in PRECISE_ACTIVE
                        and INGEST.model(mid).published_active_params})
+# The MoE families of spec/architectures_more.py check their active counts in their own module.
+from test_catalog_moe_families import ACTIVE_CHECKS as MOE_FAMILY_ACTIVE  # noqa: E402
 
 
 def test_every_published_active_count_is_checked():
     with_active = {i for i in ALL_IDS if INGEST.model(i).published_active_params}
-    unchecked = with_active - set(PRECISE_ACTIVE) - LOOSE_ACTIVE
+    unchecked = with_active - set(PRECISE_ACTIVE) - LOOSE_ACTIVE - set(MOE_FAMILY_ACTIVE)
     assert not unchecked, f"add these models to PRECISE_ACTIVE or LOOSE_ACTIVE: {sorted(unchecked)}"
 
 
