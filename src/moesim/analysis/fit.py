@@ -21,6 +21,18 @@ from ..engine.lower.memory import configure
 DEFAULT_FIT_QUANTS = ("Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "BF16")
 
 
+def default_quants(m, machine: Machine) -> tuple:
+    """(quantizations, assumption lines) fit tries when none are asked: a weights file as stored; on
+    several datacenter GPUs the model's own checkpoint, as a serving runtime (vLLM) loads it; else the
+    llama.cpp GGUF ladder."""
+    if m.stored is not None:
+        return ["native"], []
+    if machine.datacenter:
+        return ["native"], [f"quant native ({m.id}'s published checkpoint): the default on {machine.n_gpus}x "
+                            f"{machine.gpu}, served by a serving runtime (--quant for GGUF on llama.cpp)"]
+    return [q for q in DEFAULT_FIT_QUANTS if q != "MXFP4_MOE" or m.n_experts], []
+
+
 def fit(model, machine: Machine, quants=None, context: int = 4096, batch: int = 1, kv_dtype: str | None = None,
         placement: str | None = None, runtime: str | None = None, mtp: int = 0, overrides=None,
         allow_beyond_max_context: bool = False) -> list:
@@ -43,8 +55,8 @@ def fit(model, machine: Machine, quants=None, context: int = 4096, batch: int = 
             raise MoesimError("give either --placement or --override-tensor, not both", "placement")
         placement = placement_from_overrides(m, overrides)
     if quants is None or len(quants) == 0:
-        quants = (["native"] if m.stored is not None
-                  else [q for q in DEFAULT_FIT_QUANTS if q != "MXFP4_MOE" or m.n_experts])
+        quants, served = default_quants(m, machine)
+        notes = notes + served
     elif isinstance(quants, str):
         quants = [quants]
     out = []
