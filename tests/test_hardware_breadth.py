@@ -125,7 +125,7 @@ def test_every_new_server_machine_builds_with_its_gpus(mid):
 def test_several_datacenter_gpus_get_the_matching_server_host():
     m = moesim.machine(gpu="b200", gpus=8)
     assert (m.cpu, m.sockets, m.channels, m.host_memory) == ("xeon-platinum-8570", 2, 8, "ddr5-5600")
-    assert m.host_mem_bytes == 4096e9 and m.datacenter
+    assert m.host_mem_bytes == 2048e9 and m.datacenter
     assert any("dgx-b200 host" in a for a in m.assumptions)
     assert not any("desktop" in a or "channels not given" in a for a in m.assumptions)
 
