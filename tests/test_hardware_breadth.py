@@ -196,6 +196,7 @@ def test_flags_override_a_catalog_cards_numbers():
     (dict(gpu_mem_gb=20, gpu_bw_gbs=800), "gpu_tflops", "gpu-tflops is missing"),
     (dict(gpu_bw_gbs=800, gpu_tflops=120), "gpu_mem_gb", "gpu-mem-gb is missing"),
     (dict(gpu_mem_gb=20, gpu_tflops=120), "gpu_bw_gbs", "gpu-bw-gbs is missing"),
+    (dict(gpu="custom", gpu_mem_gb=20), "gpu_bw_gbs", "gpu-bw-gbs is missing"),
     (dict(gpu="rtx-4090", gpu_bw_gbs=-5), "gpu_bw_gbs", "positive"),
     (dict(gpu="rtx-4090", gpu_bw_gbs=0), "gpu_bw_gbs", "positive"),
     (dict(gpu="rtx-4090", gpu_tflops=float("nan")), "gpu_tflops", "finite"),

@@ -162,7 +162,7 @@ def machine(id: str | None = None, *, gpu: str | None = None, gpus: int | None =
     cores = _positive(cores, "cores", integer=True)
     host_mem_gb = _positive(host_mem_gb, "host_mem_gb")
     gpu_id = _gpu_id(h, gpu, base)
-    if gpu_id is None and (custom["gpu_bw_gbs"] or custom["gpu_tflops"]) and gpus != 0:
+    if gpu_id == CUSTOM_GPU or (gpu_id is None and (custom["gpu_bw_gbs"] or custom["gpu_tflops"]) and gpus != 0):
         gpu_id = _custom_gpu(gpu_mem_gb, custom)
     if id is None and gpu_id is None and host is None:
         raise MoesimError("give a catalog machine (--machine ID) or its parts (--gpu and/or --host)", "machine")
