@@ -162,6 +162,20 @@ def test_a_single_rtx_4090_stays_on_llama_cpp_and_the_gguf_ladder():
     assert not any("quant native" in a for r in recs for a in r["assumptions"])
 
 
+def test_asking_for_llama_cpp_on_a_datacenter_machine_keeps_the_gguf_ladder():
+    recs = moesim.fit("qwen3-30b-a3b", "dgx-h100", runtime="llama.cpp")
+    assert [r["quant"] for r in recs] == list(DEFAULT_FIT_QUANTS)
+    (served,) = moesim.fit("qwen3-30b-a3b", "dgx-h100", runtime="sglang")
+    assert served["quant"] == "bf16" and served["runtime"] == "sglang"
+
+
+def test_a_bf16_native_model_is_served_as_its_checkpoint_not_as_a_gguf_file():
+    """qwen3-30b-a3b publishes bf16 safetensors: on 8x H100 the default is vLLM on that checkpoint, where
+    the bare name would resolve to llama.cpp's GGUF BF16 type."""
+    (rec,) = moesim.fit("qwen3-30b-a3b", moesim.machine(gpu="h100-sxm", gpus=8))
+    assert rec["quant"] == "bf16" and rec["runtime"] == "vllm"       # the GGUF type would read "BF16", llama.cpp
+
+
 def test_an_explicit_quant_on_a_datacenter_machine_is_kept():
     (rec,) = moesim.fit("qwen3-30b-a3b", "dgx-h100", quants=["Q4_K_M"])
     assert rec["quant"] == "Q4_K_M" and rec["runtime"] == "llama.cpp"
