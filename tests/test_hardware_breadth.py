@@ -176,6 +176,13 @@ def test_a_bf16_native_model_is_served_as_its_checkpoint_not_as_a_gguf_file():
     assert rec["quant"] == "bf16" and rec["runtime"] == "vllm"       # the GGUF type would read "BF16", llama.cpp
 
 
+def test_simulate_native_on_a_datacenter_machine_is_served_too():
+    r = moesim.simulate("qwen3-30b-a3b", moesim.machine(gpu="h100-sxm", gpus=8), tokens=8, mode="analytic")
+    assert r.memory["runtime"] == "vllm" and r.memory["quant"] == "bf16"
+    single = moesim.simulate("qwen3-30b-a3b", moesim.machine(gpu="rtx-4090", host_mem_gb=64), tokens=8, mode="analytic")
+    assert single.memory["runtime"] == "llama.cpp"
+
+
 def test_an_explicit_quant_on_a_datacenter_machine_is_kept():
     (rec,) = moesim.fit("qwen3-30b-a3b", "dgx-h100", quants=["Q4_K_M"])
     assert rec["quant"] == "Q4_K_M" and rec["runtime"] == "llama.cpp"

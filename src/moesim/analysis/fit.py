@@ -13,7 +13,7 @@ from ..spec.hardware import as_machine
 from ..spec.runtimes import runtime as get_runtime
 from ..spec.limits import MAX_BATCH, MAX_DRAFTS, check_context, check_count
 from ..ingest import model as get_model
-from .resolve import memory_of, placement_from_overrides, resolve
+from .resolve import checkpoint_quant, memory_of, placement_from_overrides, resolve
 from .consistency import capacities, check_record
 from .records import default_notes, record
 from ..engine.lower.memory import configure
@@ -30,18 +30,9 @@ def default_quants(m, machine: Machine, runtime=None) -> tuple:
         return ["native"], []
     llama = runtime is not None and get_runtime(runtime).llama_cpp_family
     if machine.datacenter and not llama:
-        return [_checkpoint_quant(m)], [f"quant native ({m.id}'s published checkpoint): the default on {machine.n_gpus}x "
+        return [checkpoint_quant(m)], [f"quant native ({m.id}'s published checkpoint): the default on {machine.n_gpus}x "
                             f"{machine.gpu}, served by a serving runtime (--quant for GGUF on llama.cpp)"]
     return [q for q in DEFAULT_FIT_QUANTS if q != "MXFP4_MOE" or m.n_experts], []
-
-
-def _checkpoint_quant(m):
-    """``native`` as the published checkpoint: a bf16/fp16 checkpoint is a safetensors format that a
-    serving runtime loads, not llama.cpp's GGUF BF16 file type that the name alone resolves to."""
-    q = Q.resolve("native", m)
-    if q.is_gguf and str(m.native_quant).lower() in Q.format_ids():
-        return Q.Quant(str(m.native_quant).lower(), "format")
-    return "native"
 
 
 def fit(model, machine: Machine, quants=None, context: int = 4096, batch: int = 1, kv_dtype: str | None = None,
