@@ -10,15 +10,29 @@ from ..errors import MoesimError
 from ..spec import quants as Q
 from ..spec.hardware import Machine
 from ..spec.hardware import as_machine
+from ..spec.runtimes import runtime as get_runtime
 from ..spec.limits import MAX_BATCH, MAX_DRAFTS, check_context, check_count
 from ..ingest import model as get_model
-from .resolve import memory_of, placement_from_overrides, resolve
+from .resolve import checkpoint_quant, memory_of, placement_from_overrides, resolve
 from .consistency import capacities, check_record
 from .records import default_notes, record
 from ..engine.lower.memory import configure
 
 
 DEFAULT_FIT_QUANTS = ("Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "BF16")
+
+
+def default_quants(m, machine: Machine, runtime=None) -> tuple:
+    """(quantizations, assumption lines) fit tries when none are asked: a weights file as stored; on
+    several datacenter GPUs the model's own checkpoint, as a serving runtime (vLLM) loads it, unless a
+    llama.cpp-family runtime is asked for; else the llama.cpp GGUF ladder."""
+    if m.stored is not None:
+        return ["native"], []
+    llama = runtime is not None and get_runtime(runtime).llama_cpp_family
+    if machine.datacenter and not llama:
+        return [checkpoint_quant(m)], [f"quant native ({m.id}'s published checkpoint): the default on {machine.n_gpus}x "
+                            f"{machine.gpu}, served by a serving runtime (--quant for GGUF on llama.cpp)"]
+    return [q for q in DEFAULT_FIT_QUANTS if q != "MXFP4_MOE" or m.n_experts], []
 
 
 def fit(model, machine: Machine, quants=None, context: int = 4096, batch: int = 1, kv_dtype: str | None = None,
@@ -43,8 +57,8 @@ def fit(model, machine: Machine, quants=None, context: int = 4096, batch: int = 
             raise MoesimError("give either --placement or --override-tensor, not both", "placement")
         placement = placement_from_overrides(m, overrides)
     if quants is None or len(quants) == 0:
-        quants = (["native"] if m.stored is not None
-                  else [q for q in DEFAULT_FIT_QUANTS if q != "MXFP4_MOE" or m.n_experts])
+        quants, served = default_quants(m, machine, runtime)
+        notes = notes + served
     elif isinstance(quants, str):
         quants = [quants]
     out = []

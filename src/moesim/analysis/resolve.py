@@ -99,11 +99,23 @@ def auto_max_context(m: Model, low, machine: Machine, rt: Runtime, batch: int, k
     return int(out)
 
 
+def checkpoint_quant(m: Model):
+    """``native`` as the published checkpoint: a bf16/fp16 checkpoint is a safetensors format that a
+    serving runtime loads, not llama.cpp's GGUF BF16 file type that the bare name resolves to."""
+    q = Q.resolve("native", m)
+    if q.is_gguf and str(m.native_quant).lower() in Q.format_ids():
+        return Q.Quant(str(m.native_quant).lower(), "format")
+    return q
+
+
 def resolve(m: Model, quant, machine: Machine, runtime=None, placement=None, context: int = 4096, batch: int = 1,
             kv_dtype: str | None = None, mtp: int = 0, parallel: str | None = None) -> tuple:
     """(quant, runtime, KV dtype, lowered model, placement) of one configuration: the runtime the
     format implies unless given, its default KV dtype, and the placement its own fitting would pick
-    for ``placement`` None / "auto". Shared by fit, simulate and validate."""
+    for ``placement`` None / "auto". Shared by fit, simulate and validate. On several datacenter GPUs
+    with no runtime asked, ``native`` is the checkpoint a serving runtime loads (:func:`checkpoint_quant`)."""
+    if runtime is None and machine.datacenter and isinstance(quant, str) and quant.strip().lower() == "native":
+        quant = checkpoint_quant(m)
     q = Q.resolve(quant, m)
     rt = get_runtime(runtime, model=m.id) if runtime is not None else default_runtime(q, machine)
     rt = with_parallel(rt, parallel, machine)

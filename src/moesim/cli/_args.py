@@ -53,6 +53,10 @@ def _add_machine_flags(p):
     g.add_argument("--gpu", help="GPU id, or a unified-memory chip id such as m3-ultra or dgx-spark")
     g.add_argument("--gpus", type=_positive_int, help="number of GPUs")
     g.add_argument("--gpu-mem-gb", type=_number, help="memory per GPU in GB (e.g. 48 for a modded 4090)")
+    g.add_argument("--gpu-bw-gbs", type=_number, help="GPU memory bandwidth in GB/s: overrides --gpu's, or with "
+                   "--gpu-mem-gb and --gpu-tflops describes an unlisted GPU")
+    g.add_argument("--gpu-tflops", type=_number, help="dense 16-bit tensor TFLOP/s per GPU: overrides --gpu's "
+                   "(every dtype scaled alike), or describes an unlisted GPU")
     g.add_argument("--host", help="host memory part x channels, e.g. ddr5-4800x8")
     g.add_argument("--sockets", type=_positive_int)
     g.add_argument("--cores", type=_positive_int)
@@ -64,7 +68,8 @@ def _add_machine_flags(p):
 
 def _machine_from(args):
     from ..spec.hardware import machine
-    return machine(args.machine, gpu=args.gpu, gpus=args.gpus, gpu_mem_gb=args.gpu_mem_gb, host=args.host,
+    return machine(args.machine, gpu=args.gpu, gpus=args.gpus, gpu_mem_gb=args.gpu_mem_gb,
+                   gpu_bw_gbs=args.gpu_bw_gbs, gpu_tflops=args.gpu_tflops, host=args.host,
                    sockets=args.sockets, cores=args.cores, host_mem_gb=args.host_mem_gb, pcie=args.pcie,
                    storage=args.storage, cpu=args.cpu)
 

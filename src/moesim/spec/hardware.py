@@ -66,6 +66,8 @@ class Machine:
     storage_read_gbs: float = 0.0
     storage_bytes: float = 0.0
     assumptions: tuple = field(default=(), compare=False)
+    datacenter: bool = False        # several datacenter GPUs: served (vLLM, native checkpoint) by default
+
 
     def describe(self) -> str:
         if self.unified:
@@ -89,8 +91,14 @@ _HOST_RE = re.compile(r"^([a-z0-9][a-z0-9-]*?)(?:x([0-9]+))?$")   # part id, the
 # socket (EPYC 9004/9005, Xeon 6; hardware.md §4), 8 sockets (Xeon Platinum's largest glueless
 # topology), 72 GPUs in one NVLink domain (GB200 NVL72), 288 GB per GPU today (B300, MI355X), a few
 # TB of RAM per socket, a few hundred cores per socket.
+# A GPU's bandwidth and 16-bit tensor rate: ten times the B300's (7,750 GB/s, 2,250 TFLOPS dense).
 MACHINE_BOUNDS = {"channels": 16, "sockets": 8, "gpus": 72, "gpu_mem_gb": 1024.0, "host_mem_gb": 65536.0,
-                  "cores": 2048}
+                  "cores": 2048, "gpu_bw_gbs": 80000.0, "gpu_tflops": 25000.0}
+
+CUSTOM_GPU = "custom"               # the GPU id of a card described only by --gpu-mem-gb/--gpu-bw-gbs/--gpu-tflops
+# The host a multi-GPU datacenter GPU gets when no --host/--cpu/--machine says otherwise and no catalog
+# DGX/HGX machine carries that GPU: the DGX H100's (2x Xeon 8480C, 16 x DDR5-4800, 2 TB).
+SERVER_DEFAULT_MACHINE = "dgx-h100"
 
 
 def _positive(value, field_name: str, integer: bool = False, allow_zero: bool = False):
@@ -137,28 +145,92 @@ def parse_host(spec: str) -> tuple:
 
 
 def machine(id: str | None = None, *, gpu: str | None = None, gpus: int | None = None,
-            gpu_mem_gb: float | None = None, host: str | None = None, sockets: int | None = None,
+            gpu_mem_gb: float | None = None, gpu_bw_gbs: float | None = None, gpu_tflops: float | None = None,
+            host: str | None = None, sockets: int | None = None,
             cores: int | None = None, host_mem_gb: float | None = None, pcie: str | None = None,
             storage: str | None = None, cpu: str | None = None) -> Machine:
-    """Build a machine from a catalog id and/or parts (the CLI's machine flags, same names)."""
+    """Build a machine from a catalog id and/or parts (the CLI's machine flags, same names).
+
+    *gpu_bw_gbs* (GB/s) and *gpu_tflops* (dense 16-bit tensor TFLOP/s) override a catalog card's
+    numbers, or, with *gpu_mem_gb* and no *gpu*, describe an unlisted card."""
     h = _hw()
     base = _catalog_machine(h, id)
     gpus = _positive(gpus, "gpus", integer=True, allow_zero=True)
     gpu_mem_gb = _positive(gpu_mem_gb, "gpu_mem_gb")
+    custom = {"gpu_bw_gbs": _positive(gpu_bw_gbs, "gpu_bw_gbs"), "gpu_tflops": _positive(gpu_tflops, "gpu_tflops")}
     sockets = _positive(sockets, "sockets", integer=True)
     cores = _positive(cores, "cores", integer=True)
     host_mem_gb = _positive(host_mem_gb, "host_mem_gb")
     gpu_id = _gpu_id(h, gpu, base)
+    if gpu_id == CUSTOM_GPU or (gpu_id is None and (custom["gpu_bw_gbs"] or custom["gpu_tflops"]) and gpus != 0):
+        gpu_id = _custom_gpu(gpu_mem_gb, custom)
     if id is None and gpu_id is None and host is None:
         raise MoesimError("give a catalog machine (--machine ID) or its parts (--gpu and/or --host)", "machine")
     if gpu_id is not None and gpu_id in h["unified"]:
+        if custom["gpu_bw_gbs"] or custom["gpu_tflops"]:
+            field_name = "gpu_bw_gbs" if custom["gpu_bw_gbs"] else "gpu_tflops"
+            raise MoesimError(f"{gpu_id} is a unified-memory chip: --gpu-bw-gbs/--gpu-tflops describe a discrete GPU",
+                              field_name)
         return _unified_machine(h, id, gpu_id, base, gpus=gpus, gpu_mem_gb=gpu_mem_gb, host=host, cores=cores,
                                 host_mem_gb=host_mem_gb, storage=storage)
-    if gpu_id is not None and gpu_id not in h["gpu"]:
+    if gpu_id is not None and gpu_id != CUSTOM_GPU and gpu_id not in h["gpu"]:
         raise unknown_id("GPU", gpu_id, list(h["gpu"]) + list(h["unified"]), "gpu")
     return _discrete_machine(h, id, gpu_id, base, gpu=gpu, gpus=gpus, gpu_mem_gb=gpu_mem_gb, host=host,
                              sockets=sockets, cores=cores, host_mem_gb=host_mem_gb, pcie=pcie, storage=storage,
-                             cpu=cpu)
+                             cpu=cpu, custom=custom)
+
+
+def _custom_gpu(gpu_mem_gb, custom: dict) -> str:
+    """An unlisted GPU needs all three numbers: memory, bandwidth and compute."""
+    for name, value in (("gpu_mem_gb", gpu_mem_gb), ("gpu_bw_gbs", custom["gpu_bw_gbs"]),
+                        ("gpu_tflops", custom["gpu_tflops"])):
+        if value is None:
+            raise MoesimError("an unlisted GPU is described by --gpu-mem-gb, --gpu-bw-gbs and --gpu-tflops together "
+                              f"(or name a catalog card with --gpu ID); {name.replace('_', '-')} is missing", name)
+    return CUSTOM_GPU
+
+
+def _gpu_numbers(g: dict, gpu_id, custom: dict, assumptions: list) -> tuple:
+    """(bandwidth GB/s, TFLOP/s per dtype) of the GPU: the catalog card's, overridden by the flags. A
+    --gpu-tflops on a catalog card scales every dtype by the same factor (its 16-bit peak becomes the flag)."""
+    bw = custom.get("gpu_bw_gbs") or float(g.get("mem_bw_gbs", 0.0))
+    tflops = dict(g.get("tflops", {}))
+    new_peak = custom.get("gpu_tflops")
+    if gpu_id == CUSTOM_GPU:
+        tflops = {"fp16": new_peak, "bf16": new_peak}
+        assumptions.append(f"custom GPU: {bw:g} GB/s, {new_peak:g} dense 16-bit TFLOP/s; modelled as a GDDR card "
+                           "with CUDA graphs and without the catalog's tensor-core/HBM prefill rates")
+    elif new_peak:
+        peak = max(tflops.get("bf16", 0.0), tflops.get("fp16", 0.0), tflops.get("fp32", 0.0))
+        scale = new_peak / peak if peak else 1.0
+        tflops = {k: v * scale for k, v in tflops.items()} if peak else {"fp16": new_peak, "bf16": new_peak}
+        assumptions.append(f"--gpu-tflops {new_peak:g}: {gpu_id}'s rates scaled by {scale:.3g} (every dtype)")
+    if gpu_id != CUSTOM_GPU and custom.get("gpu_bw_gbs"):
+        assumptions.append(f"--gpu-bw-gbs {bw:g}: replaces {gpu_id}'s {float(g.get('mem_bw_gbs', 0.0)):g} GB/s")
+    return bw, tflops
+
+
+def gpu_segment(g: dict) -> str:
+    """consumer | workstation | datacenter: the catalog's ``segment``, else datacenter for HBM parts."""
+    seg = g.get("segment")
+    if seg:
+        return str(seg)
+    return "datacenter" if str(g.get("memory_type", "")).startswith("hbm") else "consumer"
+
+
+def _server_host(h: dict, gpu_id: str, assumptions: list) -> dict:
+    """The host parts of the catalog DGX/HGX machine carrying *gpu_id* (DGX first), else the
+    SERVER_DEFAULT_MACHINE's; the assumption says which."""
+    names = sorted(k for k, v in h["machine"].items() if v.get("gpu") == gpu_id and k.startswith(("dgx-", "hgx-")))
+    source = names[0] if names else SERVER_DEFAULT_MACHINE
+    entry = h["machine"][source]
+    keys = ("cpu", "sockets", "host_memory", "channels", "host_mem_gb", "storage") + (("pcie",) if names else ())
+    host = {k: entry[k] for k in keys if k in entry}
+    how = f"the {source} host" if names else f"no catalog server carries {gpu_id}: the {source} host"
+    assumptions.append(f"host not given for several datacenter GPUs: {how} ({host.get('sockets', 1)}x {host.get('cpu')}, "
+                       f"{host.get('channels')} x {host.get('host_memory')} per socket, {host.get('host_mem_gb')} GB; "
+                       "--host/--cpu/--machine to choose)")
+    return host
 
 
 def _catalog_machine(h: dict, id) -> dict:
@@ -209,13 +281,17 @@ def _unified_machine(h: dict, id, gpu_id: str, base: dict, *, gpus, gpu_mem_gb, 
 
 
 def _discrete_machine(h: dict, id, gpu_id, base: dict, *, gpu, gpus, gpu_mem_gb, host, sockets, cores,
-                      host_mem_gb, pcie, storage, cpu) -> Machine:
+                      host_mem_gb, pcie, storage, cpu, custom) -> Machine:
     """Discrete GPUs (or none) plus host DRAM; every part not given is taken from the catalog machine,
-    else the CPU part, else a stated assumption."""
+    else (several datacenter GPUs) the matching server's host, else the CPU part, else a stated assumption."""
     assumptions = []
-    n_gpus, gpu_id = _gpu_count(gpu_id, base, gpu=gpu, gpus=gpus, gpu_mem_gb=gpu_mem_gb)
-    g = h["gpu"][gpu_id] if gpu_id else {}
+    n_gpus, gpu_id = _gpu_count(gpu_id, base, gpu=gpu, gpus=gpus, gpu_mem_gb=gpu_mem_gb, custom=custom)
+    g = h["gpu"].get(gpu_id, {}) if gpu_id else {}
     gpu_mem = gpu_mem_gb * GB if gpu_mem_gb is not None else float(g.get("memory_bytes", 0.0))
+    bw, tflops = _gpu_numbers(g, gpu_id, custom, assumptions) if gpu_id else (0.0, {})
+    datacenter = bool(g) and n_gpus > 1 and gpu_segment(g) == "datacenter"
+    if datacenter and not base and host is None and cpu is None:
+        base = _server_host(h, gpu_id, assumptions)
     cpu_id, cpu_info = _cpu_part(h, cpu or base.get("cpu"))
     part, channels = _host_memory(h, host, base, cpu_info, assumptions)
     n_sockets = sockets or int(base.get("sockets", 1))
@@ -234,8 +310,8 @@ def _discrete_machine(h: dict, id, gpu_id, base: dict, *, gpu, gpus, gpu_mem_gb,
     st_info = _storage(st)
     return Machine(
         id=id or "+".join(x for x in (f"{n_gpus}x{gpu_id}" if gpu_id else None, f"{part}x{channels}") if x),
-        gpu=gpu_id, n_gpus=n_gpus, gpu_mem_bytes=gpu_mem, gpu_bw_gbs=float(g.get("mem_bw_gbs", 0.0)),
-        gpu_tflops=dict(g.get("tflops", {})), compute_capability=g.get("compute_capability"),
+        gpu=gpu_id, n_gpus=n_gpus, gpu_mem_bytes=gpu_mem, gpu_bw_gbs=float(bw),
+        gpu_tflops=tflops, compute_capability=g.get("compute_capability"), datacenter=datacenter,
         flash_attention=g.get("flash_attention", True), unified=False,
         host_memory=part, channels=int(channels), sockets=n_sockets, cores=n_cores, cpu=cpu_id,
         cpu_isa=tuple(cpu_info.get("isa", ())), host_mem_bytes=host_gb * GB,
@@ -244,7 +320,7 @@ def _discrete_machine(h: dict, id, gpu_id, base: dict, *, gpu, gpus, gpu_mem_gb,
         storage=st, storage_read_gbs=st_info[0], storage_bytes=st_info[1], assumptions=tuple(assumptions))
 
 
-def _gpu_count(gpu_id, base: dict, *, gpu, gpus, gpu_mem_gb) -> tuple:
+def _gpu_count(gpu_id, base: dict, *, gpu, gpus, gpu_mem_gb, custom) -> tuple:
     """(GPU count, GPU id): --gpus 0 drops a catalog machine's GPU, but contradicts an explicit --gpu."""
     n_gpus = gpus if gpus is not None else int(base.get("gpus", 1 if gpu_id else 0))
     if gpu_id is None and n_gpus:
@@ -253,8 +329,10 @@ def _gpu_count(gpu_id, base: dict, *, gpu, gpus, gpu_mem_gb) -> tuple:
         if gpu is not None or gpu_mem_gb is not None:
             raise MoesimError(f"--gpus 0 contradicts --gpu {gpu_id}", "gpus")
         gpu_id = None
-    if gpu_id is None and gpu_mem_gb is not None:
-        raise MoesimError("--gpu-mem-gb given for a machine without GPUs", "gpu_mem_gb")
+    if gpu_id is None:
+        for name, value in (("gpu_mem_gb", gpu_mem_gb), *custom.items()):
+            if value is not None:
+                raise MoesimError(f"--{name.replace('_', '-')} given for a machine without GPUs", name)
     return n_gpus, gpu_id
 
 
