@@ -4,7 +4,7 @@ Detection reads the outside world (GPU tools, ``/proc``, ``dmidecode``; see :mod
 what it finds to catalog parts -- GPU and CPU names to catalog ids by their model-number tokens, the DIMMs'
 type and speed to a host memory part -- and builds the machine the spec layer would build from the same
 flags. Each fact it read and each thing it had to assume lands in the Machine's ``assumptions``
-("local machine, detected: ..." / "assumed: ..."), so every report that prints a machine's assumptions says where its
+("local machine, detected: ..." / "local machine, assumed: ..."), so every report that prints a machine's assumptions says where its
 numbers came from. Flags given alongside (``--machine local --host ddr5-6000x2``) replace what detection
 found for that part; when detection cannot name a part, the error says which flag supplies it.
 """
@@ -45,23 +45,24 @@ def match_catalog(name: str, table: dict, memory_bytes: float | None = None) -> 
     words win, then the memory size closest to *memory_bytes*. (None, []) when nothing matches."""
     got = _tokens(name)
     scored = []
-    for cid, entry in table.items():
-        id_tokens = _tokens(cid)
-        cat_tokens = id_tokens | _tokens(entry.get("name", ""))
+    for order, (cid, entry) in enumerate(table.items()):
+        id_tokens, name_tokens = _tokens(cid), _tokens(entry.get("name", ""))
+        cat_tokens = id_tokens | name_tokens
         need = _model_tokens(id_tokens) or _model_tokens(cat_tokens)
         if not need or not need <= got:
             continue
         if (cat_tokens & _VARIANT_WORDS) != (got & _VARIANT_WORDS):
             continue
-        shared, missing = len(cat_tokens & got), len(cat_tokens - got)
+        # words of the full name the detected one lacks ("sxm5"); the id's short forms would count twice
+        shared, missing = len(cat_tokens & got), len((name_tokens or id_tokens) - got)
         mem = entry.get("memory_bytes")
         gap = abs(mem - memory_bytes) if mem and memory_bytes else 0.0
-        scored.append((-(shared - 0.5 * missing), gap, cid))
+        scored.append((-(shared - 0.5 * missing), gap, order, cid))
     if not scored:
         return None, []
-    scored.sort(key=lambda s: s[:2])
+    scored.sort()                 # a tie goes to the catalog's first entry (its mainstream variant)
     best = scored[0]
-    return best[2], [s[2] for s in scored[1:] if s[:2] == best[:2]]
+    return best[3], [s[3] for s in scored[1:] if s[:2] == best[:2]]
 
 
 # ----------------------------------------------------------------------------------------- GPUs
@@ -163,8 +164,9 @@ def _host_parts(probe: P.Probe, cpu: dict, cpu_id, hw: dict, notes: list) -> dic
     server = bool(_SERVER_CPU.search(cpu.get("name", "")))
     if cpu_id:
         default = hw["cpu"][cpu_id]
+        parts["host"] = f"{default.get('memory') or 'ddr5'}x{default.get('channels') or 2}"
         notes.append(f"local machine, assumed: no DIMM details ({why or 'no memory devices listed'}; dmidecode needs root): "
-                     f"{cpu_id}'s {default.get('memory')} x {default.get('channels')} channels")
+                     f"{cpu_id}'s {parts['host']} from the catalog; --host sets it")
     elif server:
         parts["host"] = f"ddr5x{_SERVER_CHANNELS}"
         notes.append(f"local machine, assumed: no DIMM details ({why or 'no memory devices listed'}; dmidecode needs root): "

@@ -52,9 +52,7 @@ class Probe:
         exe = self.which(argv[0])
         if exe is None:
             return None, f"{argv[0]} not found"
-        env = dict(os.environ, LC_ALL="C")
-        if self.path is not None:
-            env["PATH"] = self.path
+        env = dict(os.environ, LC_ALL="C")      # C locale: numbers and units as the parsers expect
         try:
             done = subprocess.run([exe, *argv[1:]], capture_output=True, timeout=COMMAND_TIMEOUT_S, env=env,
                                   stdin=subprocess.DEVNULL)
