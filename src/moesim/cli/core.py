@@ -219,6 +219,8 @@ def _cmd_validate(args) -> int:
         validation_plot(rep, args.plot)
     if args.json:
         return _print_json(rep)
+    if args.data is None:
+        print(f"measurements: the corpus shipped with moesim ({measurements_csv()})")
     print(validate_text(rep))
     if args.plot:
         print(f"figure: {args.plot}")

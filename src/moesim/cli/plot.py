@@ -2,6 +2,8 @@
 engine or simulate in analysis.plotdata; report.plots draws them)."""
 from __future__ import annotations
 
+import argparse
+
 from ..errors import MoesimError
 from ._args import _MODEL_HELP, _Parser, _add_machine_flags, _machine_from, _positive_int, _writable
 
@@ -21,7 +23,7 @@ def _int_list(text: str) -> list:
     try:
         return [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise MoesimError(f"expected comma-separated integers, got {text!r}", "plot") from None
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
 def _common(p, model: bool = True, quant_repeat: bool = False) -> None:
