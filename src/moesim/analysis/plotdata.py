@@ -17,7 +17,6 @@ from .simulate import simulate
 from .sweep import sweep
 
 
-POINTS = 8                      # default points on a context or cache-size axis: a readable curve, a fast sweep
 HEATMAP_METRICS = {"max_context": "max context (tokens)", "decode_tok_s": "decode tok/s per sequence"}
 CACHE_POLICIES = {"analytic": ("lru", "lfu", "static"), "montecarlo": ("lru", "lfu", "static", "belady")}
 
@@ -38,6 +37,15 @@ def _masked(table, column: str) -> np.ndarray:
     return y
 
 
+def _doublings(lo: int, hi: int) -> list:
+    """lo, 2 lo, 4 lo, ... below hi, then hi: round tick labels (512, 1k, 2k, ...) up to the end point."""
+    out, x = [], max(1, int(lo))
+    while x < hi:
+        out.append(x)
+        x *= 2
+    return out + [int(hi)]
+
+
 def _describe(m: Machine) -> str:
     return f"{m.id}: {m.describe()}"
 
@@ -56,8 +64,7 @@ def context_data(model, machine, quants=None, contexts=None, runtime: str = "aut
     m = _model(model)
     quants = _check_list(quants or [q for q in DEFAULT_FIT_QUANTS if q != "BF16"], "quant")
     if contexts is None:
-        top = int(m.max_context or 32768)
-        contexts = sorted({int(round(x)) for x in np.geomspace(min(512, top), top, POINTS)})
+        contexts = _doublings(min(512, int(m.max_context or 32768)), int(m.max_context or 32768))
     contexts = _check_list(contexts, "contexts")
     mach = _machine(machine)
     t = sweep(models=[m.id], quants=quants, machines=[mach], contexts=contexts, batches=[batch], runtimes=[runtime],
@@ -69,7 +76,8 @@ def context_data(model, machine, quants=None, contexts=None, runtime: str = "aut
         series.append({"label": q, "x": np.asarray(t["context"])[sel][order].tolist(),
                        "y": _masked(t, "decode_tok_s")[sel][order].tolist()})
     return {"kind": "context", "title": f"{m.id} on {mach.id}: decode speed vs context",
-            "subtitle": _describe(mach), "xlabel": "context (tokens in the KV cache)",
+            "subtitle": _describe(mach) + f"; batch {batch}; placement: what the runtime would fit, per point",
+            "xlabel": "context (tokens in the KV cache)",
             "ylabel": "decode tok/s per sequence", "xscale": "log", "series": series}
 
 
@@ -147,7 +155,7 @@ def cache_data(model, machine, sizes=None, policies=None, quant: str = "Q4_K_M",
         raise MoesimError(f"unknown mode {mode!r}; known: {', '.join(CACHE_POLICIES)}", "mode")
     ffn = m.moe_layers[0].ffn
     if sizes is None:
-        sizes = sorted({int(s) for s in np.geomspace(ffn.top_k, ffn.n_experts, POINTS)})
+        sizes = _doublings(ffn.top_k, ffn.n_experts)
     sizes = _check_list(sizes, "cache_sizes")
     policies = _check_list(policies or CACHE_POLICIES[mode], "policy")
     mach = _machine(machine)

@@ -86,12 +86,11 @@ def _machines_list(text: str) -> list:
     return out
 
 
-def _plot_data(args):
+def _plot_data(args, mach):
     from ..analysis import plotdata as D
     if args.kind == "heatmap":
         return D.heatmap_data([s.strip() for s in args.models.split(",") if s.strip()], _machines_list(args.machines),
                               metric=args.metric, quant=args.quant, context=args.context, runtime=args.runtime)
-    mach = _machine_from(args)
     if args.kind == "context":
         return D.context_data(args.model, mach, quants=args.quant, contexts=args.contexts, runtime=args.runtime,
                               batch=args.batch)
@@ -115,7 +114,10 @@ def _cmd_plot(args) -> int:
         from ..ingest.packaged import measurements_csv
         fig = plots.validation_figure(validate(args.data or measurements_csv(), calibrated=not args.uncalibrated))
     else:
-        fig = plots.figure(_plot_data(args))
+        mach = None if args.kind == "heatmap" else _machine_from(args)
+        if mach is not None and mach.id == "local":      # what detection found and assumed, said up front
+            print(f"machine: {mach.describe()}\n" + "\n".join(f"  {a}" for a in mach.assumptions))
+        fig = plots.figure(_plot_data(args, mach))
     plots.save(fig, args.out)
     print(f"figure: {args.out}")
     return 0
