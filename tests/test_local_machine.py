@@ -187,3 +187,15 @@ def test_cli_fit_on_the_local_machine(capsys, tmp_path, monkeypatch):
     assert main(["fit", "qwen3-30b-a3b", "--machine", "local", "--quant", "Q4_K_M", "--host", "ddr5-4800x2"]) == 0
     out = capsys.readouterr().out
     assert "local machine, detected: CPU" in out and "given: host=ddr5-4800x2" in out
+
+
+def test_dgx_spark_on_linux_is_one_unified_pool(gpu_box, tmp_path):
+    _tool(tmp_path / "bin", "nvidia-smi", "NVIDIA GB10, [N/A], [N/A], [N/A]\n")
+    m = local_machine(**gpu_box)
+    assert m.unified and m.gpu == "dgx-spark" and m.cores == 16
+    assert m.gpu_mem_bytes == pytest.approx(131072000 * 1024)            # the pool is MemTotal, no DIMMs asked
+
+
+def test_public_api_name():
+    import moesim
+    assert moesim.local_machine is local_machine

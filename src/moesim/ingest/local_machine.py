@@ -235,7 +235,7 @@ def _detected_parts(probe: P.Probe, given: dict, hw: dict, notes: list) -> tuple
             notes.append("local machine, detected: no GPU (neither nvidia-smi nor rocm-smi answered), a CPU-only machine")
     if parts.get("gpu") in hw["unified"]:        # a unified chip on Linux (DGX Spark): one pool, no DIMMs
         mem = P.parse_meminfo(probe.read("/proc/meminfo") or "")
-        parts = {"gpu": parts["gpu"], **({"host_mem_gb": mem / GB} if mem else {})}
+        parts = {"gpu": parts["gpu"], "cores": parts["cores"], **({"host_mem_gb": mem / GB} if mem else {})}
         return parts, None
     if "host" not in given:
         parts.update(_host_parts(probe, cpu, cpu_id, hw, notes))
