@@ -83,7 +83,14 @@ def _machines_list(text: str) -> list:
     out = []
     for x in (s.strip() for s in text.split(",") if s.strip()):
         out.append(local_machine() if x.lower() == "local" else machine(x))
+        if x.lower() == "local":
+            _print_detection(out[-1])
     return out
+
+
+def _print_detection(mach) -> None:
+    """What detecting this machine found and assumed, said before the figure that rests on it."""
+    print(f"machine: {mach.describe()}\n" + "\n".join(f"  {a}" for a in mach.assumptions))
 
 
 def _plot_data(args, mach):
@@ -115,8 +122,8 @@ def _cmd_plot(args) -> int:
         fig = plots.validation_figure(validate(args.data or measurements_csv(), calibrated=not args.uncalibrated))
     else:
         mach = None if args.kind == "heatmap" else _machine_from(args)
-        if mach is not None and mach.id == "local":      # what detection found and assumed, said up front
-            print(f"machine: {mach.describe()}\n" + "\n".join(f"  {a}" for a in mach.assumptions))
+        if mach is not None and mach.id == "local":
+            _print_detection(mach)
         fig = plots.figure(_plot_data(args, mach))
     plots.save(fig, args.out)
     print(f"figure: {args.out}")
