@@ -53,6 +53,9 @@ def gpu_box(tmp_path):
     (root / "proc" / "cpuinfo").write_text(_cpuinfo("AMD Ryzen 9 7950X 16-Core Processor", 1, 16,
                                                     "fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni"))
     (root / "proc" / "meminfo").write_text("MemTotal:       131072000 kB\nMemFree:  1000 kB\n")
+    nvme = root / "sys" / "class" / "nvme" / "nvme0" / "device"
+    nvme.mkdir(parents=True)
+    (nvme / "current_link_speed").write_text("32.0 GT/s PCIe\n")
     _tool(bindir, "nvidia-smi", "NVIDIA GeForce RTX 4090, 24564, 4, 16\nNVIDIA GeForce RTX 4090, 24564, 4, 16\n")
     _tool(bindir, "dmidecode", "# dmidecode 3.5\n" + "".join(
         _dimm("32 GB", "DDR5", 5600, loc, "BANK 0") for loc in ("DIMM_A1", "DIMM_A2", "DIMM_B1", "DIMM_B2"))
@@ -93,6 +96,7 @@ def test_gpu_box_maps_to_catalog_parts(gpu_box):
     assert m.host_mem_bytes == pytest.approx(128 * 2**30)           # the DIMMs' sum, not MemTotal
     assert m.host_bw_gbs == pytest.approx(2 * 44.8)
     assert m.cores == 16 and m.sockets == 1
+    assert m.storage == "nvme-gen5"                                  # the NVMe's 32 GT/s link
     assert m.gpu_mem_bytes == load("hardware")["gpu"]["rtx-4090"]["memory_bytes"]   # stock card: catalog size
     notes = " | ".join(m.assumptions)
     assert "2x NVIDIA GeForce RTX 4090 via nvidia-smi -> catalog gpu rtx-4090" in notes
@@ -199,3 +203,16 @@ def test_dgx_spark_on_linux_is_one_unified_pool(gpu_box, tmp_path):
 def test_public_api_name():
     import moesim
     assert moesim.local_machine is local_machine
+
+
+def test_storage_from_sysfs(tmp_path):
+    probe = P.Probe(root=str(tmp_path))
+    assert P.nvme_generations(probe) == [] and not P.has_sata_ssd(probe)
+    q = tmp_path / "sys" / "block" / "sda" / "queue"
+    q.mkdir(parents=True)
+    (q / "rotational").write_text("0\n")
+    assert P.has_sata_ssd(probe)
+    d = tmp_path / "sys" / "class" / "nvme" / "nvme1" / "device"
+    d.mkdir(parents=True)
+    (d / "current_link_speed").write_text("16.0 GT/s PCIe\n")
+    assert P.nvme_generations(probe) == [("nvme1", 4)]

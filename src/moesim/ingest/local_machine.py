@@ -178,6 +178,22 @@ def _host_parts(probe: P.Probe, cpu: dict, cpu_id, hw: dict, notes: list) -> dic
     return parts
 
 
+def _storage_part(probe: P.Probe, hw: dict, notes: list) -> dict:
+    """storage: the fastest NVMe link in sysfs (the model file's drive is not known), else a SATA SSD."""
+    gens = P.nvme_generations(probe)
+    if gens:
+        dev, gen = max(gens, key=lambda g: g[1])
+        part = f"nvme-gen{min(max(gen, 3), 5)}"
+        if part in hw["storage"]:
+            notes.append(f"local machine, detected: NVMe {dev} on a PCIe gen{gen} link -> {part} (assumed to "
+                         "hold the model file; --storage sets it)")
+            return {"storage": part}
+    if P.has_sata_ssd(probe) and "sata-ssd" in hw["storage"]:
+        notes.append("local machine, detected: a SATA SSD and no NVMe -> sata-ssd (--storage sets it)")
+        return {"storage": "sata-ssd"}
+    return {}
+
+
 # ------------------------------------------------------------------------------------ machines
 def _cpu_parts(probe: P.Probe, hw: dict, notes: list) -> tuple:
     """(cpuinfo dict, catalog CPU id or None, machine() keywords)."""
@@ -239,6 +255,8 @@ def _detected_parts(probe: P.Probe, given: dict, hw: dict, notes: list) -> tuple
         return parts, None
     if "host" not in given:
         parts.update(_host_parts(probe, cpu, cpu_id, hw, notes))
+    if "storage" not in given:
+        parts.update(_storage_part(probe, hw, notes))
     return parts, (None if cpu_id else cpu.get("isa", ()))
 
 

@@ -44,6 +44,12 @@ class Probe:
         except OSError:
             return None
 
+    def listdir(self, rel: str) -> list:
+        try:
+            return sorted(os.listdir(os.path.join(self.root, rel.lstrip("/"))))
+        except OSError:
+            return []
+
     def which(self, name: str) -> str | None:
         return shutil.which(name, path=self.path)
 
@@ -237,3 +243,26 @@ def dimm_channels(dimms: list, sockets: int) -> tuple:
                 per_socket.setdefault(s, set()).add(ch)
             return max(len(v) for v in per_socket.values()), "channel names in the DIMM locators"
     return max(1, -(-len(dimms) // max(1, sockets))), "one DIMM per channel (the locators name no channels)"
+
+
+# ---------------------------------------------------------------------------------------- storage
+# PCIe link rate per lane -> generation (PCI-SIG: 8 GT/s gen3, 16 GT/s gen4, 32 GT/s gen5)
+_GT_PER_GEN = {8.0: 3, 16.0: 4, 32.0: 5}
+
+
+def nvme_generations(probe: Probe) -> list:
+    """(device, PCIe generation) of each NVMe controller, from sysfs ``current_link_speed``."""
+    out = []
+    for dev in probe.listdir("/sys/class/nvme"):
+        text = probe.read(f"/sys/class/nvme/{dev}/device/current_link_speed") or ""
+        m = re.match(r"\s*([0-9.]+)\s*GT/s", text)
+        gen = _GT_PER_GEN.get(float(m.group(1))) if m else None
+        if gen:
+            out.append((dev, gen))
+    return out
+
+
+def has_sata_ssd(probe: Probe) -> bool:
+    """A non-rotating sd* disk (an SSD on SATA/SAS)."""
+    return any((probe.read(f"/sys/block/{d}/queue/rotational") or "").strip() == "0"
+               for d in probe.listdir("/sys/block") if d.startswith("sd"))
