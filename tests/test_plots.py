@@ -38,7 +38,7 @@ def test_context_curve_is_the_sweeps_numbers():
     assert d["series"][0]["y"][0] > d["series"][0]["y"][1]              # deeper KV, slower decode
     fig = R.figure(d)
     _axes_labelled(fig)
-    assert len(fig.axes[0].get_lines()) == 2 and fig.axes[0].get_xscale() == "log"
+    assert len(fig.axes[0].get_lines()) == 2 and fig.axes[0].get_xscale() == "log"     # both fit: no crosses
 
 
 def test_heatmap_marks_what_does_not_fit():

@@ -66,15 +66,19 @@ def line_figure(data: dict):
         if not _finite(ys):
             ax.plot([], [], label=f"{label} (does not fit)", color="0.7")
             continue
-        if len(_finite(ys)) < len(ys):
-            label += " (gaps: does not fit)"
+        missing = [x for x, y in zip(s["x"], ys) if not math.isfinite(y)]
+        if missing:
+            label += " (x on the axis: does not fit)"
         twin = next((d["label"] for d in drawn if d["x"] == s["x"] and d["y"] == s["y"]), None)
         if twin:                    # a line hidden under an equal one is named, not lost
             label += f" (= {twin})"
         drawn.append(s)
         # earlier lines wider, so a later line drawn over an equal one leaves both visible
-        ax.plot(s["x"], ys, marker=_MARKERS[i % len(_MARKERS)], linestyle=_DASHES[i % len(_DASHES)],
-                markersize=max(3.0, 6.5 - 0.6 * i), linewidth=max(1.0, 2.8 - 0.35 * i), label=label)
+        line, = ax.plot(s["x"], ys, marker=_MARKERS[i % len(_MARKERS)], linestyle=_DASHES[i % len(_DASHES)],
+                        markersize=max(3.0, 6.5 - 0.6 * i), linewidth=max(1.0, 2.8 - 0.35 * i), label=label)
+        if missing:                 # where it does not fit, a cross on the x axis in the line's colour
+            ax.plot(missing, [0.0] * len(missing), linestyle="none", marker="x", markersize=7, clip_on=False,
+                    color=line.get_color())
     ax.set_xscale(data.get("xscale", "linear"))
     if data.get("ylim"):
         ax.set_ylim(*data["ylim"])
