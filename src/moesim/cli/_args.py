@@ -49,7 +49,7 @@ def _writable(path: str, field: str) -> str:
 
 def _add_machine_flags(p):
     g = p.add_argument_group("machine (a catalog id, or composed from parts; parts override the id)")
-    g.add_argument("--machine", help="catalog machine id (moesim hardware)")
+    g.add_argument("--machine", help="catalog machine id (moesim hardware), or 'local': detect this machine")
     g.add_argument("--gpu", help="GPU id, or a unified-memory chip id such as m3-ultra or dgx-spark")
     g.add_argument("--gpus", type=_positive_int, help="number of GPUs")
     g.add_argument("--gpu-mem-gb", type=_number, help="memory per GPU in GB (e.g. 48 for a modded 4090)")
@@ -68,6 +68,11 @@ def _add_machine_flags(p):
 
 def _machine_from(args):
     from ..spec.hardware import machine
+    if (args.machine or "").strip().lower() == "local":     # detected; the part flags given replace parts
+        from ..ingest.local_machine import local_machine
+        return local_machine(gpu=args.gpu, gpus=args.gpus, gpu_mem_gb=args.gpu_mem_gb, gpu_bw_gbs=args.gpu_bw_gbs,
+                             gpu_tflops=args.gpu_tflops, host=args.host, sockets=args.sockets, cores=args.cores,
+                             host_mem_gb=args.host_mem_gb, pcie=args.pcie, storage=args.storage, cpu=args.cpu)
     return machine(args.machine, gpu=args.gpu, gpus=args.gpus, gpu_mem_gb=args.gpu_mem_gb,
                    gpu_bw_gbs=args.gpu_bw_gbs, gpu_tflops=args.gpu_tflops, host=args.host,
                    sockets=args.sockets, cores=args.cores, host_mem_gb=args.host_mem_gb, pcie=args.pcie,

@@ -58,7 +58,8 @@ def _add_simulate_parser(sub) -> None:
     s.add_argument("--warmup", type=_positive_int, help="steps excluded from statistics (default min(32, T/4))")
     s.add_argument("--seed", type=_positive_int, default=0)
     s.add_argument("--mode", default="montecarlo", help="montecarlo | analytic")
-    s.add_argument("--trace", help="replay a recorded routing trace (see moesim.traces)")
+    s.add_argument("--trace", help="replay a recorded routing trace (see moesim.traces); 'sample': the small "
+                                   "synthetic gpt-oss-20b trace shipped with moesim")
     s.add_argument("-ot", "--override-tensor", dest="tensor_overrides", action=_TensorOverride, help=_OT_HELP)
     s.add_argument("--json", action="store_true")
 
@@ -83,7 +84,8 @@ def _add_inspect_parser(sub) -> None:
 
 def _add_validate_parser(sub) -> None:
     v = sub.add_parser("validate", help="predictions vs published measurements (../shared/validation format)")
-    v.add_argument("data", help="CSV of measured runs (validation/README.md columns)")
+    v.add_argument("data", nargs="?", help="CSV of measured runs (validation/README.md columns); default: the "
+                                        "measurements shipped with moesim (moesim/data/measurements.csv)")
     v.add_argument("--plot", help="write a log-log predicted-vs-measured figure (PNG/SVG)")
     v.add_argument("--uncalibrated", action="store_true", help="use the sourced priors, not calibration.toml")
     v.add_argument("--json", action="store_true")
@@ -112,7 +114,8 @@ def _add_sweep_parser(sub) -> None:
 
 def _add_calibrate_parser(sub) -> None:
     c = sub.add_parser("calibrate", help="fit the decode model's efficiencies and overheads to measurements")
-    c.add_argument("data", help="CSV of measured runs (validation/README.md columns)")
+    c.add_argument("data", nargs="?", help="CSV of measured runs (validation/README.md columns); default: the "
+                                        "measurements shipped with moesim")
     c.add_argument("--out", help="write the fitted parameters as a calibration TOML (the catalog's is "
                                  "src/moesim/catalog/calibration.toml)")
     c.add_argument("--no-cv", action="store_true", help="skip leave-one-source-out cross-validation")
@@ -170,6 +173,7 @@ def _cmd_fit(args) -> int:
 def _cmd_simulate(args) -> int:
     from ..analysis.simulate import simulate
     from ..ingest import model as get_model
+    from ..ingest.packaged import trace_path
     from ..report.text import simulate_text
     mach = _machine_from(args)
     m = get_model(args.model)
@@ -182,7 +186,7 @@ def _cmd_simulate(args) -> int:
     r = simulate(m, mach, quant=args.quant, context=args.context, batch=args.batch, placement=placement,
                  runtime=args.runtime, kv_dtype=args.kv_dtype, policy=args.policy, cache_experts=args.cache_experts,
                  prefetch_recall=args.prefetch_recall, tokens=args.tokens, warmup=args.warmup, seed=args.seed,
-                 mode=args.mode, trace=args.trace, routing=args.routing, mtp=args.mtp,
+                 mode=args.mode, trace=trace_path(args.trace), routing=args.routing, mtp=args.mtp,
                  mtp_acceptance=args.mtp_acceptance, prompt=args.prompt, parallel=args.parallel,
                  allow_beyond_max_context=args.allow_beyond_max_context)
     d = r.to_dict()
@@ -208,12 +212,15 @@ def _cmd_validate(args) -> int:
     from ..report.text import validate_text
     if args.plot:
         _writable(args.plot, "plot")
-    rep = validate(args.data, calibrated=not args.uncalibrated)
+    from ..ingest.packaged import measurements_csv
+    rep = validate(args.data or measurements_csv(), calibrated=not args.uncalibrated)
     if args.plot:
         from ..report.plots import validation_plot
         validation_plot(rep, args.plot)
     if args.json:
         return _print_json(rep)
+    if args.data is None:
+        print(f"measurements: the corpus shipped with moesim ({measurements_csv()})")
     print(validate_text(rep))
     if args.plot:
         print(f"figure: {args.plot}")
@@ -230,6 +237,9 @@ def _cmd_calibrate(args) -> int:
 
     if args.out:
         _writable(args.out, "out")
+    if args.data is None:
+        from ..ingest.packaged import measurements_csv
+        args.data = measurements_csv()
     rep = C.calibrate(args.data, cross_validate=not args.no_cv, progress=None if args.json else progress)
     if args.out:
         C.write_toml(rep, args.out, "moesim calibrate " + " ".join(sys.argv[2:] if len(sys.argv) > 2 else [args.data]))
