@@ -1,6 +1,6 @@
 /* moesim export-site: the page. It reads the index and each machine's rows from the .json.js files
-   beside it (script elements, which work from file:// where fetch() does not) and shows the numbers as
-   they are in those files: it filters, sorts and draws, and computes none of them. */
+   beside it (script elements, which work from file://, where browsers refuse to fetch files) and
+   shows the numbers as they are in those files: it filters, sorts and draws, and computes none. */
 (function () {
   "use strict";
 
