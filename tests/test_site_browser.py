@@ -66,6 +66,7 @@ def page(browser):
     errors = []
     pg.on("console", lambda m: errors.append(f"console.{m.type}: {m.text}") if m.type == "error" else None)
     pg.on("pageerror", lambda e: errors.append(f"uncaught: {e}"))
+    pg.console_errors = errors
     yield pg
     pg.close()
     assert not errors, errors
@@ -121,6 +122,9 @@ def non_blank(png: bytes) -> tuple:
 def test_page_from_file_url_shows_the_machine_files_rows(site, page, tmp_path):
     page.goto((site / "index.html").as_uri())
     page.wait_for_selector("#results tbody tr")
+    page.evaluate("console.error('probe')")         # the listener that fails the test hears errors
+    assert page.console_errors == ["console.error: probe"]
+    page.console_errors.clear()
     assert page.title() == "browser test site"
     # pick the CPU-only machine: GPU "none" leaves one RAM size and one channel count
     page.select_option("#pick-gpu", "none (CPU only)")
@@ -151,6 +155,7 @@ def test_page_from_file_url_shows_the_machine_files_rows(site, page, tmp_path):
         shutil.copy(tmp_path / "site.png", os.environ["MOESIM_SITE_SCREENSHOT"])
     colours, commonest = non_blank(png)
     assert colours > 32 and commonest < 0.9, (colours, commonest)
+    assert not page.console_errors, page.console_errors
 
 
 def check_detail(pg, rows: list, context: int, batch: int) -> None:
@@ -176,3 +181,4 @@ def test_a_machine_where_nothing_fits_says_so(site, page):
     assert machine_rows(site, "small box") == []
     assert "Nothing in this export fits small box" in page.inner_text("#status")
     assert page.locator("#results tbody tr").count() == 0
+    assert not page.console_errors, page.console_errors

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 
 from .. import __version__
 from .._catalog import catalog_version
@@ -38,7 +39,12 @@ _KEY_FIELDS = ("model", "quant", "machine", "runtime", "kv_dtype", "placement_ru
 
 def split_site_spec(spec) -> tuple:
     """(the sweep spec dict, the [site] options) of a site spec: a TOML path or a dict."""
-    raw = load_spec(spec) if not isinstance(spec, dict) else copy.deepcopy(spec)
+    if isinstance(spec, dict):
+        raw = copy.deepcopy(spec)
+    elif isinstance(spec, (str, os.PathLike)):
+        raw = load_spec(spec)
+    else:
+        raise MoesimError(f"expected a TOML path or a dict, got {type(spec).__name__}", "spec")
     site_in = raw.pop("site", {})
     if not isinstance(site_in, dict):
         raise MoesimError("expected a table of page texts (title, description)", "site")

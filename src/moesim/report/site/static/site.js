@@ -8,20 +8,21 @@
     index: null, files: {}, rows: {}, machineId: null, modelId: null,
     sort: {key: "decode_tok_s", desc: true}
   };
+  // Speed first: on a narrow screen the table scrolls sideways and the first columns stay in view.
   var COLUMNS = [
     {key: "model", label: "Model", text: true},
     {key: "quant", label: "Quant", text: true},
     {key: "runtime", label: "Runtime", text: true},
+    {key: "decode_tok_s", label: "Decode tok/s", fmt: speed},
+    {key: "aggregate_tok_s", label: "Batch tok/s", fmt: speed, batchOnly: true},
+    {key: "prefill_tok_s", label: "Prefill tok/s", fmt: speed},
+    {key: "max_context", label: "Max context", fmt: tokens},
     {key: "placement", label: "Placement", text: true},
     {key: "fits", label: "Fits in", text: true},
     {key: "weights_bytes", label: "Weights", fmt: gib},
     {key: "gpu_bytes", label: "On GPU", fmt: gib},
     {key: "host_bytes", label: "In RAM", fmt: gib},
-    {key: "max_context", label: "Max context", fmt: tokens},
-    {key: "decode_tok_s", label: "Decode tok/s", fmt: speed},
-    {key: "aggregate_tok_s", label: "Batch tok/s", fmt: speed, batchOnly: true},
-    {key: "prefill_tok_s", label: "Prefill tok/s", fmt: speed},
-    {key: "bottleneck", label: "Bottleneck", text: true}
+    {key: "bottleneck", label: "Bottleneck", text: true, fmt: words}
   ];
   var PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2",
                  "#7f7f7f", "#bcbd22"];
@@ -48,6 +49,7 @@
     if (n >= 1024 && n % 1024 === 0) { return (n / 1024) + "K"; }
     return n.toLocaleString("en-US");
   }
+  function words(id) { return String(id).replace(/_/g, " "); }
   function params(n) { return (n / 1e9).toFixed(n >= 1e11 ? 0 : 1) + "B"; }
 
   // ------------------------------------------------------------------ data
@@ -172,11 +174,12 @@
   }
 
   // Batch tok/s only at batch > 1 (it equals decode tok/s at batch 1), the runtime only when the
-  // export has more than one.
+  // export has more than one, GPU bytes only on a machine with a GPU.
   function columns() {
     var batch = Number($("pick-batch").value), runtimes = state.index.runtimes.length;
+    var gpus = state.machineId ? machineById(state.machineId).gpus : 1;
     return COLUMNS.filter(function (c) {
-      return (!c.batchOnly || batch > 1) && (c.key !== "runtime" || runtimes > 1);
+      return (!c.batchOnly || batch > 1) && (c.key !== "runtime" || runtimes > 1) && (c.key !== "gpu_bytes" || gpus > 0);
     });
   }
 
@@ -417,6 +420,16 @@
     return String(c.length ? c[0] : contexts[contexts.length - 1]);
   }
 
+  // A second click on the sorted column reverses it; a new column starts with text A-Z, numbers high-low.
+  function sortBy(th) {
+    if (!th) { return; }
+    var key = th.getAttribute("data-key"), text = COLUMNS.filter(function (c) { return c.key === key; })[0].text;
+    state.sort = {key: key, desc: state.sort.key === key ? !state.sort.desc : !text};
+    render();
+    var again = document.querySelector("#results th[data-key='" + key + "']");
+    if (again) { again.focus(); }
+  }
+
   function initControls(ix, hash) {
     var ctxs = ix.contexts.map(String), batches = ix.batches.map(String);
     fillSelect($("pick-context"), ctxs, ix.contexts.map(tokens),
@@ -431,12 +444,10 @@
     $("detail-close").addEventListener("click", function () {
       state.modelId = null; $("detail").hidden = true; render();
     });
-    document.querySelector("#results thead").addEventListener("click", function (ev) {
-      var th = ev.target.closest("th");
-      if (!th) { return; }
-      var key = th.getAttribute("data-key"), text = COLUMNS.filter(function (c) { return c.key === key; })[0].text;
-      state.sort = {key: key, desc: state.sort.key === key ? !state.sort.desc : !text};
-      render();
+    var head = document.querySelector("#results thead");
+    head.addEventListener("click", function (ev) { sortBy(ev.target.closest("th")); });
+    head.addEventListener("keydown", function (ev) {
+      if (ev.key === "Enter" || ev.key === " ") { ev.preventDefault(); sortBy(ev.target.closest("th")); }
     });
   }
 
