@@ -273,3 +273,17 @@ def test_sample_site_spec_is_valid():
     raw, site = split_site_spec(ROOT / "docs" / "examples" / "site.toml")
     norm = normalize_spec(build_spec(raw))
     assert site["title"] and len(norm["axes"]["machines"]) >= 2 and norm["filter"]["fits"] is True
+
+
+def test_monte_carlo_rows_carry_percentiles_and_hit_rates_and_validate(tmp_path):
+    spec = copy.deepcopy(SPEC)
+    spec["axes"].update(models=["qwen3-30b-a3b"], quants=["Q4_K_M"], machines=[GPU_BOX], contexts=[4096],
+                        batches=[1], placements=["offload-cache"])
+    spec["run"] = {"mode": "montecarlo", "tokens": 64}
+    data = site_data(spec, threads=1)
+    (r,) = [dict(zip(ROW_FIELDS, row)) for row in data["rows"]]
+    assert r["tpot_p99_ms"] >= r["tpot_ms"] > 0 and 0 <= r["expert_hit_rate"] <= 1
+    assert r["placement"].startswith("offload-cache=")
+    write_site(data, tmp_path)
+    for kind, rel in (("index", "index.json"), ("machine", read(tmp_path, "index.json")["machines"][0]["file"])):
+        jsonschema.validate(read(tmp_path, rel), load_schema(kind), cls=jsonschema.Draft202012Validator)
