@@ -20,6 +20,8 @@ from moesim.report.site import write_site
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 SPEC = {"axes": {"models": ["qwen3-30b-a3b", "mixtral-8x7b"], "quants": ["Q4_K_M", "Q8_0"],
                  "machines": [{"gpu": "rtx-4090", "host": "ddr5-6000x2", "host_mem_gb": 64, "name": "gpu box"},
+                              {"gpu": "rtx-4090", "host": "ddr5-6000x2", "host_mem_gb": 64, "pcie": "gen3x16",
+                               "name": "gpu box gen3"},
                               {"host": "ddr5-4800x8", "host_mem_gb": 256, "name": "cpu box"},
                               {"gpu": "rtx-3060", "host": "ddr4-3200x2", "host_mem_gb": 4, "storage": "none",
                                "name": "small box"}],
@@ -173,6 +175,21 @@ def check_detail(pg, rows: list, context: int, batch: int) -> None:
         at = sorted((r for r in mine if r["quant"] == q and r["context"] <= context), key=lambda r: r["context"])
         want.append(at[-1]["flags"])
     assert sorted(flags) == sorted(want)
+
+
+def test_machines_that_share_gpu_ram_and_channels_get_a_fourth_choice(site, page):
+    page.goto((site / "index.html").as_uri())
+    page.wait_for_function("document.getElementById('status').textContent.includes('gpu box')")
+    assert page.is_visible("#pick-machine")
+    assert page.eval_on_selector_all("#pick-machine option", "os => os.map(o => o.value)") == ["gpu box",
+                                                                                              "gpu box gen3"]
+    page.select_option("#pick-machine", "gpu box gen3")
+    page.wait_for_function("document.getElementById('status').textContent.includes('gpu box gen3')")
+    check_table(page, machine_rows(site, "gpu box gen3"), int(page.input_value("#pick-context")), 1)
+    assert "gen3x16" in page.inner_text("#machine-description")
+    page.select_option("#pick-gpu", "none (CPU only)")
+    assert not page.is_visible("#pick-machine")
+    assert not page.console_errors, page.console_errors
 
 
 def test_a_machine_where_nothing_fits_says_so(site, page):
