@@ -40,7 +40,7 @@ def _browser_or_skip():
     if missing:
         why = "the page test needs " + " and ".join(missing)
         if os.environ.get("CI", "").strip().lower() in ("1", "true", "yes"):
-            pytest.fail(why + "; .ci/run installs them")
+            pytest.fail(why + " under CI: .ci/run installs chromium, and pip install \".[test]\" playwright")
         pytest.skip(why)
 
 
