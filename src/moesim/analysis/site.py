@@ -155,7 +155,7 @@ def site_data(spec, threads: int | None = None) -> dict:
     return {"site": site, "moesim_version": __version__, "catalog_version": catalog_version(),
             "sweep": {"spec_hash": spec_hash(norm), "mode": norm["run"]["mode"], "seed": norm["run"]["seed"]},
             "machines": [machine_entry(v) for v in norm["axes"]["machines"]],
-            "models": [model_entry(mid) for mid in norm["axes"]["models"]],
+            "models": [model_entry(mid) for mid in dict.fromkeys(norm["axes"]["models"])],
             "quants": _distinct(rows, "quant"), "runtimes": _distinct(rows, "runtime"),
             "placement_rules": list(norm["axes"]["placements"]),
             "contexts": [int(c) for c in expand_int_axis(norm["axes"]["contexts"])],

@@ -62,9 +62,10 @@ def site_files(data: dict) -> dict:
     fields = list(data["fields"])
     rows = [[_round(x) for x in r] for r in data["rows"]]
     by = {kind: {} for kind in ("machine", "model")}
+    where = {kind: fields.index(kind) for kind in by}
     for r in rows:
-        for kind in by:
-            by[kind].setdefault(r[fields.index(kind)], []).append(r)
+        for kind, i in where.items():
+            by[kind].setdefault(r[i], []).append(r)
     files, entries = {}, {}
     for kind, folder, key in (("machine", "machines", "machines"), ("model", "models", "models")):
         names = _slugs([e["id"] for e in data[key]])
