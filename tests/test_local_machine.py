@@ -119,8 +119,8 @@ def test_modded_card_memory_and_mixed_gpus(gpu_box, tmp_path):
 
 
 def test_unknown_gpu_and_failed_tool(gpu_box, tmp_path):
-    _tool(tmp_path / "bin", "nvidia-smi", "NVIDIA GeForce RTX 3060 Ti, 8192, 4, 16\n")
-    with pytest.raises(MoesimError, match=r"RTX 3060 Ti.*matches no catalog GPU.*--gpu ID.*--host"):
+    _tool(tmp_path / "bin", "nvidia-smi", "NVIDIA GeForce GTX 1650, 4096, 3, 16\n")
+    with pytest.raises(MoesimError, match=r"GTX 1650.*matches no catalog GPU.*--gpu ID.*--host"):
         local_machine(**gpu_box)
     _tool(tmp_path / "bin", "nvidia-smi", "", rc=9)   # the driver is not loaded
     m = local_machine(**gpu_box)
@@ -154,7 +154,8 @@ def test_detection_failures_name_the_flags(tmp_path, mac):
 
 
 @pytest.mark.parametrize("name, table, want", [
-    ("NVIDIA A100-SXM4-80GB", "gpu", "a100-sxm-80gb"), ("NVIDIA A100-PCIE-40GB", "gpu", "a100-40gb"),
+    ("NVIDIA A100-SXM4-80GB", "gpu", "a100-sxm-80gb"), ("NVIDIA GeForce RTX 3060 Ti", "gpu", "rtx-3060-ti"),
+    ("NVIDIA A100-PCIE-40GB", "gpu", "a100-pcie-40gb"),
     ("NVIDIA H100 PCIe", "gpu", "h100-pcie"), ("NVIDIA RTX 6000 Ada Generation", "gpu", "rtx-6000-ada"),
     ("NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition", "gpu", "rtx-pro-6000"),
     ("Quadro RTX 6000", "gpu", "quadro-rtx-6000"), ("AMD Radeon RX 7900 XTX", "gpu", None),

@@ -381,19 +381,15 @@ def _fit_block(new: str, ne0: int, types: dict) -> str:
 
 
 _BLOCK_PREFIX = re.compile(r"^blk\.\d+\.")
+_COUNTED_ROLES = ("attn_v.weight", "ffn_down", "ffn_gate", "ffn_up")
 
 
 def _gguf_roles(model: Model, include_mtp: bool) -> tuple:
-    """Per tensor of ``model.tensors(include_mtp)``: (its name with the block number masked, whether
-    llama.cpp quantizes it, whether its type can depend on its layer or on the walk's counters:
-    attn_v, ffn_down, and the gate/up tensors IQ3_XS lowers in middle layers)."""
+    """Per tensor: (name with the block number masked, quantized by llama.cpp, type may depend on its
+    layer or the walk's counters: attn_v, ffn_down, and gate/up, which IQ3_XS lowers mid-model)."""
     def build():
-        out = []
-        for t in model.tensors(include_mtp):
-            role = _BLOCK_PREFIX.sub("blk.*.", t.name)
-            counted = "attn_v.weight" in role or "ffn_down" in role or "ffn_gate" in role or "ffn_up" in role
-            out.append((role, _quantizable(t), counted))
-        return tuple(out)
+        roles = ((_BLOCK_PREFIX.sub("blk.*.", t.name), t) for t in model.tensors(include_mtp))
+        return tuple((r, _quantizable(t), any(c in r for c in _COUNTED_ROLES)) for r, t in roles)
     return model.cached_view("_cache_gguf_roles_mtp" if include_mtp else "_cache_gguf_roles", build)
 
 
@@ -401,29 +397,23 @@ def _gguf_assign(model: Model, q: Quant, include_mtp: bool) -> list:
     """llama.cpp's per-tensor types, walking the tensors in file order. A tensor whose type depends on
     neither its layer nor the counters gets the type of the first tensor of its role and shape."""
     tensors = model.tensors(include_mtp=include_mtp)
-    ftype = q.id
+    ftype, types, out = q.id, ggml_types(), []
     base = _tables()["ftypes"][ftype]["base"]
     s = _GGUFState(model, tensors)
-    out = []
-    types = ggml_types()
     mixture = types[base]["block"] > 1  # llama.cpp applies its rules only to quantized ftypes
-    nbytes = {}                          # (shape, type) -> bytes: most shapes repeat in every layer
-    by_role = {}                         # (role, shape) -> type, for the tensors no counter reaches
+    nbytes, by_role = {}, {}             # (shape, type) -> bytes; (role, shape) -> type where no counter reaches
     for t, (role, quantizable, counted) in zip(tensors, _gguf_roles(model, include_mtp)):
-        if not quantizable:
-            typ = "F32"
-        elif not mixture:
-            typ = base
+        if not quantizable or not mixture:
+            typ = base if quantizable else "F32"
         elif counted:
             typ = _gguf_type(ftype, base, t, s, types)
+        elif (role, t.shape) in by_role:
+            typ = by_role[(role, t.shape)]
         else:
-            typ = by_role.get((role, t.shape))
-            if typ is None:
-                typ = by_role[(role, t.shape)] = _gguf_type(ftype, base, t, s, types)
-        nb = nbytes.get((t.shape, typ))
-        if nb is None:
-            nb = nbytes[(t.shape, typ)] = ggml_bytes(t.shape, typ)
-        out.append((t, typ, nb))
+            typ = by_role[(role, t.shape)] = _gguf_type(ftype, base, t, s, types)
+        if (t.shape, typ) not in nbytes:
+            nbytes[(t.shape, typ)] = ggml_bytes(t.shape, typ)
+        out.append((t, typ, nbytes[(t.shape, typ)]))
     return out
 
 
