@@ -54,11 +54,13 @@ def fit(model, machine: Machine, quants=None, context: int = 4096, batch: int = 
                   else [q for q in DEFAULT_FIT_QUANTS if q != "MXFP4_MOE" or m.n_experts])
     elif isinstance(quants, str):
         quants = [quants]
+    options = dict(parallel=parallel, mtp_acceptance=mtp_acceptance, cache_experts=cache_experts, policy=policy,
+                   prefetch_recall=prefetch_recall, routing=routing)
     out = []
     for qname in quants:
         c = configure_run(m, qname, machine, runtime, placement, context, batch, kv_dtype, mtp, parallel,
                           cache_experts)
-        rec = memory_record(m, c, machine, qname, context, batch, mtp, notes, runtime, kv_dtype, placement)
+        rec = memory_record(m, c, machine, qname, context, batch, mtp, notes, runtime, kv_dtype, placement, options)
         rec["decode_tok_s"] = rec["prefill_tok_s"] = None
         if c.mem.fits_bits:
             from .simulate import estimate

@@ -164,12 +164,19 @@ def configure_run(m: Model, quant, machine: Machine, runtime=None, placement=Non
 
 
 def memory_record(m: Model, c: Configured, machine: Machine, quant, context: int, batch: int, mtp: int,
-                  notes=(), runtime=None, kv_dtype=None, placement=None) -> dict:
+                  notes=(), runtime=None, kv_dtype=None, placement=None, options: dict | None = None) -> dict:
     """The fit record of a :class:`Configured` (records.record) with the assumptions the call implied:
-    *notes* from the entry point, the quant alias, and a line for each setting left to its default."""
+    *notes* from the entry point, the quant alias, and a line for each setting left to its default; and
+    its ``advice`` (analysis.advice.advise: the runtime's settings, what overflows, the speed *options*)."""
+    from .advice import advise
+    from .consistency import capacities
     from .records import default_notes, record
     alias = Q.alias_note(quant, c.quant)
     chosen = placement if c.auto or placement not in (None, "auto") else c.placement
-    return record(m, c.quant, c.kv, context, batch, c.placement, c.runtime, machine, c.mem, mtp,
-                  list(notes) + ([alias] if alias else [])
-                  + default_notes(c.runtime, c.kv, runtime, kv_dtype, chosen))
+    parallel = (options or {}).get("parallel")
+    rec = record(m, c.quant, c.kv, context, batch, c.placement, c.runtime, machine, c.mem, mtp,
+                 list(notes) + ([alias] if alias else []) + default_notes(c.runtime, c.kv, runtime, kv_dtype, chosen),
+                 parallel=parallel)
+    rec["advice"] = advise(m, machine, rec, capacities(c.cfg), c.quant, c.placement, c.runtime, mtp, options,
+                           auto=c.auto)
+    return rec

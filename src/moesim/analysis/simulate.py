@@ -114,7 +114,9 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
 
     c = configure_run(m, quant, machine, runtime, placement, context, batch, kv_dtype, mtp, parallel, cache_experts)
     q, rt, kv, low, p, mem = c.quant, c.runtime, c.kv, c.low, c.placement, c.mem
-    memory = memory_record(m, c, machine, quant, context, batch, mtp, notes, runtime, kv_dtype, placement)
+    options = dict(parallel=parallel, mtp_acceptance=mtp_acceptance, cache_experts=cache_experts, policy=policy,
+                   prefetch_recall=prefetch_recall, routing=routing if trace is None else f"trace {trace}")
+    memory = memory_record(m, c, machine, quant, context, batch, mtp, notes, runtime, kv_dtype, placement, options)
     dims = R_routing.RoutingDims.of(m)
     rtab, routing_name, note = routing_table(m, routing, prefetch_recall, seed, trace)
     memory["assumptions"] += [note] if note else []

@@ -114,14 +114,14 @@ def as_overrides(items) -> list:
     return out
 
 
-def _n_blocks(model: Model) -> int:
+def n_blocks(model: Model) -> int:
     """llama.cpp's n_layer: the repeating blocks including MTP/NextN blocks stored in the file."""
     return model.n_layers + (model.mtp_layers if model.mtp_layer is not None or model.stored else 0)
 
 
 def default_device(model: Model, tensor, n_gpu_layers: int | None, gpu: str) -> str:
     """Where llama.cpp puts a tensor without an override (-ngl rules; token_embd always on the CPU)."""
-    n_layer = _n_blocks(model)
+    n_layer = n_blocks(model)
     ngl = n_layer + 1 if n_gpu_layers is None else max(0, n_gpu_layers)
     start = max(n_layer - ngl, 0)
     act = min(ngl, n_layer + 1)

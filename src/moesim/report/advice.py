@@ -1,0 +1,36 @@
+"""The ``advice`` of a fit / simulate record (analysis.advice) as text: the runtime's settings, why each
+is there, what overflows, and the options that change speed."""
+from __future__ import annotations
+
+
+_TIER_NAMES = {"gpu": "GPU memory", "host": "host RAM", "storage": "storage", "unified": "unified memory"}
+
+
+def overflow_lines(adv: dict) -> list:
+    """'does not fit' lines: the tier, what it needs, what it has, by how much it overflows (GB)."""
+    return [f"does not fit: {_TIER_NAMES.get(o['tier'], o['tier'])} "
+            f"needs {o['need_gb']:.1f} GB of {o['have_gb']:.1f} GB ({o['over_gb']:.1f} GB over)"
+            for o in adv.get("overflow", ())]
+
+
+def settings_lines(adv: dict, indent: str = "  ") -> list:
+    """The runtime's settings: a command line, or Ollama's environment and Modelfile."""
+    lines = []
+    if adv["modelfile"]:
+        if adv["env"]:
+            lines.append(indent + "environment: " + " ".join(f"{k}={v}" for k, v in adv["env"].items()))
+        lines.append(indent + "Modelfile:   " + "; ".join(f"PARAMETER {k} {v}" for k, v in adv["modelfile"].items()))
+    else:
+        lines.append(indent + f"{adv['program']} {adv['flags']}".strip())
+    if not adv["exact"]:
+        lines.append(indent + f"(approximate: {adv['runtime']} cannot realise this configuration exactly)")
+    return lines
+
+
+def advice_lines(adv: dict, indent: str = "  ") -> list:
+    """Settings, then why (one line each), what overflows, and the speed options named."""
+    lines = overflow_lines(adv)
+    lines += settings_lines(adv, indent)
+    lines += [indent + "  why: " + w for w in adv["why"]]
+    lines += [indent + "  with " + o for o in adv.get("options", ())]
+    return lines
