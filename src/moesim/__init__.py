@@ -10,9 +10,10 @@ from .spec.models import Model, model_ids  # noqa: E402
 from .ingest import model  # noqa: E402
 from .spec.hardware import machine  # noqa: E402
 from .analysis.fit import fit  # noqa: E402
+from .analysis.plan import plan  # noqa: E402
 from .analysis.simulate import Result, simulate  # noqa: E402
 from .analysis.sweep import SweepTable, sweep  # noqa: E402
 from .analysis.validate import validate  # noqa: E402
 
-__all__ = ["MoesimError", "Model", "model", "model_ids", "machine", "fit", "simulate", "Result", "sweep", "SweepTable", "validate",
+__all__ = ["MoesimError", "Model", "model", "model_ids", "machine", "fit", "plan", "simulate", "Result", "sweep", "SweepTable", "validate",
            "__version__"]

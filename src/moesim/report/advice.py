@@ -6,9 +6,9 @@ from __future__ import annotations
 _TIER_NAMES = {"gpu": "GPU memory", "host": "host RAM", "storage": "storage", "unified": "unified memory"}
 
 
-def overflow_lines(adv: dict) -> list:
+def overflow_lines(adv: dict, indent: str = "") -> list:
     """'does not fit' lines: the tier, what it needs, what it has, by how much it overflows (GB)."""
-    return [f"does not fit: {_TIER_NAMES.get(o['tier'], o['tier'])} "
+    return [f"{indent}does not fit: {_TIER_NAMES.get(o['tier'], o['tier'])} "
             f"needs {o['need_gb']:.1f} GB of {o['have_gb']:.1f} GB ({o['over_gb']:.1f} GB over)"
             for o in adv.get("overflow", ())]
 
@@ -29,7 +29,7 @@ def settings_lines(adv: dict, indent: str = "  ") -> list:
 
 def advice_lines(adv: dict, indent: str = "  ") -> list:
     """Settings, then why (one line each), what overflows, and the speed options named."""
-    lines = overflow_lines(adv)
+    lines = overflow_lines(adv, indent)
     lines += settings_lines(adv, indent)
     lines += [indent + "  why: " + w for w in adv["why"]]
     lines += [indent + "  with " + o for o in adv.get("options", ())]
