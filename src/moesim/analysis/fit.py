@@ -11,11 +11,28 @@ from ..spec.hardware import Machine
 from ..spec.hardware import as_machine
 from ..spec.limits import MAX_BATCH, MAX_DRAFTS, check_context, check_count
 from ..ingest import model as get_model
+from ..spec import quants as Q
+from ..spec.runtimes import runtime as get_runtime
 from .resolve import configure_run, memory_record, placement_from_overrides
 from .consistency import capacities, check_record
 
 
 DEFAULT_FIT_QUANTS = ("Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "BF16")
+
+
+def default_quants(m, runtime=None) -> list:
+    """The quantizations fit (and plan) try when none are given: a model read from a file as stored;
+    vLLM / SGLang / TensorRT-LLM the checkpoint's own format, and fp8 quantized as it loads where the
+    checkpoint is 16-bit (they serve checkpoint formats, not GGUF); MLX its formats; otherwise
+    llama.cpp's GGUF ladder."""
+    if m.stored is not None:
+        return ["native"]
+    if runtime is not None and runtime.family == "served":
+        native = Q.native_quant(m)
+        return ["native"] + (["fp8"] if native.id in ("bf16", "fp16") else [])
+    if runtime is not None and runtime.id == "mlx":
+        return [f for f in Q.format_ids() if f.startswith("mlx")]
+    return [q for q in DEFAULT_FIT_QUANTS if q != "MXFP4_MOE" or m.n_experts]
 
 
 def fit(model, machine: Machine, quants=None, context: int = 4096, batch: int = 1, kv_dtype: str | None = None,
@@ -50,8 +67,7 @@ def fit(model, machine: Machine, quants=None, context: int = 4096, batch: int = 
             raise MoesimError("give either --placement or --override-tensor, not both", "placement")
         placement = placement_from_overrides(m, overrides)
     if quants is None or len(quants) == 0:
-        quants = (["native"] if m.stored is not None
-                  else [q for q in DEFAULT_FIT_QUANTS if q != "MXFP4_MOE" or m.n_experts])
+        quants = default_quants(m, get_runtime(runtime, model=m.id) if runtime is not None else None)
     elif isinstance(quants, str):
         quants = [quants]
     options = dict(parallel=parallel, mtp_acceptance=mtp_acceptance, cache_experts=cache_experts, policy=policy,

@@ -21,7 +21,7 @@ from ..spec.models import model_ids
 from ..spec.placement import parse as parse_placement
 from ..spec.runtimes import runtime as get_runtime
 from .advice import launch
-from .fit import DEFAULT_FIT_QUANTS
+from .fit import default_quants
 
 OBJECTIVES = ("decode_tok_s", "context", "bits_per_weight", "kv_bits")
 LLAMA_KV = ("f16", "q8_0", "q4_0")
@@ -45,19 +45,6 @@ def _model_arg(model) -> tuple:
     if m.stored is not None and m.stored.files:
         return m, str(m.stored.files[0])
     raise MoesimError("plan needs a catalog model id or a path to the model's files", "model")
-
-
-def default_quants(m, runtime) -> list:
-    """llama.cpp's GGUF ladder (a model read from a file: as stored); served runtimes: the checkpoint's own
-    format, and fp8 quantized at load where the checkpoint is 16-bit; MLX: its formats."""
-    if m.stored is not None:
-        return ["native"]
-    if runtime is None or runtime.llama_cpp_family:
-        return list(DEFAULT_FIT_QUANTS)
-    if runtime.id == "mlx":
-        return [f for f in Q.format_ids() if f.startswith("mlx")]
-    native = Q.native_quant(m)
-    return ["native"] + (["fp8"] if native.id in ("bf16", "fp16") and runtime.family == "served" else [])
 
 
 def default_kv_dtypes(runtime) -> list:

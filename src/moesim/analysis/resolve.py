@@ -116,15 +116,17 @@ def resolve(m: Model, quant, machine: Machine, runtime=None, placement=None, con
     return q, rt, kv, low, p
 
 
-def placement_from_overrides(m: Model, overrides, quant="native") -> Placement:
-    """The placement llama.cpp ``-ot PATTERN=DEVICE`` overrides realise, when moesim's memory view can
-    express it (all-gpu, experts-cpu, n-cpu-moe=N); otherwise a MoesimError pointing at ``inspect``."""
+def placement_from_overrides(m: Model, overrides, quant="native", n_gpu_layers: int | None = None) -> Placement:
+    """The placement llama.cpp ``-ot PATTERN=DEVICE`` overrides (and ``-ngl``, default all layers) realise,
+    when moesim's memory view can express it (all-gpu, experts-cpu, n-cpu-moe=N, layers-gpu=N, cpu-only;
+    spec.overrides.equivalent_placement); otherwise a MoesimError pointing at ``inspect``."""
     from ..spec.overrides import as_overrides, assign_devices, equivalent_placement
     ovs = as_overrides(overrides)
-    p = equivalent_placement(m, assign_devices(m, ovs, quant=quant))
+    p = equivalent_placement(m, assign_devices(m, ovs, n_gpu_layers=n_gpu_layers, quant=quant))
     if p is None:
         raise MoesimError("these overrides move tensors in a way the memory view cannot express (it knows "
-                          "all-gpu, experts-cpu and n-cpu-moe=N: routed experts of the first N layers on the CPU); "
+                          "all-gpu, experts-cpu and n-cpu-moe=N: routed experts of the first N layers on the CPU; "
+                          "layers-gpu=N: the last N layers and the output layer on the GPU; cpu-only); "
                           "`moesim inspect MODEL -ot ...` shows the bytes per device", "--override-tensor")
     return p
 
