@@ -279,6 +279,10 @@ def _other_launch(p, rt, context: int) -> dict:
     if rt.id == "mlx":
         return {"program": "mlx_lm.generate", "args": ["--max-kv-size", str(context)], "env": {}, "modelfile": {},
                 "exact": True, "why": ["MLX keeps the model in unified memory"]}
+    if rt.family == "offload":
+        return {"program": "", "args": [], "env": {}, "modelfile": {}, "exact": True,
+                "why": ["the offload runtime models MoE-Infinity / Mixtral-offloading style serving (a GPU cache "
+                        "of experts copied from host RAM), not one program's command line"]}
     return {"program": rt.id, "args": [], "env": {}, "modelfile": {}, "exact": False,
             "why": [f"moesim knows no command line for {rt.id}"]}
 
@@ -359,9 +363,10 @@ def advise(m, machine, rec: dict, caps: dict, quant, placement, runtime, mtp: in
     placement is the runtime's own choice (said, since then the runtime needs no placement flags)."""
     d = launch(placement, runtime, m, machine, quant, rec["context"], rec["kv_dtype"], rec["batch"], mtp,
                (options or {}).get("parallel"))
+    auto = auto and rec["fits"] != "no"
     if auto and runtime.id == "ollama":
         d["why"].insert(0, "Ollama's default (no num_gpu) lets llama-server's --fit choose this placement; "
-                           "the settings below pin it")
+                           "these settings pin it")
     elif auto and runtime.llama_cpp_family:
         d["why"].insert(0, f"{runtime.id}'s --fit picks this placement by itself; the flags pin it (--fit "
                            "changes nothing once -ngl or -ot is given, runtimes.md §1.7)")

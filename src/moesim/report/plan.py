@@ -19,7 +19,7 @@ def plan_text(d: dict) -> str:
     for p in d["points"]:
         head = (f"{p['decode_tok_s']:8.1f} {p['context']:8d} {p['quant']:>8} {p['bits_per_weight']:5.2f} "
                 f"{p['kv_dtype']:>5} {p['placement']:>15} {p['gpu_bytes'] / 1e9:7.1f} {p['host_bytes'] / 1e9:7.1f}  ")
-        settings = settings_lines(p["advice"], "")
+        settings = settings_lines(p["advice"], "") or ["-"]
         lines.append(head + settings[0])
         lines += [" " * len(head) + s for s in settings[1:]]
     return "\n".join(lines)

@@ -2,7 +2,7 @@
 ``--json`` output prints) and returns the lines to print, joined by newlines."""
 from __future__ import annotations
 
-from .advice import advice_lines
+from .advice import advice_lines, fit_settings_lines
 
 GiB = 2**30
 
@@ -76,13 +76,7 @@ def fit_text(rows: list, context: int, batch: int) -> str:
                      f"{fmt_bytes(gpu_tier['total'])} {fmt_bytes(t['host']['total'])} "
                      f"{fmt_bytes(t['storage']['total'])} {r['fits']:>17} {r['max_context']:11d} "
                      f"{r['max_batch']:9d} {tok_s}  {r['kv_dtype']}")
-    lines.append("runtime settings:")
-    for r in rows:
-        if "advice" not in r:
-            lines.append(f"  {r['quant']:10} {r['flags']}")
-            continue
-        lines.append(f"  {r['quant']}:")
-        lines += advice_lines(r["advice"], "    ")
+    lines += fit_settings_lines(rows)
     return "\n".join(lines)
 
 
@@ -91,7 +85,7 @@ def simulate_text(d: dict, prompt: int) -> str:
     lines = [f"{d['model']} {d['quant']} on {d['machine']}",
              f"runtime {d['runtime']}, placement {d['placement']}; fits: {d['fits']}"]
     lines += [f"  assumed: {a}" for a in d.get("assumptions", ())]
-    lines += advice_lines(d["advice"], "  ") if "advice" in d else [f"  flags: {d['flags']}"]
+    lines += advice_lines(d["advice"], "  ")
     t = d["tpot_ms"]
     lines += [f"context {d['context']}, batch {d['batch']}, {d['mode']} over {d['tokens']} steps, "
               f"routing {d['routing']}, seed {d['seed']}",
