@@ -60,6 +60,8 @@ def llama_placement(p, m, machine) -> tuple:
     if p.kind == "experts-cpu":
         return ["-ngl", "999", "--cpu-moe"], True, [
             "--cpu-moe: every layer's routed experts in host RAM, the rest of each layer on the GPU"]
+    if p.kind == "n-cpu-moe" and p.arg == 0:
+        return ["-ngl", "999", "--n-cpu-moe", "0"], True, ["--n-cpu-moe 0: no routed experts in host RAM"]
     if p.kind == "n-cpu-moe":
         return ["-ngl", "999", "--n-cpu-moe", str(p.arg)], True, [
             f"--n-cpu-moe {p.arg}: the routed experts of blocks 0-{p.arg - 1} in host RAM, "
