@@ -31,6 +31,7 @@ from ..spec.overrides import n_blocks
 GB = 1e9
 _GPU_DEVICE = {"nvidia": "CUDA0", "amd": "ROCm0", "intel": "SYCL0"}   # ggml's name of the first GPU buffer
 _LLAMA_KV = ("f16", "f32", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl")
+_OLLAMA_KV = ("f16", "q8_0", "q4_0")      # OLLAMA_KV_CACHE_TYPE's values (Ollama docs/faq.mdx, runtimes.md §7)
 _SERVED_KV = {"vllm": {"fp8": "fp8"}, "sglang": {"fp8": "fp8_e4m3", "fp4": "fp4_e2m1"}, "trtllm": {"fp8": "fp8"}}
 # the output layer: every tensor llama.cpp gives that layer starts "output" (output.weight, output_norm.*)
 OUTPUT_LAYER_REGEX = "^output"
@@ -44,11 +45,12 @@ def gpu_device(machine) -> str:
     return _GPU_DEVICE.get(str(gpus.get(machine.gpu, {}).get("vendor", "nvidia")), "CUDA0")
 
 
-def model_file(m, quant) -> str:
-    """The weights a command loads: the file the model was read from, else a name for the quant's GGUF."""
-    if m.stored is not None and m.stored.files:
+def model_file(m, quant, gguf: bool = True) -> str:
+    """The weights a command loads: the file the model was read from, else the quant's GGUF file for
+    llama.cpp (*gguf*), the checkpoint (named by the model id) for a server that loads checkpoints."""
+    if quant.is_stored and m.stored is not None and m.stored.files:
         return str(m.stored.files[0])
-    return f"{m.id}-{quant.id}.gguf" if quant.is_gguf else m.id
+    return f"{m.id}-{quant.id}.gguf" if gguf and quant.is_gguf else m.id
 
 
 # ------------------------------------------------------------------------------------ llama.cpp
@@ -156,7 +158,9 @@ def ollama_launch(p, rt, m, machine, quant, context: int, kv: str, batch: int, m
         env["OLLAMA_KV_CACHE_TYPE"] = kv
         why.append(f"OLLAMA_KV_CACHE_TYPE={kv} with OLLAMA_FLASH_ATTENTION=1: a {kv} KV cache (Ollama "
                    "quantizes the cache only with flash attention on)")
-        exact = exact and kv in _LLAMA_KV
+        if kv not in _OLLAMA_KV:
+            exact = False
+            why.append(f"OLLAMA_KV_CACHE_TYPE takes {', '.join(_OLLAMA_KV)}, not {kv}")
     if mtp:
         why.append(f"MTP drafting ({mtp} drafts) is simulated; Ollama has no setting for it")
     return {"program": "ollama", "args": [], "env": env, "modelfile": params, "exact": exact, "why": why}
@@ -225,8 +229,8 @@ def served_launch(p, rt, m, machine, quant, context: int, kv: str, batch: int, m
     why.append(f"{o['ctx']} {context}: room for {context} tokens per sequence")
     if batch > 1:
         args += [o["seqs"], str(batch)]
-    native = quant.is_stored or quant.scheme is not None or quant.id == getattr(m, "native_quant", None)
-    if quant.is_gguf:
+    native = quant.is_stored or quant.scheme is not None or _is_native(m, quant)
+    if quant.is_gguf and not native:
         exact = False
         why.append(f"{quant.id} is a llama.cpp (GGUF) file type; {rid} serves the checkpoint's own format "
                    f"({m.native_quant}): use --quant native or a checkpoint format")
@@ -248,8 +252,15 @@ def served_launch(p, rt, m, machine, quant, context: int, kv: str, batch: int, m
         exact = False
         why.append(f"{rid} has no {kv} KV cache")
     args += _served_mtp(rid, mtp, why)
-    return {"program": o["program"], "args": [model_file(m, quant)] + args, "env": {}, "modelfile": {},
-            "exact": exact, "why": why}
+    weights = model_file(m, quant, gguf=not native and quant.is_gguf)
+    return {"program": o["program"], "args": [weights] + args, "env": {}, "modelfile": {}, "exact": exact,
+            "why": why}
+
+
+def _is_native(m, quant) -> bool:
+    """The checkpoint's own format (a 16-bit checkpoint resolves to the BF16 / F16 type of the same bytes)."""
+    from ..spec import quants as Q
+    return bool(m.native_quant) and quant.id.lower() == Q.native_quant(m).id.lower()
 
 
 def _served_mtp(rid: str, mtp: int, why: list) -> list:

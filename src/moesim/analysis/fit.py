@@ -29,7 +29,7 @@ def default_quants(m, runtime=None) -> list:
         return ["native"]
     if runtime is not None and runtime.family == "served":
         native = Q.native_quant(m)
-        return ["native"] + (["fp8"] if native.id in ("bf16", "fp16") else [])
+        return ["native"] + (["fp8"] if native.id.lower() in ("bf16", "f16", "fp16") else [])
     if runtime is not None and runtime.id == "mlx":
         return [f for f in Q.format_ids() if f.startswith("mlx")]
     return [q for q in DEFAULT_FIT_QUANTS if q != "MXFP4_MOE" or m.n_experts]

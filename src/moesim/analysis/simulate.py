@@ -150,7 +150,8 @@ def routing_table(m: Model, routing=None, prefetch_recall: float | None = None, 
         tr = trace if isinstance(trace, T.Trace) else T.load(trace)
         if dims.n_layers == 0:
             raise MoesimError(f"{m.id} is dense: a routing trace does not apply", "trace")
-        return R_routing.lower_trace(dims, tr, prefetch_recall or 0.0), f"trace {getattr(tr, 'source', '') or 'replay'}", None
+        name = f"trace {getattr(tr, 'source', '') or 'replay'}"
+        return R_routing.lower_trace(dims, tr, prefetch_recall or 0.0), name, None
     prof = R.profile(routing, family=m.family) if not isinstance(routing, R.RoutingProfile) else routing
     if prefetch:
         prof = R.profile(prof, recall=prefetch_recall)
