@@ -333,3 +333,20 @@ def test_plan_on_served_runtime_and_cli(capsys):
     assert "Pareto front" in out and j["points"][0]["flags"] in out
     assert main(["plan", "qwen3-30b-a3b", "--gpu", "rtx-4090", "--context", "999999"]) == 2
     assert "context" in capsys.readouterr().err
+
+
+def test_a_gguf_file_gets_its_own_path_and_its_own_tensors(tmp_path):
+    """A model read from a GGUF file: -m names the file, and the flags place the file's tensors (as stored)
+    where the simulated placement has them; plan (the sweep engine) takes catalog models only, and says so."""
+    from test_ingest import write_tiny_moe
+    path = write_tiny_moe(tmp_path / "tiny.gguf")
+    m = moesim.model(path)
+    for spec in ("experts-cpu", "n-cpu-moe=1", "layers-gpu=1", "cpu-only"):
+        rec = moesim.fit(path, BIG_HOST, placement=spec)[0]
+        args = shlex.split(rec["flags"])
+        assert args[args.index("-m") + 1] == path
+        ovs, ngl = _llama_args_to_overrides(args)
+        assert _tiers_from_tensors(m, ovs, ngl, "native") == _tiers_from_record(rec), spec
+    with pytest.raises(MoesimError, match="catalog models") as exc:
+        moesim.plan(path, BIG_HOST, contexts=[4096])
+    assert exc.value.field == "model"

@@ -36,15 +36,12 @@ _POINT_COLUMNS = ("quant", "kv_dtype", "placement", "runtime", "context", "fits"
 
 
 def _model_arg(model) -> tuple:
-    """(the model, the string the sweep names it by: a catalog id or the path it was read from)."""
+    """(the model, its catalog id): the sweep engine plan runs on names catalog models only."""
     m = get_model(model)
-    if isinstance(model, str):
-        return m, model
-    if m.id in model_ids():
-        return m, m.id
-    if m.stored is not None and m.stored.files:
-        return m, str(m.stored.files[0])
-    raise MoesimError("plan needs a catalog model id or a path to the model's files", "model")
+    if m.id not in model_ids() or m.stored is not None:
+        raise MoesimError(f"plan runs the sweep engine, which takes catalog models, and {m.id} was read from "
+                          "files: `moesim fit PATH` gives its memory, speed and runtime settings", "model")
+    return m, m.id
 
 
 def default_kv_dtypes(runtime) -> list:

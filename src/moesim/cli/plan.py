@@ -1,13 +1,13 @@
 """``moesim plan``: the Pareto front of quant x placement x KV dtype x context against decode tok/s."""
 from __future__ import annotations
 
-from ._args import _MODEL_HELP, _add_machine_flags, _machine_from, _positive_int, _print_json
+from ._args import _add_machine_flags, _machine_from, _positive_int, _print_json
 
 
 def add_parsers(sub) -> None:
     p = sub.add_parser("plan", help="the trade-off of quant x placement x KV dtype x context against decode "
                                     "tok/s, as its Pareto front, each point with the runtime flags that realise it")
-    p.add_argument("model", help=_MODEL_HELP)
+    p.add_argument("model", help="catalog model id (moesim models); the sweep engine takes catalog models")
     _add_machine_flags(p)
     p.add_argument("--quant", action="append", help="quantization (repeatable); default: the runtime's ladder "
                                                     "(GGUF for llama.cpp, the checkpoint's format for vLLM/SGLang)")
