@@ -114,9 +114,16 @@ def llama_launch(p, rt, m, machine, quant, context: int, kv: str, batch: int, mt
     why += kv_why
     exact = exact and not (kv_why and not kv_args)
     if parallel and machine.n_gpus > 1:
-        mode = {"layer-split": "layer", "pipeline": "layer", "row-split": "row"}.get(parallel, "tensor")
+        # -sm layer (the default) / row, and -sm tensor, llama.cpp's tensor-parallel split (used with
+        # --tensor-split in llama.cpp PR #22673's comments; issue #24309); no expert-parallel mode
+        spec = parallel.lower()
+        mode = {"layer-split": "layer", "pipeline": "layer", "row-split": "row"}.get(
+            spec, "layer" if spec.startswith("pp") else "tensor")
         args += ["-sm", mode]
         why.append(f"-sm {mode}: the {parallel} multi-GPU layout")
+        if "ep" in spec:
+            exact = False
+            why.append(f"llama.cpp has no expert-parallel layout: {parallel} is approximated by -sm {mode}")
     if mtp:
         if rt.id == "llama.cpp":
             args += ["--spec-type", "draft-mtp", "--spec-draft-n-max", str(mtp)]
