@@ -6,7 +6,8 @@ One place turns a placement into runtime settings (``fit``'s ``flags``, the ``ad
 * llama.cpp / ik_llama.cpp: ``llama-server`` flags. Placement by ``-ngl``, ``--cpu-moe``,
   ``--n-cpu-moe N`` and ``-ot PATTERN=DEVICE`` (LCPP ``common/arg.cpp``; llama.cpp PRs #14992, #15077;
   ik_llama.cpp PR #672 ports both options), placed by the rules :mod:`moesim.spec.overrides` applies to
-  tensor names, so the flags reproduce the simulated placement tensor by tensor. ``-c`` is the cells of
+  tensor names, so the flags reproduce the simulated placement tensor by tensor. ``-fa on`` (llama.cpp's
+  -fa takes on|off|auto; ik_llama.cpp has flash attention on by default, its PR #863). ``-c`` is the cells of
   all slots together (``n_ctx_seq = n_ctx / n_seq_max``, ../shared/reference/runtimes.md §1.5), quantized
   V caches need flash attention (§1.5), MTP drafting is ``--spec-type draft-mtp --spec-draft-n-max N``
   (llama.cpp PR #22673, merged 2026-05).
@@ -94,10 +95,13 @@ def _llama_kv(rt, kv: str) -> tuple:
         return [], []
     if kv not in _LLAMA_KV:
         return [], [f"llama.cpp has no {kv} KV cache (-ctk/-ctv take f16, bf16, q8_0, q4_0, ...)"]
-    fa = ["-fa"] if rt.id == "ik_llama.cpp" else ["-fa", "on"]
     why = [f"-ctk/-ctv {kv}: the KV cache in {kv}" + ("; a quantized V cache needs flash attention"
                                                        if kv.startswith(("q", "iq")) else "")]
-    return fa + ["-ctk", kv, "-ctv", kv], why
+    if rt.id == "ik_llama.cpp":
+        # ik_llama.cpp turned flash attention on by default and its flag into -no-fa (ik_llama.cpp PR #863)
+        return ["-ctk", kv, "-ctv", kv], why + ["flash attention is on by default in ik_llama.cpp"]
+    # llama.cpp's -fa takes on|off|auto since 2025-09 (auto may leave it off; on makes it certain)
+    return ["-fa", "on", "-ctk", kv, "-ctv", kv], why
 
 
 def llama_launch(p, rt, m, machine, quant, context: int, kv: str, batch: int, mtp: int = 0,
@@ -387,9 +391,12 @@ def advise(m, machine, rec: dict, caps: dict, quant, placement, runtime, mtp: in
     if auto and runtime.id == "ollama":
         d["why"].insert(0, "Ollama's default (no num_gpu) lets llama-server's --fit choose this placement; "
                            "these settings pin it")
-    elif auto and runtime.llama_cpp_family:
-        d["why"].insert(0, f"{runtime.id}'s --fit picks this placement by itself; the flags pin it (--fit "
+    elif auto and runtime.id == "llama.cpp":
+        d["why"].insert(0, "llama.cpp's --fit picks this placement by itself; the flags pin it (--fit "
                            "changes nothing once -ngl or -ot is given, runtimes.md §1.7)")
+    elif auto and runtime.llama_cpp_family:
+        d["why"].insert(0, "the placement that keeps the most on the GPU and fits (the rule of llama.cpp's "
+                           f"--fit); the flags set it for {runtime.id}")
     d["overflow"] = overflow(rec, caps) if rec["fits"] == "no" else []
     d["options"] = speed_options(dict(options or {}, mtp=mtp))
     return d
