@@ -398,5 +398,9 @@ def advise(m, machine, rec: dict, caps: dict, quant, placement, runtime, mtp: in
         d["why"].insert(0, "the placement that keeps the most on the GPU and fits (the rule of llama.cpp's "
                            f"--fit); the flags set it for {runtime.id}")
     d["overflow"] = overflow(rec, caps) if rec["fits"] == "no" else []
+    spill = rec["memory_by_tier"].get("storage", {}).get("total", 0.0)
+    if spill > 0:
+        d["why"].append(f"{spill / GB:.1f} GB of weights do not fit in host RAM and page from storage as they "
+                        "are read (mmap): more host RAM or a smaller quant removes the storage reads")
     d["options"] = speed_options(dict(options or {}, mtp=mtp))
     return d
