@@ -60,7 +60,7 @@ def quants_text(data: dict) -> str:
 
 # ------------------------------------------------------------------------------ fit / simulate
 def fit_text(rows: list, context: int, batch: int) -> str:
-    """The ``fit`` table: one line per quantization, then the runtime flags of each."""
+    """The ``fit`` table: one line per quantization, then the runtime settings of each (report.advice)."""
     r0 = rows[0]
     lines = [f"{r0['model']} on {r0['machine']}", f"context {context}, batch {batch}; runtime {r0['runtime']}"]
     common = [a for a in r0["assumptions"] if all(a in r["assumptions"] for r in rows)]
