@@ -17,6 +17,7 @@ import moesim
 from moesim._catalog import load as load_catalog
 from moesim.analysis import consistency as K
 from moesim.analysis import fit as F
+from moesim.analysis import resolve as R
 from moesim.analysis import simulate as S
 from moesim.analysis import validate as V
 from moesim.analysis.sweep import run as SR
@@ -316,13 +317,13 @@ def test_a_doctored_kernel_result_stops_the_sweep_before_writing(monkeypatch, tm
 
 # ------------------------------------------------------------------------------ the CLI's one line
 def test_cli_fit_reports_a_doctored_kernel_result_in_one_line(monkeypatch, capsys):
-    real = F.memory_of
+    real = R.memory_of      # fit's memory view, through resolve.configure_run (shared with simulate)
 
     def doctored(*args, **kw):
         r = real(*args, **kw)
         r.by_class[0, 0] += 1e6          # attention bytes on the GPU no longer sum to the GPU tier
         return r
-    monkeypatch.setattr(F, "memory_of", doctored)
+    monkeypatch.setattr(R, "memory_of", doctored)
     rc = main(["fit", "qwen3-30b-a3b", "--gpu", "rtx-4090", "--host", "ddr5-6000x2", "--host-mem-gb", "64",
                "--quant", "Q4_K_M"])
     out, err = capsys.readouterr()

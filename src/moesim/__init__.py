@@ -11,9 +11,11 @@ from .ingest import model  # noqa: E402
 from .spec.hardware import machine  # noqa: E402
 from .ingest.local_machine import local_machine  # noqa: E402
 from .analysis.fit import fit  # noqa: E402
+from .analysis.plan import plan  # noqa: E402
 from .analysis.simulate import Result, simulate  # noqa: E402
 from .analysis.sweep import SweepTable, sweep  # noqa: E402
 from .analysis.validate import validate  # noqa: E402
 
-__all__ = ["MoesimError", "Model", "model", "model_ids", "machine", "local_machine", "fit", "simulate", "Result", "sweep", "SweepTable", "validate",
+__all__ = ["MoesimError", "Model", "model", "model_ids", "machine", "local_machine", "fit", "plan", "simulate", "Result",
+           "sweep", "SweepTable", "validate",
            "__version__"]

@@ -7,44 +7,56 @@ GPU; ktransformers: as many experts per layer on the GPU as fit; served runtimes
 from __future__ import annotations
 
 from ..errors import MoesimError
-from ..spec import quants as Q
 from ..spec.hardware import Machine
 from ..spec.hardware import as_machine
 from ..spec.runtimes import runtime as get_runtime
 from ..spec.limits import MAX_BATCH, MAX_DRAFTS, check_context, check_count
 from ..ingest import model as get_model
-from .resolve import checkpoint_quant, memory_of, placement_from_overrides, resolve
+from ..spec import quants as Q
+from ..spec.runtimes import runtime as get_runtime
+from .resolve import checkpoint_quant, configure_run, memory_record, placement_from_overrides
 from .consistency import capacities, check_record
-from .records import default_notes, record
-from ..engine.lower.memory import configure
 
 
 DEFAULT_FIT_QUANTS = ("Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "BF16")
 
 
 def default_quants(m, machine: Machine, runtime=None) -> tuple:
-    """(quantizations, assumption lines) fit tries when none are asked: a weights file as stored; on
-    several datacenter GPUs the model's own checkpoint, as a serving runtime (vLLM) loads it, unless a
-    llama.cpp-family runtime is asked for; else the llama.cpp GGUF ladder."""
+    """(quantizations, assumption lines) fit and plan try when none are given: a model read from a file
+    as stored; under vLLM / SGLang / TensorRT-LLM the checkpoint's own format, and fp8 quantized as it
+    loads where the checkpoint is 16-bit (they serve checkpoint formats, not GGUF); MLX its formats; with
+    no runtime asked on several datacenter GPUs, the published checkpoint as a serving runtime (vLLM)
+    loads it; otherwise llama.cpp's GGUF ladder. *runtime*: a Runtime, or None."""
     if m.stored is not None:
         return ["native"], []
-    llama = runtime is not None and get_runtime(runtime).llama_cpp_family
-    if machine.datacenter and not llama:
-        return [checkpoint_quant(m)], [f"quant native ({m.id}'s published checkpoint): the default on {machine.n_gpus}x "
-                            f"{machine.gpu}, served by a serving runtime (--quant for GGUF on llama.cpp)"]
+    if runtime is not None and runtime.family == "served":
+        native = Q.native_quant(m)
+        return ["native"] + (["fp8"] if native.id.lower() in ("bf16", "f16", "fp16") else []), []
+    if runtime is not None and runtime.id == "mlx":
+        return [f for f in Q.format_ids() if f.startswith("mlx")], []
+    if runtime is None and machine.datacenter:
+        return [checkpoint_quant(m)], [f"quant native ({m.id}'s published checkpoint): the default on "
+                                       f"{machine.n_gpus}x {machine.gpu}, served by a serving runtime (--quant "
+                                       "for GGUF on llama.cpp)"]
     return [q for q in DEFAULT_FIT_QUANTS if q != "MXFP4_MOE" or m.n_experts], []
 
 
 def fit(model, machine: Machine, quants=None, context: int = 4096, batch: int = 1, kv_dtype: str | None = None,
         placement: str | None = None, runtime: str | None = None, mtp: int = 0, overrides=None,
-        allow_beyond_max_context: bool = False) -> list:
+        allow_beyond_max_context: bool = False, parallel: str | None = None, cache_experts: int | None = None,
+        policy: str = "lru", prefetch_recall: float | None = None, routing=None, mtp_acceptance: float = 0.8) -> list:
     """One dict per quantization with the memory view (JSON field names of DESIGN §4).
 
     *model* may be a catalog id, a :class:`Model` or a path (GGUF, config.json, safetensors); a model
     read from a weights file is fitted as stored (exact per-tensor bytes) unless *quants* asks otherwise.
     *overrides*: llama.cpp ``-ot PATTERN=DEVICE`` strings, mapped to the equivalent placement.
     *machine*: a :func:`moesim.machine`, a catalog machine id or a dict of its keywords. A context above
-    the model's trained maximum is refused unless *allow_beyond_max_context*."""
+    the model's trained maximum is refused unless *allow_beyond_max_context*.
+    The options of :func:`moesim.simulate` that change memory or speed mean the same here: *parallel*
+    (multi-GPU layout), *mtp* / *mtp_acceptance*, *cache_experts* (offload-cache slots per MoE layer),
+    *policy*, *prefetch_recall* and *routing* (the analytic decode estimate's cache policy, next-layer
+    prefetch and routing profile); memory, fit and limits equal simulate's for the same options."""
+    from .simulate import _check_fraction, _policy_and_mode
     m = get_model(model)
     machine = as_machine(machine)
     context, notes = check_context(context, m, allow_beyond_max_context)
@@ -52,26 +64,31 @@ def fit(model, machine: Machine, quants=None, context: int = 4096, batch: int = 
     mtp = check_count(mtp, "mtp", minimum=0, maximum=MAX_DRAFTS)
     if mtp and not m.mtp_layers:
         raise MoesimError(f"{m.id} has no MTP modules", "mtp")
+    mtp_acceptance = _check_fraction(mtp_acceptance, "mtp_acceptance")
+    policy, _ = _policy_and_mode(policy, "analytic")
+    if prefetch_recall is not None:
+        prefetch_recall = _check_fraction(prefetch_recall, "prefetch_recall")
     if overrides:
         if placement not in (None, "auto"):
             raise MoesimError("give either --placement or --override-tensor, not both", "placement")
         placement = placement_from_overrides(m, overrides)
     if quants is None or len(quants) == 0:
-        quants, served = default_quants(m, machine, runtime)
+        quants, served = default_quants(m, machine, get_runtime(runtime, model=m.id) if runtime is not None else None)
         notes = notes + served
     elif isinstance(quants, str):
         quants = [quants]
+    options = dict(parallel=parallel, mtp_acceptance=mtp_acceptance, cache_experts=cache_experts, policy=policy,
+                   prefetch_recall=prefetch_recall, routing=routing)
     out = []
     for qname in quants:
-        q, rt, kv, low, p = resolve(m, qname, machine, runtime, placement, context, batch, kv_dtype, mtp)
-        cfg = configure(m, low, machine, rt, p, context, batch, kv, mtp)
-        r = memory_of(m, low, machine, rt, p, context, batch, kv, mtp, auto=placement in (None, "auto"), cfg=cfg)
-        alias = Q.alias_note(qname, q)
-        rec = record(m, q, kv, context, batch, p, rt, machine, r, mtp, notes + ([alias] if alias else []))
+        c = configure_run(m, qname, machine, runtime, placement, context, batch, kv_dtype, mtp, parallel,
+                          cache_experts)
+        rec = memory_record(m, c, machine, qname, context, batch, mtp, notes, runtime, kv_dtype, placement, options)
         rec["decode_tok_s"] = rec["prefill_tok_s"] = None
-        if r.fits_bits:
+        if c.mem.fits_bits:
             from .simulate import estimate
-            rec["decode_tok_s"], rec["prefill_tok_s"] = estimate(m, low, machine, rt, p, context, batch, kv, r, mtp)
-        rec["assumptions"] += default_notes(rt, kv, runtime, kv_dtype, placement)
-        out.append(check_record(rec, capacities(cfg), m.max_context, allow_beyond_max_context))
+            rec["decode_tok_s"], rec["prefill_tok_s"] = estimate(
+                m, c.low, machine, c.runtime, c.placement, context, batch, c.kv, c.mem, mtp, mtp_acceptance,
+                routing=routing, policy=policy, prefetch_recall=prefetch_recall)
+        out.append(check_record(rec, capacities(c.cfg), m.max_context, allow_beyond_max_context))
     return out

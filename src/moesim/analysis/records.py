@@ -4,12 +4,13 @@ from __future__ import annotations
 from ..spec.hardware import Machine
 from ..engine.memory import MemoryResult
 from ..spec.models import Model
-from ..spec.placement import Placement, runtime_flags
+from ..spec.placement import Placement
 from ..spec.runtimes import Runtime
+from .advice import launch
 
 
 def record(m: Model, q, kv: str, context: int, batch: int, p: Placement, rt: Runtime, machine: Machine,
-           r: MemoryResult, mtp: int, notes=()) -> dict:
+           r: MemoryResult, mtp: int, notes=(), parallel: str | None = None) -> dict:
     """The fit record of one resolved configuration; *notes* are assumptions the entry point made
     (a context beyond the trained maximum, say) and are listed with the machine's and runtime's."""
     tiers = r.memory_by_tier()
@@ -37,7 +38,7 @@ def record(m: Model, q, kv: str, context: int, batch: int, p: Placement, rt: Run
         "fits": fits,
         "max_context": r.max_context,
         "max_batch": r.max_batch,
-        "flags": runtime_flags(p, rt, m, machine, context, kv, batch),
+        "flags": launch(p, rt, m, machine, q, context, kv, batch, mtp, parallel)["flags"],
         "assumptions": list(machine.assumptions) + ([rt.launch] if rt.launch else []) + list(notes),
     }
 

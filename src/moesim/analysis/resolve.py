@@ -128,14 +128,69 @@ def resolve(m: Model, quant, machine: Machine, runtime=None, placement=None, con
     return q, rt, kv, low, p
 
 
-def placement_from_overrides(m: Model, overrides, quant="native") -> Placement:
-    """The placement llama.cpp ``-ot PATTERN=DEVICE`` overrides realise, when moesim's memory view can
-    express it (all-gpu, experts-cpu, n-cpu-moe=N); otherwise a MoesimError pointing at ``inspect``."""
+def placement_from_overrides(m: Model, overrides, quant="native", n_gpu_layers: int | None = None) -> Placement:
+    """The placement llama.cpp ``-ot PATTERN=DEVICE`` overrides (and ``-ngl``, default all layers) realise,
+    when moesim's memory view can express it (all-gpu, experts-cpu, n-cpu-moe=N, layers-gpu=N, cpu-only;
+    spec.overrides.equivalent_placement); otherwise a MoesimError pointing at ``inspect``."""
     from ..spec.overrides import as_overrides, assign_devices, equivalent_placement
     ovs = as_overrides(overrides)
-    p = equivalent_placement(m, assign_devices(m, ovs, quant=quant))
+    p = equivalent_placement(m, assign_devices(m, ovs, n_gpu_layers=n_gpu_layers, quant=quant))
     if p is None:
         raise MoesimError("these overrides move tensors in a way the memory view cannot express (it knows "
-                          "all-gpu, experts-cpu and n-cpu-moe=N: routed experts of the first N layers on the CPU); "
+                          "all-gpu, experts-cpu and n-cpu-moe=N: routed experts of the first N layers on the CPU; "
+                          "layers-gpu=N: the last N layers and the output layer on the GPU; cpu-only); "
                           "`moesim inspect MODEL -ot ...` shows the bytes per device", "--override-tensor")
     return p
+
+
+@dataclasses.dataclass(frozen=True)
+class Configured:
+    """One resolved configuration with its memory view: what ``fit`` and ``simulate`` both start from, so
+    the same options give the same memory, fit and limits in either (one function, not two copies)."""
+
+    quant: object
+    runtime: Runtime
+    kv: str
+    low: object
+    placement: Placement
+    cfg: dict
+    mem: MemoryResult
+    auto: bool
+
+
+def configure_run(m: Model, quant, machine: Machine, runtime=None, placement=None, context: int = 4096,
+                  batch: int = 1, kv_dtype: str | None = None, mtp: int = 0, parallel: str | None = None,
+                  cache_experts: int | None = None) -> Configured:
+    """Resolve (:func:`resolve`) and evaluate one configuration. *cache_experts* (GPU expert-cache slots
+    per MoE layer) turns the placement into ``offload-cache=N``; given with another fixed placement it is
+    refused. The placement counts as the runtime's own choice (``auto``) only when neither was given."""
+    from ..spec.limits import check_count
+    q, rt, kv, low, p = resolve(m, quant, machine, runtime, placement, context, batch, kv_dtype, mtp, parallel)
+    if cache_experts is not None:
+        cache_experts = check_count(cache_experts, "cache_experts", minimum=0)
+        if p.kind != "offload-cache" and placement not in (None, "auto"):
+            raise MoesimError(f"cache_experts applies to the offload-cache placement, not {p}", "cache_experts")
+        p = Placement("offload-cache", min(cache_experts, m.n_experts))
+    auto = placement in (None, "auto") and cache_experts is None
+    cfg = configure(m, low, machine, rt, p, context, batch, kv, mtp)
+    mem = memory_of(m, low, machine, rt, p, context, batch, kv, mtp, auto=auto, cfg=cfg)
+    return Configured(q, rt, kv, low, p, cfg, mem, auto)
+
+
+def memory_record(m: Model, c: Configured, machine: Machine, quant, context: int, batch: int, mtp: int,
+                  notes=(), runtime=None, kv_dtype=None, placement=None, options: dict | None = None) -> dict:
+    """The fit record of a :class:`Configured` (records.record) with the assumptions the call implied:
+    *notes* from the entry point, the quant alias, and a line for each setting left to its default; and
+    its ``advice`` (analysis.advice.advise: the runtime's settings, what overflows, the speed *options*)."""
+    from .advice import advise
+    from .consistency import capacities
+    from .records import default_notes, record
+    alias = Q.alias_note(quant, c.quant)
+    chosen = placement if c.auto or placement not in (None, "auto") else c.placement
+    parallel = (options or {}).get("parallel")
+    rec = record(m, c.quant, c.kv, context, batch, c.placement, c.runtime, machine, c.mem, mtp,
+                 list(notes) + ([alias] if alias else []) + default_notes(c.runtime, c.kv, runtime, kv_dtype, chosen),
+                 parallel=parallel)
+    rec["advice"] = advise(m, machine, rec, capacities(c.cfg), c.quant, c.placement, c.runtime, mtp, options,
+                           auto=c.auto)
+    return rec

@@ -22,7 +22,6 @@ from ..spec.hardware import Machine
 from ..spec.hardware import as_machine
 from ..spec.limits import (MAX_BATCH, MAX_DRAFTS, MAX_MONTECARLO_WORK, MAX_STEPS, check_context, check_count,
                            this_machines_ram)
-from ..engine.lower.memory import configure
 from ..spec.models import Model
 from ..ingest import model as get_model
 from ..spec.placement import Placement
@@ -92,9 +91,7 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
 
     *machine*: a :func:`moesim.machine`, a catalog machine id or a dict of its keywords. A context above
     the model's trained maximum is refused unless *allow_beyond_max_context*."""
-    from .records import default_notes, record
-    from .resolve import memory_of, resolve
-    from ..ingest import traces as T
+    from .resolve import configure_run, memory_record
     m = get_model(model)
     machine = as_machine(machine)
     context, notes = check_context(context, m, allow_beyond_max_context)
@@ -107,8 +104,6 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
         raise MoesimError(f"{m.id} has no MTP modules", "mtp")
     mtp_acceptance = _check_fraction(mtp_acceptance, "mtp_acceptance")
     policy, mode = _policy_and_mode(policy, mode)
-    if cache_experts is not None:
-        cache_experts = check_count(cache_experts, "cache_experts", minimum=0)
     if prefetch_recall is not None:
         prefetch_recall = _check_fraction(prefetch_recall, "prefetch_recall")
     if warmup is None:
@@ -117,34 +112,14 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
     if warmup >= tokens:
         raise MoesimError(f"must be smaller than tokens ({tokens}), got {warmup}", "warmup")
 
-    q, rt, kv, low, p = resolve(m, quant, machine, runtime, placement, context, batch, kv_dtype, mtp, parallel)
-    if cache_experts is not None:
-        if p.kind != "offload-cache" and placement not in (None, "auto"):
-            raise MoesimError(f"cache_experts applies to the offload-cache placement, not {p}", "cache_experts")
-        p = Placement("offload-cache", min(cache_experts, m.n_experts))
-    cfg = configure(m, low, machine, rt, p, context, batch, kv, mtp)
-    mem = memory_of(m, low, machine, rt, p, context, batch, kv, mtp,
-                    auto=placement in (None, "auto") and cache_experts is None, cfg=cfg)
-    alias = Q.alias_note(quant, q)
-    memory = record(m, q, kv, context, batch, p, rt, machine, mem, mtp, notes + ([alias] if alias else [])
-                    + default_notes(rt, kv, runtime, kv_dtype, placement if cache_experts is None else p))
-
+    c = configure_run(m, quant, machine, runtime, placement, context, batch, kv_dtype, mtp, parallel, cache_experts)
+    q, rt, kv, low, p, mem = c.quant, c.runtime, c.kv, c.low, c.placement, c.mem
+    options = dict(parallel=parallel, mtp_acceptance=mtp_acceptance, cache_experts=cache_experts, policy=policy,
+                   prefetch_recall=prefetch_recall, routing=routing if trace is None else f"trace {trace}")
+    memory = memory_record(m, c, machine, quant, context, batch, mtp, notes, runtime, kv_dtype, placement, options)
     dims = R_routing.RoutingDims.of(m)
-    prefetch = prefetch_recall is not None and prefetch_recall > 0
-    if trace is not None:
-        tr = trace if isinstance(trace, T.Trace) else T.load(trace)
-        if dims.n_layers == 0:
-            raise MoesimError(f"{m.id} is dense: a routing trace does not apply", "trace")
-        rtab = R_routing.lower_trace(dims, tr, prefetch_recall or 0.0)
-        routing_name = f"trace {getattr(tr, 'source', '') or 'replay'}"
-    else:
-        prof = R.profile(routing, family=m.family) if not isinstance(routing, R.RoutingProfile) else routing
-        if prefetch:
-            prof = R.profile(prof, recall=prefetch_recall)
-        rtab = R_routing.lower(dims, prof, seed, prefetch=prefetch)
-        routing_name = prof.id
-        if routing is None:
-            memory["assumptions"].append(f"routing: {prof.id}, the {m.family} family's profile (--routing, --trace)")
+    rtab, routing_name, note = routing_table(m, routing, prefetch_recall, seed, trace)
+    memory["assumptions"] += [note] if note else []
     drafts, tps = mtp, 1 + mtp
     if mode == "montecarlo":
         _check_montecarlo_size(dims, m.n_layers, batch * tps, tokens, policy)
@@ -161,7 +136,27 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
             "excluded as warm-up) and keeps the routing's token-to-token locality; fit's analytic figure is a "
             "steady state under independent picks, so the two differ (a longer --tokens converges the first)"]
     return check_result(_result(res, 0, batch, memory, mode, policy, tokens, seed, routing_name, pf_tok_s, ttft),
-                        capacities(cfg), m.max_context, allow_beyond_max_context, m.n_experts)
+                        capacities(c.cfg), m.max_context, allow_beyond_max_context, m.n_experts)
+
+
+def routing_table(m: Model, routing=None, prefetch_recall: float | None = None, seed: int = 0, trace=None) -> tuple:
+    """(routing tables for the kernel, the routing's name, an assumption line or None): a recorded *trace*
+    replayed, else the *routing* profile (default: the model family's), with next-layer prefetch at
+    *prefetch_recall* when it is above 0. Shared by simulate and fit's estimate."""
+    from ..ingest import traces as T
+    dims = R_routing.RoutingDims.of(m)
+    prefetch = prefetch_recall is not None and prefetch_recall > 0
+    if trace is not None:
+        tr = trace if isinstance(trace, T.Trace) else T.load(trace)
+        if dims.n_layers == 0:
+            raise MoesimError(f"{m.id} is dense: a routing trace does not apply", "trace")
+        name = f"trace {getattr(tr, 'source', '') or 'replay'}"
+        return R_routing.lower_trace(dims, tr, prefetch_recall or 0.0), name, None
+    prof = R.profile(routing, family=m.family) if not isinstance(routing, R.RoutingProfile) else routing
+    if prefetch:
+        prof = R.profile(prof, recall=prefetch_recall)
+    note = f"routing: {prof.id}, the {m.family} family's profile (--routing, --trace)" if routing is None else None
+    return R_routing.lower(dims, prof, seed, prefetch=prefetch), prof.id, note
 
 
 def _policy_and_mode(policy, mode) -> tuple:
@@ -196,16 +191,17 @@ def _check_montecarlo_size(dims, n_layers: int, tokens_per_step: int, steps: int
 
 
 def estimate(m: Model, low, machine: Machine, rt: Runtime, p: Placement, context: int, batch: int, kv: str,
-             mem, mtp: int = 0, mtp_acceptance: float = 0.8, prompt: int = 512) -> tuple:
-    """(decode tok/s per sequence, prefill tok/s) on the analytic path with the family's routing
-    profile: what ``moesim fit`` reports next to the memory view."""
-    dims = R_routing.RoutingDims.of(m)
-    rtab = R_routing.lower(dims, R.profile(None, family=m.family), 0)
+             mem, mtp: int = 0, mtp_acceptance: float = 0.8, prompt: int = 512, routing=None,
+             policy: str = "lru", prefetch_recall: float | None = None) -> tuple:
+    """(decode tok/s per sequence, prefill tok/s) on the analytic path: what ``moesim fit`` reports next
+    to the memory view, and what ``simulate(mode="analytic")`` of the same options reports (routing
+    profile, cache policy, prefetch recall and MTP drafts as given; seed 0)."""
+    rtab, _, _ = routing_table(m, routing, prefetch_recall, 0)
     tps = 1 + mtp
     dm = lower_model(m, low, p, machine, rt, context, kv, batch * tps, mem.by_class, mem.tier)
     hw = lower_machine(machine, rt, p, Q.kernel_mix(m, low.quant))
     cols = dict(batch=[batch], tokens_per_step=[tps], drafts=[mtp], accepted=[accepted_per_step(mtp, mtp_acceptance)],
-                steps=[1], warmup=[0], policy=[POLICIES["lru"]], mode=[MODES["analytic"]], seed=[0], index=[0])
+                steps=[1], warmup=[0], policy=[POLICIES[policy]], mode=[MODES["analytic"]], seed=[0], index=[0])
     res = run(dm, hw, rtab, cols)
     pf, _ = prefill(m, dm, hw, rtab, rt, prompt, batch)
     return float(res["accepted"][0] / res["step_mean"][0]), pf

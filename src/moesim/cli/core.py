@@ -29,9 +29,20 @@ def _add_fit_parser(sub) -> None:
     f.add_argument("--placement", help="all-gpu | experts-cpu | n-cpu-moe=N | gpu-experts=N | layers-gpu=N | "
                                        "cpu-only | unified | offload-cache[=N]; default: as the runtime would fit")
     f.add_argument("--runtime", help="llama.cpp | ik_llama.cpp | ollama | vllm | sglang | trtllm | ktransformers | mlx")
-    f.add_argument("--mtp", type=_positive_int, default=0, help="load the MTP modules (draft tokens)")
+    _add_speed_options(f)
     f.add_argument("-ot", "--override-tensor", dest="tensor_overrides", action=_TensorOverride, help=_OT_HELP)
     f.add_argument("--json", action="store_true")
+
+
+def _add_speed_options(p) -> None:
+    """The options fit and simulate share that change memory or speed (the same spellings and meaning)."""
+    p.add_argument("--parallel", help="multi-GPU layout: tp8, ep8, tp4-ep4, tp8-ep8-attn-dp, layer-split, pipeline")
+    p.add_argument("--policy", default="lru", help="GPU expert cache policy: lru | lfu | static | belady")
+    p.add_argument("--cache-experts", type=_positive_int, help="GPU expert-cache slots per MoE layer (offload-cache)")
+    p.add_argument("--prefetch-recall", type=_number, help="next-layer predictor recall in [0, 1] (enables prefetch)")
+    p.add_argument("--routing", help="routing profile id (default: the model family's)")
+    p.add_argument("--mtp", type=_positive_int, default=0, help="speculative draft tokens per step (MTP)")
+    p.add_argument("--mtp-acceptance", type=_number, default=0.8, help="per-draft acceptance probability")
 
 
 def _add_simulate_parser(sub) -> None:
@@ -47,13 +58,7 @@ def _add_simulate_parser(sub) -> None:
     s.add_argument("--kv-dtype")
     s.add_argument("--placement", help="as for fit; default: as the runtime would fit")
     s.add_argument("--runtime")
-    s.add_argument("--parallel", help="multi-GPU layout: tp8, ep8, tp4-ep4, tp8-ep8-attn-dp, layer-split, pipeline")
-    s.add_argument("--policy", default="lru", help="GPU expert cache policy: lru | lfu | static | belady")
-    s.add_argument("--cache-experts", type=_positive_int, help="GPU expert-cache slots per MoE layer (offload-cache)")
-    s.add_argument("--prefetch-recall", type=_number, help="next-layer predictor recall in [0, 1] (enables prefetch)")
-    s.add_argument("--routing", help="routing profile id (default: the model family's)")
-    s.add_argument("--mtp", type=_positive_int, default=0, help="speculative draft tokens per step (MTP)")
-    s.add_argument("--mtp-acceptance", type=_number, default=0.8, help="per-draft acceptance probability")
+    _add_speed_options(s)
     s.add_argument("--tokens", type=_positive_int, default=256, help="simulated decode steps")
     s.add_argument("--warmup", type=_positive_int, help="steps excluded from statistics (default min(32, T/4))")
     s.add_argument("--seed", type=_positive_int, default=0)
@@ -163,7 +168,9 @@ def _cmd_fit(args) -> int:
     m = get_model(args.model)
     rows = fit(m, mach, quants=args.quant, context=args.context, batch=args.batch,
                kv_dtype=args.kv_dtype, placement=args.placement, runtime=args.runtime, mtp=args.mtp,
-               overrides=args.tensor_overrides, allow_beyond_max_context=args.allow_beyond_max_context)
+               overrides=args.tensor_overrides, allow_beyond_max_context=args.allow_beyond_max_context,
+               parallel=args.parallel, cache_experts=args.cache_experts, policy=args.policy,
+               prefetch_recall=args.prefetch_recall, routing=args.routing, mtp_acceptance=args.mtp_acceptance)
     if args.json:
         return _print_json(rows)
     print(fit_text(rows, args.context, args.batch))

@@ -2,6 +2,8 @@
 ``--json`` output prints) and returns the lines to print, joined by newlines."""
 from __future__ import annotations
 
+from .advice import advice_lines, fit_settings_lines
+
 GiB = 2**30
 
 
@@ -59,7 +61,7 @@ def quants_text(data: dict) -> str:
 
 # ------------------------------------------------------------------------------ fit / simulate
 def fit_text(rows: list, context: int, batch: int) -> str:
-    """The ``fit`` table: one line per quantization, then the runtime flags of each."""
+    """The ``fit`` table: one line per quantization, then the runtime settings of each (report.advice)."""
     r0 = rows[0]
     lines = [f"{r0['model']} on {r0['machine']}", f"context {context}, batch {batch}; runtime {r0['runtime']}"]
     common = [a for a in r0["assumptions"] if all(a in r["assumptions"] for r in rows)]
@@ -75,16 +77,16 @@ def fit_text(rows: list, context: int, batch: int) -> str:
                      f"{fmt_bytes(gpu_tier['total'])} {fmt_bytes(t['host']['total'])} "
                      f"{fmt_bytes(t['storage']['total'])} {r['fits']:>17} {r['max_context']:11d} "
                      f"{r['max_batch']:9d} {tok_s}  {r['kv_dtype']}")
-    lines.append("runtime flags:")
-    lines += [f"  {r['quant']:10} {r['flags']}" for r in rows]
+    lines += fit_settings_lines(rows)
     return "\n".join(lines)
 
 
 def simulate_text(d: dict, prompt: int) -> str:
     """A ``simulate`` result (``Result.to_dict()``) for a *prompt*-token prompt."""
     lines = [f"{d['model']} {d['quant']} on {d['machine']}",
-             f"runtime {d['runtime']}, placement {d['placement']} ({d['flags']}); fits: {d['fits']}"]
+             f"runtime {d['runtime']}, placement {d['placement']}; fits: {d['fits']}"]
     lines += [f"  assumed: {a}" for a in d.get("assumptions", ())]
+    lines += advice_lines(d["advice"], "  ")
     t = d["tpot_ms"]
     lines += [f"context {d['context']}, batch {d['batch']}, {d['mode']} over {d['tokens']} steps, "
               f"routing {d['routing']}, seed {d['seed']}",

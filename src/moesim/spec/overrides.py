@@ -114,14 +114,14 @@ def as_overrides(items) -> list:
     return out
 
 
-def _n_blocks(model: Model) -> int:
+def n_blocks(model: Model) -> int:
     """llama.cpp's n_layer: the repeating blocks including MTP/NextN blocks stored in the file."""
     return model.n_layers + (model.mtp_layers if model.mtp_layer is not None or model.stored else 0)
 
 
 def default_device(model: Model, tensor, n_gpu_layers: int | None, gpu: str) -> str:
     """Where llama.cpp puts a tensor without an override (-ngl rules; token_embd always on the CPU)."""
-    n_layer = _n_blocks(model)
+    n_layer = n_blocks(model)
     ngl = n_layer + 1 if n_gpu_layers is None else max(0, n_gpu_layers)
     start = max(n_layer - ngl, 0)
     act = min(ngl, n_layer + 1)
@@ -179,9 +179,45 @@ def equivalent_placement(model: Model, placed: list, gpu: str = "CUDA0"):
     """The moesim :class:`~moesim.placement.Placement` with the same weights on host and GPU, or None.
 
     Representable: nothing moved (``all-gpu``), the routed experts of blocks 0..k-1 moved to the CPU
-    (``n-cpu-moe=k``), all of them (``experts-cpu``). Expert biases (gpt-oss) are ignored in the
-    comparison; every other tensor must stay where ``-ngl 999`` puts it.
+    (``n-cpu-moe=k``), all of them (``experts-cpu``) -- expert biases (gpt-oss) are ignored in the
+    comparison and every other tensor must stay where ``-ngl 999`` puts it -- or whole layers: the last
+    N on the GPU with the output layer (``layers-gpu=N``, as ``-ngl`` with the output layer placed by
+    ``-ot``), or nothing on the GPU (``cpu-only``); the input layer stays on the CPU either way.
     """
+    p = _expert_moves(model, placed, gpu)
+    return p if p is not None else _whole_layers(model, placed)
+
+
+def _whole_layers(model: Model, placed: list):
+    """layers-gpu=N when every tensor of the last N layers and of the output layer is on a GPU and every
+    other on the CPU; cpu-only when all are on the CPU; else None (MTP blocks are not loaded)."""
+    from .placement import Placement
+    L = model.n_layers
+    layer_on_cpu: dict = {}
+    head_on_cpu = set()
+    for t, _typ, _nb, dev in placed:
+        if t.cls == "mtp":
+            continue
+        on_cpu = dev == CPU
+        if t.name.startswith("token_embd"):
+            if not on_cpu:
+                return None
+        elif 0 <= t.layer < L:
+            if layer_on_cpu.setdefault(t.layer, on_cpu) != on_cpu:
+                return None
+        else:
+            head_on_cpu.add(on_cpu)
+    gpu_layers = sorted(l for l, c in layer_on_cpu.items() if not c)
+    n = len(gpu_layers)
+    if n == 0 and head_on_cpu <= {True}:
+        return Placement("cpu-only")
+    if gpu_layers != list(range(L - n, L)) or head_on_cpu != {False}:
+        return None
+    return Placement("layers-gpu", n)
+
+
+def _expert_moves(model: Model, placed: list, gpu: str):
+    """all-gpu / n-cpu-moe=k / experts-cpu (see :func:`equivalent_placement`), or None."""
     from .placement import Placement
     L = model.n_layers
     moved = set()

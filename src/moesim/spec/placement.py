@@ -1,4 +1,4 @@
-"""Placement names (what lives where) and the runtime flags that realise them."""
+"""Placement names (what lives where); the runtime flags that realise them are analysis.advice's."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -69,53 +69,3 @@ def parse(spec: "str | Placement", model=None, machine=None) -> Placement:
         if machine.unified and p.kind == "all-gpu":
             p = Placement("unified")
     return p
-
-
-def runtime_flags(p: Placement, runtime, model, machine, context: int, kv_dtype: str, batch: int) -> str:
-    """Command-line flags of *runtime* that produce placement *p* (what a user would type)."""
-    rid = runtime.id
-    if runtime.llama_cpp_family:
-        flags = []
-        if p.kind in ("all-gpu", "unified"):
-            flags.append("-ngl 999")
-        elif p.kind == "experts-cpu":
-            flags += ["-ngl 999", '-ot "\\.ffn_.*_exps\\.=CPU"']
-        elif p.kind == "n-cpu-moe":
-            flags += ["-ngl 999", f"--n-cpu-moe {p.arg}"]
-        elif p.kind == "layers-gpu":
-            flags.append(f"-ngl {p.arg}")
-        elif p.kind == "cpu-only":
-            flags.append("-ngl 0")
-        elif p.kind == "offload-cache":
-            flags += ["-ngl 999", f"(llama.cpp has no expert cache: {p.arg} cached experts/layer is the "
-                      "MoE-Infinity / Mixtral-offloading style of serving)"]
-        elif p.kind == "gpu-experts":
-            # llama.cpp cannot split one layer's stacked expert tensor; ktransformers can
-            flags += ["-ngl 999", "--cpu-moe", f"(llama.cpp has no per-expert split: {p.arg} GPU experts/layer "
-                      "needs ktransformers --kt-num-gpu-experts)"]
-        flags.append(f"-c {context}")
-        if batch > 1:
-            flags.append(f"-np {batch}")
-        if kv_dtype not in ("f16",):
-            flags.append(f"-fa on -ctk {kv_dtype} -ctv {kv_dtype}")
-        return " ".join(flags)
-    if rid in ("vllm", "sglang", "trtllm"):
-        flags = []
-        if machine.n_gpus > 1:
-            flags.append(f"--tensor-parallel-size {machine.n_gpus}" if rid != "sglang" else f"--tp {machine.n_gpus}")
-        flags.append(f"--max-model-len {context}" if rid != "sglang" else f"--context-length {context}")
-        if batch > 1:
-            flags.append(f"--max-num-seqs {batch}" if rid == "vllm" else f"--max-running-requests {batch}")
-        if kv_dtype in ("fp8",):
-            flags.append("--kv-cache-dtype fp8" if rid != "sglang" else "--kv-cache-dtype fp8_e4m3")
-        return " ".join(flags)
-    if rid == "ktransformers":
-        n = p.arg if p.kind == "gpu-experts" else 0
-        d = runtime.decode
-        # the documented launch for this model (runtimes.toml [runtimes.ktransformers.models.<model>])
-        stream = (f" --kt-gpu-prefill-token-threshold {d.layerwise_prefill_tokens} --chunked-prefill-size "
-                  f"{d.layerwise_chunk_tokens}" if runtime.launch and d.layerwise_prefill_tokens > 0 else "")
-        return f"--kt-num-gpu-experts {n} --context-length {context}{stream}"
-    if rid == "mlx":
-        return f"mlx_lm.generate --max-kv-size {context}"
-    return ""
