@@ -13,6 +13,7 @@ from .analysis.fit import fit  # noqa: E402
 from .analysis.simulate import Result, simulate  # noqa: E402
 from .analysis.sweep import SweepTable, sweep  # noqa: E402
 from .analysis.validate import validate  # noqa: E402
+from .analysis.views import compare, rank  # noqa: E402
 
 __all__ = ["MoesimError", "Model", "model", "model_ids", "machine", "fit", "simulate", "Result", "sweep", "SweepTable", "validate",
-           "__version__"]
+           "rank", "compare", "__version__"]

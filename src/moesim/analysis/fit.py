@@ -10,6 +10,8 @@ from ..errors import MoesimError
 from ..spec import quants as Q
 from ..spec.hardware import Machine
 from ..spec.hardware import as_machine
+from ..spec.models import Model
+from ..spec.runtimes import runtime as get_runtime
 from ..spec.limits import MAX_BATCH, MAX_DRAFTS, check_context, check_count
 from ..ingest import model as get_model
 from .resolve import memory_of, placement_from_overrides, resolve
@@ -19,6 +21,20 @@ from ..engine.lower.memory import configure
 
 
 DEFAULT_FIT_QUANTS = ("Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "BF16")
+# Runtime families that load GGUF files (ktransformers runs its CPU experts from GGUF weights); the
+# others serve a model's own checkpoint.
+_GGUF_FAMILIES = ("llama.cpp", "ktransformers")
+
+
+def default_quants(m: Model, runtime=None) -> list:
+    """The quantizations fit (and rank) try when none is given: a model read from a weights file as
+    stored; else the GGUF ladder for a runtime that loads GGUF files (the default runtime of a GGUF
+    quant, llama.cpp, when *runtime* is None); else the native checkpoint a serving runtime loads."""
+    if m.stored is not None:
+        return ["native"]
+    if runtime is not None and get_runtime(runtime, model=m.id).family not in _GGUF_FAMILIES:
+        return ["native"]
+    return list(DEFAULT_FIT_QUANTS)
 
 
 def fit(model, machine: Machine, quants=None, context: int = 4096, batch: int = 1, kv_dtype: str | None = None,
@@ -43,8 +59,7 @@ def fit(model, machine: Machine, quants=None, context: int = 4096, batch: int = 
             raise MoesimError("give either --placement or --override-tensor, not both", "placement")
         placement = placement_from_overrides(m, overrides)
     if quants is None or len(quants) == 0:
-        quants = (["native"] if m.stored is not None
-                  else [q for q in DEFAULT_FIT_QUANTS if q != "MXFP4_MOE" or m.n_experts])
+        quants = default_quants(m, runtime)
     elif isinstance(quants, str):
         quants = [quants]
     out = []

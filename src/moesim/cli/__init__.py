@@ -13,10 +13,10 @@ import sys
 
 from .. import __version__
 from ..errors import MoesimError
-from . import core
+from . import core, views
 from ._args import _Parser
 
-COMMAND_MODULES = (core,)
+COMMAND_MODULES = (core, views)
 _COMMANDS = {name: fn for mod in COMMAND_MODULES for name, fn in mod.COMMANDS.items()}
 
 

@@ -133,10 +133,14 @@ class Model:
                     out.append(Tensor(prefix + nm, (self.hidden,), "mtp", idx))
         return out
 
-    def param_counts(self) -> tuple:
-        """(total, active) parameters, embeddings and head counted, MTP excluded, norms included."""
+    def param_counts(self, tensors=None) -> tuple:
+        """(total, active) parameters, embeddings and head counted, MTP excluded, norms included.
+        *tensors*: this model's tensor list when the caller already holds it (a quantization's
+        assignment lists every tensor), which spares listing them again."""
         total = active = 0
-        for t in self.tensors(include_mtp=False):
+        for t in self.tensors(include_mtp=False) if tensors is None else tensors:
+            if t.cls == "mtp":
+                continue
             n = t.n_elements
             total += n
             if t.cls == "routed_experts" and 0 <= t.layer < self.n_layers and self.layers[t.layer].ffn.n_experts:
