@@ -153,6 +153,7 @@ def test_rank_serving_runtime_ranks_native_checkpoints():
     (dict(context=10**12), "context", ""),
     (dict(models=["nope-7b"]), "model", ""),
     (dict(runtime="nope"), "runtime", ""),
+    (dict(kv_dtype="zz"), "kv_dtype", "q8_0"),
 ])
 def test_rank_bad_arguments_name_the_field(machine, kw, field, says):
     kw.setdefault("models", FEW[:1])

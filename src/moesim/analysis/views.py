@@ -13,6 +13,8 @@ from __future__ import annotations
 import itertools
 import math
 
+import numpy as np
+
 from ..errors import MoesimError, unknown_id
 from ..ingest import model as get_model
 from ..spec import quants as Q
@@ -93,7 +95,7 @@ def _rank_models(models, family: str | None) -> list:
         items = [models] if isinstance(models, str) else list(models)
         if not items:
             raise MoesimError("empty list: give at least one model", "models")
-        ms = [get_model(x) for x in items]
+        ms = list({m.id: m for m in map(get_model, items)}.values())      # each model once
     if family is None:
         return ms
     kept = [m for m in ms if m.family.lower().startswith(family)]
@@ -120,31 +122,32 @@ def _sweep_rows(ms: list, mach: Machine, runtime, kv_dtype, context: int, batch:
         tab = sweep(models=ids, quants=list(ladder), machines=[mach], runtimes=[runtime or "auto"],
                     kv_dtypes=[kv_dtype or "auto"], contexts=[context], batches=[batch], filter=sweep_filter,
                     mode="analytic", threads=threads)
-        cols = {c: tab[c].tolist() for c in _SWEEP_FIELDS + INTERVAL_COLUMNS if c in tab.columns}
+        cols = {c: _plain(tab[c]) for c in _SWEEP_FIELDS + INTERVAL_COLUMNS if c in tab.columns}
         rows += [dict(zip(cols, vals)) for vals in zip(*cols.values())]
     return rows
 
 
+def _plain(col) -> list:
+    """A sweep column as Python values, NaN (a rate that does not apply, e.g. no expert cache) as None."""
+    values = col.tolist()
+    if col.dtype.kind == "f" and not np.isfinite(col).all():
+        values = [v if math.isfinite(v) else None for v in values]
+    return values
+
+
 def _add_model_fields(rows: list, ms: list) -> None:
-    """Family, parameter counts and bits per weight per row; parameters counted once per model from
-    the tensor list its first row's quantization already assigned (no second listing)."""
+    """Family, parameter counts and bits per weight per row; parameters counted (once per model and
+    process) from the tensor list its first row's quantization already assigned, not listed again."""
     by_id = {m.id: m for m in ms}
     params: dict = {}
     for r in rows:
         m = by_id[r["model"]]
         if m.id not in params:
-            params[m.id] = m.param_counts([t for t, _typ, _nb in Q.assign(m, r["quant"])])
+            params[m.id] = m.param_counts(t for t, _typ, _nb in Q.assign(m, r["quant"]))
         total, active = params[m.id]
         r["family"] = m.family
         r["total_params"], r["active_params"] = total, active
         r["bits_per_weight"] = 8.0 * r["weights_bytes"] / total if total else None
-
-
-def _none_for_nan(rows: list) -> None:
-    for r in rows:
-        for k, v in r.items():
-            if isinstance(v, float) and not math.isfinite(v):
-                r[k] = None
 
 
 def rank(machine, *, models=None, runtime=None, kv_dtype: str | None = None, context: int = 4096,
@@ -167,11 +170,12 @@ def rank(machine, *, models=None, runtime=None, kv_dtype: str | None = None, con
     key = RANK_BY[by.strip().lower()]
     if limit is not None:
         limit = check_count(limit, "limit")
+    if kv_dtype is not None:
+        kv_dtype = Q.canonical_kv_dtype(kv_dtype)     # refused here, naming kv_dtype, not the sweep's axis
     filt = rank_filters(filter)
     ms = _rank_models(models, filt.get("family"))
     rows = _sweep_rows(ms, mach, runtime, kv_dtype, context, batch, filt, threads)
     _add_model_fields(rows, ms)
-    _none_for_nan(rows)
     second = "max_context" if key == "decode_tok_s" else "decode_tok_s"
     rows.sort(key=lambda r: (-_sortable(r[key]), -_sortable(r[second])))
     rows = rows[:limit] if limit is not None else rows

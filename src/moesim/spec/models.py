@@ -134,9 +134,16 @@ class Model:
         return out
 
     def param_counts(self, tensors=None) -> tuple:
-        """(total, active) parameters, embeddings and head counted, MTP excluded, norms included.
-        *tensors*: this model's tensor list when the caller already holds it (a quantization's
-        assignment lists every tensor), which spares listing them again."""
+        """(total, active) parameters, embeddings and head counted, MTP excluded, norms included;
+        counted once per model. *tensors*: an iterable of this model's tensors when the caller already
+        holds them (a quantization's assignment lists every tensor), which spares listing them again."""
+        counted = self.__dict__.get("_param_counts")
+        if counted is None:
+            counted = self._count_params(tensors)
+            object.__setattr__(self, "_param_counts", counted)
+        return counted
+
+    def _count_params(self, tensors) -> tuple:
         total = active = 0
         for t in self.tensors(include_mtp=False) if tensors is None else tensors:
             if t.cls == "mtp":
