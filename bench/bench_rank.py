@@ -17,6 +17,7 @@ import argparse
 import cProfile
 import os
 import pstats
+import resource
 import statistics
 import subprocess
 import sys
@@ -26,15 +27,19 @@ ARGV = ["rank", "--gpu", "rtx-4090", "--host", "ddr5-6000x2", "--host-mem-gb", "
 MACHINE = dict(gpu="rtx-4090", host="ddr5-6000x2", host_mem_gb=64)
 
 
-def whole_process(argv: list, runs: int) -> list:
-    """Wall seconds of `python -m moesim ARGV` in a fresh process, *runs* times."""
-    out = []
+def whole_process(argv: list, runs: int) -> tuple:
+    """(wall seconds, CPU seconds) of `python -m moesim ARGV` in a fresh process, *runs* times each. CPU
+    time (user + system of the child) is what a loaded machine does not inflate as much as wall time."""
+    wall, cpu = [], []
     for _ in range(runs):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
         subprocess.run([sys.executable, "-m", "moesim", *argv], check=True, stdout=subprocess.DEVNULL,
                        env=dict(os.environ))
-        out.append(time.perf_counter() - t0)
-    return out
+        wall.append(time.perf_counter() - t0)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    return wall, cpu
 
 
 class _TimedSweep:
@@ -68,27 +73,27 @@ def in_process(runs: int, profile: bool) -> None:
     for i in range(runs + 1):
         prof = cProfile.Profile() if profile and i == 0 else None
         with _TimedSweep(sweep_pkg) as timed:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             if prof:
                 prof.enable()
             rows = moesim.rank(mach)
             if prof:
                 prof.disable()
-            total = time.perf_counter() - t0
-        calls.append((total, timed.seconds, timed.configs, len(rows)))
+            total, cpu = time.perf_counter() - t0, time.process_time() - c0
+        calls.append((total, timed.seconds, timed.configs, len(rows), cpu))
         if prof:
             print("cold call, by cumulative time (cProfile adds overhead):")
             pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
-    total, sweep_s, configs, n_rows = calls[0]
+    total, sweep_s, configs, n_rows, cpu = calls[0]
     print(f"in-process: import moesim {t_import:.3f} s")
-    print(f"  cold call: {total:.3f} s ({configs} configurations -> {n_rows} rows, {configs / total:,.0f} configs/s); "
-          f"sweep {sweep_s:.3f} s, rank's own {total - sweep_s:.3f} s")
+    print(f"  cold call: {total:.3f} s wall, {cpu:.3f} s CPU ({configs} configurations -> {n_rows} rows, "
+          f"{configs / total:,.0f} configs/s); sweep {sweep_s:.3f} s, rank's own {total - sweep_s:.3f} s")
     warm = calls[1:]
     if warm:
         med = statistics.median(c[0] for c in warm)
         own = statistics.median(c[0] - c[1] for c in warm)
-        print(f"  warm calls (median of {len(warm)}): {med:.3f} s ({configs / med:,.0f} configs/s); "
-              f"rank's own {own * 1e3:.1f} ms")
+        print(f"  warm calls (median of {len(warm)}): {med:.3f} s wall, {statistics.median(c[4] for c in warm):.3f} s "
+              f"CPU ({configs / med:,.0f} configs/s); rank's own {own * 1e3:.1f} ms")
 
 
 def main() -> None:
@@ -96,11 +101,12 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5, help="whole-process runs and warm in-process calls")
     ap.add_argument("--profile", action="store_true", help="cProfile the cold in-process call")
     args = ap.parse_args()
-    start = whole_process(["--version"], args.runs)
-    full = whole_process(ARGV, args.runs)
+    start, start_cpu = whole_process(["--version"], args.runs)
+    full, full_cpu = whole_process(ARGV, args.runs)
     print(f"whole process: python -m moesim {' '.join(ARGV)}")
-    print(f"  median of {args.runs}: {statistics.median(full):.3f} s (runs {', '.join(f'{t:.2f}' for t in full)}); "
-          f"CLI start alone (--version) {statistics.median(start):.3f} s")
+    print(f"  median of {args.runs}: {statistics.median(full):.3f} s wall, {statistics.median(full_cpu):.3f} s CPU "
+          f"(walls {', '.join(f'{t:.2f}' for t in full)}); CLI start alone (--version) "
+          f"{statistics.median(start):.3f} s wall, {statistics.median(start_cpu):.3f} s CPU")
     in_process(args.runs, args.profile)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 import copy
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -144,15 +145,17 @@ class Model:
         return counted
 
     def _count_params(self, tensors) -> tuple:
+        # each layer's (top-k, experts): the routed experts one token uses, looked up once per layer
+        routed = [(l.ffn.top_k, l.ffn.n_experts) for l in self.layers]
         total = active = 0
         for t in self.tensors(include_mtp=False) if tensors is None else tensors:
             if t.cls == "mtp":
                 continue
-            n = t.n_elements
+            n = math.prod(t.shape)
             total += n
-            if t.cls == "routed_experts" and 0 <= t.layer < self.n_layers and self.layers[t.layer].ffn.n_experts:
-                ffn = self.layers[t.layer].ffn
-                active += n * ffn.top_k / ffn.n_experts
+            if t.cls == "routed_experts" and 0 <= t.layer < len(routed) and routed[t.layer][1]:
+                k, e = routed[t.layer]
+                active += n * k / e
             else:
                 active += n
         return total, active
