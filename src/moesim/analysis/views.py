@@ -154,7 +154,8 @@ def rank(machine, *, models=None, runtime=None, kv_dtype: str | None = None, con
          batch: int = 1, by: str = "speed", filter=None, limit: int | None = None, threads: int | None = None) -> list:
     """Every catalog model x quantization that runs on *machine* (fits in GPU, host or storage), best
     first by *by*: ``speed`` (decode tok/s per sequence), ``context`` (max context), ``quality`` (bits
-    per weight) or ``params`` (total parameters); ties go to the faster, then catalog order.
+    per weight) or ``params`` (total parameters); ties go to the faster (under ``speed``, to the longer
+    max context), then catalog order.
 
     Quantizations: ``fit``'s default ladder for the runtime (GGUF for llama.cpp, the default; the native
     checkpoint for a serving *runtime*). Placement: what the runtime's own fitting picks at *context*.
@@ -179,9 +180,7 @@ def rank(machine, *, models=None, runtime=None, kv_dtype: str | None = None, con
     second = "max_context" if key == "decode_tok_s" else "decode_tok_s"
     rows.sort(key=lambda r: (-_sortable(r[key]), -_sortable(r[second])))
     rows = rows[:limit] if limit is not None else rows
-    for i, r in enumerate(rows):
-        r["rank"] = i + 1
-    return rows
+    return [{"rank": i + 1, **r} for i, r in enumerate(rows)]
 
 
 def _sortable(v) -> float:
