@@ -243,3 +243,23 @@ def test_compare_cli(capsys, machine):
     code, _, err = run(capsys, "compare", "qwen3-30b-a3b", "--machine", "desktop-4090", "--machine", "dgx-h200",
                        "--gpu", "rtx-4090", "--gpu", "h100")
     assert code == 2 and err.startswith("moesim: error: machine:")
+
+
+@pytest.mark.parametrize("argv", [
+    ["rank", *M4090_ARGV, "--context", "-1"], ["rank", *M4090_ARGV, "--context", "nan"],
+    ["rank", *M4090_ARGV, "--context", "9223372036854775808"], ["rank", *M4090_ARGV, "--batch", "0"],
+    ["rank", *M4090_ARGV, "--batch", "2147483648"], ["rank", *M4090_ARGV, "--limit", "0"],
+    ["rank", *M4090_ARGV, "--by", "x"], ["rank", *M4090_ARGV, "--filter", ""], ["rank", *M4090_ARGV, "--filter", "="],
+    ["rank", *M4090_ARGV, "--filter", "min-tps=inf"], ["rank", *M4090_ARGV, "--filter", "min-context=1e300"],
+    ["rank", *M4090_ARGV, "--filter", "family="], ["rank", *M4090_ARGV, "--runtime", "nope"],
+    ["rank", *M4090_ARGV, "--kv-dtype", "zz"], ["rank", "--gpu", "rtx-9090"], ["rank"], ["rank", "--json"],
+    ["compare"], ["compare", "qwen3-30b-a3b"], ["compare", "qwen3-30b-a3b", *M4090_ARGV, "--quant", "zz"],
+    ["compare", "qwen3-30b-a3b", *M4090_ARGV, "--context", "0"], ["compare", "nope", *M4090_ARGV],
+    ["compare", "qwen3-30b-a3b", *M4090_ARGV, "--mode", "x"], ["compare", "qwen3-30b-a3b", "--machine", "nope"],
+    ["compare", "qwen3-30b-a3b", *M4090_ARGV, "--placement", "bogus"], ["compare", "qwen3-30b-a3b", "--gpu", ""],
+    ["compare", "qwen3-30b-a3b", *M4090_ARGV, "--gpus", "nan"],
+])
+def test_views_cli_refuses_bad_input_in_one_line(capsys, argv):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and not out, (argv, out)
+    assert err.startswith("moesim: error: ") and err.count("\n") == 1, err
