@@ -120,9 +120,11 @@ def _speed_rows(items: list) -> list:
     rows += _nested_rows(items, "time/token by phase, ms", lambda d: (d.get("breakdown") or {}).get("by_phase"), ms)
     rows += [("expert hit rate", field("expert_hit_rate", ".3f")),
              ("page-cache hit rate", field("page_cache_hit_rate", ".3f")),
-             ("distinct experts/step", field("distinct_experts_per_step", ".2f"))]
+             ("distinct experts/step", field("distinct_experts_per_step", ".2f")),
+             ("token-to-token reuse", field("reuse", ".3f"))]
     rows += _nested_rows(items, "bytes/token, GB", lambda d: d.get("bytes_per_token"),
                          lambda v: _num(None if v is None else v / 1e9, ".3f"))
+    rows += [(k, [str(d[k]) if d.get(k) is not None else "-" for d in items]) for k in ("mode", "routing")]
     return rows
 
 
@@ -132,7 +134,10 @@ def compare_text(items: list) -> str:
     headers, legend = _item_headers(items)
     rows = [(k, [str(d[k]) for d in items]) for k in ("model", "quant", "runtime", "kv_dtype", "context", "batch",
                                                       "placement", "fits")]
-    rows += [("weights", [_gib(d["weights_bytes"]) for d in items]), ("KV cache", [_gib(d["kv_bytes"]) for d in items]),
+    rows += [("weights", [_gib(d["weights_bytes"]) for d in items])]
+    rows += _nested_rows(items, "", lambda d: d.get("weights_bytes_by_class"), _gib)[1:]   # under weights
+    rows += [("KV cache", [_gib(d["kv_bytes"]) for d in items]),
+             ("KV bytes/token", [_num(d["kv_bytes_per_token"], ",.0f") for d in items]),
              ("recurrent state", [_gib(d["state_bytes"]) for d in items])]
     rows += _tier_rows(items)
     rows += [("max context", [str(d["max_context"]) for d in items]), ("max batch", [str(d["max_batch"]) for d in items])]
