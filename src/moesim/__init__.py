@@ -15,7 +15,8 @@ from .analysis.plan import plan  # noqa: E402
 from .analysis.simulate import Result, simulate  # noqa: E402
 from .analysis.sweep import SweepTable, sweep  # noqa: E402
 from .analysis.validate import validate  # noqa: E402
+from .analysis.views import compare, rank  # noqa: E402
 
 __all__ = ["MoesimError", "Model", "model", "model_ids", "machine", "local_machine", "fit", "plan", "simulate", "Result",
-           "sweep", "SweepTable", "validate",
+           "sweep", "SweepTable", "validate", "rank", "compare",
            "__version__"]

@@ -9,7 +9,6 @@ from __future__ import annotations
 from ..errors import MoesimError
 from ..spec.hardware import Machine
 from ..spec.hardware import as_machine
-from ..spec.runtimes import runtime as get_runtime
 from ..spec.limits import MAX_BATCH, MAX_DRAFTS, check_context, check_count
 from ..ingest import model as get_model
 from ..spec import quants as Q

@@ -47,10 +47,15 @@ def _writable(path: str, field: str) -> str:
     return path
 
 
-def _add_machine_flags(p):
+def _add_machine_flags(p, repeatable: bool = False):
+    """The machine flags; *repeatable*: --machine and --gpu may be given several times (compare), each
+    value one machine with the other parts."""
     g = p.add_argument_group("machine (a catalog id, or composed from parts; parts override the id)")
-    g.add_argument("--machine", help="catalog machine id (moesim hardware), or 'local': detect this machine")
-    g.add_argument("--gpu", help="GPU id, or a unified-memory chip id such as m3-ultra or dgx-spark")
+    many = {"action": "append"} if repeatable else {}
+    again = " (repeatable: one machine each)" if repeatable else ""
+    g.add_argument("--machine", help="catalog machine id (moesim hardware), or 'local': detect this machine" + again,
+                   **many)
+    g.add_argument("--gpu", help="GPU id, or a unified-memory chip id such as m3-ultra or dgx-spark" + again, **many)
     g.add_argument("--gpus", type=_positive_int, help="number of GPUs")
     g.add_argument("--gpu-mem-gb", type=_number, help="memory per GPU in GB (e.g. 48 for a modded 4090)")
     g.add_argument("--gpu-bw-gbs", type=_number, help="GPU memory bandwidth in GB/s: overrides --gpu's, or with "
@@ -66,17 +71,32 @@ def _add_machine_flags(p):
     g.add_argument("--cpu", help="CPU id (sets channels/ISA defaults)")
 
 
+def _machine_parts(args) -> dict:
+    return dict(gpus=args.gpus, gpu_mem_gb=args.gpu_mem_gb, gpu_bw_gbs=args.gpu_bw_gbs, gpu_tflops=args.gpu_tflops,
+                host=args.host, sockets=args.sockets, cores=args.cores, host_mem_gb=args.host_mem_gb, pcie=args.pcie,
+                storage=args.storage, cpu=args.cpu)
+
+
 def _machine_from(args):
+    return _one_machine(args.machine, args.gpu, args)
+
+
+def _one_machine(machine_id, gpu, args):
+    """A catalog or composed machine, or with ``local`` this one detected (the part flags replace parts)."""
     from ..spec.hardware import machine
-    if (args.machine or "").strip().lower() == "local":     # detected; the part flags given replace parts
+    if (machine_id or "").strip().lower() == "local":
         from ..ingest.local_machine import local_machine
-        return local_machine(gpu=args.gpu, gpus=args.gpus, gpu_mem_gb=args.gpu_mem_gb, gpu_bw_gbs=args.gpu_bw_gbs,
-                             gpu_tflops=args.gpu_tflops, host=args.host, sockets=args.sockets, cores=args.cores,
-                             host_mem_gb=args.host_mem_gb, pcie=args.pcie, storage=args.storage, cpu=args.cpu)
-    return machine(args.machine, gpu=args.gpu, gpus=args.gpus, gpu_mem_gb=args.gpu_mem_gb,
-                   gpu_bw_gbs=args.gpu_bw_gbs, gpu_tflops=args.gpu_tflops, host=args.host,
-                   sockets=args.sockets, cores=args.cores, host_mem_gb=args.host_mem_gb, pcie=args.pcie,
-                   storage=args.storage, cpu=args.cpu)
+        return local_machine(gpu=gpu, **_machine_parts(args))
+    return machine(machine_id, gpu=gpu, **_machine_parts(args))
+
+
+def _machines_from(args) -> list:
+    """The machines of repeatable --machine / --gpu flags: one per value, the other parts shared; several
+    of one with one (or none) of the other."""
+    ids, gpus = args.machine or [None], args.gpu or [None]
+    if len(ids) > 1 and len(gpus) > 1:
+        raise MoesimError("give several --machine or several --gpu, not both (each is one machine)", "machine")
+    return [_one_machine(i, g, args) for i in ids for g in gpus]
 
 
 class _TensorOverride(argparse.Action):

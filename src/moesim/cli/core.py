@@ -20,7 +20,8 @@ def _add_fit_parser(sub) -> None:
     f = sub.add_parser("fit", help="memory per tier, fit and limits for each quantization")
     f.add_argument("model", help=_MODEL_HELP)
     _add_machine_flags(f)
-    f.add_argument("--quant", action="append", help="quantization (repeatable); default: a GGUF ladder")
+    f.add_argument("--quant", action="append",
+                   help="quantization (repeatable); default: a GGUF ladder (the native checkpoint for a serving --runtime)")
     f.add_argument("--context", type=_positive_int, default=4096)
     f.add_argument("--allow-beyond-max-context", action="store_true",
                    help="keep a context above the model's trained maximum (memory and speed extrapolate)")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 import copy
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -144,15 +145,28 @@ class Model:
                     out.append(Tensor(prefix + nm, (self.hidden,), "mtp", idx))
         return out
 
-    def param_counts(self) -> tuple:
-        """(total, active) parameters, embeddings and head counted, MTP excluded, norms included."""
+    def param_counts(self, tensors=None) -> tuple:
+        """(total, active) parameters, embeddings and head counted, MTP excluded, norms included;
+        counted once per model. *tensors*: an iterable of this model's tensors when the caller already
+        holds them (a quantization's assignment lists every tensor), which spares listing them again."""
+        counted = self.__dict__.get("_param_counts")
+        if counted is None:
+            counted = self._count_params(tensors)
+            object.__setattr__(self, "_param_counts", counted)
+        return counted
+
+    def _count_params(self, tensors) -> tuple:
+        # each layer's (top-k, experts): the routed experts one token uses, looked up once per layer
+        routed = [(l.ffn.top_k, l.ffn.n_experts) for l in self.layers]
         total = active = 0
-        for t in self.tensors(include_mtp=False):
-            n = t.n_elements
+        for t in self.tensors(include_mtp=False) if tensors is None else tensors:
+            if t.cls == "mtp":
+                continue
+            n = math.prod(t.shape)
             total += n
-            if t.cls == "routed_experts" and 0 <= t.layer < self.n_layers and self.layers[t.layer].ffn.n_experts:
-                ffn = self.layers[t.layer].ffn
-                active += n * ffn.top_k / ffn.n_experts
+            if t.cls == "routed_experts" and 0 <= t.layer < len(routed) and routed[t.layer][1]:
+                k, e = routed[t.layer]
+                active += n * k / e
             else:
                 active += n
         return total, active
