@@ -3,7 +3,7 @@ titles, run through the sweep engine, one row per configuration with the runtime
 and what a page needs to describe each machine and model. ``report.site`` writes it into files.
 
 Rows keep the sweep's numbers; the only thing added per row is the flag line
-(:func:`moesim.spec.placement.runtime_flags`, as ``fit`` prints it) and the placement *rule* the row
+(:func:`moesim.analysis.advice.launch`, as ``fit`` prints it) and the placement *rule* the row
 came from (``auto`` or a fixed placement of the spec's ``placements`` axis), which a row's resolved
 placement alone cannot tell apart (``auto`` may resolve to ``experts-cpu``)."""
 from __future__ import annotations
@@ -17,7 +17,9 @@ from .._catalog import catalog_version
 from ..errors import MoesimError, unknown_id
 from ..ingest import model as get_model
 from ..spec.hardware import GB
-from ..spec.placement import parse as parse_placement, runtime_flags
+from ..spec import quants as Q
+from ..spec.placement import parse as parse_placement
+from .advice import launch
 from ..spec.runtimes import runtime as get_runtime
 from .sweep import build_spec, expand_int_axis, load_spec, machine_label, make_machine_cached, normalize_spec, \
     spec_hash, sweep
@@ -98,15 +100,16 @@ class _Flags:
         self._objs: dict = {}
 
     def __call__(self, r: dict) -> str:
-        key = (r["model"], r["machine"], r["runtime"], r["placement"])
+        key = (r["model"], r["quant"], r["machine"], r["runtime"], r["placement"])
         objs = self._objs.get(key)
         if objs is None:
             m = get_model(r["model"])
             mach = self.machines[r["machine"]]
-            objs = (m, mach, get_runtime(r["runtime"], model=m.id), parse_placement(r["placement"], m, mach))
+            objs = (m, Q.resolve(r["quant"], m), mach, get_runtime(r["runtime"], model=m.id),
+                    parse_placement(r["placement"], m, mach))
             self._objs[key] = objs
-        m, mach, rt, p = objs
-        return runtime_flags(p, rt, m, mach, r["context"], r["kv_dtype"], r["batch"])
+        m, q, mach, rt, p = objs
+        return launch(p, rt, m, mach, q, r["context"], r["kv_dtype"], r["batch"])["flags"]
 
 
 def _value(name: str, x):
