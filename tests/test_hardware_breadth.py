@@ -165,8 +165,11 @@ def test_a_single_rtx_4090_stays_on_llama_cpp_and_the_gguf_ladder():
 def test_asking_for_llama_cpp_on_a_datacenter_machine_keeps_the_gguf_ladder():
     recs = moesim.fit("qwen3-30b-a3b", "dgx-h100", runtime="llama.cpp")
     assert [r["quant"] for r in recs] == list(DEFAULT_FIT_QUANTS)
-    (served,) = moesim.fit("qwen3-30b-a3b", "dgx-h100", runtime="sglang")
-    assert served["quant"] == "bf16" and served["runtime"] == "sglang"
+    served = moesim.fit("qwen3-30b-a3b", "dgx-h100", runtime="sglang")
+    # an explicit serving runtime takes "native" as the sweep does (and fp8 at load for a 16-bit checkpoint)
+    native = moesim.simulate("qwen3-30b-a3b", "dgx-h100", quant="native", runtime="sglang", mode="analytic")
+    assert [r["quant"] for r in served] == [native.memory["quant"], "fp8"]
+    assert {r["runtime"] for r in served} == {"sglang"}
 
 
 def test_a_bf16_native_model_is_served_as_its_checkpoint_not_as_a_gguf_file():

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import moesim
-from moesim.analysis.fit import default_quants
+from moesim.analysis.fit import default_quant_names
+from moesim.spec.runtimes import runtime as get_runtime
 from moesim.analysis.views import RANK_BY, RANK_FILTERS
 from moesim.cli import main
 
@@ -52,7 +53,7 @@ def test_rank_covers_the_catalog_as_fit_does(catalog_rank, machine):
         m = moesim.model(mid)
         if m.max_context and m.max_context < 4096:
             continue
-        for rec in moesim.fit(mid, machine, quants=default_quants(m), context=4096):
+        for rec in moesim.fit(mid, machine, quants=default_quant_names(m, machine), context=4096):
             if rec["fits"] != "no":
                 expected.add((mid, rec["quant"]))
     got = [(r["model"], r["quant"]) for r in catalog_rank]
@@ -132,9 +133,9 @@ def test_rank_serving_runtime_ranks_native_checkpoints():
     assert {r["model"] for r in rows} == {"qwen3-30b-a3b", "gpt-oss-20b"}
     for r in rows:
         m = moesim.model(r["model"])
-        assert r["runtime"] == "vllm" and r["quant"] == moesim.simulate(m, big, quant="native", runtime="vllm",
-                                                                         mode="analytic").memory["quant"]
-    assert default_quants(moesim.model("qwen3-30b-a3b"), "vllm") == ["native"]
+        native = moesim.simulate(m, big, quant="native", runtime="vllm", mode="analytic").memory["quant"]
+        assert r["runtime"] == "vllm" and r["quant"] in (native, "fp8")
+    assert default_quant_names(moesim.model("qwen3-30b-a3b"), big, get_runtime("vllm")) == ["native", "fp8"]
     assert [rec["quant"] for rec in moesim.fit("gpt-oss-20b", big, runtime="vllm")] == [
         r["quant"] for r in rows if r["model"] == "gpt-oss-20b"]
 

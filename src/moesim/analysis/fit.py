@@ -40,6 +40,11 @@ def default_quants(m, machine: Machine, runtime=None) -> tuple:
     return [q for q in DEFAULT_FIT_QUANTS if q != "MXFP4_MOE" or m.n_experts], []
 
 
+def default_quant_names(m, machine: Machine, runtime=None) -> list:
+    """:func:`default_quants` as the names a sweep takes: the published checkpoint as ``native``."""
+    return [q if isinstance(q, str) else "native" for q in default_quants(m, machine, runtime)[0]]
+
+
 def fit(model, machine: Machine, quants=None, context: int = 4096, batch: int = 1, kv_dtype: str | None = None,
         placement: str | None = None, runtime: str | None = None, mtp: int = 0, overrides=None,
         allow_beyond_max_context: bool = False, parallel: str | None = None, cache_experts: int | None = None,

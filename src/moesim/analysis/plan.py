@@ -21,7 +21,7 @@ from ..spec.models import model_ids
 from ..spec.placement import parse as parse_placement
 from ..spec.runtimes import runtime as get_runtime
 from .advice import launch
-from .fit import default_quants
+from .fit import default_quant_names
 
 OBJECTIVES = ("decode_tok_s", "context", "bits_per_weight", "kv_bits")
 LLAMA_KV = ("f16", "q8_0", "q4_0")
@@ -147,7 +147,7 @@ def plan(model, machine, quants=None, kv_dtypes=None, contexts=None, placements=
     machine = as_machine(machine)
     batch = check_count(batch, "batch", maximum=MAX_BATCH)
     rt = get_runtime(runtime, model=m.id) if runtime is not None else None
-    quants = list(quants) if quants else default_quants(m, machine, rt)[0]
+    quants = list(quants) if quants else default_quant_names(m, machine, rt)
     kv_dtypes = list(kv_dtypes) if kv_dtypes else default_kv_dtypes(rt)
     placements = list(placements) if placements else default_placements(m, machine, rt)
     contexts = _check_contexts(contexts, m)

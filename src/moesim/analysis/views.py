@@ -22,7 +22,7 @@ from ..spec.hardware import Machine, as_machine
 from ..spec.limits import MAX_BATCH, check_context, check_count
 from ..spec.models import model_ids
 from ..spec.runtimes import runtime as get_runtime
-from .fit import default_quants
+from .fit import default_quant_names
 
 # --by: the row field each ordering sorts on, descending. Bits per weight stand in for quality (more
 # bits, closer to the trained weights); no quality model is claimed.
@@ -230,8 +230,7 @@ def compare(models, machines, *, quants=None, context: int = 4096, batch: int = 
 
 def _ladder(m, mach: Machine, runtime) -> list:
     """The quantizations fit tries for *m* on *mach* under *runtime* (an id or None), by name."""
-    rt = get_runtime(runtime, model=m.id) if runtime is not None else None
-    return [q if isinstance(q, str) else q.id for q in default_quants(m, mach, rt)[0]]
+    return default_quant_names(m, mach, get_runtime(runtime, model=m.id) if runtime is not None else None)
 
 
 def _default_quant(m, runtime, mach: Machine) -> str:
