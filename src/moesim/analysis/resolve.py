@@ -15,7 +15,7 @@ from ..engine.glue import handle_library_error
 from ..engine.lower.memory import configure, default_kv_dtype, lower
 from ..engine.lower.placement import memory_tables, placement_candidates
 from ..spec.placement import Placement, parse as parse_placement
-from ..spec.runtimes import Runtime, default_runtime, runtime as get_runtime
+from ..spec.runtimes import Runtime, check_runtime_applies, default_runtime, runtime as get_runtime
 
 
 _PARALLEL_RE = re.compile(r"^(?:(tp|ep|pp)(\d+)(?:-ep(\d+))?(?:-attn-dp)?|layer-split|row-split|pipeline)$")
@@ -125,6 +125,7 @@ def resolve(m: Model, quant, machine: Machine, runtime=None, placement=None, con
         p = auto_placement(m, low, machine, rt, context, batch, kv, mtp)
     else:
         p = parse_placement(placement, m, machine)
+    check_runtime_applies(rt, machine, p.kind)
     return q, rt, kv, low, p
 
 

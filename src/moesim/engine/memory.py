@@ -10,7 +10,7 @@ from ..errors import MoesimError
 from .glue import handle_library_error
 from ..spec.hardware import Machine
 from ..spec.placement import parse as parse_placement
-from ..spec.runtimes import default_runtime, runtime as get_runtime
+from ..spec.runtimes import check_runtime_applies, default_runtime, runtime as get_runtime
 from .lower.memory import CLASSES, CONFIG_FIELDS, INT_CONFIG_FIELDS, LoweredModel, TIERS, WEIGHT_CLASSES, configure, default_kv_dtype, lower
 from .codes import FITS_GPU, FITS_HOST, FITS_STORAGE
 from ..spec.limits import check_count
@@ -107,6 +107,7 @@ def memory(model, machine: Machine, quant="native", context: int = 4096, batch: 
         raise MoesimError(f"{m.id} has no MTP modules", "mtp")
     kv = Q.canonical_kv_dtype(kv_dtype or default_kv_dtype(q, rt, m))
     p = parse_placement(placement, m, machine)
+    check_runtime_applies(rt, machine, p.kind)
     low = lower(m, q)
     cfg = configure(m, low, machine, rt, p, context, batch, kv, mtp)
     return _result_from_arrays(evaluate(low, cfg, engine=engine), 0)

@@ -170,3 +170,39 @@ def default_runtime(quant, machine) -> Runtime:
     if quant.id.startswith("mlx"):
         return runtime("mlx")
     return runtime("vllm")
+
+
+# GPU back ends per runtime, for runtimes that do not run on every vendor's GPU: runtime id -> {vendor: the
+# lowest CUDA compute capability, or None for any}. MLX runs on Metal (Apple silicon), on CUDA for "Nvidia
+# architecture >= SM 7.5" and on CPUs (https://ml-explore.github.io/mlx/build/html/install.html): not on AMD,
+# Intel or Qualcomm GPUs. TensorRT-LLM is NVIDIA's CUDA library (RT §4).
+GPU_BACKENDS = {"mlx": {"apple": None, "nvidia": "7.5"}, "trtllm": {"nvidia": None}}
+CPU_BACKEND = {"mlx"}            # runtimes that also run on the CPU alone (mlx[cpu], same page)
+
+
+def _capability(text) -> tuple:
+    return tuple(int(x) for x in str(text).split(".")[:2])
+
+
+def check_runtime_applies(rt: Runtime, machine, placement_kind: str = "") -> None:
+    """Raise a MoesimError (field "runtime") when runtime ``rt`` has no back end for the machine's GPU or
+    unified chip: MLX on a Strix Halo, a Snapdragon or a Radeon, TensorRT-LLM off NVIDIA, MLX below SM 7.5.
+    A cpu-only placement of a runtime with a CPU back end needs no GPU back end."""
+    allowed = GPU_BACKENDS.get(rt.id)
+    if allowed is None or not machine.gpu or not machine.n_gpus:
+        return
+    if placement_kind == "cpu-only" and rt.id in CPU_BACKEND:
+        return
+    hw = _catalog.load("hardware")
+    chip = hw["unified"].get(machine.gpu) or hw["gpu"].get(machine.gpu) or {}
+    vendor = chip.get("vendor", "unknown")
+    if vendor not in allowed:
+        names = ", ".join(f"{v} (compute capability >= {cc})" if cc else v for v, cc in allowed.items())
+        cpu = " or on the CPU alone (--placement cpu-only)" if rt.id in CPU_BACKEND else ""
+        raise MoesimError(f"{rt.id} has no back end for {machine.gpu} (vendor {vendor}): it runs on {names} "
+                          f"GPUs{cpu}; choose another --runtime (llama.cpp runs on every vendor's GPU)", "runtime")
+    minimum = allowed[vendor]
+    have = chip.get("compute_capability") or machine.compute_capability
+    if minimum and have and _capability(have) < _capability(minimum):
+        raise MoesimError(f"{rt.id} needs compute capability >= {minimum} on {vendor} GPUs; {machine.gpu} "
+                          f"has {have}", "runtime")

@@ -13,7 +13,7 @@ from ...engine.lower.placement import placement_candidates
 from ...errors import MoesimError
 from ...ingest import model as get_model
 from ...spec import quants as Q
-from ...spec.runtimes import default_runtime, runtime as get_runtime
+from ...spec.runtimes import check_runtime_applies, default_runtime, runtime as get_runtime
 from .group import Group
 from .spec import SLOW_AXES, _err, expand_int_axis, machine_label, make_machine_cached, spec_hash
 from .table import CATEGORICAL, FITS_LABELS, RESOURCES, column_names
@@ -169,6 +169,12 @@ class Plan:
                 self.resolved[("kv", mi, qi, hi, ri, ki)] = kv
                 self._code("kv_dtype", kv)
             for pi, pname in enumerate(v["placements"]):
+                try:
+                    check_runtime_applies(rt, mach, str(pname))
+                except MoesimError as exc:
+                    self._bad(("rhp", mi, qi, hi, ri, pi), skip, f"axes.runtimes[{ri}]",
+                              f"{m.id} / {machine_label(hv)}: {exc}")
+                    continue
                 key = ("p", mi, hi, pi, rt.id)
                 if key in self.resolved or ("mhp", mi, hi, pi) in self.bad:
                     continue
@@ -196,7 +202,8 @@ class Plan:
 
     def skipped(self, ix: dict) -> bool:
         return (("mq", ix["models"], ix["quants"]) in self.bad
-                or ("mhp", ix["models"], ix["machines"], ix["placements"]) in self.bad)
+                or ("mhp", ix["models"], ix["machines"], ix["placements"]) in self.bad
+                or ("rhp", ix["models"], ix["quants"], ix["machines"], ix["runtimes"], ix["placements"]) in self.bad)
 
     # ---------------------------------------------------------------- groups
     def group(self, g: int):
