@@ -91,7 +91,8 @@ def files(small_gguf, tmp_path_factory):  # noqa: F811
 def _argv(rng: random.Random, files: dict, i: int) -> list:
     cmd = rng.choices(list(WEIGHTS), weights=list(WEIGHTS.values()))[0]
     argv = [cmd]
-    if cmd in POSITIONAL and rng.random() < 0.97:
+    # validate and calibrate without a CSV run on the packaged corpus (seconds to minutes): always give one
+    if cmd in POSITIONAL and (rng.random() < 0.97 or cmd in ("validate", "calibrate")):
         argv.append(rng.choice(POSITIONAL[cmd][:1]) if rng.random() < 0.5 else rng.choice(POSITIONAL[cmd]))
     flags = FLAGS[cmd]
     for _ in range(rng.choice((0, 1, 1, 2, 2, 3, 4))):

@@ -158,7 +158,7 @@ def test_detection_failures_name_the_flags(tmp_path, mac):
     ("NVIDIA A100-PCIE-40GB", "gpu", "a100-pcie-40gb"),
     ("NVIDIA H100 PCIe", "gpu", "h100-pcie"), ("NVIDIA RTX 6000 Ada Generation", "gpu", "rtx-6000-ada"),
     ("NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition", "gpu", "rtx-pro-6000"),
-    ("Quadro RTX 6000", "gpu", "quadro-rtx-6000"), ("AMD Radeon RX 7900 XTX", "gpu", None),
+    ("Quadro RTX 6000", "gpu", "quadro-rtx-6000"), ("AMD Radeon RX 7900 XTX", "gpu", "rx-7900-xtx"),
     ("Tesla P40", "gpu", "tesla-p40"), ("Apple M3", "unified", "m3"), ("Apple M2 Ultra", "unified", "m2-ultra"),
     ("Intel(R) Xeon(R) Platinum 8480C", "cpu", "xeon-platinum-8480c"), ("AMD EPYC 9654 96-Core Processor", "cpu",
                                                                          "epyc-9654"),

@@ -137,14 +137,13 @@ def _plain(col) -> list:
 
 
 def _add_model_fields(rows: list, ms: list) -> None:
-    """Family, parameter counts and bits per weight per row; parameters counted (once per model and
-    process) from the tensor list its first row's quantization already assigned, not listed again."""
+    """Family, parameter counts (once per model) and bits per weight per row."""
     by_id = {m.id: m for m in ms}
     params: dict = {}
     for r in rows:
         m = by_id[r["model"]]
         if m.id not in params:
-            params[m.id] = m.param_counts(t for t, _typ, _nb in Q.assign(m, r["quant"]))
+            params[m.id] = m.param_counts()
         total, active = params[m.id]
         r["family"] = m.family
         r["total_params"], r["active_params"] = total, active

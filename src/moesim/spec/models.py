@@ -145,21 +145,16 @@ class Model:
                     out.append(Tensor(prefix + nm, (self.hidden,), "mtp", idx))
         return out
 
-    def param_counts(self, tensors=None) -> tuple:
+    def param_counts(self) -> tuple:
         """(total, active) parameters, embeddings and head counted, MTP excluded, norms included;
-        counted once per model. *tensors*: an iterable of this model's tensors when the caller already
-        holds them (a quantization's assignment lists every tensor), which spares listing them again."""
-        counted = self.__dict__.get("_param_counts")
-        if counted is None:
-            counted = self._count_params(tensors)
-            object.__setattr__(self, "_param_counts", counted)
-        return counted
+        counted once per model."""
+        return self.cached_view("_cache_param_counts", self._count_params)
 
-    def _count_params(self, tensors) -> tuple:
+    def _count_params(self) -> tuple:
         # each layer's (top-k, experts): the routed experts one token uses, looked up once per layer
         routed = [(l.ffn.top_k, l.ffn.n_experts) for l in self.layers]
         total = active = 0
-        for t in self.tensors(include_mtp=False) if tensors is None else tensors:
+        for t in self.tensors(include_mtp=False):
             if t.cls == "mtp":
                 continue
             n = math.prod(t.shape)

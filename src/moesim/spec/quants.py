@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import math
-import re
 from dataclasses import dataclass
 
 from .. import _catalog
@@ -27,6 +26,7 @@ from .checkpoint import Scheme, hf_module_path
 from ..errors import MoesimError, unknown_id
 from .models import Model
 from .layers import Tensor
+from .gguf_types import gguf_assign, use_more_bits
 
 
 _LINEAR_CLASSES = {"attention", "dense_ffn", "shared_experts", "routed_experts", "mtp"}
@@ -197,226 +197,6 @@ def format_bytes(shape: tuple, spec: dict, bits: int | None = None) -> float:
     return total
 
 
-# ------------------------------------------------------------------------------------- GGUF
-def _quantizable(t: Tensor) -> bool:
-    """llama.cpp quantizes tensors named '*weight' with >= 2 dims, except norms, routers, convs."""
-    name = t.name
-    if not name.endswith("weight") or len(t.shape) < 2:
-        return False
-    if "_norm.weight" in name or "ffn_gate_inp" in name or "ssm_conv1d" in name or "pos_embd" in name:
-        return False
-    return True
-
-
-def _use_more_bits(i: int, n: int) -> bool:
-    # Integer division as in C; (i - n/8) % 3 is only evaluated for i >= n/8, so no negative modulo.
-    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
-
-
-_FALLBACK = {"TQ1_0": "Q4_0", "TQ2_0": "Q4_0", "IQ2_XXS": "IQ4_NL", "IQ2_XS": "IQ4_NL", "IQ2_S": "IQ4_NL",
-             "IQ3_XXS": "IQ4_NL", "IQ3_S": "IQ4_NL", "IQ1_S": "IQ4_NL", "IQ1_M": "IQ4_NL", "Q2_K": "IQ4_NL",
-             "Q3_K": "IQ4_NL", "IQ4_XS": "IQ4_NL", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
-_VERY_LOW = {"IQ2_XXS", "IQ2_XS", "IQ1_S", "IQ2_S", "IQ2_M", "IQ1_M"}
-
-
-class _GGUFState:
-    """The counters llama.cpp's quantize_state_impl keeps while walking tensors in file order."""
-
-    def __init__(self, model: Model, tensors: list):
-        self.n_layer = model.n_layers
-        self.n_expert = max(1, model.n_experts)
-        a0 = model.layers[0].attention
-        self.n_gqa = a0.n_heads // a0.n_kv_heads if a0.kind == "gqa" and a0.n_kv_heads else 1
-        self.is_70b = model.family == "llama" and model.n_layers == 80
-        self.n_attention_wv = sum(1 for t in tensors if t.name.endswith("attn_v.weight"))
-        self.has_output = any(t.name == "output.weight" for t in tensors)
-        self.i_attention_wv = 0
-        self.i_ffn_down = 0
-
-
-# Rules of the tables below: ``(state, i, n) -> type | None`` (None keeps the base type), ``i`` the
-# role's counter (attn_v tensor or layer index), ``n`` its total.
-def _gqa4(hi: str, lo: "str | None" = None):
-    """Rule: ``hi`` for grouped-query attention with >= 4 query heads per KV head, else ``lo``."""
-    return lambda s, i, n: hi if s.n_gqa >= 4 else lo
-
-
-def _first_eighth(hi: str, lo: "str | None" = None):
-    """Rule: ``hi`` for the first n/8 layers, else ``lo``."""
-    return lambda s, i, n: hi if i < n // 8 else lo
-
-
-def _more_bits(hi: str):
-    """Rule: ``hi`` on the layers use_more_bits picks (first and last eighth, every third between)."""
-    return lambda s, i, n: hi if _use_more_bits(i, n) else None
-
-
-# llama_tensor_get_type's per-ftype overrides, one table per tensor role: ftype -> a type or a rule.
-_ATTN_V_TYPES = {
-    "Q2_K": _gqa4("Q4_K", "Q3_K"), "Q2_K_S": _gqa4("Q4_K"),
-    "IQ3_XXS": _gqa4("Q4_K", "IQ3_S"),   # no imatrix
-    "IQ3_XS": _gqa4("Q4_K"), "IQ3_S": _gqa4("Q4_K"), "IQ3_M": "Q4_K",
-    "Q3_K_M": lambda s, i, n: "Q5_K" if i < 2 else "Q4_K", "Q3_K_L": "Q5_K",
-    "IQ4_NL": _gqa4("Q5_K"), "IQ4_XS": _gqa4("Q5_K"),
-    "Q4_K_M": _more_bits("Q6_K"), "Q5_K_M": _more_bits("Q6_K"),
-    "Q4_K_S": lambda s, i, n: "Q5_K" if i < 4 else None,
-}
-_FFN_DOWN_TYPES = {
-    "Q2_K": "Q3_K", "Q2_K_S": _first_eighth("Q4_K"), "IQ3_XXS": _first_eighth("Q4_K", "Q3_K"),
-    "Q3_K_M": lambda s, i, n: "Q5_K" if i < n // 16 else "Q4_K",
-    "IQ3_M": lambda s, i, n: "Q4_K" if i < n // 8 or (s.n_expert == 8 and _use_more_bits(i, n)) else None,
-    "Q3_K_L": "Q5_K", "Q4_K_M": _more_bits("Q6_K"),
-    "IQ4_NL": _first_eighth("Q5_K"), "IQ4_XS": _first_eighth("Q5_K"),
-    "Q5_K_M": _more_bits("Q6_K"), "Q4_K_S": _first_eighth("Q5_K"),
-}
-_TOKEN_EMBD_TYPES = {"IQ2_XXS": "Q2_K", "IQ2_XS": "Q2_K", "IQ1_S": "Q2_K", "IQ1_M": "Q2_K",
-                     "IQ2_S": "IQ3_S", "IQ2_M": "IQ3_S", "IQ3_XXS": "IQ3_S", "TQ1_0": "Q4_K", "TQ2_0": "Q4_K"}
-_ATTN_QK_TYPES = {"IQ3_XS": "IQ3_XXS", "IQ3_XXS": "IQ2_S"}          # attn_k (fewer than 8 experts), attn_q
-_ATTN_OUTPUT_TYPES = {"Q2_K": "Q3_K", "IQ3_XXS": "IQ3_S", "Q3_K_M": "Q4_K", "Q3_K_L": "Q5_K", "IQ3_M": "Q4_K"}
-_ATTN_OUTPUT_8_EXPERTS = {"Q2_K", "IQ3_XS", "IQ3_XXS", "Q3_K_S", "Q3_K_M", "IQ4_NL", "Q4_K_S", "Q4_K_M",
-                          "IQ3_S", "IQ3_M", "IQ4_XS"}                # -> Q5_K with 8 experts
-_ATTN_QKV_TYPES = {"Q3_K_M": "Q4_K", "Q3_K_L": "Q4_K", "IQ3_M": "Q4_K", "Q4_K_M": "Q5_K", "Q5_K_M": "Q6_K"}
-_OUTPUT_VERY_LOW = {"IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ2_S", "IQ2_M", "IQ1_M"}   # output -> Q5_K
-
-
-def _table_type(table: dict, ftype: str, base: str, s: "_GGUFState", i: int = 0, n: int = 0) -> str:
-    """The type ``table`` gives ``ftype`` (a type or a rule), ``base`` when it gives none."""
-    rule = table.get(ftype)
-    new = rule(s, i, n) if callable(rule) else rule
-    return base if new is None else new
-
-
-def _gguf_type(ftype: str, base: str, t: Tensor, s: _GGUFState, types: dict) -> str:
-    """llama_tensor_get_type, for one tensor that is being quantized."""
-    return _fit_block(_role_type(ftype, base, t, s), t.shape[0], types)
-
-
-def _role_type(ftype: str, base: str, t: Tensor, s: _GGUFState) -> str:
-    """The type llama.cpp picks by the tensor's role (its name), in llama.cpp's order of checks."""
-    name = t.name
-    if ftype == "MXFP4_MOE":
-        # MXFP4 for stacked expert tensors (ne[2] > 1), Q8_0 for everything else (quants.md §2.4).
-        return "MXFP4" if len(t.shape) > 2 and t.shape[2] > 1 else "Q8_0"
-    if name == "output.weight" or (not s.has_output and name == "token_embd.weight"):
-        return _output_type(ftype, base, t)
-    if name == "token_embd.weight":
-        return _TOKEN_EMBD_TYPES.get(ftype, base)
-    if ftype in _VERY_LOW:
-        return _very_low_type(ftype, base, name, s)
-    if "attn_v.weight" in name:
-        return _attn_v_type(ftype, base, s)
-    if "attn_k.weight" in name:
-        return "Q8_0" if s.n_expert == 8 else _ATTN_QK_TYPES.get(ftype, base)
-    if "attn_q.weight" in name:
-        return _ATTN_QK_TYPES.get(ftype, base)
-    if "ffn_down" in name:
-        layer = t.layer if t.layer >= 0 else s.i_ffn_down
-        s.i_ffn_down += 1
-        return _table_type(_FFN_DOWN_TYPES, ftype, base, s, layer, s.n_layer)
-    if "attn_output.weight" in name:
-        if s.n_expert == 8:
-            return "Q5_K" if ftype in _ATTN_OUTPUT_8_EXPERTS else base
-        return _ATTN_OUTPUT_TYPES.get(ftype, base)
-    if "attn_qkv.weight" in name:
-        return _ATTN_QKV_TYPES.get(ftype, base)
-    if ("ffn_gate" in name or "ffn_up" in name) and ftype == "IQ3_XS":
-        layer = t.layer if t.layer >= 0 else s.i_ffn_down
-        if s.n_layer // 8 <= layer < 7 * s.n_layer // 8:
-            return "IQ3_XXS"
-    return base
-
-
-def _output_type(ftype: str, base: str, t: Tensor) -> str:
-    """The output projection (or a tied token embedding): Q8_0 when its rows do not fit the base type's
-    blocks, Q5_K for the very low ftypes, else Q6_K unless the base is already Q8_0."""
-    if t.shape[0] % ggml_types()[base]["block"] != 0:
-        return "Q8_0"
-    if ftype in _OUTPUT_VERY_LOW:
-        return "Q5_K"
-    return base if base == "Q8_0" else "Q6_K"
-
-
-def _very_low_type(ftype: str, base: str, name: str, s: _GGUFState) -> str:
-    """The 1-2 bit ftypes' own rules (llama.cpp checks them before the per-role ones), with the
-    attn_v and ffn_down counters advanced as llama.cpp advances them."""
-    low_k = "IQ3_S" if ftype in ("IQ2_S", "IQ2_M") else "Q2_K"
-    if "attn_v.weight" in name:
-        s.i_attention_wv += 1
-        return "Q4_K" if s.n_gqa >= 4 or s.n_expert >= 4 else low_k
-    if s.n_expert == 8 and "attn_k.weight" in name:
-        return "Q4_K"
-    if "ffn_down" in name:
-        # This branch counts ffn_down tensors, not layers (LQ).
-        new = low_k if s.i_ffn_down < s.n_layer // 8 else base
-        s.i_ffn_down += 1
-        return new
-    if "attn_output.weight" in name:
-        if s.n_expert == 8:
-            return "Q5_K"
-        if ftype in ("IQ1_S", "IQ1_M"):
-            return "IQ2_XXS"
-        if ftype in ("IQ2_S", "IQ2_M"):
-            return "IQ3_S"
-    return base
-
-
-def _attn_v_type(ftype: str, base: str, s: _GGUFState) -> str:
-    """attn_v by its ftype rule, then raised to Q5_K on 70B llamas and to Q8_0 with 8 experts."""
-    new = _table_type(_ATTN_V_TYPES, ftype, base, s, s.i_attention_wv, s.n_attention_wv)
-    if s.is_70b and new in ("Q3_K", "Q4_K"):
-        new = "Q5_K"
-    if s.n_expert == 8:
-        new = "Q8_0"
-    s.i_attention_wv += 1
-    return new
-
-
-def _fit_block(new: str, ne0: int, types: dict) -> str:
-    """A type whose block does not divide the rows falls back (llama.cpp's fallback table), then to F16."""
-    if ne0 % types[new]["block"] != 0:
-        new = _FALLBACK.get(new, new)
-        if ne0 % types[new]["block"] != 0:
-            new = "F16"
-    return new
-
-
-_BLOCK_PREFIX = re.compile(r"^blk\.\d+\.")
-_COUNTED_ROLES = ("attn_v.weight", "ffn_down", "ffn_gate", "ffn_up")
-
-
-def _gguf_roles(model: Model, include_mtp: bool) -> tuple:
-    """Per tensor: (name with the block number masked, quantized by llama.cpp, type may depend on its
-    layer or the walk's counters: attn_v, ffn_down, and gate/up, which IQ3_XS lowers mid-model)."""
-    def build():
-        roles = ((_BLOCK_PREFIX.sub("blk.*.", t.name), t) for t in model.tensors(include_mtp))
-        return tuple((r, _quantizable(t), any(c in r for c in _COUNTED_ROLES)) for r, t in roles)
-    return model.cached_view("_cache_gguf_roles_mtp" if include_mtp else "_cache_gguf_roles", build)
-
-
-def _gguf_assign(model: Model, q: Quant, include_mtp: bool) -> list:
-    """llama.cpp's per-tensor types, walking the tensors in file order. A tensor whose type depends on
-    neither its layer nor the counters gets the type of the first tensor of its role and shape."""
-    tensors = model.tensors(include_mtp=include_mtp)
-    ftype, types, out = q.id, ggml_types(), []
-    base = _tables()["ftypes"][ftype]["base"]
-    s = _GGUFState(model, tensors)
-    mixture = types[base]["block"] > 1  # llama.cpp applies its rules only to quantized ftypes
-    nbytes, by_role = {}, {}             # (shape, type) -> bytes; (role, shape) -> type where no counter reaches
-    for t, (role, quantizable, counted) in zip(tensors, _gguf_roles(model, include_mtp)):
-        if not quantizable or not mixture:
-            typ = base if quantizable else "F32"
-        elif counted:
-            typ = _gguf_type(ftype, base, t, s, types)
-        elif (role, t.shape) in by_role:
-            typ = by_role[(role, t.shape)]
-        else:
-            typ = by_role[(role, t.shape)] = _gguf_type(ftype, base, t, s, types)
-        if (t.shape, typ) not in nbytes:
-            nbytes[(t.shape, typ)] = ggml_bytes(t.shape, typ)
-        out.append((t, typ, nbytes[(t.shape, typ)]))
-    return out
-
-
 # ------------------------------------------------------------------------------------- formats
 def _scheme_choice(scheme: Scheme, model: Model, t: Tensor) -> "tuple[str, dict] | None":
     """(label, format spec) a checkpoint scheme stores tensor *t* in; None if unquantized."""
@@ -465,7 +245,7 @@ def _format_assign(model: Model, q: Quant, tensors: list) -> list:
                 if targets == "mlx-mixed":
                     hi = (t.name == "output.weight"
                           or (("attn_v." in t.name or "ffn_down" in t.name) and t.layer >= 0
-                              and _use_more_bits(t.layer, n_layer)))
+                              and use_more_bits(t.layer, n_layer)))
                     if hi:
                         bits = spec["high_bits"]
         elif linear and cls not in ("embeddings", "lm_head", "router"):
@@ -500,7 +280,7 @@ def _mtp_class(name: str) -> str:
     return "attention"
 
 
-def _check_applicable(model: Model, q: Quant) -> None:
+def check_applicable(model: Model, q: Quant) -> None:
     if q.kind == "stored":
         if model.stored is None or q.origin != f"{model.stored.container}:{model.stored.key}":
             where = q.origin.split(";")[0].rsplit(":", 2)[0]        # "gguf:/path/first-shard.gguf"
@@ -518,7 +298,7 @@ def _check_applicable(model: Model, q: Quant) -> None:
 def assign(model: Model, quant: "str | Quant", include_mtp: bool = False) -> list:
     """[(Tensor, storage type, bytes)] for every weight of *model* under *quant*."""
     q = resolve(quant, model)
-    _check_applicable(model, q)
+    check_applicable(model, q)
     return _assign_cached(model, q, include_mtp)
 
 
@@ -527,7 +307,7 @@ def _assign_cached(model: Model, q: Quant, include_mtp: bool) -> list:
     if q.kind == "stored":
         return [e for e in model.stored.table if include_mtp or e[0].cls != "mtp"]
     if q.kind == "gguf":
-        return _gguf_assign(model, q, include_mtp)
+        return gguf_assign(model, q.id, _tables()["ftypes"][q.id]["base"], ggml_types(), include_mtp)
     return _format_assign(model, q, model.tensors(include_mtp=include_mtp))
 
 
@@ -559,11 +339,11 @@ class KernelMix:
 def kernel_mix(model: Model, quant: "str | Quant") -> KernelMix:
     """:class:`KernelMix` of *model* under *quant* (flags of ggml_types and formats in quants.toml)."""
     q = resolve(quant, model)
-    _check_applicable(model, q)
+    check_applicable(model, q)
     return _kernel_mix_cached(model, q)
 
 
-@functools.lru_cache(maxsize=512)
+@functools.lru_cache(maxsize=4096)
 def _kernel_mix_cached(model: Model, quant: Quant) -> KernelMix:
     types, formats = ggml_types(), _tables()["formats"]
     by_class_type = {}                   # (class, type) -> bytes, one pass over the tensor table

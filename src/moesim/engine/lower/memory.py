@@ -64,7 +64,7 @@ class LoweredModel:
         return len(self.attn)
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=4096)
 def _lower_cached(model: Model, q: Q.Quant) -> LoweredModel:
     n = model.n_layers
     per = {k: np.zeros(n) for k in ("attention", "router", "shared_experts", "routed_experts", "dense_ffn")}
@@ -98,7 +98,7 @@ def _lower_cached(model: Model, q: Q.Quant) -> LoweredModel:
 
 def lower(model: Model, quant) -> LoweredModel:
     q = Q.resolve(quant, model)
-    Q.assign(model, q)  # applicability check
+    Q.check_applicable(model, q)
     return _lower_cached(model, q)
 
 

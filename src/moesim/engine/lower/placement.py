@@ -62,7 +62,7 @@ def candidate_weights(low, cands, cfg: dict, mtp: int = 0, engine: str = "c") ->
     return {k: list(v) for k, v in got.items()}
 
 
-@functools.lru_cache(maxsize=512)
+@functools.lru_cache(maxsize=4096)
 def _candidate_weights(low, placed: tuple, rest: tuple, mtp: int, engine: str) -> dict:
     """Weight bytes per tier of each candidate placement, from the memory kernel (ms_memory.c account(),
     through :func:`moesim.engine.memory.evaluate`), cached (read-only tuples): the configuration items
