@@ -82,9 +82,16 @@ def test_every_example_parses():
         parser.parse_args(argv)
 
 
+@pytest.fixture
+def clone_dir(tmp_path, monkeypatch):
+    """A working folder that sees the clone's docs/ (the examples' inputs) and takes what they write."""
+    (tmp_path / "docs").symlink_to(ROOT / "docs", target_is_directory=True)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
 @pytest.mark.parametrize("argv,expected", CONSOLE, ids=[" ".join(c[:2]) for c, _ in CONSOLE])
-def test_shown_output_is_what_the_command_prints(capsys, monkeypatch, argv, expected):
-    monkeypatch.chdir(ROOT)
+def test_shown_output_is_what_the_command_prints(capsys, clone_dir, argv, expected):
     assert main(argv) == 0
     out, _ = capsys.readouterr()
     assert out == expected
@@ -92,14 +99,12 @@ def test_shown_output_is_what_the_command_prints(capsys, monkeypatch, argv, expe
 
 @pytest.mark.parametrize("argv", [a for a in BASH if not any(s in f" {' '.join(a)} " for s in SLOW)],
                          ids=lambda a: " ".join(a[:2]))
-def test_example_runs(capsys, monkeypatch, argv):
-    monkeypatch.chdir(ROOT)
+def test_example_runs(capsys, clone_dir, argv):
     assert main(argv) == 0, capsys.readouterr().err
     assert capsys.readouterr().out
 
 
-def test_python_example_runs(monkeypatch):
-    monkeypatch.chdir(ROOT)
+def test_python_example_runs(clone_dir):
     (code,) = blocks("python")
     exec(compile(code, "README.md", "exec"), {})
 
