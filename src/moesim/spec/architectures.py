@@ -288,21 +288,27 @@ def _parse_llama4(c, hidden, id):
     return layers, {}
 
 
-def _parse_glm4_moe(c, hidden, id):
+def _dense_first_moe_ffns(c, hidden, id, first_dense: int, experts_key: str = "n_routed_experts",
+                          shared_key: str = "n_shared_experts") -> list:
+    """Each layer's FFN in the DeepSeek-V3 layout that GLM-4.5, dots1 and Trinity share: dense for the
+    first *first_dense* layers, then sigmoid-routed MoE with an expert bias, shared experts and
+    group-limited routing."""
     n = _req(c, "num_hidden_layers", id)
-    e, k = _req(c, "n_routed_experts", id), _req(c, "num_experts_per_tok", id)
+    e, k = _req(c, experts_key, id), _req(c, "num_experts_per_tok", id)
     _check_moe(e, k, id)
-    first_dense = _opt_int(c, "first_k_dense_replace", 0)
-    layers = []
-    for i in range(n):
-        dense = i < first_dense
-        ffn = _moe_or_dense(dense, c, hidden, ff_dense=_req(c, "intermediate_size", id) if dense else 0,
-                            experts=e, top_k=k, expert_ff=_req(c, "moe_intermediate_size", id),
-                            shared=_opt_int(c, "n_shared_experts", 0), router_bias=True,
-                            n_group=_opt_int(c, "n_group", 1), topk_group=_opt_int(c, "topk_group", 1))
-        att = _gqa(c, id, bias=bool(_opt(c, "attention_bias", False)), qk_norm=bool(_opt(c, "use_qk_norm", False)))
-        layers.append(Layer(i, att, ffn))
-    return layers, {"mtp_layers": _mtp(c)}
+    dense_ff = lambda i: _req(c, "intermediate_size", id) if i < first_dense else 0  # noqa: E731
+    return [_moe_or_dense(i < first_dense, c, hidden, ff_dense=dense_ff(i), experts=e, top_k=k,
+                          expert_ff=_req(c, "moe_intermediate_size", id),
+                          shared=_opt_int(c, shared_key, 0), router_bias=True,
+                          n_group=_opt_int(c, "n_group", 1), topk_group=_opt_int(c, "topk_group", 1))
+            for i in range(n)]
+
+
+def _parse_glm4_moe(c, hidden, id):
+    ffns = _dense_first_moe_ffns(c, hidden, id, _opt_int(c, "first_k_dense_replace", 0))
+    att = lambda: _gqa(c, id, bias=bool(_opt(c, "attention_bias", False)),  # noqa: E731
+                       qk_norm=bool(_opt(c, "use_qk_norm", False)))
+    return [Layer(i, att(), f) for i, f in enumerate(ffns)], {"mtp_layers": _mtp(c)}
 
 
 def _parse_minimax_m2(c, hidden, id):

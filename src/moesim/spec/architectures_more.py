@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Mapping
 
 from ..errors import MoesimError
-from .architectures import (_check_moe, _gqa, _int_list, _moe_or_dense, _mtp, _opt, _opt_int, _parse_mixtral,
-                            _parse_qwen3_next, _parse_qwen_moe, _req)
+from .architectures import (_check_moe, _dense_first_moe_ffns, _gqa, _int_list, _moe_or_dense, _mtp, _opt,
+                            _opt_int, _parse_mixtral, _parse_qwen3_next, _parse_qwen_moe, _req)
 from .layers import FFN, Attention, Layer
 
 
@@ -55,19 +55,9 @@ def _parse_hunyuan_moe(c, hidden, id):
 def _parse_dots1(c, hidden, id):
     """dots1 (dots.llm1): DeepSeek-V3-style MoE (shared experts, dense first layers, sigmoid router
     with a correction bias) over GQA with per-head QK norm (Qwen3-style attention)."""
-    n = _req(c, "num_hidden_layers", id)
-    e, k = _req(c, "n_routed_experts", id), _req(c, "num_experts_per_tok", id)
-    _check_moe(e, k, id)
-    first_dense = _opt_int(c, "first_k_dense_replace", 0)
-    layers = []
-    for i in range(n):
-        dense = i < first_dense
-        ffn = _moe_or_dense(dense, c, hidden, ff_dense=_req(c, "intermediate_size", id) if dense else 0,
-                            experts=e, top_k=k, expert_ff=_req(c, "moe_intermediate_size", id),
-                            shared=_opt_int(c, "n_shared_experts", 0), router_bias=True,
-                            n_group=_opt_int(c, "n_group", 1), topk_group=_opt_int(c, "topk_group", 1))
-        layers.append(Layer(i, _gqa(c, id, bias=bool(_opt(c, "attention_bias", False)), qk_norm=True), ffn))
-    return layers, {}
+    ffns = _dense_first_moe_ffns(c, hidden, id, _opt_int(c, "first_k_dense_replace", 0))
+    return [Layer(i, _gqa(c, id, bias=bool(_opt(c, "attention_bias", False)), qk_norm=True), f)
+            for i, f in enumerate(ffns)], {}
 
 
 def _parse_bailing_moe(c, hidden, id):
@@ -202,20 +192,11 @@ def _parse_afmoe(c, hidden, id):
     if not isinstance(types, list) or len(types) != n or any(
             t not in ("full_attention", "sliding_attention") for t in types):
         raise MoesimError(f"needs {n} entries, each 'full_attention' or 'sliding_attention'", "layer_types")
-    e, k = _req(c, "num_experts", id), _req(c, "num_experts_per_tok", id)
-    _check_moe(e, k, id)
-    first_dense = _opt_int(c, "num_dense_layers", 0)
+    ffns = _dense_first_moe_ffns(c, hidden, id, _opt_int(c, "num_dense_layers", 0), experts_key="num_experts",
+                                 shared_key="num_shared_experts")
     window = _req(c, "sliding_window", id)
-    layers = []
-    for i in range(n):
-        dense = i < first_dense
-        ffn = _moe_or_dense(dense, c, hidden, ff_dense=_req(c, "intermediate_size", id) if dense else 0,
-                            experts=e, top_k=k, expert_ff=_req(c, "moe_intermediate_size", id),
-                            shared=_opt_int(c, "num_shared_experts", 0), router_bias=True,
-                            n_group=_opt_int(c, "n_group", 1), topk_group=_opt_int(c, "topk_group", 1))
-        att = _gqa(c, id, window=window if types[i] == "sliding_attention" else 0, qk_norm=True, output_gate=True)
-        layers.append(Layer(i, att, ffn))
-    return layers, {}
+    return [Layer(i, _gqa(c, id, window=window if types[i] == "sliding_attention" else 0, qk_norm=True,
+                          output_gate=True), f) for i, f in enumerate(ffns)], {}
 
 
 def _parse_smallthinker(c, hidden, id):
