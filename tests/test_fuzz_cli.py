@@ -46,9 +46,9 @@ FLAGS = {
     "inspect": {"-ot": COMMON["-ot"], "--cpu-moe": None, "--n-cpu-moe": NUM, "-ngl": NUM,
                 "--device": ["CUDA0", "CPU", ""], "--context": NUM, "--kv-dtype": COMMON["--kv-dtype"],
                 "--tensors": None, "--json": None},
-    "validate": {"--uncalibrated": None, "--json": None, "--plot": ["/nonexistent/dir/f.png", "@dir", "@f.xyz"]},
+    "validate": {"--uncalibrated": None, "--json": None, "--plot": ["@missing/f.png", "@dir", "@f.xyz"]},
     # a calibration that runs costs 10-20 s, so calibrate gets inputs it refuses (its fit: test_validate.py)
-    "calibrate": {"--no-cv": None, "--json": None, "--out": ["/nonexistent/dir/c.toml", "@dir", "@c.toml"]},
+    "calibrate": {"--no-cv": None, "--json": None, "--out": ["@missing/c.toml", "@dir", "@c.toml"]},
     "sweep": {"--format": ["parquet", "csv", "jsonl", "xml", ""], "--threads": NUM, "--json": None,
               "--local-workers": ["0", "-1", "x", "nan", "4097", "2147483648"], "--progress": None,
               "--no-progress": None},
@@ -85,7 +85,9 @@ def files(small_gguf, tmp_path_factory):  # noqa: F811
     return {"@gguf": str(small_gguf), "@config": str(d / "cfg" / "config.json"), "@csv": str(d / "m.csv"),
             "@bad.csv": str(d / "bad.csv"), "@spec": str(d / "spec.toml"), "@bad.toml": str(d / "bad.toml"),
             "@trace": str(d / "trace.jsonl"), "@dir": str(d), "@f.xyz": str(d / "f.xyz"),
-            "@c.toml": str(d / "c.toml"), "root": d}
+            "@c.toml": str(d / "c.toml"), "root": d,
+            # in a folder that does not exist (inside the test's own, so no run can have made it)
+            "@missing/f.png": str(d / "missing" / "f.png"), "@missing/c.toml": str(d / "missing" / "c.toml")}
 
 
 def _argv(rng: random.Random, files: dict, i: int) -> list:
@@ -154,7 +156,7 @@ def test_hostile_argv_exits_0_or_2_with_one_line(files, tally, monkeypatch):
 def test_calibrate_out_that_cannot_be_written_is_one_line(files, capsys):
     """Regression: --out naming a directory ended in an internal error (IsADirectoryError), after the
     whole fit; now refused before it."""
-    for out in (files["@dir"], "/nonexistent/dir/c.toml"):
+    for out in (files["@dir"], files["@missing/c.toml"]):
         assert main(["calibrate", files["@csv"], "--no-cv", "--out", out]) == 2
         _one_line_error(capsys.readouterr().err, out)
 
@@ -162,7 +164,7 @@ def test_calibrate_out_that_cannot_be_written_is_one_line(files, capsys):
 def test_validate_plot_that_cannot_be_written_is_one_line(files, capsys):
     """Regression: --plot into a missing folder or with a suffix matplotlib cannot write ended in an
     internal error (FileNotFoundError, ValueError)."""
-    for out in ("/nonexistent/dir/f.png", files["@f.xyz"]):
+    for out in (files["@missing/f.png"], files["@f.xyz"]):
         assert main(["validate", files["@csv"], "--plot", out]) == 2
         _one_line_error(capsys.readouterr().err, out)
 
