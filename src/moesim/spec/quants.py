@@ -299,6 +299,8 @@ def assign(model: Model, quant: "str | Quant", include_mtp: bool = False) -> lis
     """[(Tensor, storage type, bytes)] for every weight of *model* under *quant*."""
     q = resolve(quant, model)
     check_applicable(model, q)
+    if model.stored is None and model.mtp_layer is None:
+        include_mtp = False                  # the same tensors either way: one cached walk serves both
     return _assign_cached(model, q, include_mtp)
 
 
