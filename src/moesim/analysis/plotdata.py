@@ -12,6 +12,7 @@ import numpy as np
 from ..errors import MoesimError
 from ..ingest import model as get_model
 from ..spec.hardware import Machine, as_machine
+from ..spec.limits import MAX_MONTECARLO_WORK
 from .fit import DEFAULT_FIT_QUANTS
 from .simulate import simulate
 from .sweep import sweep
@@ -157,7 +158,13 @@ def cache_data(model, machine, sizes=None, policies=None, quant: str = "Q4_K_M",
     if sizes is None:
         sizes = _doublings(ffn.top_k, ffn.n_experts)
     sizes = _check_list(sizes, "cache_sizes")
+    bad = [n for n in sizes if not isinstance(n, (int, np.integer)) or not 0 <= n <= ffn.n_experts]
+    if bad:
+        raise MoesimError(f"cache sizes must be in [0, {ffn.n_experts}] slots per layer ({m.id} has "
+                          f"{ffn.n_experts} experts per MoE layer), got {bad[0]!r}", "cache_sizes")
     policies = _check_list(policies or CACHE_POLICIES[mode], "policy")
+    if mode == "montecarlo":
+        _check_figure_work(len(sizes) * len(policies), tokens, len(m.moe_layers), ffn.top_k)
     mach = _machine(machine)
     t = sweep(models=[m.id], quants=[quant], machines=[mach], contexts=[context], mode=mode, tokens=tokens,
               placements=[f"offload-cache={n}" for n in sizes], policies=policies)
@@ -173,6 +180,16 @@ def cache_data(model, machine, sizes=None, policies=None, quant: str = "Q4_K_M",
             "subtitle": f"{ffn.n_experts} experts, top-{ffn.top_k}; {mach.id}, {quant}",
             "xlabel": "GPU cache slots per MoE layer (experts)", "ylabel": "expert hit rate", "xscale": "log",
             "ylim": [0.0, 1.0], "series": series}
+
+
+def _check_figure_work(points: int, tokens: int, layers: int, top_k: int) -> None:
+    """A Monte Carlo figure is one call: its points together stay within simulate's bound on one call's
+    work (steps x layers x expert choices), refused before the sweep runs."""
+    work = points * tokens * layers * max(1, top_k)
+    if work > MAX_MONTECARLO_WORK:
+        raise MoesimError(f"{points} points x {tokens:,} steps x {layers} MoE layers x top-{top_k} is {work:,} "
+                          f"expert choices, over the {MAX_MONTECARLO_WORK:,} one call may take; use fewer "
+                          "--tokens, sizes or policies, or --mode analytic", "tokens")
 
 
 # -------------------------------------------------------------------------------- offload cliff
