@@ -108,7 +108,7 @@ POSITIONAL = {"fit": MODELS + ["@gguf", "@config"], "simulate": MODELS + ["@gguf
               "plot cache": MODELS + ["@config"], "plot offload-cliff": MODELS + ["@gguf"],
               "plot validation": ["@csv", "@bad.csv", "@gguf", "@dir"],
               "export-site": ["@site", "@badsite", "@spec", "@csv", "/nonexistent.toml", "@dir"]}
-SITE_OUT = ["@site0", "@site1", "@site2"] * 4 + ["@dir", "@csv", "/nonexistent/dir/site", "/proc/site", ""]
+SITE_OUT = ["@site0", "@site1", "@site2"] * 4 + ["@dir", "@csv", "/nonexistent/dir/site", "/proc/site", "@under-file", ""]
 CONTRADICTIONS = [["--machine", "dgx-h200", "--gpu", "rtx-4090"], ["--placement", "all-gpu", "-ot", "exps=CPU"],
                   ["--context", "999999999", "--allow-beyond-max-context"], ["--gpus", "0", "--gpu", "h100"],
                   ["--gpu", "m3-ultra", "--host", "ddr5-4800x8"], ["--cpu-moe", "--n-cpu-moe", "3"],
@@ -140,7 +140,7 @@ def files(small_gguf, tmp_path_factory):  # noqa: F811
             "@bad.csv": str(d / "bad.csv"), "@spec": str(d / "spec.toml"), "@bad.toml": str(d / "bad.toml"),
             "@trace": str(d / "trace.jsonl"), "@dir": str(d), "@f.xyz": str(d / "f.xyz"),
             "@c.toml": str(d / "c.toml"), "@site": str(d / "site.toml"), "@badsite": str(d / "badsite.toml"),
-            "@plot.svg": str(d / "plot.svg"), "@plot.png": str(d / "plot.png"),
+            "@under-file": str(d / "site.toml" / "x"), "@plot.svg": str(d / "plot.svg"), "@plot.png": str(d / "plot.png"),
             **{f"@site{k}": str(d / f"site{k}") for k in range(3)}, "root": d}
 
 
