@@ -108,7 +108,9 @@ POSITIONAL = {"fit": MODELS + ["@gguf", "@config"], "simulate": MODELS + ["@gguf
               "plot cache": MODELS + ["@config"], "plot offload-cliff": MODELS + ["@gguf"],
               "plot validation": ["@csv", "@bad.csv", "@gguf", "@dir"],
               "export-site": ["@site", "@badsite", "@spec", "@csv", "/nonexistent.toml", "@dir"]}
-SITE_OUT = ["@site0", "@site1", "@site2"] * 4 + ["@dir", "@csv", "/nonexistent/dir/site", "/proc/site", "@under-file", ""]
+SITE_OUT = ["@site0", "@site1", "@site2"] * 4 + ["@dir", "@csv", "/proc/site", "@under-file", ""]
+# (never a missing absolute folder for export-site: it makes the folder with its parents, and
+# /nonexistent/dir must stay missing for the --plot / --out refusals of other cases)
 CONTRADICTIONS = [["--machine", "dgx-h200", "--gpu", "rtx-4090"], ["--placement", "all-gpu", "-ot", "exps=CPU"],
                   ["--context", "999999999", "--allow-beyond-max-context"], ["--gpus", "0", "--gpu", "h100"],
                   ["--gpu", "m3-ultra", "--host", "ddr5-4800x8"], ["--cpu-moe", "--n-cpu-moe", "3"],
