@@ -80,6 +80,34 @@ def test_cache_hit_rate_rises_with_cache_size():
         D.cache_data("llama-3-8b", MACHINE)
 
 
+def test_cache_sizes_and_monte_carlo_work_are_bounded_before_the_sweep():
+    """Regression (CLI fuzzer): --cache-sizes took any integers (3,000 sizes up to 1.5 million slots ran
+    minutes for a figure of 128-expert layers) and --mode montecarlo --tokens 2^20 ran for minutes past
+    simulate's bound on one call's work; both are refused at once, naming the field."""
+    with pytest.raises(MoesimError, match=r"in \[0, 128\]") as ei:
+        D.cache_data(MODEL, MACHINE, sizes=[8, 129])
+    assert ei.value.field == "cache_sizes"
+    with pytest.raises(MoesimError, match="expert choices") as ei:
+        D.cache_data(MODEL, MACHINE, sizes=[8], policies=["lru"], mode="montecarlo", tokens=1 << 20)
+    assert ei.value.field == "tokens"
+    assert D.cache_data(MODEL, MACHINE, sizes=[0, 128], policies=["lru"])["series"][0]["y"] == [0.0, 1.0]
+
+
+def test_figures_on_a_machine_without_a_discrete_gpu():
+    """Regression (CLI fuzzer): ``plot breakdown`` on a CPU-only or unified machine failed on its first
+    default bar (all-gpu / n-cpu-moe need a discrete GPU), and cache / offload-cliff refused with a sweep
+    spec's field and hint (axes.placements[0] ... filter.skip_inapplicable); now the breakdown draws the
+    placements the machine has, and the two figures that move experts name the machine."""
+    cpu = moesim.machine(host="ddr5-4800x8")
+    assert D.breakdown_data(MODEL, cpu)["bars"] == ["cpu-only"]
+    assert D.breakdown_data(MODEL, "mac-studio-m3-ultra-512")["bars"] == ["unified", "cpu-only"]
+    for build in (D.cache_data, D.offload_cliff_data):
+        for mach in (cpu, "mac-studio-m3-ultra-512"):
+            with pytest.raises(MoesimError, match="discrete GPU") as ei:
+                build(MODEL, mach)
+            assert ei.value.field == "machine"
+
+
 def test_offload_cliff_falls_and_leaves_gaps_where_it_does_not_fit():
     d = D.offload_cliff_data(MODEL, MACHINE, quants=["Q4_K_M", "Q8_0"], counts=[0, 24, 48])
     q4, q8 = d["series"]

@@ -266,6 +266,20 @@ def test_cli_refuses_an_output_that_is_not_a_site(tmp_path, capsys):
     assert capsys.readouterr().err.startswith("moesim: error: spec: cannot read")
 
 
+def test_cli_refuses_a_folder_it_cannot_make_before_the_sweep(tmp_path, capsys, monkeypatch):
+    """Regression (CLI fuzzer): --out under a file (spec.toml/x/y) was refused only after the whole sweep
+    had run; now check_out refuses it first (the sweep is never called) and one line names it."""
+    import moesim.analysis.site as site_mod
+    spec = write_spec(tmp_path, SMALL_TOML)
+
+    def no_sweep(*a, **k):
+        raise AssertionError("the sweep ran before the folder was checked")
+    monkeypatch.setattr(site_mod, "site_data", no_sweep)
+    assert main(["export-site", str(spec), "--out", str(spec / "x" / "y")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("moesim: error: out: cannot make ") and "is a file" in err and err.count("\n") == 1, err
+
+
 def test_sample_site_spec_is_valid():
     """docs/examples/site.toml names catalog models, quants and machines (validated, not run here)."""
     from moesim.analysis.site import split_site_spec

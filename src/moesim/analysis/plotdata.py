@@ -12,6 +12,7 @@ import numpy as np
 from ..errors import MoesimError
 from ..ingest import model as get_model
 from ..spec.hardware import Machine, as_machine
+from ..spec.limits import MAX_MONTECARLO_WORK
 from .fit import DEFAULT_FIT_QUANTS
 from .simulate import simulate
 from .sweep import sweep
@@ -115,8 +116,14 @@ def heatmap_data(models, machines, metric: str = "max_context", quant: str = "Q4
 
 
 # ------------------------------------------------------------------------------------ breakdown
-def default_placements(model) -> list:
+def default_placements(model, machine=None) -> list:
+    """The bars of a breakdown: on a discrete GPU all on it, half / all the experts in host RAM, an expert
+    cache and CPU only; on a unified pool the pool and its CPU; without a GPU the CPU alone."""
     m = _model(model)
+    if machine is not None and machine.unified:
+        return ["unified", "cpu-only"]
+    if machine is not None and machine.n_gpus == 0:
+        return ["cpu-only"]
     n = len(m.moe_layers)
     out = ["all-gpu"]
     if n:
@@ -128,8 +135,8 @@ def breakdown_data(model, machine, placements=None, quant: str = "Q4_K_M", conte
                    runtime: str | None = None) -> dict:
     """Milliseconds per decoded token by phase (attention, experts, transfer, ...), one bar per placement."""
     m = _model(model)
-    placements = _check_list(placements or default_placements(m), "placement")
     mach = _machine(machine)
+    placements = _check_list(placements or default_placements(m, mach), "placement")
     bars, phases, tok_s = [], {}, []
     for i, p in enumerate(placements):
         d = simulate(m, mach, quant=quant, context=context, placement=p, runtime=runtime, mode="analytic").to_dict()
@@ -157,8 +164,14 @@ def cache_data(model, machine, sizes=None, policies=None, quant: str = "Q4_K_M",
     if sizes is None:
         sizes = _doublings(ffn.top_k, ffn.n_experts)
     sizes = _check_list(sizes, "cache_sizes")
+    bad = [n for n in sizes if not isinstance(n, (int, np.integer)) or not 0 <= n <= ffn.n_experts]
+    if bad:
+        raise MoesimError(f"cache sizes must be in [0, {ffn.n_experts}] slots per layer ({m.id} has "
+                          f"{ffn.n_experts} experts per MoE layer), got {bad[0]!r}", "cache_sizes")
     policies = _check_list(policies or CACHE_POLICIES[mode], "policy")
-    mach = _machine(machine)
+    if mode == "montecarlo":
+        _check_figure_work(len(sizes) * len(policies), tokens, len(m.moe_layers), ffn.top_k)
+    mach = _discrete_gpu(machine, "cache")
     t = sweep(models=[m.id], quants=[quant], machines=[mach], contexts=[context], mode=mode, tokens=tokens,
               placements=[f"offload-cache={n}" for n in sizes], policies=policies)
     hit = _masked(t, "expert_hit_rate")
@@ -173,6 +186,26 @@ def cache_data(model, machine, sizes=None, policies=None, quant: str = "Q4_K_M",
             "subtitle": f"{ffn.n_experts} experts, top-{ffn.top_k}; {mach.id}, {quant}",
             "xlabel": "GPU cache slots per MoE layer (experts)", "ylabel": "expert hit rate", "xscale": "log",
             "ylim": [0.0, 1.0], "series": series}
+
+
+def _discrete_gpu(machine, figure: str) -> Machine:
+    """The machine of a figure whose points move experts between a GPU and host RAM."""
+    mach = _machine(machine)
+    if mach.unified or mach.n_gpus == 0:
+        where = f"{mach.id} has one unified pool" if mach.unified else f"{mach.id} has no GPU"
+        raise MoesimError(f"the {figure} figure moves experts between a GPU and host RAM, and {where}: give a "
+                          "machine with a discrete GPU (--gpu ID)", "machine")
+    return mach
+
+
+def _check_figure_work(points: int, tokens: int, layers: int, top_k: int) -> None:
+    """A Monte Carlo figure is one call: its points together stay within simulate's bound on one call's
+    work (steps x layers x expert choices), refused before the sweep runs."""
+    work = points * tokens * layers * max(1, top_k)
+    if work > MAX_MONTECARLO_WORK:
+        raise MoesimError(f"{points} points x {tokens:,} steps x {layers} MoE layers x top-{top_k} is {work:,} "
+                          f"expert choices, over the {MAX_MONTECARLO_WORK:,} one call may take; use fewer "
+                          "--tokens, sizes or policies, or --mode analytic", "tokens")
 
 
 # -------------------------------------------------------------------------------- offload cliff
@@ -190,7 +223,7 @@ def offload_cliff_data(model, machine, quants=None, counts=None, context: int = 
         raise MoesimError(f"--n-cpu-moe counts must be in [0, {n}] ({m.id} has {n} MoE layers), got {bad[0]!r}",
                           "n_cpu_moe")
     quants = _check_list(quants or ["Q4_K_M"], "quant")
-    mach = _machine(machine)
+    mach = _discrete_gpu(machine, "offload-cliff")
     t = sweep(models=[m.id], quants=quants, machines=[mach], contexts=[context], runtimes=[runtime],
               placements=[f"n-cpu-moe={c}" for c in counts], mode="analytic")
     y_all = _masked(t, "decode_tok_s")

@@ -165,7 +165,8 @@ def breakdown_figure(data: dict):
     ax.set_xticklabels(data["bars"], rotation=15, ha="right", fontsize=8.5)
     ax.grid(True, axis="y", alpha=0.3)
     _titles(fig, ax, data)
-    ax.legend(fontsize=8, loc="upper left")
+    if order:                  # no phases when no placement fits: the bars say "does not fit"
+        ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout(rect=(0, 0.03, 1, 1))
     return fig
 

@@ -91,7 +91,10 @@ def check_out(out) -> None:
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise MoesimError(f"{out} is a file; give a folder for the site", "out")
-    if not out.is_dir() or not any(out.iterdir()):
+    if not out.is_dir():
+        _check_creatable(out)
+        return
+    if not any(out.iterdir()):
         return
     try:
         kind = json.loads((out / "index.json").read_text(encoding="utf-8")).get("kind")
@@ -100,6 +103,18 @@ def check_out(out) -> None:
     if kind != "index":
         raise MoesimError(f"{out} is not empty and holds no moesim site (index.json): give a new or empty "
                           "folder, or an earlier export's", "out")
+
+
+def _check_creatable(out: Path) -> None:
+    """A folder that does not exist yet can be made: its nearest existing ancestor is a writable folder
+    (checked before the sweep, not after it)."""
+    up = out.absolute().parent
+    while not up.exists() and up != up.parent:
+        up = up.parent
+    if not up.is_dir():
+        raise MoesimError(f"cannot make {out}: {up} is a file, not a folder", "out")
+    if not os.access(up, os.W_OK | os.X_OK):
+        raise MoesimError(f"cannot make {out}: folder {up} is not writable", "out")
 
 
 def _write(path: Path, data: bytes) -> None:
