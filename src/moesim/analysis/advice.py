@@ -28,6 +28,7 @@ import shlex
 
 from .._catalog import load as _load_catalog
 from ..spec.overrides import n_blocks
+from .speculation import accepted_per_step
 
 GB = 1e9
 _GPU_DEVICE = {"nvidia": "CUDA0", "amd": "ROCm0", "intel": "SYCL0"}   # ggml's name of the first GPU buffer
@@ -359,7 +360,6 @@ def overflow(rec: dict, caps: dict) -> list:
 
 def speed_options(options: dict) -> list:
     """One line for each option that changes speed (or memory) and was set away from its default."""
-    from .simulate import accepted_per_step
     o = options or {}
     lines = []
     if o.get("mtp"):

@@ -32,6 +32,7 @@ from ..engine.lower.machine import lower_machine
 from ..engine.lower.decode_model import lower_model
 from ..engine.prefill import prefill
 from .consistency import capacities, check_result
+from .speculation import accepted_per_step
 
 
 # ------------------------------------------------------------------------------- public API
@@ -73,12 +74,6 @@ def _check_fraction(value, name: str, lo: float = 0.0, hi: float = 1.0) -> float
             or not (lo <= value <= hi):
         raise MoesimError(f"must be a number in [{lo:g}, {hi:g}], got {value!r}", name)
     return float(value)
-
-
-def accepted_per_step(drafts: int, acceptance: float) -> float:
-    """Expected tokens per verify step with a chain of ``drafts`` drafts, each accepted with
-    probability ``acceptance`` given its predecessor was: 1 + a + a^2 + ... + a^n."""
-    return 1.0 + sum(acceptance ** i for i in range(1, drafts + 1))
 
 
 def simulate(model, machine: Machine, quant="native", context: int = 4096, batch: int = 1, placement=None,

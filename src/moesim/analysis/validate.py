@@ -31,7 +31,7 @@ from ..engine.prefill import prefill
 from .consistency import capacities, check_prediction, check_record
 from .records import default_notes, record
 from .resolve import memory_of, resolve
-from .simulate import accepted_per_step
+from .speculation import accepted_per_step
 from .._catalog import load as _load_catalog
 from ..errors import MoesimError
 from ..spec.hardware import GB, Machine, machine as make_machine

@@ -478,10 +478,3 @@ _PARSERS = {
     "cohere": _parse_cohere,
     "cohere2": _parse_cohere,
 }
-
-
-# Families read in architectures_more.py (kept apart so each module stays under 600 lines). Imported
-# last: that module takes its helpers from this one.
-from .architectures_more import MORE_PARSERS  # noqa: E402
-
-_PARSERS.update(MORE_PARSERS)

@@ -2,7 +2,7 @@
 (Bailing), Granite MoE and Granite-4.0-H, OLMoE, Phi-3.5-MoE, MiniMax-Text-01/M1, the Qwen3.5 MoE text
 model, the Qwen3-VL MoE text model, Grok-1, Arcee Trinity (afmoe) and SmallThinker.
 
-Registered into :data:`moesim.spec.architectures._PARSERS` (see the end of that module). Two families
+Joined with :data:`moesim.spec.architectures._PARSERS` in ``spec.models``. Two families
 here mix in layers whose token mixer is a fixed-size recurrent state rather than a KV cache; both are
 represented with the ``gdn`` attention kind, whose cache term is exactly such a state (heads x d_k x
 d_v fp32 plus a short-conv tail) -- see :func:`_lightning` and :func:`_mamba2` for the mapping.

@@ -21,7 +21,12 @@ from .. import _catalog
 from .checkpoint import Scheme, scheme_from_config
 from ..errors import MoesimError, unknown_id
 from .layers import KVTerms, Layer, StoredWeights, Tensor
-from .architectures import _PARSERS, _mtp_layer, _native_quant_from_config, _opt, _opt_int, _req
+from .architectures import _PARSERS as _BASE_PARSERS, _mtp_layer, _native_quant_from_config, _opt, _opt_int, _req
+from .architectures_more import MORE_PARSERS
+
+
+# every model_type read (architectures_more.py holds the families that did not fit in one module)
+_PARSERS = {**_BASE_PARSERS, **MORE_PARSERS}
 
 
 @dataclass(frozen=True)
