@@ -174,18 +174,25 @@ def cache_data(model, machine, sizes=None, policies=None, quant: str = "Q4_K_M",
     mach = _discrete_gpu(machine, "cache")
     t = sweep(models=[m.id], quants=[quant], machines=[mach], contexts=[context], mode=mode, tokens=tokens,
               placements=[f"offload-cache={n}" for n in sizes], policies=policies)
-    hit = _masked(t, "expert_hit_rate")
-    series = []
-    for pol in policies:
-        ys = []
-        for n in sizes:
-            sel = (np.asarray(t["policy"]) == pol) & (np.asarray(t["placement"]) == f"offload-cache={n}")
-            ys.append(float(hit[sel][0]) if sel.any() else float("nan"))
-        series.append({"label": pol, "x": list(sizes), "y": ys})
+    series = _series(t, _masked(t, "expert_hit_rate"), "policy", policies, sizes, "offload-cache={}")
     return {"kind": "cache", "title": f"{m.id}: expert-cache hit rate vs cache size ({mode})",
             "subtitle": f"{ffn.n_experts} experts, top-{ffn.top_k}; {mach.id}, {quant}",
             "xlabel": "GPU cache slots per MoE layer (experts)", "ylabel": "expert hit rate", "xscale": "log",
             "ylim": [0.0, 1.0], "series": series}
+
+
+def _series(t, values: np.ndarray, label_col: str, labels, xs, placement: str) -> list:
+    """One line per label of column *label_col*: *values* at the placement each x names (a format
+    string), NaN where the sweep has no such row."""
+    lab, pl = np.asarray(t[label_col]), np.asarray(t["placement"])
+    out = []
+    for label in labels:
+        ys = []
+        for x in xs:
+            sel = (lab == label) & (pl == placement.format(x))
+            ys.append(float(values[sel][0]) if sel.any() else float("nan"))
+        out.append({"label": label, "x": list(xs), "y": ys})
+    return out
 
 
 def _discrete_gpu(machine, figure: str) -> Machine:
@@ -226,14 +233,7 @@ def offload_cliff_data(model, machine, quants=None, counts=None, context: int = 
     mach = _discrete_gpu(machine, "offload-cliff")
     t = sweep(models=[m.id], quants=quants, machines=[mach], contexts=[context], runtimes=[runtime],
               placements=[f"n-cpu-moe={c}" for c in counts], mode="analytic")
-    y_all = _masked(t, "decode_tok_s")
-    series = []
-    for q in quants:
-        ys = []
-        for c in counts:
-            sel = (np.asarray(t["quant"]) == q) & (np.asarray(t["placement"]) == f"n-cpu-moe={c}")
-            ys.append(float(y_all[sel][0]) if sel.any() else float("nan"))
-        series.append({"label": q, "x": list(counts), "y": ys})
+    series = _series(t, _masked(t, "decode_tok_s"), "quant", quants, counts, "n-cpu-moe={}")
     return {"kind": "offload-cliff", "title": f"{m.id} on {mach.id}: the offload cliff",
             "subtitle": _describe(mach) + f"; context {context}",
             "xlabel": f"--n-cpu-moe N (MoE layers of {n} with experts in host RAM)",
