@@ -1,0 +1,212 @@
+"""Serving under load (``moesim.serve_sim``): the C scheduler against its Python twin, the concurrency-1
+identity with ``simulate``, and the invariants of issue 16 (throughput, prefix cache, prompt length, seed)."""
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+import moesim
+from moesim import MoesimError
+from moesim.analysis.serve import serve_sim, sweep_concurrency
+from moesim.analysis.simulate import simulate
+from moesim.engine import serve as ESERVE
+from moesim.engine.reference import serve as RSERVE
+
+H100 = moesim.machine(gpu="h100-sxm", gpus=1)
+SMALL = dict(model="gpt-oss-20b", machine=H100)
+
+
+# ------------------------------------------------------------------------------ C == twin
+def _grid(draw, n_max, lo, hi):
+    n = draw(st.integers(1, n_max))
+    pts = sorted(set(draw(st.lists(st.integers(lo, hi), min_size=n, max_size=n))))
+    return [float(p) for p in pts]
+
+
+@st.composite
+def serve_inputs(draw):
+    gb, gc = _grid(draw, 5, 1, 64), _grid(draw, 4, 1, 3000)
+    gp, gd = _grid(draw, 5, 1, 4096), _grid(draw, 4, 0, 3000)
+    val = st.floats(1e-4, 1.0, allow_nan=False)
+    table = dict(grid_b=gb, grid_c=gc, grid_p=gp, grid_d=gd, forward_s=draw(st.floats(0.0, 0.01)),
+                 decode_s=[[draw(val) for _ in gc] for _ in gb], prefill_s=[[draw(val) for _ in gd] for _ in gp])
+    isl, osl = draw(st.integers(1, 300)), draw(st.integers(1, 40))
+    bs = draw(st.sampled_from([1, 4, 16]))
+    closed = draw(st.booleans())
+    need = math.ceil((isl + osl) / bs)
+    cfg = dict(closed_loop=closed, concurrency=draw(st.integers(1, 12)), rate=draw(st.floats(0.1, 500.0)),
+               n_requests=draw(st.integers(1, 24)), isl=isl, osl=osl,
+               max_num_batched_tokens=draw(st.integers(1, 512)), max_num_seqs=draw(st.integers(1, 16)),
+               block_size=bs, state_blocks=draw(st.integers(0, 2)), prefix_blocks=draw(st.integers(0, 20)),
+               snapshot_blocks=draw(st.integers(0, 3)), max_steps=10**6)
+    cfg["n_blocks"] = need + cfg["state_blocks"] + cfg["snapshot_blocks"] + draw(st.integers(0, 3 * need))
+    return table, cfg, draw(st.integers(0, 2**32))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(serve_inputs())
+def test_c_scheduler_matches_python_twin(inputs):
+    """Bit-identical event times and counters from the C core and the twin on random tables and workloads
+    (small KV pools included, so preemption and recomputation are exercised)."""
+    table, cfg, seed = inputs
+    c_out = ESERVE.run(table, cfg, seed, 3)
+    r_out = ESERVE.run(table, cfg, seed, 3, engine="reference")
+    for key in ("arrival_s", "first_token_s", "finish_s", "preemptions"):
+        assert list(c_out[key]) == list(r_out[key]), key
+    for key in ("steps", "preempted", "max_running", "peak_blocks", "busy_s"):
+        assert c_out[key] == r_out[key], key
+    assert np.all(np.asarray(c_out["finish_s"]) >= np.asarray(c_out["first_token_s"]))
+    assert np.all(np.asarray(c_out["first_token_s"]) >= np.asarray(c_out["arrival_s"]))
+
+
+def _tiny_table():
+    return dict(grid_b=[1.0, 8.0], grid_c=[1.0, 1000.0], decode_s=[[0.01, 0.02], [0.02, 0.04]],
+                grid_p=[1.0, 512.0], grid_d=[0.0, 1000.0], prefill_s=[[0.01, 0.02], [0.1, 0.2]], forward_s=0.01)
+
+
+def _cfg(**kw):
+    cfg = dict(closed_loop=True, concurrency=8, rate=0.0, n_requests=32, isl=100, osl=50,
+               max_num_batched_tokens=256, max_num_seqs=8, block_size=16, n_blocks=1000, state_blocks=0,
+               prefix_blocks=0, snapshot_blocks=0, max_steps=10**6)
+    cfg.update(kw)
+    return cfg
+
+
+def test_small_pool_preempts_and_recomputes():
+    """A pool that holds two whole requests but not eight forces preemption (recompute); every request
+    still completes, and C and twin agree."""
+    cfg = _cfg(n_blocks=20)
+    out = ESERVE.run(_tiny_table(), cfg)
+    assert out["preempted"] > 0 and out["peak_blocks"] <= 20
+    assert np.all(np.asarray(out["finish_s"]) > 0)
+    ref = ESERVE.run(_tiny_table(), cfg, engine="reference")
+    assert list(ref["finish_s"]) == list(out["finish_s"])
+
+
+def test_pool_too_small_for_one_chunk_is_an_error():
+    with pytest.raises(MoesimError) as e:
+        ESERVE.run(_tiny_table(), _cfg(n_blocks=3))
+    assert e.value.field == "kv"
+
+
+def test_bad_table_is_a_kernel_error_not_a_crash():
+    bad = dict(_tiny_table(), grid_b=[8.0, 1.0])
+    with pytest.raises(moesim.errors.KernelError):
+        ESERVE.run(bad, _cfg())
+
+
+def test_interpolation_hits_grid_points_and_clamps():
+    t = _tiny_table()
+    assert RSERVE.interp(t["grid_b"], t["grid_c"], t["decode_s"], 8.0, 1000.0) == 0.04
+    assert RSERVE.interp(t["grid_b"], t["grid_c"], t["decode_s"], 100.0, 5000.0) == 0.04
+    assert RSERVE.interp(t["grid_b"], t["grid_c"], t["decode_s"], 4.5, 1.0) == pytest.approx(0.015)
+
+
+# ------------------------------------------------------------------------------ the model
+@functools.lru_cache(maxsize=None)
+def _serve(**kw):
+    args = dict(SMALL, isl=512, osl=64, requests=8)
+    args.update(kw)
+    return serve_sim(**args)
+
+
+def test_concurrency_one_reproduces_simulate():
+    """Issue 16: at concurrency 1 TTFT is the prompt's prefill and TPOT simulate's (analytic) within 1 %."""
+    r = _serve(concurrency=1, requests=3)
+    s = simulate("gpt-oss-20b", H100, context=512 + 32, prompt=512, mode="analytic", tokens=8)
+    assert r.ttft_ms["p50"] == pytest.approx(s.ttft_s * 1e3, rel=1e-3)
+    assert r.tpot_ms["mean"] == pytest.approx(s.tpot_ms["mean"], rel=0.01)
+    assert r.scheduler["max_running"] == 1 and r.scheduler["preemptions"] == 0
+
+
+def test_throughput_non_decreasing_in_concurrency_until_saturation():
+    levels = [1, 2, 4, 8, 16, 32]
+    agg = [_serve(concurrency=c, requests=4 * c).aggregate_tok_s for c in levels]
+    assert all(b >= a * 0.999 for a, b in zip(agg, agg[1:])), agg
+    assert agg[-1] > 4 * agg[0]
+
+
+def test_sweep_concurrency_marks_pareto_points():
+    curve = sweep_concurrency("gpt-oss-20b", H100, [1, 4, 16], isl=256, osl=32)
+    pts = curve["points"]
+    assert [p["concurrency"] for p in pts] == [1, 4, 16]
+    assert any(p["pareto"] for p in pts)
+    # the fastest per user and the most per GPU are both on the frontier
+    assert max(pts, key=lambda p: p["per_user_tok_s"])["pareto"]
+    assert max(pts, key=lambda p: p["per_gpu_tok_s"])["pareto"]
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(2, 48))
+def test_more_concurrency_never_below_concurrency_one(c):
+    assert _serve(concurrency=c, requests=2 * c).aggregate_tok_s >= _serve(concurrency=1, requests=2).aggregate_tok_s
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 512), st.integers(1, 8))
+def test_prefix_cache_never_increases_ttft(prefix, c):
+    plain = _serve(concurrency=c, requests=3 * c)
+    cached = _serve(concurrency=c, requests=3 * c, prefix_tokens=prefix)
+    assert cached.ttft_ms["mean"] <= plain.ttft_ms["mean"] * (1 + 1e-12)
+    assert cached.kv["peak_blocks"] <= plain.kv["peak_blocks"]
+
+
+def test_prefix_cache_lowers_ttft_of_later_requests():
+    r = _serve(concurrency=1, requests=4, prefix_tokens=480)
+    plain = _serve(concurrency=1, requests=4)
+    assert r.kv["prefix_blocks"] == 480 // 16
+    short = _serve(concurrency=1, requests=4, isl=32)
+    # later requests prefill only the 32 tokens past the prefix (on top of its 480 cached ones)
+    assert short.ttft_ms["p50"] <= r.ttft_ms["p50"] < 0.7 * plain.ttft_ms["p50"]
+    assert r.ttft_ms["p99"] == pytest.approx(plain.ttft_ms["p99"], rel=0.02)   # the first request pays it
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(16, 2000), st.integers(1, 500))
+def test_longer_prompts_never_lower_ttft(isl, extra):
+    a = _serve(isl=isl, concurrency=2, requests=4)
+    b = _serve(isl=isl + extra, concurrency=2, requests=4)
+    assert b.ttft_ms["mean"] >= a.ttft_ms["mean"]
+
+
+def test_same_seed_same_result_poisson():
+    a = _serve(rate=20.0, requests=24, seed=5).to_dict()
+    b = serve_sim(**SMALL, isl=512, osl=64, requests=24, rate=20.0, seed=5).to_dict()
+    c = serve_sim(**SMALL, isl=512, osl=64, requests=24, rate=20.0, seed=6).to_dict()
+    assert a == b
+    assert a["e2e_s"] != c["e2e_s"]
+
+
+def test_goodput_counts_requests_within_slo():
+    r = _serve(concurrency=8, requests=16, slo_ttft_ms=1e9, slo_tpot_ms=1e9)
+    assert r.goodput["fraction"] == 1.0 and r.goodput["tok_s"] == pytest.approx(r.aggregate_tok_s)
+    tight = _serve(concurrency=8, requests=16, slo_tpot_ms=1e-6)
+    assert tight.goodput["fraction"] == 0.0 and tight.goodput["req_s"] == 0.0
+
+
+def test_linear_attention_prefix_keeps_state_snapshots():
+    """qwen3-next (Gated DeltaNet + attention): each cached block boundary of the prefix keeps one
+    recurrent-state snapshot, counted against the KV pool; a model without recurrent state keeps none."""
+    m = moesim.machine(gpu="h200", gpus=2)
+    r = serve_sim("qwen3-next-80b-a3b", m, quant="fp8", isl=1024, osl=16, concurrency=2, requests=4,
+                  prefix_tokens=800)
+    kv = r.kv
+    assert kv["state_bytes_per_seq"] > 0 and kv["state_blocks"] >= 1
+    assert kv["snapshot_bytes"] == kv["prefix_blocks"] * kv["state_bytes_per_seq"]
+    assert kv["snapshot_blocks"] == math.ceil(kv["snapshot_bytes"] / kv["bytes_per_block"])
+    assert _serve(concurrency=2, prefix_tokens=256).kv["snapshot_blocks"] == 0
+
+
+@pytest.mark.parametrize("kw, field", [
+    (dict(rate=1.0, concurrency=2), "rate"), (dict(), "rate"), (dict(concurrency=0), "concurrency"),
+    (dict(concurrency=2, prefix_tokens=600), "prefix_tokens"), (dict(concurrency=2, isl=0), "isl"),
+    (dict(rate=-1.0), "rate"), (dict(concurrency=2, slo_tpot_ms=float("nan")), "slo_tpot_ms"),
+])
+def test_bad_workload_names_the_field(kw, field):
+    with pytest.raises(MoesimError) as e:
+        serve_sim(**dict(SMALL, isl=kw.pop("isl", 512), osl=64, requests=4, **kw))
+    assert e.value.field == field
