@@ -210,3 +210,34 @@ def test_bad_workload_names_the_field(kw, field):
     with pytest.raises(MoesimError) as e:
         serve_sim(**dict(SMALL, isl=kw.pop("isl", 512), osl=64, requests=4, **kw))
     assert e.value.field == field
+
+
+# ------------------------------------------------------------------------------ serving rows in validate
+def test_serving_workload_reads_the_row_not_a_fit():
+    from moesim.analysis.serving_rows import serving_workload
+    row = {"notes": "attention-DP; max_batch 896; max_num_tokens 2048; concurrency 7168; OSL 2048 synthetic"}
+    assert serving_workload(row, 7168, 1024, 8) == dict(concurrency=7168, isl=1024, osl=2048, max_num_seqs=7168,
+                                                        max_num_batched_tokens=16384, per_user=True)
+    row = {"notes": "random 512 in/1024 out; max concurrency 32; decode = aggregate/batch"}
+    assert serving_workload(row, 32, 512, 1)["osl"] == 1024
+    assert serving_workload(row, 32, 512, 1)["per_user"] is False
+    assert serving_workload({"notes": "concurrency not stated"}, 10, 512, 1) is None
+    assert serving_workload({"notes": "concurrency 32"}, 32, 512, 1) is None          # no output length
+
+
+def test_validate_predicts_serving_rows_with_serve_sim():
+    from moesim.analysis.validate import evaluate_rows, load_rows, summarise
+    from moesim.ingest.packaged import measurements_csv
+    from moesim.report.text import validate_text
+    rows = [r for r in load_rows(measurements_csv()) if r["id"] in ("DC-05", "DC-15", "DC-01")]
+    _, records, skipped = evaluate_rows(rows)
+    by_id = {r["id"]: r for r in records}
+    assert by_id["DC-01"]["serving"] is None
+    for rid, conc, osl in (("DC-05", 1024, 2048), ("DC-15", 32, 1024)):
+        r = by_id[rid]
+        assert r["serving"]["workload"]["concurrency"] == conc and r["serving"]["workload"]["osl"] == osl
+        assert r["decode_predicted"] == r["serving"]["decode"] != r["decode_step_predicted"]
+        assert r["aggregate_err"] is not None
+    s = summarise(records, skipped)
+    assert s["serving"]["decode"]["n"] == 2 and s["serving"]["rows"] == ["DC-05", "DC-15"]
+    assert "serving rows (serve-sim" in validate_text({"summary": s, "rows": records})
