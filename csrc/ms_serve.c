@@ -6,7 +6,8 @@
  * One step: the running requests in admission order each take their next tokens (one decode token, or
  * the next chunk of a prompt or of a recomputation) within the token budget, allocating KV blocks as
  * they go; a request that needs a block when none is free preempts the last-admitted running request
- * (possibly itself), which frees its blocks and waits at the head of the queue to be recomputed. Only
+ * (possibly itself; vLLM v1's FCFS `self.running.pop()`, vllm/v1/core/sched/scheduler.py), which frees its
+ * blocks and waits at the head of the queue to be recomputed (docs.vllm.ai configuration/optimization). Only
  * when nothing was preempted are waiting requests admitted, in order, while budget, max_num_seqs and
  * free blocks allow. A request emits a token whenever every token it holds has its KV computed.
  */
