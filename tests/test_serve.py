@@ -241,3 +241,34 @@ def test_validate_predicts_serving_rows_with_serve_sim():
     s = summarise(records, skipped)
     assert s["serving"]["decode"]["n"] == 2 and s["serving"]["rows"] == ["DC-05", "DC-15"]
     assert "serving rows (serve-sim" in validate_text({"summary": s, "rows": records})
+
+
+# ------------------------------------------------------------------------------ command line
+def test_cli_serve_sim_text_and_json(capsys):
+    import json
+    from moesim.cli import main
+    base = ["serve-sim", "gpt-oss-20b", "--gpu", "h100-sxm", "--isl", "256", "--osl", "16"]
+    assert main(base + ["--concurrency", "4", "--slo-ttft-ms", "1000", "--slo-tpot-ms", "50",
+                        "--prefix-tokens", "128"]) == 0
+    text = capsys.readouterr().out
+    assert "TTFT ms" in text and "goodput" in text and "prefix cache 8 blocks shared" in text
+    assert main(base + ["--rate", "5", "--requests", "20", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["workload"]["rate"] == 5.0 and d["workload"]["requests"] == 20 and d["kv"]["n_blocks"] > 0
+    assert main(base + ["--sweep-concurrency", "1,4", "--json"]) == 0
+    assert [p["concurrency"] for p in json.loads(capsys.readouterr().out)["points"]] == [1, 4]
+    assert main(base + ["--sweep-concurrency", "1,4"]) == 0
+    assert "Pareto point" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("extra, message", [
+    ([], "give --rate, --concurrency or --sweep-concurrency"),
+    (["--rate", "1", "--concurrency", "2"], "not allowed with"),
+    (["--sweep-concurrency", "1,x"], "comma-separated integers"),
+    (["--concurrency", "2", "--isl", "200000"], "isl"),
+])
+def test_cli_serve_sim_errors_are_one_line(capsys, extra, message):
+    from moesim.cli import main
+    assert main(["serve-sim", "gpt-oss-20b", "--gpu", "h100-sxm", *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err

@@ -131,6 +131,9 @@ def serve_sim(model, machine, quant="native", isl: int = 1024, osl: int = 256, r
     rate, concurrency, isl, osl, requests, prefix_tokens = _check_workload(rate, concurrency, isl, osl, requests,
                                                                            prefix_tokens)
     seed = check_count(seed, "seed", minimum=0, maximum=2**63 - 1)
+    if m.max_context and isl + osl > m.max_context:
+        raise MoesimError(f"isl + osl = {isl + osl:,} tokens is above {m.id}'s maximum context of "
+                          f"{m.max_context:,}", "isl")
     context, notes = check_context(isl + osl, m, False)
     c = configure_run(m, quant, machine, runtime, placement, context, 1, kv_dtype, 0, parallel)
     if not c.mem.fits_bits:

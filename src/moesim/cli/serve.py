@@ -1,6 +1,8 @@
 """``moesim serve-sim``: a continuous-batching server under load (Poisson or closed-loop clients)."""
 from __future__ import annotations
 
+import argparse
+
 from ..errors import MoesimError
 from ._args import _MODEL_HELP, _add_machine_flags, _machine_from, _number, _positive_int, _print_json
 
@@ -10,10 +12,9 @@ def concurrency_levels(text: str) -> list:
     try:
         levels = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise MoesimError(f"expected comma-separated integers such as 1,2,4,8, got {text!r}",
-                          "--sweep-concurrency") from None
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 1,2,4,8, got {text!r}") from None
     if not levels or min(levels) < 1:
-        raise MoesimError(f"expected concurrencies >= 1, got {text!r}", "--sweep-concurrency")
+        raise argparse.ArgumentTypeError(f"expected concurrencies >= 1, got {text!r}")
     return levels
 
 
