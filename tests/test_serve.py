@@ -272,3 +272,23 @@ def test_cli_serve_sim_errors_are_one_line(capsys, extra, message):
     assert main(["serve-sim", "gpt-oss-20b", "--gpu", "h100-sxm", *extra]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err
+
+
+_HOSTILE = st.sampled_from([None, 0, 1, 3, -1, 2.5, float("nan"), float("inf"), True, "7", 10**12])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.dictionaries(st.sampled_from(["rate", "concurrency", "isl", "osl", "max_num_batched_tokens", "max_num_seqs",
+                                        "requests", "seed", "slo_ttft_ms", "slo_tpot_ms", "prefix_tokens"]),
+                       _HOSTILE, max_size=4))
+def test_hostile_arguments_give_a_result_or_a_moesim_error(kw):
+    args = dict(SMALL, isl=64, osl=4, concurrency=2, requests=4)
+    args.update(kw)
+    if args.get("requests") == 10**12 or args.get("isl") == 10**12:
+        args["concurrency"] = None if args.get("rate") is not None else args.get("concurrency")
+    try:
+        r = serve_sim(**args)
+    except MoesimError as exc:
+        assert exc.field
+        return
+    assert r.aggregate_tok_s > 0 and r.ttft_ms["p50"] >= 0

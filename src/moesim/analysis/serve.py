@@ -131,6 +131,9 @@ def serve_sim(model, machine, quant="native", isl: int = 1024, osl: int = 256, r
     rate, concurrency, isl, osl, requests, prefix_tokens = _check_workload(rate, concurrency, isl, osl, requests,
                                                                            prefix_tokens)
     seed = check_count(seed, "seed", minimum=0, maximum=2**63 - 1)
+    for name, slo in (("slo_ttft_ms", slo_ttft_ms), ("slo_tpot_ms", slo_tpot_ms)):
+        if slo is not None:
+            _check_fraction(slo, name, lo=0.0, hi=1e12)
     if m.max_context and isl + osl > m.max_context:
         raise MoesimError(f"isl + osl = {isl + osl:,} tokens is above {m.id}'s maximum context of "
                           f"{m.max_context:,}", "isl")
@@ -145,7 +148,9 @@ def serve_sim(model, machine, quant="native", isl: int = 1024, osl: int = 256, r
     if one > pool["n_blocks"]:
         raise MoesimError(f"the KV pool ({pool['n_blocks']} blocks of {pool['block_size']} tokens after the "
                           f"weights) cannot hold one {isl}+{osl}-token request ({one} blocks)", "isl")
-    most = min(seqs, concurrency or seqs, pool["n_blocks"] // max(1, one - pool["snapshot_blocks"]) + 1, requests)
+    # the most requests that can run at once: each holds at least its first chunk's blocks and its state
+    smallest = math.ceil(min(isl - pool["prefix_blocks"] * pool["block_size"], budget) / pool["block_size"])
+    most = min(seqs, concurrency or seqs, requests, pool["n_blocks"] // max(1, smallest + pool["state_blocks"]))
     rtab, routing_name, _ = routing_table(m, routing, None, 0)
     s = _load_catalog("runtimes")["serving"]
     table = step_table(m, c, machine, isl, osl, budget, max(1, most), rtab, pool["prefix_blocks"] * pool["block_size"],
