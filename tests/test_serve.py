@@ -189,15 +189,22 @@ def test_goodput_counts_requests_within_slo():
 
 
 def test_linear_attention_prefix_keeps_state_snapshots():
-    """qwen3-next (Gated DeltaNet + attention): each cached block boundary of the prefix keeps one
-    recurrent-state snapshot, counted against the KV pool; a model without recurrent state keeps none."""
+    """qwen3-next (Gated DeltaNet + attention) under vLLM: a page holds one layer's whole recurrent state, so
+    the block is 16 x ceil(2,146,304 / (16 x 2,048)) = 1,056 tokens (per GDN layer 32 heads x 128 x 128 fp32
+    + a 3 x 8,192 bf16 conv state; per attention layer 2 KV heads x 256 x 2 x 2 B per token); each cached
+    block boundary keeps one state snapshot, counted against the pool. SGLang keeps one per cached prefix
+    (its radix-tree node), at its page of 1 token. A model without recurrent state keeps none."""
     m = moesim.machine(gpu="h200", gpus=2)
-    r = serve_sim("qwen3-next-80b-a3b", m, quant="fp8", isl=1024, osl=16, concurrency=2, requests=4,
-                  prefix_tokens=800)
-    kv = r.kv
-    assert kv["state_bytes_per_seq"] > 0 and kv["state_blocks"] >= 1
-    assert kv["snapshot_bytes"] == kv["prefix_blocks"] * kv["state_bytes_per_seq"]
+    kw = dict(quant="fp8", isl=3000, osl=16, concurrency=2, requests=4, prefix_tokens=2500)
+    kv = serve_sim("qwen3-next-80b-a3b", m, **kw).kv
+    assert kv["block_size"] == 1056 and kv["state_bytes_per_seq"] == 36 * 2146304
+    assert kv["prefix_blocks"] == 2 and kv["snapshots"] == 2 and kv["state_blocks"] >= 1
+    assert kv["snapshot_bytes"] == 2 * kv["state_bytes_per_seq"]
     assert kv["snapshot_blocks"] == math.ceil(kv["snapshot_bytes"] / kv["bytes_per_block"])
+    short = serve_sim("qwen3-next-80b-a3b", m, **dict(kw, prefix_tokens=800)).kv
+    assert short["prefix_blocks"] == 0 and short["snapshot_blocks"] == 0     # shorter than a block: no hit
+    sg = serve_sim("qwen3-next-80b-a3b", m, runtime="sglang", **kw).kv
+    assert sg["block_size"] == 1 and sg["prefix_blocks"] == 2500 and sg["snapshots"] == 1
     assert _serve(concurrency=2, prefix_tokens=256).kv["snapshot_blocks"] == 0
 
 

@@ -77,6 +77,22 @@ def scheduler_limits(machine, rt, max_num_batched_tokens=None, max_num_seqs=None
     return tokens, seqs, note
 
 
+def hybrid_block_size(c) -> int:
+    """vLLM's block size for a model with recurrent-state layers (0 for any other): one page must hold a
+    layer's whole state, so the attention block grows to B = 16 x ceil(state page / (16 x one token's
+    attention page)) tokens (vllm/platforms/interface.py; "Setting attention block size to 528 tokens to
+    ensure that attention page size is >= mamba page size" for Qwen3.5-4B, vLLM issue #40696). SGLang and
+    TensorRT-LLM keep their own page (their recurrent states live in a separate pool)."""
+    low, rt = c.low, c.runtime
+    state = float(np.max(low.kv_state)) if len(low.kv_state) else 0.0
+    if state <= 0 or rt.id != "vllm":
+        return 0
+    kvb = float(c.cfg["kv_bytes_per_elem"])
+    token = float(np.max(np.asarray(low.kv_elems) * kvb + np.asarray(low.kv_fixed)))
+    base = max(1, int(rt.kv_granularity))
+    return base * math.ceil(state / (base * token)) if token > 0 else base
+
+
 def kv_pool(m, c, isl: int, osl: int, prefix_tokens: int) -> dict:
     """The KV block pool of configuration *c* (``resolve.Configured`` at context isl + osl, batch 1)."""
     mem = c.mem
@@ -85,17 +101,20 @@ def kv_pool(m, c, isl: int, osl: int, prefix_tokens: int) -> dict:
     cap = caps["gpu" if tier == TIER_GPU else "host"]
     cache = float(mem.by_class[CLASS_KV, tier] + mem.by_class[CLASS_STATE, tier])
     free = cap - float(mem.tier[tier]) + cache
-    block = max(1, int(c.runtime.kv_granularity))
+    block = hybrid_block_size(c) or max(1, int(c.runtime.kv_granularity))
     per_token = float(mem.kv) / (isl + osl)
     block_bytes = max(block * per_token, 1.0)
     state = float(mem.state)
     n_blocks = max(0, int(free // block_bytes))
     prefix_blocks = min(prefix_tokens // block, (isl - 1) // block) if prefix_tokens else 0
+    # recurrent-state snapshots the cached prefix keeps: vLLM one per block boundary (PR #45845); SGLang's
+    # MambaRadixCache one per radix-tree node holding a state, here the node where the shared prefix ends
+    snapshots = prefix_blocks if c.runtime.id == "vllm" else min(1, prefix_blocks)
     return dict(tier="gpu" if tier == TIER_GPU else "host", free_bytes=free, block_size=block,
                 bytes_per_token=per_token, bytes_per_block=block_bytes, n_blocks=n_blocks,
                 tokens=n_blocks * block, state_bytes_per_seq=state, state_blocks=math.ceil(state / block_bytes),
-                prefix_blocks=prefix_blocks, snapshot_bytes=prefix_blocks * state,
-                snapshot_blocks=math.ceil(prefix_blocks * state / block_bytes))
+                prefix_blocks=prefix_blocks, snapshots=snapshots, snapshot_bytes=snapshots * state,
+                snapshot_blocks=math.ceil(snapshots * state / block_bytes))
 
 
 def _check_workload(rate, concurrency, isl, osl, requests, prefix_tokens) -> tuple:
