@@ -81,8 +81,8 @@ def hybrid_block_size(c) -> int:
     """vLLM's block size for a model with recurrent-state layers (0 for any other): one page must hold a
     layer's whole state, so the attention block grows to B = 16 x ceil(state page / (16 x one token's
     attention page)) tokens (vllm/platforms/interface.py; "Setting attention block size to 528 tokens to
-    ensure that attention page size is >= mamba page size" for Qwen3.5-4B, vLLM issue #40696). SGLang and
-    TensorRT-LLM keep their own page (their recurrent states live in a separate pool)."""
+    ensure that attention page size is >= mamba page size" for Qwen3.5-4B, vLLM issue #40696). Other
+    runtimes keep their own page size here."""
     low, rt = c.low, c.runtime
     state = float(np.max(low.kv_state)) if len(low.kv_state) else 0.0
     if state <= 0 or rt.id != "vllm":
