@@ -22,6 +22,8 @@
 #define MS_ERR_BAD_WORKSPACE   (-10)
 #define MS_ERR_BAD_MACHINE     (-11)
 #define MS_ERR_BAD_SWEEP       (-12)
+#define MS_ERR_BAD_SERVE       (-13)
+#define MS_ERR_KV_TOO_SMALL    (-14)
 
 const char *ms_strerror(int err);
 
@@ -440,5 +442,53 @@ int ms_auto_placement(const ms_sweep_mem_t *g, int64_t context, int64_t batch, i
  * rule picks for that context: the largest of the candidates' own (the rule picks one that fits whenever
  * one does); for MS_SWEEP_FIXED that of candidate 0. Sweeps report the same value. */
 int ms_auto_max_context(const ms_sweep_mem_t *g, int64_t batch, int64_t *max_context);
+
+/* =====================================================================================================
+ * Serving under load (csrc/ms_serve.c): a continuous-batching scheduler over a step-cost table.
+ *
+ * Requests of isl prompt and osl output tokens arrive (Poisson at `rate`, or a closed loop of
+ * `concurrency` clients); each step schedules the running requests first (a decode token, or the next
+ * chunk of a prompt), then, if nothing was preempted, admits waiting ones in arrival order, all under
+ * max_num_batched_tokens and max_num_seqs (vLLM v1's scheduler). KV lives in blocks of block_size
+ * tokens; a request that needs a block when none is free preempts the last-admitted running request,
+ * whose KV is freed and recomputed when it is admitted again (vLLM v1: recompute). A step's seconds:
+ * decode(b, mean context) + prefill(tokens, token-weighted depth) - min(forward_s, either), both by
+ * bilinear interpolation in the tables (clamped at their edges).
+ * ===================================================================================================== */
+typedef struct {
+    int32_t n_b, n_c, n_p, n_d;
+    const double *grid_b, *grid_c;   /* decode batch sizes, mean contexts (ascending) */
+    const double *decode_s;          /* [n_b][n_c] seconds of a decode step */
+    const double *grid_p, *grid_d;   /* prompt tokens in a step, their token-weighted mean depth (ascending) */
+    const double *prefill_s;         /* [n_p][n_d] seconds of a forward over those prompt tokens */
+    double forward_s;                /* a forward's fixed cost (weights, launches), paid once by a mixed step */
+} ms_serve_table_t;
+
+typedef struct {
+    int32_t closed_loop;             /* 1: `concurrency` clients, each sends its next request when one ends */
+    int64_t concurrency;
+    double rate;                     /* Poisson arrivals per second (closed_loop 0) */
+    int64_t n_requests;
+    int64_t isl, osl;                /* prompt and output tokens per request */
+    int64_t max_num_batched_tokens, max_num_seqs;
+    int64_t block_size, n_blocks;    /* KV pool: blocks of block_size tokens */
+    int64_t state_blocks;            /* blocks a running request's recurrent state takes (linear attention) */
+    int64_t prefix_blocks;           /* shared-prefix blocks a later request skips (0: no prefix caching) */
+    int64_t snapshot_blocks;         /* extra blocks the cached prefix keeps (recurrent-state snapshots) */
+    int64_t max_steps;               /* defence: more steps is MS_ERR_BAD_SERVE */
+} ms_serve_config_t;
+
+typedef struct {                     /* caller-owned per-request columns of n_requests entries */
+    double *arrival_s, *first_token_s, *finish_s;
+    int32_t *preemptions;
+    int64_t steps, preempted, max_running, peak_blocks;
+    double busy_s;                   /* seconds with at least one step running */
+} ms_serve_out_t;
+
+double ms_serve_interp(const double *gx, int32_t nx, const double *gy, int32_t ny, const double *v, double x,
+                       double y);
+int64_t ms_serve_workspace_size(const ms_serve_config_t *c);
+int ms_serve(const ms_serve_table_t *t, const ms_serve_config_t *c, ms_rng_t *rng, void *workspace,
+             int64_t workspace_bytes, ms_serve_out_t *out);
 
 #endif

@@ -17,6 +17,8 @@ const char *ms_strerror(int err)
     case MS_ERR_BAD_WORKSPACE: return "workspace smaller than ms_decode_workspace_size()";
     case MS_ERR_BAD_MACHINE: return "a bandwidth or FLOP rate was not positive";
     case MS_ERR_BAD_SWEEP: return "sweep tables inconsistent (placement, variant or kind index out of range)";
+    case MS_ERR_BAD_SERVE: return "serving workload or step table out of range (sizes, grids, rate or steps)";
+    case MS_ERR_KV_TOO_SMALL: return "the KV cache cannot hold one request's first prompt chunk";
     default: return "unknown moesim error";
     }
 }

@@ -73,6 +73,13 @@ FLAGS = {
              "--placement": COMMON["--placement"], "--runtime": COMMON["--runtime"] + ["sglang"], "--batch": NUM,
              "--json": None},
     "export-site": {"--threads": NUM, "--json": None},
+    "serve-sim": {**MACHINE_FLAGS, "--quant": QUANT, "--kv-dtype": COMMON["--kv-dtype"],
+                  "--placement": COMMON["--placement"], "--runtime": COMMON["--runtime"] + ["sglang", "trtllm"],
+                  "--parallel": SPEED["--parallel"], "--routing": SPEED["--routing"], "--rate": NUM + ["0.5", "1e-12"],
+                  "--concurrency": NUM, "--sweep-concurrency": ["1,2", "4", "0,1", "x", "", "2147483648"],
+                  "--isl": NUM, "--osl": NUM, "--max-num-batched-tokens": NUM, "--max-num-seqs": NUM,
+                  "--requests": NUM, "--seed": NUM, "--slo-ttft-ms": NUM, "--slo-tpot-ms": NUM,
+                  "--prefix-tokens": NUM + ["48"], "--json": None},
 }
 INTS = ["512,4096", "4096", "0", "-1", "1,2", "x", "", ",", "512,,4096", "2147483648", "1e3", "4096,4096"]
 # plot KIND: each kind's flags (--out is added by _argv: a tmp file, or now and then one that cannot be written)
@@ -107,7 +114,8 @@ POSITIONAL = {"fit": MODELS + ["@gguf", "@config"], "simulate": MODELS + ["@gguf
               "plot context": MODELS + ["@gguf"], "plot breakdown": MODELS + ["@gguf"],
               "plot cache": MODELS + ["@config"], "plot offload-cliff": MODELS + ["@gguf"],
               "plot validation": ["@csv", "@bad.csv", "@gguf", "@dir"],
-              "export-site": ["@site", "@badsite", "@spec", "@csv", "/nonexistent.toml", "@dir"]}
+              "export-site": ["@site", "@badsite", "@spec", "@csv", "/nonexistent.toml", "@dir"],
+              "serve-sim": MODELS + ["@gguf", "@config"]}
 SITE_OUT = ["@site0", "@site1", "@site2"] * 4 + ["@dir", "@csv", "/proc/site", "@under-file", ""]
 # (never a missing absolute folder for export-site: it makes the folder with its parents, outside the
 # test's tmp folder)
@@ -120,7 +128,7 @@ JUNK = ["--bogus", "-x", "--", "extra", "--json=1", "--help", "--version", "-", 
 WEIGHTS = {"fit": 6, "simulate": 6, "inspect": 5, "validate": 2, "sweep": 3, "calibrate": 0.3, "models": 0.3,
            "hardware": 0.3, "quants": 0.3, "rank": 1, "compare": 3, "plan": 1, "plot context": 0.7,
            "plot heatmap": 0.7, "plot breakdown": 0.7, "plot cache": 0.7, "plot offload-cliff": 0.7,
-           "plot validation": 0.2, "export-site": 0.7}
+           "plot validation": 0.2, "export-site": 0.7, "serve-sim": 2}
 
 
 @pytest.fixture(scope="module")
@@ -179,6 +187,12 @@ def _keep_cheap(rng: random.Random, cmd: str, argv: list, files: dict, i: int) -
         argv += ["--out", str(files["root"] / f"out{i % 7}")]
     if cmd == "simulate" and "--tokens" not in argv:
         argv += ["--tokens", "32"]          # keeps a case cheap; --tokens itself is fuzzed above
+    if cmd == "serve-sim":                  # a short workload unless the case fuzzes it
+        for flag, value in (("--isl", "64"), ("--osl", "4"), ("--requests", "8")):
+            if flag not in argv:
+                argv += [flag, value]
+        if not {"--rate", "--concurrency", "--sweep-concurrency"} & set(argv) and rng.random() < 0.9:
+            argv += ["--concurrency", "2"]
     if cmd == "rank" and not any(a.startswith("family=") for a in argv):
         argv += ["--filter", rng.choice(RANK_FAMILIES)]
     if cmd == "plan" and "--quant" not in argv and rng.random() < 0.7:

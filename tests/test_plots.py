@@ -126,6 +126,7 @@ def test_offload_cliff_falls_and_leaves_gaps_where_it_does_not_fit():
     ["breakdown", MODEL, "--machine", MACHINE, "--placement", "all-gpu", "--placement", "cpu-only"],
     ["cache", MODEL, "--machine", MACHINE, "--cache-sizes", "8,16,64"],
     ["offload-cliff", MODEL, "--machine", MACHINE, "--n-cpu-moe", "0,12,48"],
+    ["serving", "gpt-oss-20b", "--gpu", "h100-sxm", "--sweep-concurrency", "1,8", "--isl", "256", "--osl", "16"],
 ])
 def test_cli_writes_each_kind(tmp_path, capsys, argv):
     out = tmp_path / f"{argv[0]}.png"

@@ -15,8 +15,9 @@ from .analysis.plan import plan  # noqa: E402
 from .analysis.simulate import Result, simulate  # noqa: E402
 from .analysis.sweep import SweepTable, sweep  # noqa: E402
 from .analysis.validate import validate  # noqa: E402
+from .analysis.serve import ServeResult, serve_sim  # noqa: E402
 from .analysis.views import compare, rank  # noqa: E402
 
 __all__ = ["MoesimError", "Model", "model", "model_ids", "machine", "local_machine", "fit", "plan", "simulate", "Result",
-           "sweep", "SweepTable", "validate", "rank", "compare",
+           "sweep", "SweepTable", "validate", "rank", "compare", "serve_sim", "ServeResult",
            "__version__"]

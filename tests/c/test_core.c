@@ -84,7 +84,7 @@ static double rnd_unit(void) { return (double) (rnd() >> 11) * (1.0 / 9007199254
 /* ---------------------------------------------------------------------------- error table and RNG */
 static void test_strerror_and_rng(void)
 {
-    for (int code = 0; code >= -12; code--) {
+    for (int code = 0; code >= -14; code--) {
         const char *s = ms_strerror(code);
         CHECK(s != NULL && strlen(s) > 0 && strcmp(s, "unknown moesim error") != 0);
     }
@@ -968,6 +968,48 @@ static void test_screen(void)
     CHECK(ms_sweep_screen(&m, &d, &seg, 1, lut, 2, 1e-9, 1 << 30, 2, &first) == MS_ERR_BAD_SIZE);
 }
 
+/* ---------------------------------------------------------------------------- serving scheduler */
+static void test_serve(void)
+{
+    static const double gb[2] = {1.0, 8.0}, gc[2] = {1.0, 1000.0}, dec[4] = {0.01, 0.02, 0.02, 0.04};
+    static const double gp[2] = {1.0, 512.0}, gd[2] = {0.0, 1000.0}, pf[4] = {0.01, 0.02, 0.1, 0.2};
+    ms_serve_table_t t = {2, 2, 2, 2, gb, gc, dec, gp, gd, pf, 0.01};
+    ms_serve_config_t c = {1, 8, 0.0, 32, 100, 50, 256, 8, 16, 1000, 0, 0, 0, 1000000};
+    double arr[32], first[32], fin[32];
+    int32_t pre[32];
+    ms_serve_out_t out = {arr, first, fin, pre, 0, 0, 0, 0, 0.0};
+    ms_rng_t rng;
+    int64_t ws_bytes = ms_serve_workspace_size(&c);
+    void *ws = malloc((size_t) ws_bytes);
+    int ok = 1;
+    ms_rng_init(&rng, 1, 2, 0);
+    CHECK(ws != NULL && ws_bytes == 8 * 32 * (int64_t) sizeof(int64_t));
+    CHECK(ms_serve(NULL, &c, &rng, ws, ws_bytes, &out) == MS_ERR_NULL_ARGUMENT);
+    CHECK(ms_serve(&t, &c, &rng, ws, ws_bytes - 1, &out) == MS_ERR_BAD_WORKSPACE);
+    CHECK(ms_serve(&t, &c, &rng, ws, ws_bytes, &out) == 0);
+    for (int i = 0; i < 32; i++) ok &= fin[i] >= first[i] && first[i] >= arr[i] && arr[i] >= 0.0;
+    CHECK(ok && out.steps > 0 && out.preempted == 0 && out.max_running == 8);
+    c.n_blocks = 20;                         /* two whole requests: preemption and recompute */
+    CHECK(ms_serve(&t, &c, &rng, ws, ws_bytes, &out) == 0 && out.preempted > 0 && out.peak_blocks <= 20);
+    c.n_blocks = 3;                          /* not even one prompt chunk */
+    CHECK(ms_serve(&t, &c, &rng, ws, ws_bytes, &out) == MS_ERR_KV_TOO_SMALL);
+    c.n_blocks = 1000;
+    c.closed_loop = 0;
+    c.rate = 0.0;
+    CHECK(ms_serve(&t, &c, &rng, ws, ws_bytes, &out) == MS_ERR_BAD_SERVE);
+    c.rate = 50.0;
+    c.max_steps = 3;
+    CHECK(ms_serve(&t, &c, &rng, ws, ws_bytes, &out) == MS_ERR_BAD_SERVE);
+    c.max_steps = 1000000;
+    CHECK(ms_serve(&t, &c, &rng, ws, ws_bytes, &out) == 0 && arr[31] > arr[0]);
+    t.grid_b = gc;                           /* still ascending: fine */
+    CHECK(ms_serve(&t, &c, &rng, ws, ws_bytes, &out) == 0);
+    t.n_b = 0;
+    CHECK(ms_serve(&t, &c, &rng, ws, ws_bytes, &out) == MS_ERR_BAD_SERVE);
+    CHECK(fabs(ms_serve_interp(gb, 2, gc, 2, dec, 4.5, 1.0) - 0.015) < 1e-15);
+    free(ws);
+}
+
 int main(void)
 {
     test_strerror_and_rng();
@@ -979,6 +1021,7 @@ int main(void)
     test_sweep_memory_and_placement();
     test_sweep_decode();
     test_screen();
+    test_serve();
     printf("stamp digest %016llx (MS_STAMP_MAX %d)\n", (unsigned long long) stamp_digest(), (int) MS_STAMP_MAX);
     printf("%d passed, %d failed\n", n_pass, n_fail);
     return n_fail ? 1 : 0;

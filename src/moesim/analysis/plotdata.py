@@ -238,3 +238,16 @@ def offload_cliff_data(model, machine, quants=None, counts=None, context: int = 
             "subtitle": _describe(mach) + f"; context {context}",
             "xlabel": f"--n-cpu-moe N (MoE layers of {n} with experts in host RAM)",
             "ylabel": "decode tok/s per sequence", "xscale": "linear", "series": series}
+
+
+def serving_data(model, machine, levels, **kw) -> dict:
+    """``plot serving``: serve-sim's concurrency sweep (analysis.serve.sweep_concurrency) as a curve of
+    tok/s per GPU against tok/s per user, its Pareto points marked."""
+    from .serve import sweep_concurrency
+    curve = sweep_concurrency(model, machine, levels, **kw)
+    w = curve["workload"]
+    return dict(kind="serving", points=curve["points"],
+                title=f"{getattr(model, 'id', model)}: throughput vs interactivity, {w.get('isl', 1024)} in / "
+                      f"{w.get('osl', 256)} out", subtitle=f"{getattr(machine, 'id', machine)}; closed loop at each concurrency (moesim serve-sim)",
+                xlabel="tok/s per user (1 / TPOT)", ylabel="output tok/s per GPU")
+

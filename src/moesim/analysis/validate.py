@@ -427,6 +427,9 @@ def evaluate_rows(rows: list, calibrated: bool = True) -> tuple:
             continue
         dec, pf = pr.predict()
         check_prediction(dec, pf)
+        step_dec, serving = dec, _serving(row, pr)
+        if serving and serving.get("decode") is not None:
+            dec = serving["decode"]
         rec = {"id": row["id"], "class": row_class(row), "quality": row["quality"], "model": cfg.model,
                "quant": cfg.quant, "runtime": pr.rt.id, "placement": str(pr.p), "batch": cfg.batch,
                "context": cfg.context, "decode_measured": meas_d, "decode_predicted": dec if meas_d else None,
@@ -435,10 +438,34 @@ def evaluate_rows(rows: list, calibrated: bool = True) -> tuple:
                "roofline_err": _err(pr.roofline_tok_s, meas_d) if meas_d else None,
                "prefill_measured": meas_p, "prefill_predicted": pf if meas_p else None,
                "prefill_err": _err(pf, meas_p) if meas_p else None, "source": row["source"],
-               "assumed": cfg.assumed}
+               "assumed": cfg.assumed, "serving": serving}
+        if serving is not None:
+            agg = _num(row, "aggregate_tok_s")
+            rec.update(decode_step_predicted=step_dec, decode_step_err=_err(step_dec, meas_d) if meas_d else None,
+                       aggregate_measured=agg, aggregate_predicted=serving.get("aggregate"),
+                       aggregate_err=_err(serving.get("aggregate"), agg))
         prepared.append(pr)
         records.append(rec)
     return prepared, records, skipped
+
+
+def _serving(row: dict, pr) -> "dict | None":
+    """serve-sim's prediction for a serving row (:mod:`.serving_rows`), None for any other row."""
+    from .serving_rows import predict_serving, serving_workload
+    wl = serving_workload(row, pr.cfg.batch, pr.cfg.prompt, max(1, pr.rt.decode.data_parallel))
+    if wl is None:
+        return None
+    return dict(workload=wl, **predict_serving(pr, wl))
+
+
+def _serving_summary(head: list) -> dict:
+    rows = [r for r in head if r.get("serving")]
+    return {"decode": _stats([r["decode_err"] for r in rows]),
+            "decode_as_batch_step": _stats([r["decode_step_err"] for r in rows]),
+            "aggregate": _stats([r["aggregate_err"] for r in rows]),
+            "rows": [r["id"] for r in rows],
+            "note": "rows benchmarked at a stated concurrency, predicted by serve-sim (decode_as_batch_step: the "
+                    "same rows as one isolated decode step of batch = concurrency, the prediction before serve-sim)"}
 
 
 def summarise(records: list, skipped: list) -> dict:
@@ -456,6 +483,7 @@ def summarise(records: list, skipped: list) -> dict:
         "median_abs_pct_err": dec["median_abs_pct_err"], "p90_abs_pct_err": dec["p90_abs_pct_err"],
         "decode": dec, "prefill": _stats([r["prefill_err"] for r in head]),
         "roofline_decode": _stats([r["roofline_err"] for r in head]), "by_class": by_class,
+        "serving": _serving_summary(head),
         "quality_c": {"decode": _stats([r["decode_err"] for r in records if r["quality"] == "C"]),
                       "note": "quality C rows (anecdotal) are reported here, not in the headline"},
         "rows_evaluated": len(records), "rows_skipped": skipped,

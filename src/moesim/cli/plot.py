@@ -15,6 +15,7 @@ KINDS = {
     "cache": "GPU expert-cache hit rate vs cache size, one line per policy",
     "offload-cliff": "decode tok/s vs llama.cpp --n-cpu-moe N",
     "validation": "predicted vs measured decode tok/s (the packaged measurements, or a CSV)",
+    "serving": "tok/s per GPU vs tok/s per user over concurrencies (serve-sim), Pareto points marked",
 }
 
 
@@ -71,6 +72,12 @@ def add_parsers(sub) -> None:
     k.add_argument("--n-cpu-moe", dest="counts", type=_int_list, help="comma-separated N (default: 0 to all layers)")
     k.add_argument("--context", type=_positive_int, default=4096)
     k.add_argument("--runtime", default="auto")
+    k = kinds.add_parser("serving", help=KINDS["serving"])
+    from .serve import add_workload_flags, concurrency_levels
+    add_workload_flags(k)
+    k.add_argument("--sweep-concurrency", type=concurrency_levels, default=[1, 2, 4, 8, 16, 32, 64, 128],
+                   metavar="C1,C2,...", help="concurrencies (default 1,2,4,...,128)")
+    _common(k, model=False)
     k = kinds.add_parser("validation", help=KINDS["validation"])
     k.add_argument("data", nargs="?", help="CSV of measured runs (default: the packaged measurements)")
     k.add_argument("--uncalibrated", action="store_true", help="use the sourced priors, not calibration.toml")
@@ -104,6 +111,9 @@ def _plot_data(args, mach):
     if args.kind == "breakdown":
         return D.breakdown_data(args.model, mach, placements=args.placement, quant=args.quant, context=args.context,
                                 runtime=args.runtime)
+    if args.kind == "serving":
+        from .serve import workload_kwargs
+        return D.serving_data(args.model, mach, args.sweep_concurrency, **workload_kwargs(args))
     if args.kind == "cache":
         return D.cache_data(args.model, mach, sizes=args.cache_sizes, policies=args.policy, quant=args.quant,
                             context=args.context, mode=args.mode, tokens=args.tokens)

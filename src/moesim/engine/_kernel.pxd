@@ -289,3 +289,31 @@ cdef extern from "moesim.h" nogil:
                         double rel, int64_t max_batch, int n_threads, int64_t *first_flagged)
     int ms_auto_placement(const ms_sweep_mem_t *g, int64_t context, int64_t batch, int32_t *chosen)
     int ms_auto_max_context(const ms_sweep_mem_t *g, int64_t batch, int64_t *max_context)
+
+    ctypedef struct ms_serve_table_t:
+        int32_t n_b, n_c, n_p, n_d
+        const double *grid_b
+        const double *grid_c
+        const double *decode_s
+        const double *grid_p
+        const double *grid_d
+        const double *prefill_s
+        double forward_s
+    ctypedef struct ms_serve_config_t:
+        int32_t closed_loop
+        int64_t concurrency
+        double rate
+        int64_t n_requests, isl, osl, max_num_batched_tokens, max_num_seqs
+        int64_t block_size, n_blocks, state_blocks, prefix_blocks, snapshot_blocks, max_steps
+    ctypedef struct ms_serve_out_t:
+        double *arrival_s
+        double *first_token_s
+        double *finish_s
+        int32_t *preemptions
+        int64_t steps, preempted, max_running, peak_blocks
+        double busy_s
+    double ms_serve_interp(const double *gx, int32_t nx, const double *gy, int32_t ny, const double *v, double x,
+                           double y)
+    int64_t ms_serve_workspace_size(const ms_serve_config_t *c)
+    int ms_serve(const ms_serve_table_t *t, const ms_serve_config_t *c, ms_rng_t *rng, void *workspace,
+                 int64_t workspace_bytes, ms_serve_out_t *out)

@@ -9,7 +9,8 @@ modules above. One extension module, its parts included per struct family:
 - ``_kernel_memory.pxi``: ms_model_t / ms_mem_config_t, ``memory_many``;
 - ``_kernel_decode.pxi``: ms_decode_model_t / ms_machine_t / ms_decode_config_t, ``decode_many``;
 - ``_kernel_routing.pxi``: ms_routing_t, ``q_tables``, ``route_sample``, ``cache_replay``;
-- ``_kernel_sweep_memory.pxi`` / ``_kernel_sweep_decode.pxi``: the sweep groups and loops.
+- ``_kernel_sweep_memory.pxi`` / ``_kernel_sweep_decode.pxi``: the sweep groups and loops;
+- ``_kernel_serve.pxi``: the serving scheduler ``serve``.
 """
 import numpy as np
 cimport numpy as cnp
@@ -67,3 +68,4 @@ include "_kernel_routing.pxi"
 include "_kernel_sweep_memory.pxi"
 include "_kernel_sweep_decode.pxi"
 include "_place.pxi"
+include "_kernel_serve.pxi"

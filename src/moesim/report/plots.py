@@ -211,8 +211,30 @@ def validation_plot(report: dict, out) -> None:
     save(validation_figure(report), out)
 
 
+def serving_figure(data: dict):
+    """Throughput per GPU against tok/s per user, one point per concurrency (labelled), Pareto points filled."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 5.2))
+    pts = [p for p in data["points"] if p["per_user_tok_s"] is not None]
+    ax.plot([p["per_user_tok_s"] for p in pts], [p["per_gpu_tok_s"] for p in pts], color="0.6", linestyle="--")
+    for pareto, marker, label in ((True, "o", "Pareto point"), (False, "x", "dominated")):
+        sel = [p for p in pts if p["pareto"] == pareto]
+        ax.plot([p["per_user_tok_s"] for p in sel], [p["per_gpu_tok_s"] for p in sel], linestyle="none",
+                marker=marker, markersize=7, label=label)
+    for p in pts:
+        ax.annotate(f"c={p['concurrency']}", (p["per_user_tok_s"], p["per_gpu_tok_s"]), fontsize=7,
+                    xytext=(4, 4), textcoords="offset points")
+    ax.set_ylim(bottom=0)
+    ax.set_xlim(left=0)
+    ax.grid(True, which="major", alpha=0.3)
+    _titles(fig, ax, data)
+    ax.legend(fontsize=8)
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    return fig
+
+
 FIGURES = {"context": line_figure, "cache": line_figure, "offload-cliff": line_figure, "heatmap": heatmap_figure,
-           "breakdown": breakdown_figure}
+           "breakdown": breakdown_figure, "serving": serving_figure}
 
 
 def figure(data: dict):

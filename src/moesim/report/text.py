@@ -198,6 +198,13 @@ def validate_text(report: dict) -> str:
         if dd["n"]:
             lines.append(f"  {c:4} decode median {dd['median_abs_pct_err']:6.1f} %  p90 {dd['p90_abs_pct_err']:6.1f} %"
                          f"  ({dd['n']} rows)   roofline median {v['roofline_decode']['median_abs_pct_err']:6.1f} %")
+    sv = s.get("serving") or {}
+    if sv and sv["decode"]["n"]:
+        st, ag = sv["decode_as_batch_step"], sv["aggregate"]
+        lines.append(f"  serving rows (serve-sim at the row's concurrency, ISL, OSL): decode median "
+                     f"{sv['decode']['median_abs_pct_err']:.1f} % ({sv['decode']['n']} rows: {', '.join(sv['rows'])}); "
+                     f"as one batch step {st['median_abs_pct_err']:.1f} %; aggregate median "
+                     + (f"{ag['median_abs_pct_err']:.1f} %" if ag["n"] else "-"))
     qc = s["quality_c"]["decode"]
     if qc["n"]:
         lines.append(f"quality C rows (not in the headline): decode median {qc['median_abs_pct_err']:.1f} % ({qc['n']} rows)")
