@@ -149,14 +149,35 @@ def test_alltoall_phase_by_hand(batch):
 
 
 def test_layout_allreduces():
+    """tp8: two all-reduces per layer; tp8-ep8 (vLLM "TP8+EP"): every rank holds every token, the experts'
+    partial outputs are summed by the same all-reduce and nothing is dispatched; ep8 (vLLM "DP8+EP") and
+    tp8-ep8-attn-dp: attention data-parallel, no all-reduce, the all-to-all instead."""
     mach = moesim.machine(**H200)
     vllm = get_runtime("vllm")
     assert layout_degrees(with_parallel(vllm, "tp8", mach), 8) == (8, 8, 1, 8)
-    assert layout_degrees(with_parallel(vllm, "ep8", mach), 8) == (8, 8, 8, 1)
+    assert layout_degrees(with_parallel(vllm, "tp8-ep8", mach), 8) == (8, 8, 8, 1)
+    assert layout_degrees(with_parallel(vllm, "ep8", mach), 8) == (8, 1, 8, 1)
     assert layout_degrees(with_parallel(vllm, "tp8-ep2", mach), 8) == (8, 8, 2, 4)
     assert layout_degrees(with_parallel(vllm, "tp8-ep8-attn-dp", mach), 8) == (8, 1, 8, 1)
-    ar = {p: _analytic(p, None).breakdown["by_phase"]["transfer"] for p in ("tp8", "ep8", "tp8-ep8-attn-dp")}
-    assert ar["tp8"] > ar["ep8"] > ar["tp8-ep8-attn-dp"] == 0.0
+    r = {p: _analytic(p, None).breakdown["by_phase"] for p in ("tp8", "tp8-ep8", "ep8", "tp8-ep8-attn-dp")}
+    assert r["tp8"]["transfer"] == pytest.approx(r["tp8-ep8"]["transfer"], rel=1e-12) and r["tp8"]["transfer"] > 0
+    assert r["ep8"]["transfer"] == r["tp8-ep8-attn-dp"]["transfer"] == 0.0
+    assert r["tp8-ep8"]["all_to_all"] == 0.0 < r["ep8"]["all_to_all"] == r["tp8-ep8-attn-dp"]["all_to_all"]
+
+
+def test_attention_dp_reads_replicated_weights_and_tp_reads_duplicated_mla_kv():
+    """Each attention-DP rank reads the whole attention weights (8 copies read over 8 GPUs' bandwidth); under
+    TP the MLA latent KV is read by every rank."""
+    from moesim.engine.lower.decode_model import lower_model
+    from moesim.engine.lower.memory import lower
+    from moesim.spec.placement import Placement
+    m = moesim.model("deepseek-r1")
+    mach = moesim.machine(**H200)
+    low = lower(m, "fp8")
+    dms = {p: lower_model(m, low, Placement("all-gpu"), mach, with_parallel(get_runtime("vllm"), p, mach), 4096,
+                          "bf16", 8) for p in ("tp8", "ep8")}
+    np.testing.assert_allclose(dms["ep8"]["attn_bytes"], 8 * dms["tp8"]["attn_bytes"], rtol=1e-15)
+    np.testing.assert_allclose(dms["tp8"]["kv_bytes"], 8 * dms["ep8"]["kv_bytes"], rtol=1e-15)
 
 
 # ------------------------------------------------------------------------------ memory per GPU

@@ -18,21 +18,7 @@ Rules (N GPUs, attention TP Ta = N / D under D attention-DP ranks, EP P, R redun
 from __future__ import annotations
 
 from ..engine.lower.memory import CLASSES, TIERS
-from ..engine.lower.parallel import layout_degrees
-
-
-def _kv_heads(m) -> int:
-    """The fewest KV heads any attention layer keeps (MLA: one latent head; linear attention: its heads)."""
-    heads = []
-    for layer in m.layers:
-        a = layer.attention
-        if a.kind == "mla":
-            heads.append(1)
-        elif a.kind in ("kda", "gdn"):
-            heads.append(max(1, a.lin_v_heads or a.n_heads))
-        else:
-            heads.append(max(1, a.n_kv_heads or a.n_heads))
-    return min(heads) if heads else 1
+from ..engine.lower.parallel import kv_heads, layout_degrees
 
 
 def split_ways(m, rt, n_gpus: int) -> dict:
@@ -45,7 +31,7 @@ def split_ways(m, rt, n_gpus: int) -> dict:
     dp = max(1, n // attn_tp)
     E = max(1, m.n_experts)
     red = rt.decode.redundant_experts if ep > 1 else 0
-    kv = dp * min(attn_tp, _kv_heads(m))
+    kv = dp * min(attn_tp, kv_heads(m))
     ways = dict(attention=attn_tp, router=1, shared_experts=n, routed_experts=n * E / (E + red), dense_ffn=n,
                 embeddings=n, lm_head=n, mtp=n, kv_cache=kv, state=kv, buffers=n)
     return {c: float(ways[c]) for c in CLASSES}

@@ -24,10 +24,12 @@ _PARALLEL_RE = re.compile(r"^(?:(tp|ep|pp)(\d+)(?:-ep(\d+))?(?:-attn-dp)?|layer-
 def with_parallel(rt: Runtime, parallel: str | None, machine: Machine, redundant_experts: int = 0) -> Runtime:
     """The runtime with its multi-GPU layout set by ``--parallel`` (tp8, tp4-ep4, ep8, tp8-ep8-attn-dp,
     layer-split, row-split, pipeline): tensor/expert parallel layouts read every GPU's memory at
-    once (bandwidth adds); tpN all-reduces per layer; epN (attention TP over N, experts sharded over N, as
-    vLLM's --enable-expert-parallel with EP size = TP x DP) and tpN-epM (MoE TP N/M x EP M, TensorRT-LLM's
-    moe_tp x moe_ep) add a dispatch and a combine all-to-all per MoE layer; -attn-dp replicates attention on
-    each rank (its own sequences and KV). Layer split and pipelines walk the GPUs in turn.
+    once (bandwidth adds); tpN all-reduces per layer; tpN-epM shards the routed experts over M ranks under
+    attention TP N (vLLM "TP8+EP": --tensor-parallel-size 8 --enable-expert-parallel; TensorRT-LLM's MoE
+    TP N/M x EP M); epN is vLLM's "DP8+EP" (--data-parallel-size N --enable-expert-parallel: attention data
+    parallel, experts over N; docs.vllm.ai DeepSeek-V3 recipe), as is any -attn-dp layout: each rank attends
+    its own sequences with its own copy of the attention weights, and a dispatch and a combine all-to-all per
+    MoE layer move the tokens to their experts. Layer split and pipelines walk the GPUs in turn.
     *redundant_experts* (EPLB) applies to expert-parallel layouts only."""
     from ..spec.limits import check_count
     redundant_experts = check_count(redundant_experts, "redundant_experts", minimum=0)
@@ -49,7 +51,7 @@ def with_parallel(rt: Runtime, parallel: str | None, machine: Machine, redundant
                           "(multi-node layouts are not modelled)", "parallel")
     split = spec in ("layer-split", "pipeline") or (m.group(1) == "pp")
     # attention data parallelism: each rank schedules, samples and attends its own share of the batch
-    dp = degree if spec.endswith("-attn-dp") else 1
+    dp = degree if (spec.endswith("-attn-dp") or m.group(1) == "ep") else 1
     ep = int(m.group(3)) if m.group(3) else (degree if m.group(1) == "ep" else 1)
     if ep < 1 or degree % ep:
         raise MoesimError(f"{parallel}: the expert-parallel degree {ep} must divide the {degree} GPUs", "parallel")

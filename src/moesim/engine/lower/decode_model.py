@@ -14,7 +14,7 @@ from ...spec.runtimes import Runtime
 from ..codes import EXP_CPU, EXP_FETCH, EXP_GPU, EXP_NONE, EXP_SPLIT
 from .machine import _AMX_FLOPS_PER_CYCLE
 from .attention import decode_context_rows
-from .parallel import allreduce_bytes, alltoall_bytes, layer_loads, layout_degrees
+from .parallel import allreduce_bytes, alltoall_bytes, layer_loads, layout_degrees, replication
 
 
 # ------------------------------------------------------------------------------- model lowering
@@ -72,10 +72,11 @@ def lower_model(m: Model, low, p: Placement, machine: Machine, rt: Runtime, cont
     quant = Q.resolve(low.quant, m)
     draft_bytes, draft_flops = _draft_cost(m, low, par)
     kv_bytes, score_flops = decode_context_rows(m, low, context, kvb)
+    attn_copies, kv_copies = replication(m, n, attn_tp)
     return dict(
-        attn_bytes=low.attn + low.router,
+        attn_bytes=(low.attn + low.router) * attn_copies,
         attn_flops=2.0 * (par["attention"] + par["router"]),
-        kv_bytes=kv_bytes, score_flops=score_flops,
+        kv_bytes=kv_bytes * kv_copies, score_flops=score_flops,
         shared_bytes=low.shared + low.dense,
         shared_flops=2.0 * (par["shared_experts"] + par["dense_ffn"]),
         expert_bytes=np.array(low.expert_one, dtype=np.float64),
@@ -94,7 +95,7 @@ def lower_model(m: Model, low, p: Placement, machine: Machine, rt: Runtime, cont
         act_bytes=0.0 if cpu_only else float(2 * m.hidden * 4 + 8 * max(1, m.top_k)),
         allreduce_bytes=allreduce_bytes(m.hidden, n, attn_tp, ep),
         ep_load_experts=load_e, ep_load_pairs=load_p,
-        a2a_bytes=alltoall_bytes(m.hidden, m.top_k, ep, rt.decode),
+        a2a_bytes=alltoall_bytes(m.hidden, m.top_k, ep, rt.decode, n // attn_tp),
     )
 
 

@@ -24,30 +24,57 @@ def layout_degrees(rt, n_gpus: int) -> tuple:
     return n, max(1, n // dp), ep, max(1, n // ep)
 
 
+def _reduce_degrees(n: int, attn_tp: int, ep: int) -> tuple:
+    """The ranks each of a layer's two all-reduces spans (1 = none): attention's over its Ta ranks; the FFN's
+    over all N when every rank holds every token (attention TP: tensor- or expert-parallel partial outputs
+    are summed, vLLM -tp N [--enable-expert-parallel]), else over the MoE-TP ranks N / P (attention DP: the
+    combine all-to-all brings each token's expert outputs home)."""
+    dp = max(1, n // attn_tp)
+    return attn_tp, (n if dp == 1 else max(1, n // ep))
+
+
 def allreduce_count(n: int, attn_tp: int, ep: int) -> int:
-    """All-reduces per layer: after attention when it is split (Ta > 1), after the FFN when the experts
-    are split by tensor parallelism (MoE TP = N / P > 1)."""
-    return int(attn_tp > 1) + int(max(1, n // ep) > 1)
+    """All-reduces per layer (0, 1 or 2; see _reduce_degrees)."""
+    return sum(1 for t in _reduce_degrees(n, attn_tp, ep) if t > 1)
 
 
 def allreduce_bytes(hidden: int, n: int, attn_tp: int, ep: int) -> float:
-    """All-reduce bytes per token per layer: one bf16 all-reduce of the hidden state after attention over its
-    Ta ranks, and one after the FFN over its MoE-TP ranks; a ring all-reduce moves 2 (t - 1) / t of the
-    tensor per rank. Under full EP the FFN's reduction is the combine all-to-all instead."""
-    moe_tp = max(1, n // ep)
-    out = 0.0
-    for t in (attn_tp, moe_tp):
-        if t > 1:
-            out += 2.0 * hidden * 2 * (t - 1) / t
-    return out
+    """All-reduce bytes per token per layer: a bf16 all-reduce of the hidden state over t ranks (a ring moves
+    2 (t - 1) / t of the tensor per rank) for each of the layer's all-reduces (_reduce_degrees)."""
+    return sum(2.0 * hidden * 2 * (t - 1) / t for t in _reduce_degrees(n, attn_tp, ep) if t > 1)
 
 
-def alltoall_bytes(hidden: int, top_k: int, ep: int, d) -> float:
-    """Dispatch + combine bytes that one rank sends per step token per MoE layer. The step's tokens are
-    split evenly over the P ranks (each rank dispatches its own: attention DP, or TP ranks' shares); each
-    token goes to its top-k experts, of which (P - 1) / P sit on other ranks: fp8 activations with their
-    per-128 scales out, bf16 results back (DeepEP's FP8 dispatch, BF16 combine; runtimes.toml alltoall_*)."""
-    if ep <= 1 or top_k <= 0:
+def kv_heads(m) -> int:
+    """The fewest KV heads any attention layer keeps (MLA: one latent head; linear attention: its heads)."""
+    heads = []
+    for layer in m.layers:
+        a = layer.attention
+        if a.kind == "mla":
+            heads.append(1)
+        elif a.kind in ("kda", "gdn"):
+            heads.append(max(1, a.lin_v_heads or a.n_heads))
+        else:
+            heads.append(max(1, a.n_kv_heads or a.n_heads))
+    return min(heads) if heads else 1
+
+
+def replication(m, n: int, attn_tp: int) -> tuple:
+    """(attention weights, KV) read factors: the bytes the GPUs read together over those counted once.
+    Attention DP replicates the attention weights on each of its D = N / Ta ranks; within a rank the KV
+    heads split over at most as many TP ranks as there are KV heads, the rest read copies (MLA's latent KV
+    is duplicated on every TP rank, RT §3.2)."""
+    dp = max(1, n // attn_tp)
+    return float(dp), attn_tp / min(attn_tp, kv_heads(m))
+
+
+def alltoall_bytes(hidden: int, top_k: int, ep: int, d, dp: int = 2) -> float:
+    """Dispatch + combine bytes that one rank sends per step token per MoE layer; none unless attention is
+    data-parallel (dp > 1): under attention TP every rank already holds every token (vLLM's "TP8+EP"; its
+    all-to-all backends serve "any EP+DP configuration", docs.vllm.ai Expert Parallel Deployment). The
+    step's tokens are split evenly over the P ranks, each rank dispatching its own; each token goes to its
+    top-k experts, of which (P - 1) / P sit on other ranks: fp8 activations with their per-128 scales out,
+    bf16 results back (DeepEP's FP8 dispatch, BF16 combine; runtimes.toml alltoall_*)."""
+    if ep <= 1 or top_k <= 0 or dp <= 1:
         return 0.0
     per_elem = d.alltoall_dispatch_bytes + d.alltoall_scale_bytes + d.alltoall_combine_bytes
     return top_k * hidden * per_elem * (ep - 1) / ep / ep
