@@ -256,6 +256,9 @@ def test_refusals_name_the_field():
         moesim.simulate("deepseek-r1", mach, parallel="ep8", redundant_experts=3, mode="analytic")
     assert e.value.field == "redundant_experts"
     with pytest.raises(MoesimError) as e:
+        moesim.simulate("deepseek-r1", mach, parallel="ep8", redundant_experts=2**31, mode="analytic")
+    assert e.value.field == "redundant_experts"
+    with pytest.raises(MoesimError) as e:
         moesim.simulate("llama-3-8b", mach, parallel="ep8", mode="analytic")
     assert e.value.field == "parallel"
     with pytest.raises(MoesimError) as e:

@@ -157,6 +157,9 @@ def _check_expert_parallel(m: Model, rt: Runtime) -> None:
         return
     if not m.n_experts:
         raise MoesimError(f"{m.id} is dense: expert parallelism needs routed experts", "parallel")
+    if red > m.n_experts * (ep - 1):
+        raise MoesimError(f"{red} redundant experts: at most {m.n_experts * (ep - 1)} (every expert on all {ep} "
+                          "EP ranks)", "redundant_experts")
     if (m.n_experts + red) % ep:
         raise MoesimError(f"{m.n_experts} experts + {red} redundant do not split evenly over {ep} EP ranks",
                           "redundant_experts" if red else "parallel")
