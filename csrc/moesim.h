@@ -153,7 +153,7 @@ enum { MS_BYTES_GPU_MEM = 0, MS_BYTES_HOST_MEM, MS_BYTES_PCIE, MS_BYTES_STORAGE,
 /* Phases of a step (breakdown by phase). */
 enum {
     MS_PHASE_ATTENTION = 0, MS_PHASE_EXPERTS, MS_PHASE_TRANSFER, MS_PHASE_SYNC, MS_PHASE_HEAD,
-    MS_PHASE_OVERHEAD, MS_N_PHASES
+    MS_PHASE_OVERHEAD, MS_PHASE_ALLTOALL, MS_N_PHASES
 };
 
 typedef struct {
@@ -177,6 +177,11 @@ typedef struct {
     double draft_bytes, draft_flops; /* one speculative draft pass (MTP module), per step / per token */
     double act_bytes;                /* activations crossing PCIe per token per CPU-expert layer (both ways) */
     double allreduce_bytes;          /* per token per layer under tensor parallelism (0 = none) */
+    /* expert parallelism: the busiest rank's share over the mean, per layer (1 = balanced or no EP), for the
+     * experts it reads (weight bytes) and for the token-expert pairs it computes (FLOPs); NULL = all 1 */
+    const double *ep_load_experts;
+    const double *ep_load_pairs;
+    double a2a_bytes;                /* dispatch + combine bytes one rank sends per step token per MoE layer (0 = no EP) */
 } ms_decode_model_t;
 
 typedef struct {
@@ -189,6 +194,8 @@ typedef struct {
     double sync_s;                                /* per CPU-expert layer per step (GPU<->CPU handoff) */
     double dma_s;                                 /* per demand transfer (expert copy) */
     double allreduce_s;                           /* per layer per step under tensor parallelism */
+    double a2a_bw;                                /* one rank's all-to-all bytes/s (scale-up fabric x efficiency) */
+    double a2a_s;                                 /* dispatch + combine latency per MoE layer per step */
     double step_s;                                /* per step host overhead (sampling, scheduling) */
     double seq_s;                                 /* per sequence per step host overhead (batch bookkeeping) */
 } ms_machine_t;

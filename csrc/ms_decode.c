@@ -72,8 +72,11 @@ static double layer_experts(const ms_decode_model_t *m, const ms_machine_t *hw, 
     double eb = m->expert_bytes[l], ef = m->expert_flops[l];
     double g_bytes = w->n_res * eb, c_bytes = w->n_cpu * eb;
     double demand = (w->n_fetch - w->n_pref) * eb;
-    double t_g = fmax(g_bytes / hw->gpu_bw, w->pairs_gpu * ef / hw->gpu_flops);
-    int r_g = g_bytes / hw->gpu_bw >= w->pairs_gpu * ef / hw->gpu_flops ? MS_RES_GPU_MEM : MS_RES_GPU_COMPUTE;
+    /* under expert parallelism the busiest rank sets the GPU experts' time (the rates are the ranks' sum) */
+    double tg_mem = g_bytes * (m->ep_load_experts ? m->ep_load_experts[l] : 1.0) / hw->gpu_bw;
+    double tg_fl = w->pairs_gpu * ef * (m->ep_load_pairs ? m->ep_load_pairs[l] : 1.0) / hw->gpu_flops;
+    double t_g = fmax(tg_mem, tg_fl);
+    int r_g = tg_mem >= tg_fl ? MS_RES_GPU_MEM : MS_RES_GPU_COMPUTE;
     double t_c = fmax(c_bytes / hw->host_bw, w->pairs_cpu * ef / hw->cpu_flops);
     int r_c = c_bytes / hw->host_bw >= w->pairs_cpu * ef / hw->cpu_flops ? MS_RES_HOST_MEM : MS_RES_CPU_COMPUTE;
     double t_p = demand / hw->pcie_bw;
@@ -123,13 +126,25 @@ static double layer_experts(const ms_decode_model_t *m, const ms_machine_t *hw, 
     return total;
 }
 
+/* Expert parallelism: the dispatch and combine all-to-all of MoE layer l, latency plus one rank's bytes
+ * over its share of the scale-up fabric. */
+static double layer_alltoall(const ms_decode_model_t *m, const ms_machine_t *hw, double toks, ms_decode_result_t *acc)
+{
+    double t;
+    if (!(m->a2a_bytes > 0.0)) return 0.0;
+    t = hw->a2a_s + toks * m->a2a_bytes / hw->a2a_bw;
+    attribute(acc, MS_RES_INTERCONNECT, MS_PHASE_ALLTOALL, t);
+    return t;
+}
+
 /* Time of layer l in one step (without the prefetch of the next layer, added by the caller).
  * acc receives the attribution and byte counts. */
 static double layer_time(const ms_decode_model_t *m, const ms_machine_t *hw, int32_t l, const layer_work_t *w,
                          double seqs, double toks, ms_decode_result_t *acc)
 {
     double total = layer_attention(m, hw, l, seqs, toks, acc);
-    if (m->expert_mode[l] != MS_EXP_NONE) total = layer_experts(m, hw, l, w, toks, total, acc);
+    if (m->expert_mode[l] != MS_EXP_NONE)
+        total = layer_experts(m, hw, l, w, toks, total, acc) + layer_alltoall(m, hw, toks, acc);
     return total;
 }
 
@@ -390,6 +405,8 @@ static int check(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_ro
     if (c->policy < 0 || c->policy >= MS_N_POLICIES) return MS_ERR_BAD_POLICY;
     if (!(hw->gpu_bw > 0.0 && hw->host_bw > 0.0 && hw->pcie_bw > 0.0 && hw->storage_bw > 0.0
           && hw->gpu_flops > 0.0 && hw->cpu_flops > 0.0 && hw->interconnect_bw > 0.0)) return MS_ERR_BAD_MACHINE;
+    if (m->a2a_bytes > 0.0 && !(hw->a2a_bw > 0.0 && hw->a2a_s >= 0.0)) return MS_ERR_BAD_MACHINE;
+    if (!(m->a2a_bytes >= 0.0)) return MS_ERR_BAD_SIZE;
     if (r->n_layers > 0) {
         if (r->n_experts <= 0 || r->top_k <= 0 || r->top_k > r->n_experts) return MS_ERR_BAD_ROUTING;
         if (r->n_layers > MS_MAX_MOE_LAYERS) return MS_ERR_BAD_SIZE;

@@ -38,7 +38,8 @@ BASE_MACHINES = [["--gpu", "rtx-4090"], ["--machine", "desktop-4090"], ["--machi
 QUANT = ["Q4_K_M", "Q8_0", "MXFP4", "fp8", "native", "zz", ""]
 SPEED = {"--parallel": ["tp2", "ep8", "tp4-ep4", "tp2147483648", "tp0", "layer-split", "zz"],
          "--policy": ["lru", "lfu", "static", "belady", "zz"], "--cache-experts": NUM,
-         "--prefetch-recall": NUM, "--routing": ["qwen3", "qwen", "gpt-oss", "nope"], "--mtp-acceptance": NUM}
+         "--prefetch-recall": NUM, "--routing": ["qwen3", "qwen", "gpt-oss", "nope"], "--mtp-acceptance": NUM,
+         "--redundant-experts": NUM}
 COMMON = {"--context": NUM, "--batch": NUM, "--kv-dtype": ["f16", "q8_0", "fp8", "zz"], "--mtp": NUM,
           "--placement": ["auto", "all-gpu", "experts-cpu", "n-cpu-moe=3", "n-cpu-moe=-1", "layers-gpu=999",
                           "offload-cache", "offload-cache=x", "bogus"],

@@ -207,7 +207,7 @@ def _layout(parallel: str | None, n_gpus: int) -> tuple:
     if kind == "pp":
         return 1, 1, False, deg
     ep = int(mt.group(3)) if mt.group(3) else (deg if kind == "ep" else 1)
-    return deg, ep, bool(mt.group(4)), 1
+    return deg, ep, bool(mt.group(4)) or kind == "ep", 1
 
 
 def _served_parallel(o: dict, rid: str, tp: int, ep: int, dp: bool, pp: int) -> tuple:

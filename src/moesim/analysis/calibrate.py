@@ -118,6 +118,8 @@ class Model:
         self.base = [dataclasses.replace(pr.rt, decode=DecodeParams(**decode_priors(pr.rt.id))) for pr in prepared]
         # what a row's own layout, notes and model launch set on its runtime (not fitted, kept over the priors)
         self.layout = [dict(tensor_parallel=pr.rt.decode.tensor_parallel, data_parallel=pr.rt.decode.data_parallel,
+                            expert_parallel=pr.rt.decode.expert_parallel,
+                            redundant_experts=pr.rt.decode.redundant_experts,
                             layerwise_prefill_tokens=pr.rt.decode.layerwise_prefill_tokens,
                             layerwise_chunk_tokens=pr.rt.decode.layerwise_chunk_tokens) for pr in prepared]
 

@@ -48,7 +48,8 @@ def default_quant_names(m, machine: Machine, runtime=None) -> list:
 def fit(model, machine: Machine, quants=None, context: int = 4096, batch: int = 1, kv_dtype: str | None = None,
         placement: str | None = None, runtime: str | None = None, mtp: int = 0, overrides=None,
         allow_beyond_max_context: bool = False, parallel: str | None = None, cache_experts: int | None = None,
-        policy: str = "lru", prefetch_recall: float | None = None, routing=None, mtp_acceptance: float = 0.8) -> list:
+        policy: str = "lru", prefetch_recall: float | None = None, routing=None, mtp_acceptance: float = 0.8,
+        redundant_experts: int = 0) -> list:
     """One dict per quantization with the memory view (JSON field names of DESIGN §4).
 
     *model* may be a catalog id, a :class:`Model` or a path (GGUF, config.json, safetensors); a model
@@ -57,7 +58,7 @@ def fit(model, machine: Machine, quants=None, context: int = 4096, batch: int = 
     *machine*: a :func:`moesim.machine`, a catalog machine id or a dict of its keywords. A context above
     the model's trained maximum is refused unless *allow_beyond_max_context*.
     The options of :func:`moesim.simulate` that change memory or speed mean the same here: *parallel*
-    (multi-GPU layout), *mtp* / *mtp_acceptance*, *cache_experts* (offload-cache slots per MoE layer),
+    (multi-GPU layout) and *redundant_experts* (EPLB replicas per MoE layer under EP), *mtp* / *mtp_acceptance*, *cache_experts* (offload-cache slots per MoE layer),
     *policy*, *prefetch_recall* and *routing* (the analytic decode estimate's cache policy, next-layer
     prefetch and routing profile); memory, fit and limits equal simulate's for the same options."""
     from .simulate import _check_fraction, _policy_and_mode
@@ -81,12 +82,12 @@ def fit(model, machine: Machine, quants=None, context: int = 4096, batch: int = 
         notes = notes + served
     elif isinstance(quants, str):
         quants = [quants]
-    options = dict(parallel=parallel, mtp_acceptance=mtp_acceptance, cache_experts=cache_experts, policy=policy,
+    options = dict(parallel=parallel, redundant_experts=redundant_experts, mtp_acceptance=mtp_acceptance, cache_experts=cache_experts, policy=policy,
                    prefetch_recall=prefetch_recall, routing=routing)
     out = []
     for qname in quants:
         c = configure_run(m, qname, machine, runtime, placement, context, batch, kv_dtype, mtp, parallel,
-                          cache_experts)
+                          cache_experts, redundant_experts)
         rec = memory_record(m, c, machine, qname, context, batch, mtp, notes, runtime, kv_dtype, placement, options)
         rec["decode_tok_s"] = rec["prefill_tok_s"] = None
         if c.mem.fits_bits:

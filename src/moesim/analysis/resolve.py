@@ -21,11 +21,22 @@ from ..spec.runtimes import Runtime, check_runtime_applies, default_runtime, run
 _PARALLEL_RE = re.compile(r"^(?:(tp|ep|pp)(\d+)(?:-ep(\d+))?(?:-attn-dp)?|layer-split|row-split|pipeline)$")
 
 
-def with_parallel(rt: Runtime, parallel: str | None, machine: Machine) -> Runtime:
+def with_parallel(rt: Runtime, parallel: str | None, machine: Machine, redundant_experts: int = 0) -> Runtime:
     """The runtime with its multi-GPU layout set by ``--parallel`` (tp8, tp4-ep4, ep8, tp8-ep8-attn-dp,
     layer-split, row-split, pipeline): tensor/expert parallel layouts read every GPU's memory at
-    once (bandwidth adds, all-reduce per layer); layer split and pipelines walk the GPUs in turn."""
+    once (bandwidth adds); tpN all-reduces per layer; tpN-epM shards the routed experts over M ranks under
+    attention TP N (vLLM "TP8+EP": --tensor-parallel-size 8 --enable-expert-parallel; TensorRT-LLM's MoE
+    TP N/M x EP M); epN is vLLM's "DP8+EP" (--data-parallel-size N --enable-expert-parallel: attention data
+    parallel, experts over N; docs.vllm.ai DeepSeek-V3 recipe), as is any -attn-dp layout: each rank attends
+    its own sequences with its own copy of the attention weights, and a dispatch and a combine all-to-all per
+    MoE layer move the tokens to their experts. Layer split and pipelines walk the GPUs in turn.
+    *redundant_experts* (EPLB) applies to expert-parallel layouts only."""
+    from ..spec.limits import check_count
+    redundant_experts = check_count(redundant_experts, "redundant_experts", minimum=0)
     if parallel is None:
+        if redundant_experts:
+            raise MoesimError("redundant experts replicate experts over expert-parallel ranks: give --parallel epN",
+                              "redundant_experts")
         return rt
     if not isinstance(parallel, str):
         raise MoesimError(f"expected a layout such as tp8 or layer-split, got {parallel!r}", "parallel")
@@ -40,8 +51,16 @@ def with_parallel(rt: Runtime, parallel: str | None, machine: Machine) -> Runtim
                           "(multi-node layouts are not modelled)", "parallel")
     split = spec in ("layer-split", "pipeline") or (m.group(1) == "pp")
     # attention data parallelism: each rank schedules, samples and attends its own share of the batch
-    dp = degree if spec.endswith("-attn-dp") else 1
-    return dataclasses.replace(rt, decode=dataclasses.replace(rt.decode, tensor_parallel=not split, data_parallel=dp))
+    dp = degree if (spec.endswith("-attn-dp") or m.group(1) == "ep") else 1
+    ep = int(m.group(3)) if m.group(3) else (degree if m.group(1) == "ep" else 1)
+    if ep < 1 or degree % ep:
+        raise MoesimError(f"{parallel}: the expert-parallel degree {ep} must divide the {degree} GPUs", "parallel")
+    if redundant_experts and ep <= 1:
+        raise MoesimError(f"redundant experts need an expert-parallel layout (epN, tpN-epM), not {parallel}",
+                          "redundant_experts")
+    return dataclasses.replace(rt, decode=dataclasses.replace(rt.decode, tensor_parallel=not split, data_parallel=dp,
+                                                              expert_parallel=ep,
+                                                              redundant_experts=redundant_experts))
 
 
 def memory_of(m: Model, low, machine: Machine, rt: Runtime, p: Placement, context: int, batch: int, kv: str,
@@ -109,7 +128,7 @@ def checkpoint_quant(m: Model):
 
 
 def resolve(m: Model, quant, machine: Machine, runtime=None, placement=None, context: int = 4096, batch: int = 1,
-            kv_dtype: str | None = None, mtp: int = 0, parallel: str | None = None) -> tuple:
+            kv_dtype: str | None = None, mtp: int = 0, parallel: str | None = None, redundant_experts: int = 0) -> tuple:
     """(quant, runtime, KV dtype, lowered model, placement) of one configuration: the runtime the
     format implies unless given, its default KV dtype, and the placement its own fitting would pick
     for ``placement`` None / "auto". Shared by fit, simulate and validate. On several datacenter GPUs
@@ -118,7 +137,8 @@ def resolve(m: Model, quant, machine: Machine, runtime=None, placement=None, con
         quant = checkpoint_quant(m)
     q = Q.resolve(quant, m)
     rt = get_runtime(runtime, model=m.id) if runtime is not None else default_runtime(q, machine)
-    rt = with_parallel(rt, parallel, machine)
+    rt = with_parallel(rt, parallel, machine, redundant_experts)
+    _check_expert_parallel(m, rt)
     kv = Q.canonical_kv_dtype(kv_dtype or default_kv_dtype(q, rt, m))
     low = lower(m, q)
     if placement in (None, "auto"):
@@ -127,6 +147,22 @@ def resolve(m: Model, quant, machine: Machine, runtime=None, placement=None, con
         p = parse_placement(placement, m, machine)
     check_runtime_applies(rt, machine, p.kind)
     return q, rt, kv, low, p
+
+
+def _check_expert_parallel(m: Model, rt: Runtime) -> None:
+    """Expert parallelism needs routed experts, and their slots (experts + redundant) split evenly over the
+    EP ranks (vLLM: num_redundant_experts with (experts + redundant) % ep_size == 0)."""
+    ep, red = rt.decode.expert_parallel, rt.decode.redundant_experts
+    if ep <= 1:
+        return
+    if not m.n_experts:
+        raise MoesimError(f"{m.id} is dense: expert parallelism needs routed experts", "parallel")
+    if red > m.n_experts * (ep - 1):
+        raise MoesimError(f"{red} redundant experts: at most {m.n_experts * (ep - 1)} (every expert on all {ep} "
+                          "EP ranks)", "redundant_experts")
+    if (m.n_experts + red) % ep:
+        raise MoesimError(f"{m.n_experts} experts + {red} redundant do not split evenly over {ep} EP ranks",
+                          "redundant_experts" if red else "parallel")
 
 
 def placement_from_overrides(m: Model, overrides, quant="native", n_gpu_layers: int | None = None) -> Placement:
@@ -161,12 +197,13 @@ class Configured:
 
 def configure_run(m: Model, quant, machine: Machine, runtime=None, placement=None, context: int = 4096,
                   batch: int = 1, kv_dtype: str | None = None, mtp: int = 0, parallel: str | None = None,
-                  cache_experts: int | None = None) -> Configured:
+                  cache_experts: int | None = None, redundant_experts: int = 0) -> Configured:
     """Resolve (:func:`resolve`) and evaluate one configuration. *cache_experts* (GPU expert-cache slots
     per MoE layer) turns the placement into ``offload-cache=N``; given with another fixed placement it is
     refused. The placement counts as the runtime's own choice (``auto``) only when neither was given."""
     from ..spec.limits import check_count
-    q, rt, kv, low, p = resolve(m, quant, machine, runtime, placement, context, batch, kv_dtype, mtp, parallel)
+    q, rt, kv, low, p = resolve(m, quant, machine, runtime, placement, context, batch, kv_dtype, mtp, parallel,
+                                redundant_experts)
     if cache_experts is not None:
         cache_experts = check_count(cache_experts, "cache_experts", minimum=0)
         if p.kind != "offload-cache" and placement not in (None, "auto"):
@@ -192,6 +229,24 @@ def memory_record(m: Model, c: Configured, machine: Machine, quant, context: int
     rec = record(m, c.quant, c.kv, context, batch, c.placement, c.runtime, machine, c.mem, mtp,
                  list(notes) + ([alias] if alias else []) + default_notes(c.runtime, c.kv, runtime, kv_dtype, chosen),
                  parallel=parallel)
+    _add_per_gpu(rec, m, c, machine)
     rec["advice"] = advise(m, machine, rec, capacities(c.cfg), c.quant, c.placement, c.runtime, mtp, options,
                            auto=c.auto)
     return rec
+
+
+def _add_per_gpu(rec: dict, m: Model, c: Configured, machine: Machine) -> None:
+    """``gpu_bytes_per_gpu`` (one GPU's bytes under the layout: split tensors a share, replicated ones whole;
+    analysis.per_gpu) and its classes; a note when it passes one GPU's budget although the pool fits."""
+    from .per_gpu import gpu_bytes_per_gpu
+    n = 0 if (c.placement.kind == "cpu-only" or machine.unified) else machine.n_gpus
+    if n < 1:
+        rec["gpu_bytes_per_gpu"], rec["gpu_bytes_per_gpu_by_class"] = None, None
+        return
+    per = gpu_bytes_per_gpu(m, c.runtime, n, c.mem.by_class)
+    rec["gpu_bytes_per_gpu"], rec["gpu_bytes_per_gpu_by_class"] = per["total"], per["by_class"]
+    cap = float(c.cfg["gpu_capacity"])
+    if n > 1 and c.mem.fits != "no" and per["total"] > cap:
+        rec["assumptions"].append(
+            f"one GPU holds {per['total'] / 2**30:.1f} GiB under this layout (replicated tensors counted on each "
+            f"GPU) against its {cap / 2**30:.1f} GiB budget; the fit pools the {n} GPUs' memory")

@@ -81,8 +81,12 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
              prefetch_recall: float | None = None, tokens: int = 256, warmup: int | None = None, seed: int = 0,
              mode: str = "montecarlo", trace=None, routing=None, mtp: int = 0, mtp_acceptance: float = 0.8,
              prompt: int = 512, parallel: str | None = None, engine: str = "c",
-             allow_beyond_max_context: bool = False) -> Result:
+             allow_beyond_max_context: bool = False, redundant_experts: int = 0) -> Result:
     """Simulate decoding ``tokens`` steps of ``batch`` sequences at KV depth ``context`` (see DESIGN §3).
+
+    *parallel*: the multi-GPU layout (tp8, ep8, tp8-ep2, tp8-ep8-attn-dp, layer-split, ...); expert-parallel
+    layouts charge a dispatch and a combine all-to-all per MoE layer and wait for the busiest rank;
+    *redundant_experts*: EPLB replicas of the hottest experts per MoE layer over the EP ranks.
 
     *machine*: a :func:`moesim.machine`, a catalog machine id or a dict of its keywords. A context above
     the model's trained maximum is refused unless *allow_beyond_max_context*."""
@@ -107,9 +111,10 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
     if warmup >= tokens:
         raise MoesimError(f"must be smaller than tokens ({tokens}), got {warmup}", "warmup")
 
-    c = configure_run(m, quant, machine, runtime, placement, context, batch, kv_dtype, mtp, parallel, cache_experts)
+    c = configure_run(m, quant, machine, runtime, placement, context, batch, kv_dtype, mtp, parallel, cache_experts,
+                      redundant_experts)
     q, rt, kv, low, p, mem = c.quant, c.runtime, c.kv, c.low, c.placement, c.mem
-    options = dict(parallel=parallel, mtp_acceptance=mtp_acceptance, cache_experts=cache_experts, policy=policy,
+    options = dict(parallel=parallel, redundant_experts=redundant_experts, mtp_acceptance=mtp_acceptance, cache_experts=cache_experts, policy=policy,
                    prefetch_recall=prefetch_recall, routing=routing if trace is None else f"trace {trace}")
     memory = memory_record(m, c, machine, quant, context, batch, mtp, notes, runtime, kv_dtype, placement, options)
     dims = R_routing.RoutingDims.of(m)
@@ -118,7 +123,7 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
     drafts, tps = mtp, 1 + mtp
     if mode == "montecarlo":
         _check_montecarlo_size(dims, m.n_layers, batch * tps, tokens, policy)
-    dm = lower_model(m, low, p, machine, rt, context, kv, batch * tps, mem.by_class, mem.tier)
+    dm = lower_model(m, low, p, machine, rt, context, kv, batch * tps, mem.by_class, mem.tier, routing=rtab)
     hw = lower_machine(machine, rt, p, Q.kernel_mix(m, q))
     accepted = accepted_per_step(drafts, mtp_acceptance)
     cols = dict(batch=[batch], tokens_per_step=[tps], drafts=[drafts], accepted=[accepted], steps=[tokens],
@@ -193,7 +198,7 @@ def estimate(m: Model, low, machine: Machine, rt: Runtime, p: Placement, context
     profile, cache policy, prefetch recall and MTP drafts as given; seed 0)."""
     rtab, _, _ = routing_table(m, routing, prefetch_recall, 0)
     tps = 1 + mtp
-    dm = lower_model(m, low, p, machine, rt, context, kv, batch * tps, mem.by_class, mem.tier)
+    dm = lower_model(m, low, p, machine, rt, context, kv, batch * tps, mem.by_class, mem.tier, routing=rtab)
     hw = lower_machine(machine, rt, p, Q.kernel_mix(m, low.quant))
     cols = dict(batch=[batch], tokens_per_step=[tps], drafts=[mtp], accepted=[accepted_per_step(mtp, mtp_acceptance)],
                 steps=[1], warmup=[0], policy=[POLICIES[policy]], mode=[MODES["analytic"]], seed=[0], index=[0])

@@ -356,8 +356,9 @@ def prepare(cfg: RowConfig, calibrated: bool = True) -> Prepared:
     check_record(record(m, q, kv, cfg.context, cfg.batch, p, rt, cfg.machine, mem, cfg.mtp), capacities(mem_cfg),
                  m.max_context, beyond_ok=cfg.context > m.max_context)
     tps = 1 + cfg.mtp
-    dm = lower_model(m, low, p, cfg.machine, rt, cfg.context, kv, cfg.batch * tps, mem.by_class, mem.tier)
     rtab = R_routing.lower(R_routing.RoutingDims.of(m), R.profile(None, family=m.family), 0)
+    dm = lower_model(m, low, p, cfg.machine, rt, cfg.context, kv, cfg.batch * tps, mem.by_class, mem.tier,
+                     routing=rtab)
     cols = dict(batch=[cfg.batch], tokens_per_step=[tps], drafts=[cfg.mtp],
                 accepted=[accepted_per_step(cfg.mtp, DEFAULTS["mtp_acceptance"])], steps=[1], warmup=[0],
                 policy=[POLICIES["lru"]], mode=[MODES["analytic"]], seed=[0], index=[0])

@@ -38,6 +38,8 @@ def _add_fit_parser(sub) -> None:
 def _add_speed_options(p) -> None:
     """The options fit and simulate share that change memory or speed (the same spellings and meaning)."""
     p.add_argument("--parallel", help="multi-GPU layout: tp8, ep8, tp4-ep4, tp8-ep8-attn-dp, layer-split, pipeline")
+    p.add_argument("--redundant-experts", type=int, default=0,
+                   help="EPLB: extra replicas of the hottest experts per MoE layer, spread over the EP ranks")
     p.add_argument("--policy", default="lru", help="GPU expert cache policy: lru | lfu | static | belady")
     p.add_argument("--cache-experts", type=_positive_int, help="GPU expert-cache slots per MoE layer (offload-cache)")
     p.add_argument("--prefetch-recall", type=_number, help="next-layer predictor recall in [0, 1] (enables prefetch)")
@@ -171,7 +173,8 @@ def _cmd_fit(args) -> int:
                kv_dtype=args.kv_dtype, placement=args.placement, runtime=args.runtime, mtp=args.mtp,
                overrides=args.tensor_overrides, allow_beyond_max_context=args.allow_beyond_max_context,
                parallel=args.parallel, cache_experts=args.cache_experts, policy=args.policy,
-               prefetch_recall=args.prefetch_recall, routing=args.routing, mtp_acceptance=args.mtp_acceptance)
+               prefetch_recall=args.prefetch_recall, routing=args.routing, mtp_acceptance=args.mtp_acceptance,
+               redundant_experts=args.redundant_experts)
     if args.json:
         return _print_json(rows)
     print(fit_text(rows, args.context, args.batch))
@@ -196,7 +199,7 @@ def _cmd_simulate(args) -> int:
                  prefetch_recall=args.prefetch_recall, tokens=args.tokens, warmup=args.warmup, seed=args.seed,
                  mode=args.mode, trace=trace_path(args.trace), routing=args.routing, mtp=args.mtp,
                  mtp_acceptance=args.mtp_acceptance, prompt=args.prompt, parallel=args.parallel,
-                 allow_beyond_max_context=args.allow_beyond_max_context)
+                 allow_beyond_max_context=args.allow_beyond_max_context, redundant_experts=args.redundant_experts)
     d = r.to_dict()
     if args.json:
         return _print_json(d)

@@ -98,6 +98,9 @@ cdef extern from "moesim.h" nogil:
         double draft_flops
         double act_bytes
         double allreduce_bytes
+        const double *ep_load_experts
+        const double *ep_load_pairs
+        double a2a_bytes
 
     ctypedef struct ms_machine_t:
         double gpu_bw, host_bw, pcie_bw, storage_bw
@@ -106,6 +109,7 @@ cdef extern from "moesim.h" nogil:
         int32_t unified
         int32_t overlap
         double launch_s, sync_s, dma_s, allreduce_s, step_s, seq_s
+        double a2a_bw, a2a_s
 
     ctypedef struct ms_routing_t:
         int32_t n_layers

@@ -38,7 +38,7 @@ cdef void _fill_routing(ms_routing_t *r, dict t, dict keep):
 # the workspace of ms_route_sample is that of a one-layer dense model (the sampler needs only the routing buffers)
 _SAMPLER_MODEL = dict({k: [0.0] for k in DECODE_MODEL_F64}, attn_on_gpu=[0], expert_mode=[0], slots=[0], page_slots=[0],
                       moe_index=[-1], head_bytes=0.0, head_flops=0.0, head_on_gpu=0, draft_bytes=0.0, draft_flops=0.0,
-                      act_bytes=0.0, allreduce_bytes=0.0)
+                      act_bytes=0.0, allreduce_bytes=0.0, a2a_bytes=0.0)
 
 
 def route_sample(dict rt, dict cols):

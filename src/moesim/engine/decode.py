@@ -7,7 +7,7 @@ from .glue import handle_library_error
 
 RESOURCES = ("gpu_memory", "gpu_compute", "host_memory", "cpu_compute", "pcie", "storage", "latency",
              "interconnect")
-PHASES = ("attention", "experts", "transfer", "sync_launch", "head_drafts", "step_overhead")
+PHASES = ("attention", "experts", "transfer", "sync_launch", "head_drafts", "step_overhead", "all_to_all")
 LINKS = ("gpu_memory", "host_memory", "pcie", "storage")
 CONFIG_FIELDS = ("batch", "tokens_per_step", "drafts", "accepted", "steps", "warmup", "policy", "mode", "seed",
                  "index")

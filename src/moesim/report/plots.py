@@ -18,7 +18,8 @@ _DASHES = ("-", "--", "-.", ":")
 # Phases of a decode step in drawing order (bottom to top), with the names a reader knows them by.
 PHASE_LABELS = {"attention": "attention", "experts": "experts (MoE FFN)", "dense_ffn": "dense FFN",
                 "transfer": "PCIe / storage transfer", "sync_launch": "sync + kernel launch",
-                "head_drafts": "LM head + drafts", "step_overhead": "step overhead"}
+                "head_drafts": "LM head + drafts", "step_overhead": "step overhead",
+                "all_to_all": "EP all-to-all"}
 
 
 def _pyplot():

@@ -105,6 +105,10 @@ def simulate_text(d: dict, prompt: int) -> str:
     for k, v in sorted(d["breakdown"]["by_resource"].items(), key=lambda kv: -kv[1]):
         if v > 0:
             lines.append(f"  {k:14} {v * 1e3:9.3f} ms  {100 * v / per:5.1f} %")
+    a2a = d["breakdown"]["by_phase"].get("all_to_all", 0.0)
+    if a2a > 0:
+        lines.append(f"  of which expert-parallel all-to-all (dispatch + combine) {a2a * 1e3:.3f} ms  "
+                     f"{100 * a2a / per:.1f} %")
     lines.append("bytes per token:")
     lines += [f"  {k:14} {v / 1e9:9.3f} GB" for k, v in d["bytes_per_token"].items() if v > 0]
     return "\n".join(lines)

@@ -82,7 +82,14 @@ class DecodeParams:
     pinned_experts: bool
     amx_prefill: bool
     amx_flops_eff: float
+    alltoall_us: float = 0.0
+    alltoall_bw_eff: float = 1.0
+    alltoall_dispatch_bytes: float = 2.0
+    alltoall_combine_bytes: float = 2.0
+    alltoall_scale_bytes: float = 0.0
     data_parallel: int = 1        # attention data-parallel ranks (tpN-epN-attn-dp): one scheduler per rank
+    expert_parallel: int = 1      # expert-parallel ranks (epN, tpN-epM): routed experts sharded, all-to-all per MoE layer
+    redundant_experts: int = 0    # EPLB replicas of the hottest experts per MoE layer (--redundant-experts)
 
 
 def runtime_ids() -> list:

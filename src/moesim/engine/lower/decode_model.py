@@ -14,6 +14,7 @@ from ...spec.runtimes import Runtime
 from ..codes import EXP_CPU, EXP_FETCH, EXP_GPU, EXP_NONE, EXP_SPLIT
 from .machine import _AMX_FLOPS_PER_CYCLE
 from .attention import decode_context_rows
+from .parallel import allreduce_bytes, alltoall_bytes, layer_loads, layout_degrees, replication
 
 
 # ------------------------------------------------------------------------------- model lowering
@@ -49,8 +50,10 @@ def op_offload_threshold(rt: Runtime, m: Model) -> float:
 
 
 def lower_model(m: Model, low, p: Placement, machine: Machine, rt: Runtime, context: int, kv_dtype: str,
-                tokens_per_step: int, mem_by_class=None, mem_tier=None, cache_slots: int | None = None) -> dict:
-    """The ms_decode_model_t arrays for one configuration."""
+                tokens_per_step: int, mem_by_class=None, mem_tier=None, cache_slots: int | None = None,
+                routing: dict | None = None) -> dict:
+    """The ms_decode_model_t arrays for one configuration; *routing* (the kernel's routing tables) sets the
+    busiest expert-parallel rank's load (engine.lower.parallel), without it every rank counts as balanced."""
     L = m.n_layers
     par = _params(m)
     kvb = Q.kv_dtype_bytes(kv_dtype)
@@ -62,14 +65,18 @@ def lower_model(m: Model, low, p: Placement, machine: Machine, rt: Runtime, cont
     page_slots = _page_slots(L, E, mem_by_class, mem_tier)
     n_exp = np.maximum(low.n_experts, 1)
     expert_params = par["routed_experts"] / n_exp
-    tp = machine.n_gpus if (rt.decode.tensor_parallel and machine.n_gpus > 1 and not cpu_only) else 1
+    n, attn_tp, ep, _ = layout_degrees(rt, 0 if cpu_only else machine.n_gpus)
+    if p.kind not in ("all-gpu", "unified"):
+        ep = 1                 # experts held in host memory are not sharded over the GPUs
+    load_e, load_p = layer_loads(moe_index, routing, tokens_per_step, ep, rt.decode.redundant_experts if ep > 1 else 0)
     quant = Q.resolve(low.quant, m)
     draft_bytes, draft_flops = _draft_cost(m, low, par)
     kv_bytes, score_flops = decode_context_rows(m, low, context, kvb)
+    attn_copies, kv_copies = replication(m, n, attn_tp)
     return dict(
-        attn_bytes=low.attn + low.router,
+        attn_bytes=(low.attn + low.router) * attn_copies,
         attn_flops=2.0 * (par["attention"] + par["router"]),
-        kv_bytes=kv_bytes, score_flops=score_flops,
+        kv_bytes=kv_bytes * kv_copies, score_flops=score_flops,
         shared_bytes=low.shared + low.dense,
         shared_flops=2.0 * (par["shared_experts"] + par["dense_ffn"]),
         expert_bytes=np.array(low.expert_one, dtype=np.float64),
@@ -86,7 +93,9 @@ def lower_model(m: Model, low, p: Placement, machine: Machine, rt: Runtime, cont
         amx_flops_per_cycle=_AMX_FLOPS_PER_CYCLE.get(quant.id, 0.0),
         # f32 hidden state each way plus k ids and weights (RT §1.3)
         act_bytes=0.0 if cpu_only else float(2 * m.hidden * 4 + 8 * max(1, m.top_k)),
-        allreduce_bytes=(2 * 2.0 * m.hidden * 2 * (tp - 1) / tp) if tp > 1 else 0.0,
+        allreduce_bytes=allreduce_bytes(m.hidden, n, attn_tp, ep),
+        ep_load_experts=load_e, ep_load_pairs=load_p,
+        a2a_bytes=alltoall_bytes(m.hidden, m.top_k, ep, rt.decode, n // attn_tp),
     )
 
 

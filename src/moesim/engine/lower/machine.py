@@ -6,6 +6,7 @@ from ..._catalog import load as _load_catalog
 from ...spec.hardware import GB, Machine
 from ...spec.placement import Placement
 from ...spec.runtimes import Runtime
+from .parallel import allreduce_count, layout_degrees
 
 
 # SIMD FLOPs per cycle per core (fp32 FMA lanes x 2 x FMA units) by the widest ISA the catalog lists.
@@ -77,7 +78,7 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement, mix: Q.KernelMix)
                     prefill_flops=cpu_flops, prefill_gemm_flops=cpu_flops, prefill_attn_flops=cpu_flops,
                     cpu_flops=cpu_flops, interconnect_bw=host_bw, unified=0, overlap=0, launch_s=0.0, sync_s=0.0,
                     dma_s=0.0, allreduce_s=0.0, step_s=d.step_us * 1e-6, seq_s=d.seq_us * 1e-6,
-                    amx_flops=amx, pcie_links=1)
+                    amx_flops=amx, pcie_links=1, a2a_bw=host_bw, a2a_s=0.0)
     g = _load_catalog("hardware")["gpu"].get(machine.gpu, {})
     tp = machine.n_gpus if (d.tensor_parallel and machine.n_gpus > 1) else 1
     tf = machine.gpu_tflops
@@ -95,9 +96,24 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement, mix: Q.KernelMix)
                 interconnect_bw=(scale_up or machine.pcie_gbs or 16.0) * GB, unified=0,
                 overlap=1 if d.overlap else 0,
                 launch_s=(d.launch_us if graphs else d.launch_us_nograph) * 1e-6, sync_s=d.sync_us * 1e-6,
-                dma_s=d.dma_us * 1e-6, allreduce_s=d.allreduce_us * 1e-6 if tp > 1 else 0.0,
+                dma_s=d.dma_us * 1e-6, allreduce_s=_allreduce_s(machine, rt) if tp > 1 else 0.0,
                 step_s=d.step_us * 1e-6, seq_s=d.seq_us * 1e-6 / max(1, d.data_parallel),
-                amx_flops=amx, pcie_links=tp)
+                amx_flops=amx, pcie_links=tp, a2a_bw=_alltoall_gbs(machine, g) * GB * d.alltoall_bw_eff,
+                a2a_s=2.0 * d.alltoall_us * 1e-6)
+
+
+def _allreduce_s(machine: Machine, rt: Runtime) -> float:
+    """Latency of a layer's all-reduces: allreduce_us is two of them (attention and FFN under plain TP);
+    expert parallelism replaces the FFN's by the combine, attention DP the attention's."""
+    n, attn_tp, ep, _ = layout_degrees(rt, machine.n_gpus)
+    return rt.decode.allreduce_us * 1e-6 * allreduce_count(n, attn_tp, ep) / 2.0
+
+
+def _alltoall_gbs(machine: Machine, g: dict) -> float:
+    """One GPU's all-to-all bandwidth, GB/s per direction: the catalog's scale-up fabric (NVLink through
+    NVSwitch, the NVL72 rack's NVLink5, an XGMI mesh's all-to-all figure), else the PCIe link."""
+    up = g.get("scale_up") if isinstance(g.get("scale_up"), dict) else {}
+    return float(up.get("all_to_all_gbs", up.get("gbs", 0.0)) or machine.pcie_gbs or 16.0)
 
 
 def _lower_unified(machine: Machine, rt: Runtime, mix: Q.KernelMix, cpu_only: bool) -> dict:
@@ -124,7 +140,7 @@ def _lower_unified(machine: Machine, rt: Runtime, mix: Q.KernelMix, cpu_only: bo
                 prefill_flops=pf, prefill_gemm_flops=pf, prefill_attn_flops=pf,
                 overlap=1 if d.overlap else 0, launch_s=0.0 if cpu_only else launch * 1e-6,
                 sync_s=0.0, dma_s=0.0, allreduce_s=0.0, step_s=d.step_us * 1e-6, seq_s=d.seq_us * 1e-6,
-                amx_flops=0.0, pcie_links=1)
+                amx_flops=0.0, pcie_links=1, a2a_bw=pool, a2a_s=0.0)
 
 
 def _host_bw(machine: Machine, d) -> float:

@@ -10,7 +10,7 @@ import math
 import numpy as np
 
 from ..codes import (BYTES_GPU_MEM, BYTES_HOST_MEM, BYTES_PCIE, BYTES_STORAGE, EXP_CPU, EXP_FETCH, EXP_GPU, EXP_NONE,
-    EXP_SPLIT, PHASE_ATTENTION, PHASE_EXPERTS, PHASE_HEAD, PHASE_OVERHEAD, PHASE_SYNC, PHASE_TRANSFER, POLICY_BELADY,
+    EXP_SPLIT, PHASE_ALLTOALL, PHASE_ATTENTION, PHASE_EXPERTS, PHASE_HEAD, PHASE_OVERHEAD, PHASE_SYNC, PHASE_TRANSFER, POLICY_BELADY,
     POLICY_LRU, POLICY_STATIC, RES_CPU_COMPUTE, RES_GPU_COMPUTE, RES_GPU_MEM, RES_HOST_MEM, RES_INTERCONNECT,
     RES_LATENCY, RES_PCIE, RES_STORAGE)
 from .cache import Cache, next_use
@@ -156,7 +156,9 @@ def _layer_time(dm, hw, l, w, seqs, toks, acc):
     eb, ef = dm["expert_bytes"][l], dm["expert_flops"][l]
     g_bytes, c_bytes = w["n_res"] * eb, w["n_cpu"] * eb
     demand = (w["n_fetch"] - w["n_pref"]) * eb
-    tg_mem, tg_fl = g_bytes / hw["gpu_bw"], w["pairs_gpu"] * ef / hw["gpu_flops"]
+    # expert parallelism: the busiest rank's experts and pairs over the mean (1 without EP)
+    tg_mem = g_bytes * dm["ep_load_experts"][l] / hw["gpu_bw"]
+    tg_fl = w["pairs_gpu"] * ef * dm["ep_load_pairs"][l] / hw["gpu_flops"]
     t_g, r_g = max(tg_mem, tg_fl), (RES_GPU_MEM if tg_mem >= tg_fl else RES_GPU_COMPUTE)
     tc_mem, tc_fl = c_bytes / hw["host_bw"], w["pairs_cpu"] * ef / hw["cpu_flops"]
     t_c, r_c = max(tc_mem, tc_fl), (RES_HOST_MEM if tc_mem >= tc_fl else RES_CPU_COMPUTE)
@@ -192,6 +194,11 @@ def _layer_time(dm, hw, l, w, seqs, toks, acc):
         td = (w["n_fetch"] - w["n_pref"]) * hw["dma_s"]
         put(RES_LATENCY, PHASE_SYNC, td)
         total += td
+    if dm["a2a_bytes"] > 0:
+        # dispatch + combine all-to-all: latency plus one rank's bytes over its fabric share
+        t2 = hw["a2a_s"] + toks * dm["a2a_bytes"] / hw["a2a_bw"]
+        put(RES_INTERCONNECT, PHASE_ALLTOALL, t2)
+        total += t2
     return total
 
 
@@ -233,7 +240,7 @@ def _step_time(dm, hw, c, work, acc):
 
 
 def _new_acc():
-    return {"res": [0.0] * 8, "phase": [0.0] * 6, "bytes": [0.0] * 4}
+    return {"res": [0.0] * 8, "phase": [0.0] * 7, "bytes": [0.0] * 4}
 
 
 def _zero_work():
