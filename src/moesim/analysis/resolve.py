@@ -120,7 +120,7 @@ def resolve(m: Model, quant, machine: Machine, runtime=None, placement=None, con
     rt = get_runtime(runtime, model=m.id) if runtime is not None else default_runtime(q, machine)
     rt = with_parallel(rt, parallel, machine)
     kv = Q.canonical_kv_dtype(kv_dtype or default_kv_dtype(q, rt, m))
-    low = lower(m, q)
+    low = lower(m, q, kv)
     if placement in (None, "auto"):
         p = auto_placement(m, low, machine, rt, context, batch, kv, mtp)
     else:

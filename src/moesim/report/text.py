@@ -77,8 +77,28 @@ def fit_text(rows: list, context: int, batch: int) -> str:
                      f"{fmt_bytes(gpu_tier['total'])} {fmt_bytes(t['host']['total'])} "
                      f"{fmt_bytes(t['storage']['total'])} {r['fits']:>17} {r['max_context']:11d} "
                      f"{r['max_batch']:9d} {tok_s}  {r['kv_dtype']}")
+    seen = set()
+    for r in rows:
+        if r.get("kv_terms") and r["kv_dtype"] not in seen:
+            seen.add(r["kv_dtype"])
+            lines += kv_terms_lines(r["kv_terms"], r["kv_dtype"], r["context"])
     lines += fit_settings_lines(rows)
     return "\n".join(lines)
+
+
+def kv_terms_lines(rows: list, kv_dtype: str, context: int, indent: str = "  ") -> list:
+    """The KV cache of one sequence by layer kind (analysis.kvterms rows): layers, dtype, entry size, total."""
+    if not rows:
+        return []
+    lines = [f"KV cache per sequence at context {context} ({kv_dtype}), by layer kind:"]
+    for r in rows:
+        what = (f"{human(r['fixed_bytes'])} fixed" if r["fixed_bytes"] else
+                f"{r['bytes_per_entry']:.0f} B per " + (f"{r['tokens_per_entry']} tokens" if r["tokens_per_entry"] > 1
+                                                        else "token") + (f", last {r['window']}" if r["window"] else ""))
+        lines.append(f"{indent}{r['layers']:3d}{' MTP' if r['mtp'] else ''} x {r['kind']:24} {r['dtype']:9} "
+                     f"{what:30} {human(r['bytes_at_context']):>12}")
+    lines.append(f"{indent}total {human(sum(r['bytes_at_context'] for r in rows))}")
+    return lines
 
 
 def simulate_text(d: dict, prompt: int) -> str:
@@ -161,6 +181,7 @@ def inspect_text(d: dict, tensors: bool = False) -> str:
                      f"{human(n['kv_bytes'])} ({d['kv_dtype']}, {d['kv_bytes_per_token']:.0f} B/token)"
                      + (f" + recurrent state {human(n['state_bytes'])}" if n["state_bytes"] else "")
                      + f" = {human(n['total_bytes'])} for one sequence, before runtime buffers")
+        lines += kv_terms_lines(d.get("kv_terms") or [], d["kv_dtype"], n["context"])
     if "placement" in d:
         lines += _placement_lines(d["placement"])
     elif tensors and d.get("tensor_table"):
