@@ -77,6 +77,8 @@ def fit_text(rows: list, context: int, batch: int) -> str:
                      f"{fmt_bytes(gpu_tier['total'])} {fmt_bytes(t['host']['total'])} "
                      f"{fmt_bytes(t['storage']['total'])} {r['fits']:>17} {r['max_context']:11d} "
                      f"{r['max_batch']:9d} {tok_s}  {r['kv_dtype']}")
+    for r in rows:
+        lines += [f"  {r['quant']}: {x}" for x in speculation_lines(r)]
     seen = set()
     for r in rows:
         if r.get("kv_terms") and r["kv_dtype"] not in seen:
@@ -101,6 +103,14 @@ def kv_terms_lines(rows: list, kv_dtype: str, context: int, indent: str = "  ") 
     return lines
 
 
+def speculation_lines(d: dict) -> list:
+    """MTP: the acceptance used, where it comes from, and whether the drafts pay (analysis.simulate)."""
+    if d.get("speculation_speedup") is None:
+        return []
+    return [f"MTP acceptance {d['mtp_acceptance']:.3f} per draft; source: {d['mtp_acceptance_source']}",
+            d["speculation_note"]]
+
+
 def simulate_text(d: dict, prompt: int) -> str:
     """A ``simulate`` result (``Result.to_dict()``) for a *prompt*-token prompt."""
     lines = [f"{d['model']} {d['quant']} on {d['machine']}",
@@ -114,6 +124,7 @@ def simulate_text(d: dict, prompt: int) -> str:
               f"TPOT     mean {t['mean']:.2f} ms, p50 {t['p50']:.2f} ms, p99 {t['p99']:.2f} ms",
               f"prefill  {d['prefill_tok_s']:9.1f} tok/s, TTFT {d['ttft_s']:.2f} s for a {prompt}-token prompt",
               f"bottleneck: {d['bottleneck']}"]
+    lines += speculation_lines(d)
     if d["expert_hit_rate"] is not None:
         lines.append(f"GPU expert hit rate {d['expert_hit_rate']:.3f} ({d['policy']})")
     if d["page_cache_hit_rate"] is not None:
