@@ -53,6 +53,8 @@ def quants_text(data: dict) -> str:
     lines = ["GGUF file types: " + ", ".join(data["gguf_ftypes"]),
              "checkpoint formats: " + ", ".join(data["formats"]),
              "KV cache dtypes: " + ", ".join(data["kv_dtypes"]),
+             "sparse-attention indexer cache dtypes (--kv-dtype ATTENTION+INDEXER, e.g. fp8+fp4): "
+             + ", ".join(data["indexer_dtypes"]) + f" (default {data['indexer_dtype_default']})",
              "ggml tensor types (block, bytes, bits/weight):"]
     for k, v in sorted(data["ggml_types"].items(), key=lambda kv: kv[1]["bpw"]):
         lines.append(f"  {k:8} {v['block']:4d} {v['bytes']:4d} {v['bpw']:7.4f}")

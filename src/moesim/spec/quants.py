@@ -77,6 +77,10 @@ def kv_dtype_ids() -> list:
     return sorted(_tables()["kv_dtypes"])
 
 
+def indexer_dtype_ids() -> list:
+    return sorted(_tables()["indexer_dtypes"])
+
+
 def quant_ids() -> list:
     """Every quantization name ``fit``/``simulate`` accept (aliases excluded)."""
     return ftype_ids() + format_ids() + ["native"]
