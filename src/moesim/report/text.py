@@ -82,8 +82,8 @@ def fit_text(rows: list, context: int, batch: int) -> str:
     for r in rows:
         lines += [f"  {r['quant']}: {x}" for x in speculation_lines(r)]
     seen = set()
-    for r in rows:
-        if r.get("kv_terms") and r["kv_dtype"] not in seen:
+    for r in rows:          # the breakdown where there is one: several kinds of cache (--json always has it)
+        if len(r.get("kv_terms") or ()) > 1 and r["kv_dtype"] not in seen:
             seen.add(r["kv_dtype"])
             lines += kv_terms_lines(r["kv_terms"], r["kv_dtype"], r["context"])
     lines += fit_settings_lines(rows)
