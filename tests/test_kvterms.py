@@ -106,3 +106,17 @@ def test_fp8_never_above_bf16(mid, context, indexer):
     assert fp8 <= bf16
     # and the runtime's fp8 attention + fp4 indexer is never above the all-bf16 accounting
     assert kv_terms_total(kv_terms(m, "fp8+fp4", context)) <= kv_terms_total(kv_terms(m, "bf16+bf16", context))
+
+
+@settings(max_examples=30, deadline=None)
+@given(mid=st.sampled_from(_MODELS), context=st.integers(1, 1 << 20), batch=st.integers(1, 8),
+       runtime=st.sampled_from(["vllm", "sglang"]))
+def test_fp8_kernel_memory_never_above_bf16(mid, context, batch, runtime):
+    """The same invariant on what the memory kernel allocates (padding, batch, the runtime's layout)."""
+    mach = moesim.machine(id="dgx-b200")
+    context = min(context, M.catalog_model(mid).max_context)
+    got = {kv: EM.memory(mid, mach, "native", context=context, batch=batch, kv_dtype=kv, runtime=runtime)
+           for kv in ("bf16", "fp8", "bf16+bf16", "fp8+fp4")}
+    assert got["fp8"].kv + got["fp8"].state <= got["bf16"].kv + got["bf16"].state
+    assert got["fp8+fp4"].kv + got["fp8+fp4"].state <= got["bf16+bf16"].kv + got["bf16+bf16"].state
+    assert got["fp8"].kv_bytes_per_token <= got["bf16"].kv_bytes_per_token
