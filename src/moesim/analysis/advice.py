@@ -28,6 +28,7 @@ import shlex
 
 from .._catalog import load as _load_catalog
 from ..spec.overrides import n_blocks
+from ..spec import quants as Q
 from .speculation import accepted_per_step
 
 GB = 1e9
@@ -256,6 +257,9 @@ def served_launch(p, rt, m, machine, quant, context: int, kv: str, batch: int, m
     else:
         why.append(f"the checkpoint's own format ({quant.id}): {rid} reads it from the config, no "
                    "--quantization needed")
+    kv, indexer = Q.kv_dtype_parts(kv)
+    args += _indexer_flags(rid, indexer, why)
+    exact = exact and (indexer is None or (rid == "vllm" and indexer != "bf16"))
     kv_flag = _SERVED_KV.get(rid, {}).get(kv)
     if kv_flag:
         args += ["--kv-cache-dtype", kv_flag] if rid != "trtllm" else []
@@ -269,9 +273,23 @@ def served_launch(p, rt, m, machine, quant, context: int, kv: str, batch: int, m
             "why": why}
 
 
+def _indexer_flags(rid: str, indexer: str | None, why: list) -> list:
+    """The sparse-attention indexer cache's format (a KV dtype ATTN+INDEXER): vLLM's switch for fp4; its
+    default is fp8 (runtimes.md §2.2), and no runtime stores it in bf16."""
+    if indexer is None:
+        return []
+    if rid == "vllm" and indexer == "fp4":
+        why.append("--attention_config.use_fp4_indexer_cache=True: the indexer cache in MXFP4 (68 B per entry)")
+        return ["--attention_config.use_fp4_indexer_cache=True"]
+    if rid == "vllm" and indexer == "fp8":
+        why.append("the indexer cache in fp8, vLLM's default")
+        return []
+    why.append(f"{rid}: no launch option moesim knows puts the indexer cache in {indexer}")
+    return []
+
+
 def _is_native(m, quant) -> bool:
     """The checkpoint's own format (a 16-bit checkpoint resolves to the BF16 / F16 type of the same bytes)."""
-    from ..spec import quants as Q
     return bool(m.native_quant) and quant.id.lower() == Q.native_quant(m).id.lower()
 
 

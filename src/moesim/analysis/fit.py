@@ -48,8 +48,8 @@ def default_quant_names(m, machine: Machine, runtime=None) -> list:
 def fit(model, machine: Machine, quants=None, context: int = 4096, batch: int = 1, kv_dtype: str | None = None,
         placement: str | None = None, runtime: str | None = None, mtp: int = 0, overrides=None,
         allow_beyond_max_context: bool = False, parallel: str | None = None, cache_experts: int | None = None,
-        policy: str = "lru", prefetch_recall: float | None = None, routing=None, mtp_acceptance: float = 0.8,
-        redundant_experts: int = 0) -> list:
+        policy: str = "lru", prefetch_recall: float | None = None, routing=None, mtp_acceptance: float | None = None,
+        mtp_dataset: str | None = None, redundant_experts: int = 0) -> list:
     """One dict per quantization with the memory view (JSON field names of DESIGN §4).
 
     *model* may be a catalog id, a :class:`Model` or a path (GGUF, config.json, safetensors); a model
@@ -58,10 +58,12 @@ def fit(model, machine: Machine, quants=None, context: int = 4096, batch: int = 
     *machine*: a :func:`moesim.machine`, a catalog machine id or a dict of its keywords. A context above
     the model's trained maximum is refused unless *allow_beyond_max_context*.
     The options of :func:`moesim.simulate` that change memory or speed mean the same here: *parallel*
-    (multi-GPU layout) and *redundant_experts* (EPLB replicas per MoE layer under EP), *mtp* / *mtp_acceptance*, *cache_experts* (offload-cache slots per MoE layer),
+    (multi-GPU layout) and *redundant_experts* (EPLB replicas per MoE layer under EP), *mtp* / *mtp_acceptance* /
+    *mtp_dataset*, *cache_experts* (offload-cache slots per MoE layer),
     *policy*, *prefetch_recall* and *routing* (the analytic decode estimate's cache policy, next-layer
     prefetch and routing profile); memory, fit and limits equal simulate's for the same options."""
     from .simulate import _check_fraction, _policy_and_mode
+    from .speculation import resolve_acceptance
     m = get_model(model)
     machine = as_machine(machine)
     context, notes = check_context(context, m, allow_beyond_max_context)
@@ -69,7 +71,7 @@ def fit(model, machine: Machine, quants=None, context: int = 4096, batch: int = 
     mtp = check_count(mtp, "mtp", minimum=0, maximum=MAX_DRAFTS)
     if mtp and not m.mtp_layers:
         raise MoesimError(f"{m.id} has no MTP modules", "mtp")
-    mtp_acceptance = _check_fraction(mtp_acceptance, "mtp_acceptance")
+    acc = resolve_acceptance(m.family, mtp, mtp_acceptance, mtp_dataset)
     policy, _ = _policy_and_mode(policy, "analytic")
     if prefetch_recall is not None:
         prefetch_recall = _check_fraction(prefetch_recall, "prefetch_recall")
@@ -82,7 +84,8 @@ def fit(model, machine: Machine, quants=None, context: int = 4096, batch: int = 
         notes = notes + served
     elif isinstance(quants, str):
         quants = [quants]
-    options = dict(parallel=parallel, redundant_experts=redundant_experts, mtp_acceptance=mtp_acceptance, cache_experts=cache_experts, policy=policy,
+    options = dict(parallel=parallel, redundant_experts=redundant_experts, mtp_acceptance=acc.rate,
+                   cache_experts=cache_experts, policy=policy,
                    prefetch_recall=prefetch_recall, routing=routing)
     out = []
     for qname in quants:
@@ -91,9 +94,11 @@ def fit(model, machine: Machine, quants=None, context: int = 4096, batch: int = 
         rec = memory_record(m, c, machine, qname, context, batch, mtp, notes, runtime, kv_dtype, placement, options)
         rec["decode_tok_s"] = rec["prefill_tok_s"] = None
         if c.mem.fits_bits:
-            from .simulate import estimate
+            from .simulate import estimate, speculation_fields
             rec["decode_tok_s"], rec["prefill_tok_s"] = estimate(
-                m, c.low, machine, c.runtime, c.placement, context, batch, c.kv, c.mem, mtp, mtp_acceptance,
+                m, c.low, machine, c.runtime, c.placement, context, batch, c.kv, c.mem, mtp, acc.rate,
                 routing=routing, policy=policy, prefetch_recall=prefetch_recall)
+            rec.update(speculation_fields(m, c.low, machine, c.runtime, c.placement, context, batch, c.kv, c.mem,
+                                          mtp, acc, routing, policy, prefetch_recall))
         out.append(check_record(rec, capacities(c.cfg), m.max_context, allow_beyond_max_context))
     return out

@@ -8,6 +8,7 @@ from ..spec.models import Model
 from ..ingest.safetensors import STArtifact, _config_for, read_safetensors, safetensors_model
 from ..ingest import artifact_kind
 from ..ingest.gguf_model import read_gguf_model
+from .kvterms import kv_terms, kv_terms_total
 
 
 # ----------------------------------------------------------------------------------- inspect
@@ -45,7 +46,10 @@ def inspect(path: str | os.PathLike, overrides=(), n_gpu_layers: int | None = No
     total = sum(nb for _t, _typ, nb in entries)
     main = total - by_class.get("mtp", 0)
     kv = Q.canonical_kv_dtype(kv_dtype or ("f16" if q.is_gguf else "bf16"))
-    per_token, state, kv_at = _kv_bytes(m, context, Q.kv_dtype_bytes(kv))
+    terms = kv_terms(m, kv, context)
+    per_token = sum(t["layers"] * t["bytes_per_token"] for t in terms if not t["window"])
+    state = sum(t["bytes_at_context"] for t in terms if t["fixed_bytes"])
+    kv_at = kv_terms_total(terms) - state
     out = {
         "path": path, "format": kind, "model": m.id, "architecture": _architecture(m), "quant": q.id,
         "exact": m.stored is not None,
@@ -53,7 +57,7 @@ def inspect(path: str | os.PathLike, overrides=(), n_gpu_layers: int | None = No
         "tensors": len(entries),
         "weights_bytes": main, "weights_bytes_by_class": by_class, "mtp_bytes": by_class.get("mtp", 0),
         "bytes_by_type": by_type, "formats_by_class": formats,
-        "kv_dtype": kv, "kv_bytes_per_token": per_token, "state_bytes_per_sequence": state,
+        "kv_dtype": kv, "kv_bytes_per_token": per_token, "state_bytes_per_sequence": state, "kv_terms": terms,
         "fit_needs": {"context": context, "weights_bytes": main, "kv_bytes": kv_at, "state_bytes": state,
                       "total_bytes": main + kv_at + state},
         "notes": notes,
@@ -98,24 +102,6 @@ def _byte_tables(entries) -> tuple:
         fc = formats.setdefault(t.cls, {})
         fc[typ] = fc.get(typ, 0) + nb
     return by_class, by_type, formats
-
-
-def _kv_bytes(m: Model, context: int, kvb: float) -> tuple:
-    """(KV bytes per token beyond any window, fixed state bytes per sequence, KV bytes at *context*)."""
-    per_token = state = 0.0
-    kv_at = 0.0
-    for l in m.layers:
-        tm = m.kv_terms(l)
-        tokens = min(context, tm.cap) if tm.cap else context
-        kv_at += (tm.elems * kvb + tm.fixed_bytes) * tokens
-        if tm.ratio:
-            kv_at += (context // tm.ratio) * (tm.ratio_elems * kvb + tm.ratio_fixed_bytes)
-        if not tm.cap:
-            per_token += tm.elems * kvb + tm.fixed_bytes
-        if tm.ratio:
-            per_token += (tm.ratio_elems * kvb + tm.ratio_fixed_bytes) / tm.ratio
-        state += tm.state_bytes
-    return per_token, state, kv_at
 
 
 def _architecture(m: Model) -> dict:

@@ -7,6 +7,7 @@ from ..spec.models import Model
 from ..spec.placement import Placement
 from ..spec.runtimes import Runtime
 from .advice import launch
+from .kvterms import kv_terms
 
 
 def record(m: Model, q, kv: str, context: int, batch: int, p: Placement, rt: Runtime, machine: Machine,
@@ -34,6 +35,7 @@ def record(m: Model, q, kv: str, context: int, batch: int, p: Placement, rt: Run
         "kv_bytes_per_token": r.kv_bytes_per_token,
         "kv_bytes": r.kv,
         "state_bytes": r.state,
+        "kv_terms": kv_terms(m, kv, context, mtp, rt.kv_granularity),
         "memory_by_tier": tiers,
         "fits": fits,
         "max_context": r.max_context,

@@ -140,7 +140,7 @@ def resolve(m: Model, quant, machine: Machine, runtime=None, placement=None, con
     rt = with_parallel(rt, parallel, machine, redundant_experts)
     _check_expert_parallel(m, rt)
     kv = Q.canonical_kv_dtype(kv_dtype or default_kv_dtype(q, rt, m))
-    low = lower(m, q)
+    low = lower(m, q, kv)
     if placement in (None, "auto"):
         p = auto_placement(m, low, machine, rt, context, batch, kv, mtp)
     else:

@@ -32,7 +32,7 @@ from ..engine.lower.machine import lower_machine
 from ..engine.lower.decode_model import lower_model
 from ..engine.prefill import prefill
 from .consistency import capacities, check_result
-from .speculation import accepted_per_step
+from .speculation import accepted_per_step, resolve_acceptance
 
 
 # ------------------------------------------------------------------------------- public API
@@ -79,14 +79,16 @@ def _check_fraction(value, name: str, lo: float = 0.0, hi: float = 1.0) -> float
 def simulate(model, machine: Machine, quant="native", context: int = 4096, batch: int = 1, placement=None,
              runtime=None, kv_dtype: str | None = None, policy: str = "lru", cache_experts: int | None = None,
              prefetch_recall: float | None = None, tokens: int = 256, warmup: int | None = None, seed: int = 0,
-             mode: str = "montecarlo", trace=None, routing=None, mtp: int = 0, mtp_acceptance: float = 0.8,
+             mode: str = "montecarlo", trace=None, routing=None, mtp: int = 0, mtp_acceptance: float | None = None,
              prompt: int = 512, parallel: str | None = None, engine: str = "c",
-             allow_beyond_max_context: bool = False, redundant_experts: int = 0) -> Result:
+             allow_beyond_max_context: bool = False, redundant_experts: int = 0, mtp_dataset: str | None = None) -> Result:
     """Simulate decoding ``tokens`` steps of ``batch`` sequences at KV depth ``context`` (see DESIGN §3).
 
     *parallel*: the multi-GPU layout (tp8, ep8, tp8-ep2, tp8-ep8-attn-dp, layer-split, ...); expert-parallel
     layouts charge a dispatch and a combine all-to-all per MoE layer and wait for the busiest rank;
     *redundant_experts*: EPLB replicas of the hottest experts per MoE layer over the EP ranks.
+    With *mtp* drafts and no *mtp_acceptance*, the acceptance is the model family's measured one on
+    *mtp_dataset* (default: the family's own, ``catalog/speculation.toml``); the result names its source.
 
     *machine*: a :func:`moesim.machine`, a catalog machine id or a dict of its keywords. A context above
     the model's trained maximum is refused unless *allow_beyond_max_context*."""
@@ -101,7 +103,7 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
     mtp = check_count(mtp, "mtp", minimum=0, maximum=MAX_DRAFTS)
     if mtp and not m.mtp_layers:
         raise MoesimError(f"{m.id} has no MTP modules", "mtp")
-    mtp_acceptance = _check_fraction(mtp_acceptance, "mtp_acceptance")
+    acc = resolve_acceptance(m.family, mtp, mtp_acceptance, mtp_dataset)
     policy, mode = _policy_and_mode(policy, mode)
     if prefetch_recall is not None:
         prefetch_recall = _check_fraction(prefetch_recall, "prefetch_recall")
@@ -114,9 +116,12 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
     c = configure_run(m, quant, machine, runtime, placement, context, batch, kv_dtype, mtp, parallel, cache_experts,
                       redundant_experts)
     q, rt, kv, low, p, mem = c.quant, c.runtime, c.kv, c.low, c.placement, c.mem
-    options = dict(parallel=parallel, redundant_experts=redundant_experts, mtp_acceptance=mtp_acceptance, cache_experts=cache_experts, policy=policy,
+    options = dict(parallel=parallel, redundant_experts=redundant_experts, mtp_acceptance=acc.rate,
+                   cache_experts=cache_experts, policy=policy,
                    prefetch_recall=prefetch_recall, routing=routing if trace is None else f"trace {trace}")
     memory = memory_record(m, c, machine, quant, context, batch, mtp, notes, runtime, kv_dtype, placement, options)
+    memory.update(speculation_fields(m, low, machine, rt, p, context, batch, kv, mem, mtp, acc, routing,
+                                     policy, prefetch_recall) if trace is None else {})
     dims = R_routing.RoutingDims.of(m)
     rtab, routing_name, note = routing_table(m, routing, prefetch_recall, seed, trace)
     memory["assumptions"] += [note] if note else []
@@ -125,7 +130,7 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
         _check_montecarlo_size(dims, m.n_layers, batch * tps, tokens, policy)
     dm = lower_model(m, low, p, machine, rt, context, kv, batch * tps, mem.by_class, mem.tier, routing=rtab)
     hw = lower_machine(machine, rt, p, Q.kernel_mix(m, q))
-    accepted = accepted_per_step(drafts, mtp_acceptance)
+    accepted = accepted_per_step(drafts, acc.rate)
     cols = dict(batch=[batch], tokens_per_step=[tps], drafts=[drafts], accepted=[accepted], steps=[tokens],
                 warmup=[warmup], policy=[POLICIES[policy]], mode=[MODES[mode]], seed=[seed], index=[0])
     res = run(dm, hw, rtab, cols, engine=engine)
@@ -190,6 +195,17 @@ def _check_montecarlo_size(dims, n_layers: int, tokens_per_step: int, steps: int
                           "long before), or mode='analytic'", "tokens")
 
 
+def _analytic_step(m: Model, low, machine: Machine, rt: Runtime, p: Placement, context: int, batch: int, kv: str,
+                   mem, mtp: int, mtp_acceptance: float, rtab, policy: str) -> tuple:
+    """(kernel result of one analytic verify step of 1 + mtp tokens per sequence, decode model, machine)."""
+    tps = 1 + mtp
+    dm = lower_model(m, low, p, machine, rt, context, kv, batch * tps, mem.by_class, mem.tier, routing=rtab)
+    hw = lower_machine(machine, rt, p, Q.kernel_mix(m, low.quant))
+    cols = dict(batch=[batch], tokens_per_step=[tps], drafts=[mtp], accepted=[accepted_per_step(mtp, mtp_acceptance)],
+                steps=[1], warmup=[0], policy=[POLICIES[policy]], mode=[MODES["analytic"]], seed=[0], index=[0])
+    return run(dm, hw, rtab, cols), dm, hw
+
+
 def estimate(m: Model, low, machine: Machine, rt: Runtime, p: Placement, context: int, batch: int, kv: str,
              mem, mtp: int = 0, mtp_acceptance: float = 0.8, prompt: int = 512, routing=None,
              policy: str = "lru", prefetch_recall: float | None = None) -> tuple:
@@ -197,14 +213,35 @@ def estimate(m: Model, low, machine: Machine, rt: Runtime, p: Placement, context
     to the memory view, and what ``simulate(mode="analytic")`` of the same options reports (routing
     profile, cache policy, prefetch recall and MTP drafts as given; seed 0)."""
     rtab, _, _ = routing_table(m, routing, prefetch_recall, 0)
-    tps = 1 + mtp
-    dm = lower_model(m, low, p, machine, rt, context, kv, batch * tps, mem.by_class, mem.tier, routing=rtab)
-    hw = lower_machine(machine, rt, p, Q.kernel_mix(m, low.quant))
-    cols = dict(batch=[batch], tokens_per_step=[tps], drafts=[mtp], accepted=[accepted_per_step(mtp, mtp_acceptance)],
-                steps=[1], warmup=[0], policy=[POLICIES[policy]], mode=[MODES["analytic"]], seed=[0], index=[0])
-    res = run(dm, hw, rtab, cols)
+    res, dm, hw = _analytic_step(m, low, machine, rt, p, context, batch, kv, mem, mtp, mtp_acceptance, rtab, policy)
     pf, _ = prefill(m, dm, hw, rtab, rt, prompt, batch)
     return float(res["accepted"][0] / res["step_mean"][0]), pf
+
+
+def speculation_fields(m: Model, low, machine: Machine, rt: Runtime, p: Placement, context: int, batch: int,
+                       kv: str, mem, mtp: int, acc, routing=None, policy: str = "lru",
+                       prefetch_recall: float | None = None) -> dict:
+    """What MTP drafts buy in this configuration: the acceptance used and its source, and
+    ``speculation_speedup``, decode tok/s with *mtp* drafts over tok/s without (two analytic steps: the
+    verify step reads the expert union of 1 + mtp tokens per sequence), with a line when it is below 1."""
+    if not mtp:
+        return {}
+    rtab, _, _ = routing_table(m, routing, prefetch_recall, 0)
+    spec, _, _ = _analytic_step(m, low, machine, rt, p, context, batch, kv, mem, mtp, acc.rate, rtab, policy)
+    plain, _, _ = _analytic_step(m, low, machine, rt, p, context, batch, kv, mem, 0, 0.0, rtab, policy)
+    tokens = float(spec["accepted"][0])
+    step_ratio = float(spec["step_mean"][0] / plain["step_mean"][0])
+    speedup = tokens / step_ratio
+    note = (f"MTP pays here: {speedup:.2f}x the decode tok/s without drafts ({tokens:.2f} tokens per verify step, "
+            f"the step {step_ratio:.2f}x as long)")
+    if speedup < 1.0:
+        bound = RESOURCES[int(np.argmax(spec["by_resource"][0]))]
+        note = (f"MTP does not pay here: verifying {1 + mtp} tokens per sequence makes the step {step_ratio:.2f}x "
+                f"as long (bound by {bound}; {float(spec['distinct'][0]):.1f} distinct experts per MoE layer vs "
+                f"{float(plain['distinct'][0]):.1f} without drafts) for {tokens:.2f} tokens per step: "
+                f"{speedup:.2f}x the decode tok/s of no speculation at batch {batch}, placement {p}")
+    return {"mtp_acceptance": acc.rate, "mtp_acceptance_source": acc.source, "mtp_dataset": acc.dataset,
+            "speculation_speedup": speedup, "speculation_note": note}
 
 
 def _result(res: dict, i: int, batch: int, memory: dict, mode: str, policy: str, tokens: int, seed: int,

@@ -31,7 +31,7 @@ from ..engine.prefill import prefill
 from .consistency import capacities, check_prediction, check_record
 from .records import default_notes, record
 from .resolve import memory_of, resolve
-from .speculation import accepted_per_step
+from .speculation import accepted_per_step, default_acceptance
 from .._catalog import load as _load_catalog
 from ..errors import MoesimError
 from ..spec.hardware import GB, Machine, machine as make_machine
@@ -50,7 +50,7 @@ DEFAULTS = {
     "channels_server": 8,           # server sockets of the rows' era: 8 DDR5 channels (hardware.md §4)
     "host_mem_gb": 2048,            # the run was measured, so its weights fit RAM: no storage paging
     "context": 512,                 # depth when neither depth nor prompt is given
-    "mtp_acceptance": 0.85,         # DeepSeek-V3 report: second-token acceptance 85-90 % (runtimes.md §3.3)
+    "mtp_acceptance": 0.85,         # a family without a measurement (catalog/speculation.toml): DeepSeek-V3's
     "stream_fraction": 0.85,        # a measured STREAM/MLC bandwidth is ~85 % of the DRAM peak (assumed)
 }
 # Runtimes in the data that moesim models through a profile of the same kind.
@@ -360,10 +360,25 @@ def prepare(cfg: RowConfig, calibrated: bool = True) -> Prepared:
     dm = lower_model(m, low, p, cfg.machine, rt, cfg.context, kv, cfg.batch * tps, mem.by_class, mem.tier,
                      routing=rtab)
     cols = dict(batch=[cfg.batch], tokens_per_step=[tps], drafts=[cfg.mtp],
-                accepted=[accepted_per_step(cfg.mtp, DEFAULTS["mtp_acceptance"])], steps=[1], warmup=[0],
+                accepted=[accepted_per_step(cfg.mtp, _row_acceptance(m, cfg))], steps=[1], warmup=[0],
                 policy=[POLICIES["lru"]], mode=[MODES["analytic"]], seed=[0], index=[0])
     return Prepared(cfg=cfg, m=m, low=low, p=p, rt=rt, dm=dm, rtab=rtab, cols=cols, mem=mem,
                     roofline_tok_s=roofline(m, low, p, cfg.machine), kernel_mix=Q.kernel_mix(m, q))
+
+
+def _row_acceptance(m, cfg: RowConfig) -> float:
+    """A row's MTP acceptance: its family's measured one (catalog/speculation.toml), else DEFAULTS'."""
+    if not cfg.mtp:
+        return 0.0
+    try:
+        acc = default_acceptance(m.family, cfg.mtp)
+        rate, note = acc.rate, f"MTP acceptance {acc.rate:g}: {acc.source.split(':')[0]}"
+    except MoesimError:
+        rate = DEFAULTS["mtp_acceptance"]
+        note = f"MTP acceptance {rate:g}: no measurement for {m.family}, DeepSeek-V3's"
+    if note not in cfg.assumed:
+        cfg.assumed.append(note)
+    return rate
 
 
 def roofline(m, low, p, mach: Machine) -> float:

@@ -45,7 +45,10 @@ def _add_speed_options(p) -> None:
     p.add_argument("--prefetch-recall", type=_number, help="next-layer predictor recall in [0, 1] (enables prefetch)")
     p.add_argument("--routing", help="routing profile id (default: the model family's)")
     p.add_argument("--mtp", type=_positive_int, default=0, help="speculative draft tokens per step (MTP)")
-    p.add_argument("--mtp-acceptance", type=_number, default=0.8, help="per-draft acceptance probability")
+    p.add_argument("--mtp-acceptance", type=_number, help="per-draft acceptance probability (default: the model "
+                   "family's measured one, catalog/speculation.toml)")
+    p.add_argument("--mtp-dataset", help="the dataset whose measured MTP acceptance is the default "
+                   "(where the family has several)")
 
 
 def _add_simulate_parser(sub) -> None:
@@ -174,7 +177,7 @@ def _cmd_fit(args) -> int:
                overrides=args.tensor_overrides, allow_beyond_max_context=args.allow_beyond_max_context,
                parallel=args.parallel, cache_experts=args.cache_experts, policy=args.policy,
                prefetch_recall=args.prefetch_recall, routing=args.routing, mtp_acceptance=args.mtp_acceptance,
-               redundant_experts=args.redundant_experts)
+               redundant_experts=args.redundant_experts, mtp_dataset=args.mtp_dataset)
     if args.json:
         return _print_json(rows)
     print(fit_text(rows, args.context, args.batch))
@@ -199,7 +202,8 @@ def _cmd_simulate(args) -> int:
                  prefetch_recall=args.prefetch_recall, tokens=args.tokens, warmup=args.warmup, seed=args.seed,
                  mode=args.mode, trace=trace_path(args.trace), routing=args.routing, mtp=args.mtp,
                  mtp_acceptance=args.mtp_acceptance, prompt=args.prompt, parallel=args.parallel,
-                 allow_beyond_max_context=args.allow_beyond_max_context, redundant_experts=args.redundant_experts)
+                 allow_beyond_max_context=args.allow_beyond_max_context, redundant_experts=args.redundant_experts,
+                 mtp_dataset=args.mtp_dataset)
     d = r.to_dict()
     if args.json:
         return _print_json(d)

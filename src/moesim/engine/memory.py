@@ -108,6 +108,6 @@ def memory(model, machine: Machine, quant="native", context: int = 4096, batch: 
     kv = Q.canonical_kv_dtype(kv_dtype or default_kv_dtype(q, rt, m))
     p = parse_placement(placement, m, machine)
     check_runtime_applies(rt, machine, p.kind)
-    low = lower(m, q)
+    low = lower(m, q, kv)
     cfg = configure(m, low, machine, rt, p, context, batch, kv, mtp)
     return _result_from_arrays(evaluate(low, cfg, engine=engine), 0)

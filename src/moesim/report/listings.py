@@ -29,5 +29,6 @@ def quants() -> dict:
     """GGUF file types, checkpoint formats, KV dtypes and the ggml tensor types' block layouts."""
     from ..spec import quants as Q
     return {"gguf_ftypes": Q.ftype_ids(), "formats": Q.format_ids(), "kv_dtypes": Q.kv_dtype_ids(),
+            "indexer_dtypes": Q.indexer_dtype_ids(), "indexer_dtype_default": Q.indexer_dtype(None),
             "ggml_types": {k: {"block": v["block"], "bytes": v["bytes"], "bpw": 8 * v["bytes"] / v["block"]}
                            for k, v in Q.ggml_types().items()}}

@@ -53,6 +53,8 @@ def quants_text(data: dict) -> str:
     lines = ["GGUF file types: " + ", ".join(data["gguf_ftypes"]),
              "checkpoint formats: " + ", ".join(data["formats"]),
              "KV cache dtypes: " + ", ".join(data["kv_dtypes"]),
+             "sparse-attention indexer cache dtypes (--kv-dtype ATTENTION+INDEXER, e.g. fp8+fp4): "
+             + ", ".join(data["indexer_dtypes"]) + f" (default {data['indexer_dtype_default']})",
              "ggml tensor types (block, bytes, bits/weight):"]
     for k, v in sorted(data["ggml_types"].items(), key=lambda kv: kv[1]["bpw"]):
         lines.append(f"  {k:8} {v['block']:4d} {v['bytes']:4d} {v['bpw']:7.4f}")
@@ -77,8 +79,38 @@ def fit_text(rows: list, context: int, batch: int) -> str:
                      f"{fmt_bytes(gpu_tier['total'])} {fmt_bytes(t['host']['total'])} "
                      f"{fmt_bytes(t['storage']['total'])} {r['fits']:>17} {r['max_context']:11d} "
                      f"{r['max_batch']:9d} {tok_s}  {r['kv_dtype']}")
+    for r in rows:
+        lines += [f"  {r['quant']}: {x}" for x in speculation_lines(r)]
+    seen = set()
+    for r in rows:          # the breakdown where there is one: several kinds of cache (--json always has it)
+        if len(r.get("kv_terms") or ()) > 1 and r["kv_dtype"] not in seen:
+            seen.add(r["kv_dtype"])
+            lines += kv_terms_lines(r["kv_terms"], r["kv_dtype"], r["context"])
     lines += fit_settings_lines(rows)
     return "\n".join(lines)
+
+
+def kv_terms_lines(rows: list, kv_dtype: str, context: int, indent: str = "  ") -> list:
+    """The KV cache of one sequence by layer kind (analysis.kvterms rows): layers, dtype, entry size, total."""
+    if not rows:
+        return []
+    lines = [f"KV cache per sequence at context {context} ({kv_dtype}), by layer kind:"]
+    for r in rows:
+        what = (f"{human(r['fixed_bytes'])} fixed" if r["fixed_bytes"] else
+                f"{r['bytes_per_entry']:.0f} B per " + (f"{r['tokens_per_entry']} tokens" if r["tokens_per_entry"] > 1
+                                                        else "token") + (f", last {r['window']}" if r["window"] else ""))
+        lines.append(f"{indent}{r['layers']:3d}{' MTP' if r['mtp'] else ''} x {r['kind']:24} {r['dtype']:9} "
+                     f"{what:30} {human(r['bytes_at_context']):>12}")
+    lines.append(f"{indent}total {human(sum(r['bytes_at_context'] for r in rows))}")
+    return lines
+
+
+def speculation_lines(d: dict) -> list:
+    """MTP: the acceptance used, where it comes from, and whether the drafts pay (analysis.simulate)."""
+    if d.get("speculation_speedup") is None:
+        return []
+    return [f"MTP acceptance {d['mtp_acceptance']:.3f} per draft; source: {d['mtp_acceptance_source']}",
+            d["speculation_note"]]
 
 
 def simulate_text(d: dict, prompt: int) -> str:
@@ -94,6 +126,7 @@ def simulate_text(d: dict, prompt: int) -> str:
               f"TPOT     mean {t['mean']:.2f} ms, p50 {t['p50']:.2f} ms, p99 {t['p99']:.2f} ms",
               f"prefill  {d['prefill_tok_s']:9.1f} tok/s, TTFT {d['ttft_s']:.2f} s for a {prompt}-token prompt",
               f"bottleneck: {d['bottleneck']}"]
+    lines += speculation_lines(d)
     if d["expert_hit_rate"] is not None:
         lines.append(f"GPU expert hit rate {d['expert_hit_rate']:.3f} ({d['policy']})")
     if d["page_cache_hit_rate"] is not None:
@@ -165,6 +198,7 @@ def inspect_text(d: dict, tensors: bool = False) -> str:
                      f"{human(n['kv_bytes'])} ({d['kv_dtype']}, {d['kv_bytes_per_token']:.0f} B/token)"
                      + (f" + recurrent state {human(n['state_bytes'])}" if n["state_bytes"] else "")
                      + f" = {human(n['total_bytes'])} for one sequence, before runtime buffers")
+        lines += kv_terms_lines(d.get("kv_terms") or [], d["kv_dtype"], n["context"])
     if "placement" in d:
         lines += _placement_lines(d["placement"])
     elif tensors and d.get("tensor_table"):

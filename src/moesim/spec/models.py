@@ -171,20 +171,23 @@ class Model:
                 active += n
         return total, active
 
-    def kv_terms(self, layer: Layer) -> KVTerms:
+    def kv_terms(self, layer: Layer, indexer_bytes: float | None = None) -> KVTerms:
         """Cache bytes of one layer for one sequence, as the affine/capped terms of :class:`KVTerms`.
 
-        Element counts are in the KV dtype; ``fixed_bytes`` are caches with their own dtype (DSA
-        indexer keys: fp8 + one fp32 scale per 128, AIC-sdk ``indexer_cache_entry_bytes``).
+        Element counts are in the KV dtype; ``fixed_bytes`` / ``ratio_fixed_bytes`` are the
+        sparse-attention indexer's key cache, whose dtype is its own: *indexer_bytes* per element
+        (scales included), by default the catalog's ``indexer_dtype_default`` (fp8 + one fp32 scale
+        per 128, what vLLM stores whatever the attention cache's dtype).
         """
+        if indexer_bytes is None:
+            q = _catalog.load("quants")
+            indexer_bytes = float(q["indexer_dtypes"][q["indexer_dtype_default"]["dtype"]]["bytes"])
         a = layer.attention
         if a.kind == "gqa":
             return KVTerms(elems=2 * a.n_kv_heads * a.head_dim, cap=a.window or a.chunk)
         if a.kind == "mla":
             # llama.cpp/FlashMLA cache the compressed latent plus the rope key; V is a view of it.
-            fixed = 0.0
-            if a.index_heads:
-                fixed = a.index_head_dim + 4 * (a.index_head_dim / 128)
+            fixed = a.index_head_dim * indexer_bytes if a.index_heads else 0.0
             return KVTerms(elems=a.kv_lora_rank + a.qk_rope_head_dim, fixed_bytes=fixed)
         if a.kind in ("kda", "gdn"):
             # Fixed recurrent state, fp32: heads x d_k x d_v, plus the short-conv tail of
@@ -197,7 +200,7 @@ class Model:
         if a.kind == "dsv4":
             # AIC-sdk get_kvcache_bytes_per_sequence (models.md, DeepSeek-V4): a sliding window of
             # min(C, 128) entries of head_dim, plus C // ratio compressed entries, plus the fp32
-            # compressor state; ratio 4 layers add an fp4 indexer cache of index_head_dim per entry.
+            # compressor state; ratio 4 layers add an indexer cache of index_head_dim per entry.
             r = a.compress_ratio
             terms = dict(elems=a.head_dim, cap=a.window)
             if r > 0:
@@ -205,7 +208,7 @@ class Model:
                 state = 2 * r * coff * a.head_dim * 4
                 ratio_fixed = 0.0
                 if r == 4:
-                    ratio_fixed = a.index_head_dim * 0.5
+                    ratio_fixed = a.index_head_dim * indexer_bytes
                     state += 2 * r * 2 * a.index_head_dim * 4
                 terms.update(ratio=r, ratio_elems=a.head_dim, ratio_fixed_bytes=ratio_fixed,
                              state_bytes=float(state))

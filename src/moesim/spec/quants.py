@@ -77,6 +77,10 @@ def kv_dtype_ids() -> list:
     return sorted(_tables()["kv_dtypes"])
 
 
+def indexer_dtype_ids() -> list:
+    return sorted(_tables()["indexer_dtypes"])
+
+
 def quant_ids() -> list:
     """Every quantization name ``fit``/``simulate`` accept (aliases excluded)."""
     return ftype_ids() + format_ids() + ["native"]
@@ -146,23 +150,53 @@ def _same_name(a: str, b: str) -> bool:
         return False
 
 
-def kv_dtype_bytes(name: str) -> float:
-    """Bytes per cached element for a KV dtype name (``f16``, ``q8_0``, ``fp8`` ...)."""
+def kv_dtype_parts(name) -> tuple:
+    """(attention cache dtype key, indexer cache dtype key or None) of a KV dtype name such as ``fp8`` or
+    ``fp8+fp4`` (attention cache fp8, sparse-attention indexer cache fp4)."""
     if not isinstance(name, str):
         raise MoesimError(f"expected a KV dtype name, got {name!r}", "kv_dtype")
     t = _tables()
-    key = name.strip().lower()
-    key = t["kv_dtype_aliases"].get(key, key)
-    if key not in t["kv_dtypes"]:
+    attn, plus, idx = name.strip().lower().partition("+")
+    attn = t["kv_dtype_aliases"].get(attn.strip(), attn.strip())
+    if attn not in t["kv_dtypes"]:
         raise unknown_id("KV cache dtype", name, t["kv_dtypes"], "kv_dtype")
-    return float(t["kv_dtypes"][key]["bytes"])
+    if not plus:
+        return attn, None
+    idx = t["kv_dtype_aliases"].get(idx.strip(), idx.strip())
+    if idx not in t["indexer_dtypes"]:
+        raise MoesimError(f"KV dtype {name!r}: the indexer cache dtype after '+' must be one of "
+                          f"{', '.join(sorted(t['indexer_dtypes']))}", "kv_dtype")
+    return attn, idx
+
+
+def kv_dtype_bytes(name: str) -> float:
+    """Bytes per cached element for a KV dtype name (``f16``, ``q8_0``, ``fp8``, ``fp8+fp4`` ...)."""
+    return float(_tables()["kv_dtypes"][kv_dtype_parts(name)[0]]["bytes"])
 
 
 def canonical_kv_dtype(name: str) -> str:
-    kv_dtype_bytes(name)
+    attn, idx = kv_dtype_parts(name)
+    return attn if idx is None else f"{attn}+{idx}"
+
+
+def indexer_dtype(kv_dtype: str | None) -> str:
+    """The sparse-attention indexer cache's dtype under a KV dtype: the one after '+', else the default
+    (the runtime's own format, whatever the attention cache's dtype; catalog ``indexer_dtype_default``)."""
+    idx = kv_dtype_parts(kv_dtype)[1] if kv_dtype is not None else None
+    return idx or _tables()["indexer_dtype_default"]["dtype"]
+
+
+def indexer_dtype_bytes(kv_dtype: str | None) -> float:
+    """Bytes per indexer-cache element (scales included) under a KV dtype (:func:`indexer_dtype`)."""
+    return float(_tables()["indexer_dtypes"][indexer_dtype(kv_dtype)]["bytes"])
+
+
+def dtype_source(kind: str, name: str) -> str:
+    """The catalog source of a KV (``kind`` "kv") or indexer (``kind`` "indexer") cache dtype."""
     t = _tables()
-    key = name.strip().lower()
-    return t["kv_dtype_aliases"].get(key, key)
+    if kind == "indexer":
+        return t["indexer_dtypes"][name]["source"]
+    return t["kv_dtypes"][kv_dtype_parts(name)[0]]["source"]
 
 
 # ------------------------------------------------------------------------------------- bytes

@@ -66,7 +66,7 @@ class Group:
         self.kv = plan.resolved[("kv", ix["models"], ix["quants"], ix["machines"], ix["runtimes"], ix["kv_dtypes"])]
         self.cands, self.rule = plan.resolved[("p", ix["models"], ix["machines"], ix["placements"], self.rt.id)]
         self.policy = POLICIES[self.labels["policy"]]
-        self.low = lower(m, self.q)
+        self.low = lower(m, self.q, self.kv)
         self.kernel_mix = Q.kernel_mix(m, self.q)
         self.kvb = Q.kv_dtype_bytes(self.kv)
         self.labels.update(model=m.id, quant=self.q.id, runtime=self.rt.id, kv_dtype=self.kv)

@@ -1,6 +1,6 @@
 """Memory accounting API: lower (model, quant) once, then evaluate configurations in the C kernel.
 
-``lower(model, quant)`` turns a model's tensor inventory into per-layer byte arrays (the C struct
+``lower(model, quant, kv_dtype)`` turns a model's tensor inventory into per-layer byte arrays (the C struct
 ``ms_model_t``); ``configure(...)`` turns machine + runtime + placement + workload into the scalar
 fields of ``ms_mem_config_t``. :func:`memory` evaluates one configuration; ``engine="reference"``
 runs the pure-Python twin in :mod:`moesim.reference` instead of C.
@@ -65,7 +65,7 @@ class LoweredModel:
 
 
 @functools.lru_cache(maxsize=4096)
-def _lower_cached(model: Model, q: Q.Quant) -> LoweredModel:
+def _lower_cached(model: Model, q: Q.Quant, indexer_bytes: float) -> LoweredModel:
     n = model.n_layers
     per = {k: np.zeros(n) for k in ("attention", "router", "shared_experts", "routed_experts", "dense_ffn")}
     glob = {"embeddings": 0.0, "lm_head": 0.0, "mtp": 0.0}
@@ -78,7 +78,7 @@ def _lower_cached(model: Model, q: Q.Quant) -> LoweredModel:
             per[t.cls][t.layer] += nb
     n_exp = np.array([l.ffn.n_experts if l.ffn.kind == "moe" else 0 for l in model.layers], dtype=np.int32)
     expert_one = np.divide(per["routed_experts"], np.maximum(n_exp, 1))
-    terms = [model.kv_terms(l) for l in model.layers]
+    terms = [model.kv_terms(l, indexer_bytes) for l in model.layers]
     by_class.pop("mtp")
     return LoweredModel(
         model_id=model.id, quant=q.id,
@@ -96,10 +96,12 @@ def _lower_cached(model: Model, q: Q.Quant) -> LoweredModel:
     )
 
 
-def lower(model: Model, quant) -> LoweredModel:
+def lower(model: Model, quant, kv_dtype: str | None = None) -> LoweredModel:
+    """The model's per-layer byte arrays under *quant*; *kv_dtype* picks the sparse-attention indexer
+    cache's dtype (``fp8+fp4``: fp4; a plain KV dtype or None: the default, :func:`quants.indexer_dtype`)."""
     q = Q.resolve(quant, model)
     Q.check_applicable(model, q)
-    return _lower_cached(model, q)
+    return _lower_cached(model, q, Q.indexer_dtype_bytes(kv_dtype))
 
 
 def configure(model: Model, low: LoweredModel, machine: Machine, runtime: Runtime, placement: Placement,
