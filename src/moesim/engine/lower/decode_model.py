@@ -17,7 +17,7 @@ from .attention import decode_context_rows
 
 
 # ------------------------------------------------------------------------------- model lowering
-@functools.lru_cache(maxsize=128)
+@functools.lru_cache(maxsize=1024)
 def _params(model: Model) -> dict:
     """Parameter counts per (class, layer) plus global ones; MTP modules under key 'mtp'."""
     L = model.n_layers
