@@ -232,20 +232,28 @@ def check_struct(struct: str, obj, dims: dict | None = None, fields: tuple | Non
     ``dims``). Raises StructError naming the struct and field; optional fields absent are None."""
     dims = {} if dims is None else dims
     out = {}
+    plain = type(obj) is dict
     for f in STRUCTS[struct] if fields is None else fields:
-        v = _get(obj, f.name)
+        v = obj.get(f.name) if plain else _get(obj, f.name)
         if v is None:
             if f.optional:
                 out[f.name] = None
                 continue
             raise StructError(struct, f.name, "missing" + (f" ({f.note})" if f.note else ""))
+        shape = f.shape
         if f.kind == TABLE:
-            out[f.name] = check_struct(f"{struct}.{f.name}", v, dims, f.shape)
-        elif f.shape is None:
+            out[f.name] = check_struct(f"{struct}.{f.name}", v, dims, shape)
+        elif shape is None:
             out[f.name] = _scalar(struct, f, v)
+        elif type(v) is np.ndarray and v.dtype == _DTYPES.get(f.kind) and v.flags.c_contiguous and v.ndim == len(shape) \
+                and all((d if type(d) is int else dims.setdefault(d, size)) == size for d, size in zip(shape, v.shape)):
+            out[f.name] = v                # already what C reads, of the declared shape (_array's fast path)
         else:
-            out[f.name] = _array(struct, f, v, dims)
+            out[f.name] = _array(struct, f, v, dims)   # converts, or names what is wrong
     return out
+
+
+_DTYPES = {k: np.dtype(k) for k in (F64, I32, I64, U64)}
 
 
 def check_columns(struct: str, cols, n: int | None = None) -> dict:

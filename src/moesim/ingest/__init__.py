@@ -34,11 +34,23 @@ import re
 from ..errors import MoesimError
 from ..spec import models as _models
 from ..spec.models import Model, catalog_model, is_catalog_id
-from .gguf import _GGUF_MAGIC
 from .bounded import _err
-from .gguf_model import read_gguf_model
-from .hf_config import read_hf_config
-from .safetensors import read_safetensors_model
+
+
+# The readers load on first use: a catalog model (every CLI run that names no file) never needs them.
+def read_gguf_model(*args, **kwargs) -> Model:
+    from .gguf_model import read_gguf_model as read
+    return read(*args, **kwargs)
+
+
+def read_safetensors_model(*args, **kwargs) -> Model:
+    from .safetensors import read_safetensors_model as read
+    return read(*args, **kwargs)
+
+
+def read_hf_config(*args, **kwargs) -> Model:
+    from .hf_config import read_hf_config as read
+    return read(*args, **kwargs)
 
 
 
@@ -69,6 +81,7 @@ def artifact_kind(path: str) -> str:
             head = fh.read(4)
     except OSError as exc:
         raise _err(path, f"cannot read: {exc.strerror or exc}", "model") from None
+    from .gguf import _GGUF_MAGIC
     if head == _GGUF_MAGIC:
         return "gguf"
     raise _err(path, "is not a GGUF file, a safetensors file/index or a config.json", "model")

@@ -4,8 +4,9 @@ role and layer, the fallbacks for rows a type's blocks do not divide, and the wa
 tensors in file order. ``spec.quants`` owns the tables (ggml_types, ftypes) and calls :func:`gguf_assign`."""
 from __future__ import annotations
 
-import math
 import re
+
+import numpy as np
 
 from .layers import Tensor
 from .models import Model
@@ -36,15 +37,15 @@ _VERY_LOW = {"IQ2_XXS", "IQ2_XS", "IQ1_S", "IQ2_S", "IQ2_M", "IQ1_M"}
 class _GGUFState:
     """The counters llama.cpp's quantize_state_impl keeps while walking tensors in file order."""
 
-    def __init__(self, model: Model, tensors: list, types: dict):
+    def __init__(self, model: Model, plan: "_WalkPlan", types: dict):
         self.types = types
         self.n_layer = model.n_layers
         self.n_expert = max(1, model.n_experts)
         a0 = model.layers[0].attention
         self.n_gqa = a0.n_heads // a0.n_kv_heads if a0.kind == "gqa" and a0.n_kv_heads else 1
         self.is_70b = model.family == "llama" and model.n_layers == 80
-        self.n_attention_wv = sum(1 for t in tensors if t.name.endswith("attn_v.weight"))
-        self.has_output = any(t.name == "output.weight" for t in tensors)
+        self.n_attention_wv = plan.n_attention_wv
+        self.has_output = plan.has_output
         self.i_attention_wv = 0
         self.i_ffn_down = 0
 
@@ -199,36 +200,74 @@ _BLOCK_PREFIX = re.compile(r"^blk\.\d+\.")
 _COUNTED_ROLES, _IQ3_XS_ROLES = ("attn_v.weight", "ffn_down"), ("ffn_gate", "ffn_up")
 
 
-def _gguf_roles(model: Model, include_mtp: bool) -> tuple:
-    """Per tensor: (name with the block number masked, quantized by llama.cpp, type may depend on its
-    layer or the walk's counters: attn_v, ffn_down, and gate/up, which IQ3_XS lowers mid-model)."""
-    def build():
-        roles = ((_BLOCK_PREFIX.sub("blk.*.", t.name), t) for t in model.tensors(include_mtp))
-        return tuple((r, _quantizable(t), any(c in r for c in _COUNTED_ROLES), any(c in r for c in _IQ3_XS_ROLES))
-                     for r, t in roles)
-    return model.cached_view("_cache_gguf_roles_mtp" if include_mtp else "_cache_gguf_roles", build)
+class _WalkPlan:
+    """A model's tensors (in file order) as llama.cpp's walk sees them, once per model: each tensor's
+    (role, shape) key with one representative tensor per key; the tensors whose type may depend on the
+    walk's counters or their layer (quantized attn_v / ffn_down, and gate / up, which IQ3_XS lowers
+    mid-model), in file order; element counts; and the two facts the walk's state reads off the list."""
+
+    def __init__(self, model: Model, include_mtp: bool):
+        tensors = model.tensors(include_mtp)
+        keys: dict = {}
+        self.tensors = tuple(tensors)
+        self.reps = []                   # per key: (representative tensor, quantizable, counted, gate_up)
+        key_of, counted_at, gate_up_at = [], [], []
+        for i, t in enumerate(tensors):
+            role = _BLOCK_PREFIX.sub("blk.*.", t.name)
+            k = keys.get((role, t.shape))
+            if k is None:
+                k = keys[(role, t.shape)] = len(self.reps)
+                self.reps.append((t, _quantizable(t), any(c in role for c in _COUNTED_ROLES),
+                                  any(c in role for c in _IQ3_XS_ROLES)))
+            key_of.append(k)
+            _, quantizable, counted, gate_up = self.reps[k]
+            if quantizable and counted:
+                counted_at.append(i)
+            elif quantizable and gate_up:
+                gate_up_at.append(i)
+        self.key_of = np.array(key_of, dtype=np.int64)
+        self.counted_at = counted_at
+        self.walked_iq3_xs = sorted(counted_at + gate_up_at)
+        self.numel = np.array([t.n_elements for t in tensors], dtype=np.int64)
+        self.n_attention_wv = sum(1 for t in tensors if t.name.endswith("attn_v.weight"))
+        self.has_output = any(t.name == "output.weight" for t in tensors)
+
+
+def _walk_plan(model: Model, include_mtp: bool) -> _WalkPlan:
+    return model.cached_view("_cache_gguf_walk_mtp" if include_mtp else "_cache_gguf_walk",
+                             lambda: _WalkPlan(model, include_mtp))
+
+
+def gguf_type_index(model: Model, ftype: str, base: str, types: dict, include_mtp: bool) -> tuple:
+    """(ggml type names, each tensor's index into them, each tensor's bytes as int64), in file order:
+    llama.cpp's per-tensor types for file type *ftype* (base type *base*; *types*: quants.toml's
+    ggml_types). A tensor whose type depends on neither its layer nor the walk's counters gets its (role,
+    shape)'s type, computed once; only the others are walked, in file order (the counters advance on them
+    alone, so the walk over them equals llama.cpp's over every tensor)."""
+    plan = _walk_plan(model, include_mtp)
+    s = _GGUFState(model, plan, types)
+    mixture = types[base]["block"] > 1  # llama.cpp applies its rules only to quantized ftypes
+    names: dict = {}
+    key_type = np.empty(len(plan.reps), dtype=np.int64)
+    for k, (t, quantizable, _counted, _gate_up) in enumerate(plan.reps):
+        if not quantizable or not mixture:
+            typ = base if quantizable else "F32"
+        else:                            # walked tensors of this key overwrite it below
+            typ = _gguf_type(ftype, base, t, s, types) if not _counted else base
+        key_type[k] = names.setdefault(typ, len(names))
+    tix = key_type[plan.key_of]
+    if mixture:
+        s = _GGUFState(model, plan, types)
+        for i in plan.walked_iq3_xs if ftype == "IQ3_XS" else plan.counted_at:
+            tix[i] = names.setdefault(_gguf_type(ftype, base, plan.tensors[i], s, types), len(names))
+    order = list(names)
+    block = np.array([types[n]["block"] for n in order], dtype=np.int64)
+    per_block = np.array([types[n]["bytes"] for n in order], dtype=np.int64)
+    return order, tix, plan.numel // block[tix] * per_block[tix]
 
 
 def gguf_assign(model: Model, ftype: str, base: str, types: dict, include_mtp: bool) -> list:
-    """[(Tensor, ggml type, bytes)]: llama.cpp's per-tensor types for file type *ftype* (base type *base*;
-    *types*: quants.toml's ggml_types), walking the tensors in file order. A tensor whose type depends on
-    neither its layer nor the counters gets the type of the first tensor of its role and shape."""
-    tensors = model.tensors(include_mtp=include_mtp)
-    s, out = _GGUFState(model, tensors, types), []
-    mixture = types[base]["block"] > 1  # llama.cpp applies its rules only to quantized ftypes
-    nbytes, by_role = {}, {}             # (shape, type) -> bytes; (role, shape) -> type where no counter reaches
-    iq3_xs = ftype == "IQ3_XS"
-    for t, (role, quantizable, counted, gate_up) in zip(tensors, _gguf_roles(model, include_mtp)):
-        if not quantizable or not mixture:
-            typ = base if quantizable else "F32"
-        elif counted or (iq3_xs and gate_up):
-            typ = _gguf_type(ftype, base, t, s, types)
-        elif (role, t.shape) in by_role:
-            typ = by_role[(role, t.shape)]
-        else:
-            typ = by_role[(role, t.shape)] = _gguf_type(ftype, base, t, s, types)
-        if (t.shape, typ) not in nbytes:
-            info = types[typ]
-            nbytes[(t.shape, typ)] = math.prod(t.shape) // info["block"] * info["bytes"]
-        out.append((t, typ, nbytes[(t.shape, typ)]))
-    return out
+    """[(Tensor, ggml type, bytes)]: :func:`gguf_type_index` as one entry per tensor, in file order."""
+    order, tix, nbytes = gguf_type_index(model, ftype, base, types, include_mtp)
+    return [(t, order[i], nb) for t, i, nb in zip(_walk_plan(model, include_mtp).tensors, tix.tolist(),
+                                                    nbytes.tolist())]

@@ -128,8 +128,11 @@ class Model:
         """Every weight tensor, named as llama.cpp names them in GGUF files.
 
         A model read from a GGUF file returns the file's own tensors (real names and shapes)."""
-        key = "_cache_tensors_mtp" if include_mtp else "_cache_tensors"
-        return list(self.cached_view(key, lambda: tuple(self._tensors(include_mtp))))
+        every = self.cached_view("_cache_tensors_mtp", lambda: tuple(self._tensors(True)))
+        if include_mtp:
+            return list(every)
+        # the MTP modules' tensors are the only ones of class "mtp" (a GGUF file's included): drop them
+        return list(self.cached_view("_cache_tensors", lambda: tuple(t for t in every if t.cls != "mtp")))
 
     def _tensors(self, include_mtp: bool) -> list:
         if self.stored is not None and self.stored.container == "gguf":

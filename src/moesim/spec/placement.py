@@ -11,6 +11,7 @@ PLACEMENTS = ("all-gpu", "experts-cpu", "n-cpu-moe", "gpu-experts", "layers-gpu"
               "offload-cache")
 _NEEDS_ARG = {"n-cpu-moe", "gpu-experts", "layers-gpu"}
 _OPTIONAL_ARG = {"offload-cache"}
+_COUNTED = frozenset(_NEEDS_ARG | _OPTIONAL_ARG)     # names spelled with their count
 
 
 @dataclass(frozen=True)
@@ -19,7 +20,7 @@ class Placement:
     arg: int = 0
 
     def __str__(self) -> str:
-        return f"{self.kind}={self.arg}" if self.kind in _NEEDS_ARG | _OPTIONAL_ARG else self.kind
+        return f"{self.kind}={self.arg}" if self.kind in _COUNTED else self.kind
 
 
 def parse(spec: "str | Placement", model=None, machine=None) -> Placement:

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import functools
 import math
+
+import numpy as np
 from dataclasses import dataclass
 
 from .. import _catalog
@@ -26,7 +28,7 @@ from .checkpoint import Scheme, hf_module_path
 from ..errors import MoesimError, unknown_id
 from .models import Model
 from .layers import Tensor
-from .gguf_types import gguf_assign, use_more_bits
+from .gguf_types import gguf_assign, gguf_type_index, use_more_bits
 
 
 _LINEAR_CLASSES = {"attention", "dense_ffn", "shared_experts", "routed_experts", "mtp"}
@@ -338,13 +340,65 @@ def assign(model: Model, quant: "str | Quant", include_mtp: bool = False) -> lis
     return _assign_cached(model, q, include_mtp)
 
 
-@functools.lru_cache(maxsize=512)
+@functools.lru_cache(maxsize=4096)
 def _assign_cached(model: Model, q: Quant, include_mtp: bool) -> list:
     if q.kind == "stored":
         return [e for e in model.stored.table if include_mtp or e[0].cls != "mtp"]
     if q.kind == "gguf":
         return gguf_assign(model, q.id, _tables()["ftypes"][q.id]["base"], ggml_types(), include_mtp)
     return _format_assign(model, q, model.tensors(include_mtp=include_mtp))
+
+
+# the tensor classes of spec.layers, in the order weight tables number them
+WEIGHT_CLASS_NAMES = ("attention", "router", "shared_experts", "routed_experts", "dense_ffn", "embeddings", "lm_head",
+                      "mtp")
+_CLASS_INDEX = {c: i for i, c in enumerate(WEIGHT_CLASS_NAMES)}
+
+
+@dataclass(frozen=True, eq=False)
+class WeightTable:
+    """:func:`assign` as columns, one row per tensor in file order: class (index into
+    WEIGHT_CLASS_NAMES), layer (-1: global), storage type (index into ``types``) and bytes. What the
+    lowering sums per class, layer and type with numpy instead of a Python loop over tensors."""
+
+    cls: np.ndarray
+    layer: np.ndarray
+    types: tuple
+    type_of: np.ndarray
+    nbytes: np.ndarray
+
+
+def weight_table(model: Model, quant: "str | Quant", include_mtp: bool = False) -> WeightTable:
+    """:class:`WeightTable` of *model* under *quant* (the same tensors, types and bytes as :func:`assign`)."""
+    q = resolve(quant, model)
+    check_applicable(model, q)
+    if model.stored is None and model.mtp_layer is None:
+        include_mtp = False
+    return _weight_table_cached(model, q, include_mtp)
+
+
+@functools.lru_cache(maxsize=4096)
+def _weight_table_cached(model: Model, q: Quant, include_mtp: bool) -> WeightTable:
+    if q.kind == "gguf":
+        types, type_of, nbytes = gguf_type_index(model, q.id, _tables()["ftypes"][q.id]["base"], ggml_types(),
+                                                 include_mtp)
+        cls, layer = _tensor_columns(model, include_mtp)
+        return WeightTable(cls, layer, tuple(types), type_of, nbytes.astype(np.float64))
+    rows = _assign_cached(model, q, include_mtp)
+    names: dict = {}
+    type_of = np.array([names.setdefault(typ, len(names)) for _, typ, _ in rows], dtype=np.int64)
+    return WeightTable(np.array([_CLASS_INDEX[t.cls] for t, _, _ in rows], dtype=np.int64),
+                       np.array([t.layer for t, _, _ in rows], dtype=np.int64), tuple(names), type_of,
+                       np.array([nb for _, _, nb in rows], dtype=np.float64))
+
+
+def _tensor_columns(model: Model, include_mtp: bool) -> tuple:
+    """(class index, layer) of each of the model's tensors, in file order, once per model."""
+    def build():
+        ts = model.tensors(include_mtp)
+        return (np.array([_CLASS_INDEX[t.cls] for t in ts], dtype=np.int64),
+                np.array([t.layer for t in ts], dtype=np.int64))
+    return model.cached_view("_cache_tensor_columns_mtp" if include_mtp else "_cache_tensor_columns", build)
 
 
 def bytes_by_class(model: Model, quant: "str | Quant", include_mtp: bool = False) -> dict:
@@ -382,9 +436,14 @@ def kernel_mix(model: Model, quant: "str | Quant") -> KernelMix:
 @functools.lru_cache(maxsize=4096)
 def _kernel_mix_cached(model: Model, quant: Quant) -> KernelMix:
     types, formats = ggml_types(), _tables()["formats"]
-    by_class_type = {}                   # (class, type) -> bytes, one pass over the tensor table
-    for t, typ, nb in assign(model, quant):
-        by_class_type[(t.cls, typ)] = by_class_type.get((t.cls, typ), 0.0) + nb
+    wt = weight_table(model, quant)
+    nt = len(wt.types)
+    # (class, type) -> bytes, summed in file order per pair; the pairs in first-seen order
+    pair = wt.cls * nt + wt.type_of
+    sums = np.bincount(pair, weights=wt.nbytes)
+    seen, first = np.unique(pair, return_index=True)
+    by_class_type = {(WEIGHT_CLASS_NAMES[p // nt], wt.types[p % nt]): float(sums[p])
+                     for p in seen[np.argsort(first, kind="stable")].tolist()}
 
     def share(classes: tuple, flag: str) -> float:
         total = flagged = 0.0

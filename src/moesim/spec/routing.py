@@ -1,6 +1,7 @@
 """Routing profiles: the parameters of the generative model of expert choice (``catalog/routing.toml``)."""
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, fields, replace
 
@@ -54,14 +55,25 @@ def profile(id_or_profile=None, family: str | None = None, **overrides) -> Routi
         key = str(key).strip().lower()
         if key not in t["profiles"]:
             raise unknown_id("routing profile", key, t["profiles"], "routing")
-        entry = dict(t["defaults"])
-        entry.update(t["profiles"][key])
-        names = {f.name for f in fields(RoutingProfile)}
-        base = RoutingProfile(id=key, **{k: v for k, v in entry.items() if k in names and k != "id"})
+        base = _catalog_profile(key)
+        if not overrides:
+            return base                  # checked when built
     if overrides:
         base = replace(base, **overrides)
     _check(base)
     return base
+
+
+@functools.lru_cache(maxsize=None)
+def _catalog_profile(key: str) -> RoutingProfile:
+    """The catalog's profile *key* (its defaults filled in), built and checked once per process."""
+    t = _table()
+    entry = dict(t["defaults"])
+    entry.update(t["profiles"][key])
+    names = {f.name for f in fields(RoutingProfile)}
+    p = RoutingProfile(id=key, **{k: v for k, v in entry.items() if k in names and k != "id"})
+    _check(p)
+    return p
 
 
 def _check(p: RoutingProfile) -> None:

@@ -13,9 +13,8 @@ from ...engine.lower.attention import kv_read_fn, score_fn
 from ...engine.lower.placement import memory_tables
 from ...engine.lower.memory import configure, lower
 from ...engine.memory import evaluate
-from ...ingest import model as get_model
 from ...spec import quants as Q
-from .spec import machine_label, make_machine_cached
+from .spec import machine_label
 from .variants import DecodeVariants
 
 
@@ -27,10 +26,22 @@ def _kv_bytes_per_token(low, cfg: tuple) -> float:
     return float(evaluate(low, dict(cfg))["kv_bytes_per_token"][0])
 
 
-@functools.lru_cache(maxsize=256)
 def _layer_functions(m, low, kvb: float) -> tuple:
     """(each layer's row into the attention-function table, read-only; the table of (KV read, score)
-    coefficient pairs): what the sweep's context terms evaluate."""
+    coefficient pairs): what the sweep's context terms evaluate. They read only the lowered model's
+    cache terms, which come from the model and the indexer cache's dtype (not the quant): one table per
+    model, KV dtype and indexer entry size (the indexer's bytes are the cache's fixed terms)."""
+    key = (m, kvb, low.kv_fixed.tobytes(), low.kv_ratio_fixed.tobytes())
+    hit = _LAYER_FUNCTIONS.get(key)
+    if hit is None:
+        hit = _LAYER_FUNCTIONS[key] = _build_layer_functions(m, low, kvb)   # a race builds equal tables twice
+    return hit
+
+
+_LAYER_FUNCTIONS: dict = {}                 # (model, KV bytes per element, indexer terms) -> tables
+
+
+def _build_layer_functions(m, low, kvb: float) -> tuple:
     fns: dict = {}
     layer_fn = np.array([fns.setdefault((kv_read_fn(m, low, l, kvb), score_fn(layer)), len(fns))
                          for l, layer in enumerate(m.layers)], dtype=np.int32)
@@ -59,9 +70,9 @@ class Group:
                        "policy": v["policies"][ix["policies"]]}
         if self.skip:
             return
-        m = self.m = get_model(v["models"][ix["models"]])
+        m = self.m = plan.models[ix["models"]]
         self.q = plan.resolved[("q", ix["models"], ix["quants"])]
-        self.machine = make_machine_cached(v["machines"][ix["machines"]])
+        self.machine = plan.machines[ix["machines"]]
         self.rt = plan.resolved[("rt", ix["models"], ix["quants"], ix["machines"], ix["runtimes"])]
         self.kv = plan.resolved[("kv", ix["models"], ix["quants"], ix["machines"], ix["runtimes"], ix["kv_dtypes"])]
         self.cands, self.rule = plan.resolved[("p", ix["models"], ix["machines"], ix["placements"], self.rt.id)]
@@ -72,7 +83,7 @@ class Group:
         self.labels.update(model=m.id, quant=self.q.id, runtime=self.rt.id, kv_dtype=self.kv)
         self.codes = {k: plan._codes[k][self.labels[k]] for k in ("model", "quant", "machine", "runtime",
                                                                    "kv_dtype", "policy")}
-        self.place_codes = np.array([plan._codes["placement"][str(p)] for p in self.cands], dtype=np.int32)
+        self.place_codes = plan.resolved[("pc", ix["models"], ix["machines"], ix["placements"], self.rt.id)]
         self.E = m.n_experts
         self.mem_tables = self._memory_tables()
         from ...engine import _kernel

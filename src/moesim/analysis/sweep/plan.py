@@ -76,6 +76,7 @@ class Plan:
         if self.batches.max() > 2**30:
             raise _err("axes.batches", f"batch {int(self.batches.max())} exceeds 2^30")
         self.values = {a: ax[a] for a in SLOW_AXES}
+        self.machines = [make_machine_cached(hv) for hv in self.values["machines"]]
         zipped = {a: tuple(g) for g in norm["zip"] for a in g}
         dims, done = [], set()
         for a in SLOW_AXES:
@@ -129,8 +130,8 @@ class Plan:
         self.dicts = {k: [] for k in CATEGORICAL}
         self._codes = {k: {} for k in CATEGORICAL}
         self.resolved: dict = {}
-        for mi, mid in enumerate(v["models"]):
-            m = get_model(mid)
+        self.models = [get_model(mid) for mid in v["models"]]
+        for mi, m in enumerate(self.models):
             self._code("model", m.id)
             for qi, qname in enumerate(v["quants"]):
                 try:
@@ -159,7 +160,7 @@ class Plan:
     def _check_machine(self, m, mi: int, q, qi: int, hi: int, hv, skip: bool) -> None:
         """Runtimes, KV dtypes and placement candidates of one (model, quant, machine)."""
         v = self.values
-        mach = make_machine_cached(hv)
+        mach = self.machines[hi]
         for ri, rname in enumerate(v["runtimes"]):
             rt = default_runtime(q, mach) if rname == "auto" else get_runtime(rname, model=m.id)
             self.resolved[("rt", mi, qi, hi, ri)] = rt
@@ -185,8 +186,9 @@ class Plan:
                               f"{pname!r} on {m.id} / {machine_label(hv)}: {exc}")
                     continue
                 self.resolved[key] = (cands, rule)
-                for p in cands:
-                    self._code("placement", str(p))
+                codes = np.array([self._code("placement", str(p)) for p in cands], dtype=np.int32)
+                codes.flags.writeable = False
+                self.resolved[("pc",) + key[1:]] = codes
 
     def _bad(self, key, skip: bool, where: str, message: str):
         if not skip:

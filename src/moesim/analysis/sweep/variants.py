@@ -154,9 +154,12 @@ class DecodeVariants:
             self._mc_machines.append(hw)
         else:
             n = len(items)
-            cols = dict(batch=[b for _, b in items], tokens_per_step=[1] * n, drafts=[0] * n, accepted=[1.0] * n,
-                        steps=[run_cfg["tokens"]] * n, warmup=[run_cfg["warmup"]] * n, policy=[g.policy] * n,
-                        mode=[1] * n, seed=[run_cfg["seed"]] * n, index=[0] * n)
+            # the kernel's own column dtypes (ms_decode_config_t), so the glue's checks need no conversion
+            cols = dict(batch=np.array([b for _, b in items], dtype=np.int32), tokens_per_step=np.ones(n, dtype=np.int32),
+                        drafts=np.zeros(n, dtype=np.int32), accepted=np.ones(n), steps=np.full(n, run_cfg["tokens"], dtype=np.int64),
+                        warmup=np.full(n, run_cfg["warmup"], dtype=np.int64), policy=np.full(n, g.policy, dtype=np.int32),
+                        mode=np.ones(n, dtype=np.int32), seed=np.full(n, int(run_cfg["seed"]) & 0xFFFFFFFFFFFFFFFF, dtype=np.uint64),
+                        index=np.zeros(n, dtype=np.uint64))
             res = run(_zeroed(dm), hw, g.routing, cols)
         for i, (key, _) in enumerate(items):
             f64 = np.zeros(13)

@@ -18,7 +18,7 @@ from .parallel import allreduce_bytes, alltoall_bytes, layer_loads, layout_degre
 
 
 # ------------------------------------------------------------------------------- model lowering
-@functools.lru_cache(maxsize=128)
+@functools.lru_cache(maxsize=1024)
 def _params(model: Model) -> dict:
     """Parameter counts per (class, layer) plus global ones; MTP modules under key 'mtp'."""
     L = model.n_layers

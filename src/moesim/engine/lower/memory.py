@@ -67,33 +67,58 @@ class LoweredModel:
 @functools.lru_cache(maxsize=4096)
 def _lower_cached(model: Model, q: Q.Quant, indexer_bytes: float) -> LoweredModel:
     n = model.n_layers
-    per = {k: np.zeros(n) for k in ("attention", "router", "shared_experts", "routed_experts", "dense_ffn")}
-    glob = {"embeddings": 0.0, "lm_head": 0.0, "mtp": 0.0}
-    by_class = {c: 0.0 for c in WEIGHT_CLASSES}
-    for t, _typ, nb in Q.assign(model, q, include_mtp=True):
-        by_class[t.cls] += nb
-        if t.cls in glob:
-            glob[t.cls] += nb
-        else:
-            per[t.cls][t.layer] += nb
+    per, glob, by_class = _class_sums(Q.weight_table(model, q, include_mtp=True), n)
     n_exp = np.array([l.ffn.n_experts if l.ffn.kind == "moe" else 0 for l in model.layers], dtype=np.int32)
     expert_one = np.divide(per["routed_experts"], np.maximum(n_exp, 1))
-    terms = [model.kv_terms(l, indexer_bytes) for l in model.layers]
+    kv = _kv_columns(model, indexer_bytes)
     by_class.pop("mtp")
     return LoweredModel(
         model_id=model.id, quant=q.id,
         attn=per["attention"], router=per["router"], shared=per["shared_experts"], expert_one=expert_one,
         n_experts=n_exp, dense=per["dense_ffn"],
-        kv_elems=np.array([t.elems for t in terms], dtype=np.float64),
-        kv_fixed=np.array([t.fixed_bytes for t in terms], dtype=np.float64),
-        kv_cap=np.array([t.cap for t in terms], dtype=np.int64),
-        kv_ratio=np.array([t.ratio for t in terms], dtype=np.int64),
-        kv_ratio_elems=np.array([t.ratio_elems for t in terms], dtype=np.float64),
-        kv_ratio_fixed=np.array([t.ratio_fixed_bytes for t in terms], dtype=np.float64),
-        kv_state=np.array([t.state_bytes for t in terms], dtype=np.float64),
+        **kv,
         embed=glob["embeddings"], head=glob["lm_head"], mtp=glob["mtp"], mtp_layers=model.mtp_layers,
         max_context=model.max_context, weights_by_class=by_class,
     )
+
+
+def _kv_columns(model: Model, indexer_bytes: float) -> dict:
+    """The cache terms of every layer (Model.kv_terms) as LoweredModel's kv_* arrays: they depend on the
+    model and the indexer cache's entry size alone, so every quant's lowering shares one read-only set."""
+    def build():
+        terms = [model.kv_terms(l, indexer_bytes) for l in model.layers]
+        cols = dict(kv_elems=np.array([t.elems for t in terms], dtype=np.float64),
+                    kv_fixed=np.array([t.fixed_bytes for t in terms], dtype=np.float64),
+                    kv_cap=np.array([t.cap for t in terms], dtype=np.int64),
+                    kv_ratio=np.array([t.ratio for t in terms], dtype=np.int64),
+                    kv_ratio_elems=np.array([t.ratio_elems for t in terms], dtype=np.float64),
+                    kv_ratio_fixed=np.array([t.ratio_fixed_bytes for t in terms], dtype=np.float64),
+                    kv_state=np.array([t.state_bytes for t in terms], dtype=np.float64))
+        for a in cols.values():
+            a.flags.writeable = False
+        return cols
+    return model.cached_view(f"_cache_kv_columns_{indexer_bytes!r}", build)
+
+
+_PER_LAYER = ("attention", "router", "shared_experts", "routed_experts", "dense_ffn")
+
+
+def _class_sums(wt: Q.WeightTable, n: int) -> tuple:
+    """(per-layer bytes of each per-layer class, bytes of each global class, bytes of every class) of a
+    weight table. np.bincount adds each cell's tensors in file order, as a loop over the tensors would."""
+    names = Q.WEIGHT_CLASS_NAMES
+    total = np.bincount(wt.cls, weights=wt.nbytes, minlength=len(names))
+    by_class = {c: float(total[i]) for i, c in enumerate(names)}
+    glob = {c: by_class[c] for c in ("embeddings", "lm_head", "mtp")}
+    per = {}
+    for c in _PER_LAYER:
+        rows = wt.cls == names.index(c)
+        layer = wt.layer[rows]
+        layer = np.where(layer < 0, layer + n, layer)      # a layer of -1 counts as the last, as indexing does
+        if layer.size and (layer.min() < 0 or layer.max() >= n):
+            raise IndexError(f"{c} tensor outside the model's {n} layers")
+        per[c] = np.bincount(layer, weights=wt.nbytes[rows], minlength=n).astype(np.float64)
+    return per, glob, by_class
 
 
 def lower(model: Model, quant, kv_dtype: str | None = None) -> LoweredModel:

@@ -56,16 +56,24 @@ _PROBE_KEYS = frozenset(("context", "batch", "mtp", "placement", "placement_arg"
 def candidate_weights(low, cands, cfg: dict, mtp: int = 0, engine: str = "c") -> dict:
     """Weight bytes per tier of each candidate placement (:func:`_candidate_weights`), cached on
     everything they depend on: a sweep's groups of one model and quant on many machines share them."""
+    return {k: v.tolist() for k, v in _weights(low, tuple(cands), cfg, mtp, engine).items()}
+
+
+def _weights(low, cands: tuple, cfg: dict, mtp: int, engine: str = "c") -> dict:
+    """:func:`_candidate_weights`' read-only arrays for candidates *cands* under configuration *cfg*."""
     rest = tuple(sorted((k, v) for k, v in cfg.items() if k not in _PROBE_KEYS))
-    placed = tuple((placement_code(p), max(0, p.arg)) for p in cands)
-    got = _candidate_weights(low, placed, rest, 1 if mtp else 0, engine)
-    return {k: list(v) for k, v in got.items()}
+    return _candidate_weights(low, _placed(cands), rest, 1 if mtp else 0, engine)
+
+
+@functools.lru_cache(maxsize=1024)
+def _placed(cands: tuple) -> tuple:
+    return tuple((placement_code(p), max(0, p.arg)) for p in cands)
 
 
 @functools.lru_cache(maxsize=4096)
 def _candidate_weights(low, placed: tuple, rest: tuple, mtp: int, engine: str) -> dict:
     """Weight bytes per tier of each candidate placement, from the memory kernel (ms_memory.c account(),
-    through :func:`moesim.engine.memory.evaluate`), cached (read-only tuples): the configuration items
+    through :func:`moesim.engine.memory.evaluate`), cached (read-only arrays of the C dtypes): the configuration items
     ``rest`` (the all-GPU one's: its embeddings rule) with each candidate's (placement code, argument) of
     ``placed``, at context 1 and batch 1, MTP modules loaded when
     *mtp* (on the output head's tier, as the kernel counts them).
@@ -84,18 +92,20 @@ def _candidate_weights(low, placed: tuple, rest: tuple, mtp: int, engine: str) -
                 placement_arg=np.array([a for _, a in placed], dtype=np.int64),
                 n_gpus=np.ones(n, dtype=np.int64), gpu_fixed=np.ones(n), gpu_buf0=np.zeros(n), gpu_buf_ctx=np.zeros(n),
                 gpu_capacity=np.zeros(n), host_capacity=np.zeros(n), storage_spill=np.zeros(n, dtype=np.int64))
-    bc = evaluate(low, cols, engine=engine)["by_class"]
-    w_gpu, w_host = [], []
-    for j in range(n):
-        g = h = 0.0
-        for k in _WEIGHT_ROWS:
-            g += float(bc[j, k, TIER_GPU])
-            h += float(bc[j, k, TIER_HOST])
-        w_gpu.append(g)
-        w_host.append(h)
-    return {"w_gpu": tuple(w_gpu), "w_host": tuple(w_host),
-            "routed_host": tuple(float(x) for x in bc[:, CLASS_ROUTED, TIER_HOST]),
-            "any_gpu": tuple(int(x > 0.0) for x in bc[:, CLASS_BUFFERS, TIER_GPU])}
+    bc = np.asarray(evaluate(low, cols, engine=engine)["by_class"], dtype=np.float64)
+    w_gpu, w_host = np.zeros(n), np.zeros(n)
+    for k in _WEIGHT_ROWS:                       # class by class, in the kernel's order (the same sums)
+        w_gpu += bc[:, k, TIER_GPU]
+        w_host += bc[:, k, TIER_HOST]
+    return {"w_gpu": _frozen(w_gpu), "w_host": _frozen(w_host),
+            "routed_host": _frozen(np.array(bc[:, CLASS_ROUTED, TIER_HOST], dtype=np.float64)),
+            "any_gpu": _frozen((bc[:, CLASS_BUFFERS, TIER_GPU] > 0.0).astype(np.int32))}
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    """A cached table shared by every group that reads it: read-only."""
+    a.flags.writeable = False
+    return a
 
 
 def _kv_kinds(low, kvb: float, L: int) -> tuple:
@@ -132,7 +142,13 @@ def _kv_layout(low, kvb: float, n_mtp: int) -> tuple:
     L = low.n_layers
     rows, kind_of = _kv_kinds(low, kvb, L)
     count, gpu_count = _layer_counts(kind_of, len(rows), L, n_mtp)
-    return rows, count, gpu_count
+    cols = {name: _frozen(np.array([r[i] for r in rows], dtype=dt)) for i, (name, dt) in enumerate(_KV_ROW_COLUMNS)}
+    return cols, _frozen(count), _frozen(gpu_count)
+
+
+# the cache-rule rows of _kv_kinds, as ms_sweep_mem_t's columns
+_KV_ROW_COLUMNS = (("per_token", np.float64), ("cap", np.int64), ("ratio", np.int64), ("ratio_bytes", np.float64),
+                   ("state", np.float64))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -149,7 +165,8 @@ def _candidate_columns(cands: tuple, labels: "tuple | None", cpu_machine: bool) 
         pl["layout"].append(1 if p.kind == "cpu-only" else (2 + p.arg if p.kind == "layers-gpu" else 0))
         pl["cfg"].append(1 if p.kind == "cpu-only" or cpu_machine else 0)
         pl["label"].append(labels[j] if labels is not None else j)
-    return {k: tuple(v) for k, v in pl.items()}, first
+    dtypes = {"code": np.int32, "arg": np.int64, "layout": np.int32, "cfg": np.int32, "label": np.int32}
+    return {k: _frozen(np.array(v, dtype=dtypes[k])) for k, v in pl.items()}, first
 
 
 def memory_tables(m, low, machine: Machine, rt, kv: str, cands: list, rule: int, mtp: int = 0,
@@ -162,19 +179,27 @@ def memory_tables(m, low, machine: Machine, rt, kv: str, cands: list, rule: int,
     from .memory import configure
     L = m.n_layers
     n_mtp = int(low.mtp_layers) if mtp else 0
-    rows, count, gpu_count = _kv_layout(low, Q.kv_dtype_bytes(kv), n_mtp)
-    full = [configure(m, low, machine, rt, p, 1, 1, kv, 1 if n_mtp else 0)
-            for p in (Placement("all-gpu"), Placement("cpu-only"))]
+    kv_rows, count, gpu_count = _kv_layout(low, Q.kv_dtype_bytes(kv), n_mtp)
+    full = [configure(m, low, machine, rt, p, 1, 1, kv, 1 if n_mtp else 0) for p in (_ALL_GPU, _CPU_ONLY)]
     cfgs = [{k: c[k] for k in MEM_CFG_KEYS} for c in full]
-    w = candidate_weights(low, cands, full[0], n_mtp)
-    skeleton, first = _candidate_columns(tuple(cands), None if labels is None else tuple(int(x) for x in labels),
-                                         machine.n_gpus == 0)
-    pl = {k: list(v) for k, v in skeleton.items()}
+    cands = tuple(cands)
+    w = _weights(low, cands, full[0], n_mtp)
+    skeleton, first = _candidate_columns(cands, None if labels is None else _labels(labels), machine.n_gpus == 0)
+    pl = dict(skeleton)
     pl.update((k, w[k]) for k in ("any_gpu", "w_gpu", "w_host", "routed_host"))
-    count, gpu_count = count.copy(), gpu_count.copy()
-    return dict(per_token=[r[0] for r in rows], cap=[r[1] for r in rows], ratio=[r[2] for r in rows],
-                ratio_bytes=[r[3] for r in rows], state=[r[4] for r in rows], count=count, gpu_count=gpu_count,
+    fits = np.array(fits_label if fits_label is not None else [0] * 8, dtype=np.int32)
+    return dict(kv_rows, count=count, gpu_count=gpu_count,
                 max_context=int(low.max_context), cfg=cfgs, places=pl, rule=rule, n_layers=L, n_experts=m.n_experts,
                 i_all_gpu=first["all-gpu"], i_n_cpu_moe=first["n-cpu-moe"], i_layers_gpu=first["layers-gpu"],
                 i_cpu_only=first["cpu-only"], i_experts_cpu=first["experts-cpu"], i_gpu_experts=first["gpu-experts"],
-                fits_label=list(fits_label) if fits_label is not None else [0] * 8)
+                fits_label=fits)
+
+
+_ALL_GPU, _CPU_ONLY = Placement("all-gpu"), Placement("cpu-only")
+
+
+def _labels(labels) -> tuple:
+    """Output codes as a hashable key."""
+    if isinstance(labels, np.ndarray):
+        return tuple(labels.tolist())
+    return tuple(int(x) for x in labels)

@@ -78,7 +78,7 @@ def lower(dims: RoutingDims, prof: RoutingProfile, seed: int = 0, prefetch: bool
     return dict(_lower_cached(dims, prof, int(seed) & (2**63 - 1), bool(prefetch), int(scenarios)))
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=1024)
 def _lower_cached(dims: RoutingDims, prof: RoutingProfile, seed: int, prefetch: bool, scenarios: int) -> dict:
     L, E, k = dims.n_layers, dims.n_experts, dims.top_k
     rt = dict(n_layers=L, n_experts=E, top_k=k, n_group=dims.n_group, topk_group=dims.topk_group,
