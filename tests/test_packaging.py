@@ -7,6 +7,8 @@ import csv
 import fnmatch
 import importlib.util
 import json
+import math
+import re
 import sys
 from importlib import resources
 from pathlib import Path
@@ -14,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from moesim.cli import main
+from moesim.analysis import validate as V
 from moesim.ingest import packaged, traces
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,9 +64,12 @@ def test_measurements_are_the_corpus_plus_url_and_date():
         rows = list(reader)
         assert reader.fieldnames[-2:] == ["source_url", "date"]
     assert len(rows) > 100 and len({r["id"] for r in rows}) == len(rows)
+    collected = {r["id"] for r in tool.collected_rows()}
     for r in rows:
         assert r["source_url"] == "" or r["source_url"].startswith("https://")
-        assert r["source_url"] == tool.source_url(r["source"]) and r["date"] == tool.stated_date(r["source"], r["notes"])
+        if r["id"] not in collected:      # the shared corpus's rows: url and date derived from source and notes
+            assert r["source_url"] == tool.source_url(r["source"])
+            assert r["date"] == tool.stated_date(r["source"], r["notes"])
     assert tool.source_url("llama.cpp commit 'x' (mirror git.djapps.eu)") == "https://git.djapps.eu"
     assert tool.source_url("ik_llama.cpp wiki July 2024") == ""
     assert tool.stated_date("lmsys.org/blog/2025-05-05-large-scale-ep", "") == "2025-05-05"
@@ -105,3 +111,62 @@ def test_simulate_replays_the_sample_trace(capsys):
     assert main(argv + ["--trace", "sample"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["routing"].startswith("trace") and 0 < d["expert_hit_rate"] < 1
+
+
+# ------------------------------------------------------------ the project's own measurements (measurements_collected.csv)
+_ISO_DATE = re.compile(r"^20[12]\d-(0[1-9]|1[0-2])(-(0[1-9]|[12]\d|3[01]))?$")
+_WEB_ADDRESS = re.compile(r"^https://[a-z0-9-]+(\.[a-z0-9-]+)+(/\S*)?$", re.I)
+# what makes two rows the same measured run (the notes, quality and values aside)
+_CONFIG = ("source", "model", "quant", "kv_dtype", "runtime", "gpu", "gpus", "gpu_mem_gb", "host_cpu", "host_mem",
+           "host_cores", "parallel", "placement", "prompt_tokens", "depth_tokens", "batch", "mtp")
+
+
+def _collected():
+    return _tool().collected_rows()
+
+
+def test_collected_rows_name_their_source_web_address_and_date():
+    rows = _collected()
+    assert len(rows) >= 30
+    assert len({r["id"] for r in rows}) == len(rows)
+    for r in rows:
+        assert r["source"].strip() and _WEB_ADDRESS.match(r["source_url"]), r["id"]
+        assert _ISO_DATE.match(r["date"]), (r["id"], r["date"])
+        assert r["quality"] in ("A", "B") and V.row_class(r) in V.CLASSES, r["id"]
+        assert r["decode_tok_s"] or r["prefill_tok_s"], r["id"]
+        assert r["notes"].strip(), r["id"]
+
+
+def test_collected_rows_repeat_no_measured_run():
+    ours = {r["id"] for r in _collected()}
+    with open(packaged.measurements_csv(), newline="", encoding="utf-8") as fh:
+        seen = {tuple(r[c] for c in _CONFIG) for r in csv.DictReader(fh) if r["id"] not in ours}
+    for r in _collected():
+        key = tuple(r[c] for c in _CONFIG)
+        assert key not in seen, r["id"]
+        seen.add(key)
+
+
+def test_collected_rows_resolve_in_the_catalog():
+    from moesim._catalog import load
+    from moesim.ingest import model
+    from moesim.spec import quants
+    from moesim.spec.runtimes import runtime
+    hw = load("hardware")
+    for r in _collected():
+        m = model(r["model"])
+        quants.resolve(r["quant"], m)
+        runtime(V.RUNTIME_ALIASES.get(r["runtime"], r["runtime"]))
+        assert r["gpu"] == "none" or r["gpu"] in hw["gpu"] or r["gpu"] in hw["unified"], r["id"]
+        if r["host_cpu"]:
+            assert V._cpu_id(r["host_cpu"]), (r["id"], r["host_cpu"])
+
+
+def test_every_collected_row_is_simulated():
+    rows = _collected()
+    _, records, skipped = V.evaluate_rows(rows)
+    assert skipped == []
+    assert len(records) == len(rows)
+    for rec in records:
+        for key in ("decode_predicted", "prefill_predicted"):
+            assert rec[key] is None or (math.isfinite(rec[key]) and rec[key] > 0), rec["id"]

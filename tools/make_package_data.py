@@ -4,7 +4,9 @@
 
 * ``measurements.csv``: the rows of the validation corpus, its columns unchanged, plus ``source_url``
   (the first web address the ``source`` column names, with https://) and ``date`` (a date the source or
-  the notes state: YYYY-MM-DD, or YYYY-MM from "May 2024"; empty where they state none).
+  the notes state: YYYY-MM-DD, or YYYY-MM from "May 2024"; empty where they state none); then the rows of
+  the project's own collection, ``measurements_collected.csv`` (the same columns, its ``source_url`` and
+  ``date`` given on every row), unchanged.
 * ``sample_trace_gpt-oss-20b.jsonl``: a routing trace drawn by moesim's own sampler from the catalog's
   ``gpt-oss`` routing profile (itself fitted to a public gpt-oss-20b trace; see catalog/routing.toml), in
   the vLLM route-log JSONL format :mod:`moesim.traces` reads. No recorded trace is copied.
@@ -22,6 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "src" / "moesim" / "data"
+COLLECTED = DATA / "measurements_collected.csv"     # project-owned rows, kept in the repository
 # ../shared next to the checkout, or next to the folder of worktrees the checkout sits in
 VALIDATION_CANDIDATES = [p / "shared" / "validation" / "calibration.csv" for p in (ROOT.parent, ROOT.parent.parent)]
 DEFAULT_VALIDATION = next((p for p in VALIDATION_CANDIDATES if p.exists()), VALIDATION_CANDIDATES[0])
@@ -52,11 +55,26 @@ def stated_date(source: str, notes: str) -> str:
     return ""
 
 
-def measurements_text(validation_csv) -> str:
+def collected_rows(collected_csv=COLLECTED) -> list:
+    """The project's own rows (empty when the file is absent); their columns must be the corpus's."""
+    if not Path(collected_csv).exists():
+        return []
+    with open(collected_csv, newline="", encoding="utf-8") as fh:
+        return list(csv.DictReader(fh))
+
+
+def measurements_text(validation_csv, collected_csv=COLLECTED) -> str:
     with open(validation_csv, newline="", encoding="utf-8") as fh:
         reader = csv.DictReader(fh)
         columns = list(reader.fieldnames) + ["source_url", "date"]
         rows = [dict(r, source_url=source_url(r["source"]), date=stated_date(r["source"], r["notes"])) for r in reader]
+    extra = collected_rows(collected_csv)
+    if extra and list(extra[0]) != columns:
+        raise SystemExit(f"{collected_csv}: columns differ from the corpus's {columns}")
+    clash = {r["id"] for r in rows} & {r["id"] for r in extra}
+    if clash:
+        raise SystemExit(f"{collected_csv}: ids already in the corpus: {', '.join(sorted(clash))}")
+    rows += extra
     out = io.StringIO()
     w = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
     w.writeheader()
