@@ -394,7 +394,8 @@ typedef struct {
     int32_t n_layers;
     const int32_t *layer_fn;                         /* [n_layers] index into fn_kv / fn_sf */
     int32_t n_templates;                             /* rows of mc_models / mc_machines */
-    const ms_decode_model_t *mc_models;              /* [n_templates] (kv_bytes / score_flops set per config) */
+    const ms_decode_model_t *mc_models;              /* [n_templates]: kv_bytes holds each layer's KV copies (the
+                                                        context KV bytes are scaled by it), score_flops set per config */
     const ms_machine_t *mc_machines;                 /* [n_templates] */
     const ms_routing_t *routing;
     int64_t steps, warmup;

@@ -244,7 +244,7 @@ static int mc_one(const ms_sweep_decode_t *d, int64_t ctx, int64_t b, const ms_s
     if (b < 1 || b > INT32_MAX) return MS_ERR_BAD_SIZE;       /* ms_decode_config_t.batch is int32 */
     c = mc_config(d, b, index);
     for (int32_t l = 0; l < d->n_layers; l++) {
-        kv[l] = ms_ctx_eval(&d->fn_kv[d->layer_fn[l]], ctx);
+        kv[l] = ms_ctx_eval(&d->fn_kv[d->layer_fn[l]], ctx) * m.kv_bytes[l];   /* template: KV copies */
         sf[l] = ms_ctx_eval(&d->fn_sf[d->layer_fn[l]], ctx);
     }
     m.kv_bytes = kv;

@@ -58,12 +58,12 @@ def check_separable(routing: dict) -> None:
                           f"{layers[:8].tolist()}")
 
 
-def kind_row(n: int, on_gpu: bool, ab: float, af: float, fn: int, hw: dict) -> tuple:
+def kind_row(n: int, on_gpu: bool, ab: float, af: float, fn: int, hw: dict, kv_copies: float = 1.0) -> tuple:
     """Precomputed decode coefficients of one attention kind (ms_sweep_kind_t; ab: attention + shared
-    weight bytes, af: their FLOPs per token)."""
+    weight bytes, af: their FLOPs per token; kv_copies: the GPUs' KV read factor, lower_model's)."""
     bw = hw["gpu_bw"] if on_gpu else hw["host_bw"]
     fl = hw["gpu_flops"] if on_gpu else hw["cpu_flops"]
-    f64 = [float(n), ab / bw, 1.0 / bw, af / fl, 1.0 / fl]
+    f64 = [float(n), ab / bw, kv_copies / bw, af / fl, 1.0 / fl]
     return f64, [0, 1, fn] if on_gpu else [2, 3, fn]
 
 
@@ -150,6 +150,8 @@ class DecodeVariants:
         mc_index = -1
         if self.mc:
             mc_index = len(self._mc_models)
+            # ms_sweep.c mc_one scales each layer's context KV bytes by the template's kv_bytes: the KV copies
+            dm["kv_bytes"] = self._kv_copies(j)
             self._mc_models.append(dm)
             self._mc_machines.append(hw)
         else:
@@ -174,6 +176,12 @@ class DecodeVariants:
             f64[10] = 1e3 / f64[9]
             f64[12] = pf0
             self._rows[key] = (f64, np.array([kind0, nk, mc_index], dtype=np.int32))
+
+    def _kv_copies(self, j: int) -> np.ndarray:
+        """Per layer, the KV read factor of candidate j's multi-GPU layout (lower_model's)."""
+        from ...engine.lower.decode_model import kv_copies_of
+        g = self.group
+        return np.asarray(kv_copies_of(g.m, g.cands[j], g.machine, g.rt), dtype=np.float64)
 
     def _op_offload(self, p: Placement, tokens_per_step: int) -> bool:
         """decode.lower_model's choice to copy CPU experts to the GPU at this step size (the one thing
@@ -211,13 +219,13 @@ class DecodeVariants:
         keys = zip((np.asarray(dm["attn_on_gpu"]) != 0).tolist(),
                    (np.asarray(dm["attn_bytes"], dtype=np.float64) + np.asarray(dm["shared_bytes"])).tolist(),
                    (np.asarray(dm["attn_flops"], dtype=np.float64) + np.asarray(dm["shared_flops"])).tolist(),
-                   np.asarray(g.layer_fn).tolist())
+                   np.asarray(g.layer_fn).tolist(), self._kv_copies(j).tolist())
         table: dict = {}
         for key in keys:
             table[key] = table.get(key, 0) + 1
         start = len(self._kind_rows)
-        for (on, ab, af, fn), n in table.items():
-            self._kind_rows.append(kind_row(n, on, ab, af, int(fn), hw))
+        for (on, ab, af, fn, copies), n in table.items():
+            self._kind_rows.append(kind_row(n, on, ab, af, int(fn), hw, copies))
         self._kinds[j] = (start, len(table))
         return self._kinds[j]
 

@@ -49,6 +49,22 @@ def op_offload_threshold(rt: Runtime, m: Model) -> float:
     return n
 
 
+def attention_copies(m: Model, on_gpu: np.ndarray, n: int, attn_tp: int) -> tuple:
+    """Per layer, (attention weights, KV) read factors over the bytes counted once: the GPUs' replication
+    (engine.lower.parallel.replication) where a layer's attention runs on the GPUs, 1 where the CPU runs it
+    from host memory (one copy, not split over the GPUs)."""
+    attn_c, kv_c = replication(m, n, attn_tp)
+    gpu = np.asarray(on_gpu) != 0
+    return np.where(gpu, attn_c, 1.0), np.where(gpu, kv_c, 1.0)
+
+
+def kv_copies_of(m: Model, p: Placement, machine: Machine, rt: Runtime) -> np.ndarray:
+    """The per-layer KV read factor lower_model applies (what a sweep's context terms must carry too)."""
+    cpu_only = p.kind == "cpu-only" or machine.n_gpus == 0
+    n, attn_tp, _, _ = layout_degrees(rt, 0 if cpu_only else machine.n_gpus)
+    return attention_copies(m, _attention_on_gpu(p, m.n_layers, cpu_only), n, attn_tp)[1]
+
+
 def lower_model(m: Model, low, p: Placement, machine: Machine, rt: Runtime, context: int, kv_dtype: str,
                 tokens_per_step: int, mem_by_class=None, mem_tier=None, cache_slots: int | None = None,
                 routing: dict | None = None) -> dict:
@@ -72,7 +88,7 @@ def lower_model(m: Model, low, p: Placement, machine: Machine, rt: Runtime, cont
     quant = Q.resolve(low.quant, m)
     draft_bytes, draft_flops = _draft_cost(m, low, par)
     kv_bytes, score_flops = decode_context_rows(m, low, context, kvb)
-    attn_copies, kv_copies = replication(m, n, attn_tp)
+    attn_copies, kv_copies = attention_copies(m, on_gpu, n, attn_tp)
     return dict(
         attn_bytes=(low.attn + low.router) * attn_copies,
         attn_flops=2.0 * (par["attention"] + par["router"]),
