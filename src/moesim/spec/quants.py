@@ -417,13 +417,17 @@ class KernelMix:
     linear layer of a model without them); ``mmq_kquant`` / ``mmq_mxfp4``, K-quants / MXFP4 among all
     linear weights (llama.cpp's GPU prefill GEMMs); ``fp8`` / ``cpu_fp8``, fp8 checkpoint weights among
     all linear weights (GPU GEMMs on fp8 tensor cores) and among those the CPU multiplies (converted to
-    bf16 first)."""
+    bf16 first); ``fp4_a4`` / ``fp4_a8``, fp4 checkpoint weights among all linear weights whose GEMMs run
+    on fp4 tensor cores (W4A4 NVFP4) or at the fp8 rate (W4A8 MXFP4) on GPUs with fp4 tensor cores
+    (quants.toml fp4_gemm)."""
 
     cpu_grid: float = 0.0
     mmq_kquant: float = 0.0
     mmq_mxfp4: float = 0.0
     fp8: float = 0.0
     cpu_fp8: float = 0.0
+    fp4_a4: float = 0.0
+    fp4_a8: float = 0.0
 
 
 def kernel_mix(model: Model, quant: "str | Quant") -> KernelMix:
@@ -445,18 +449,19 @@ def _kernel_mix_cached(model: Model, quant: Quant) -> KernelMix:
     by_class_type = {(WEIGHT_CLASS_NAMES[p // nt], wt.types[p % nt]): float(sums[p])
                      for p in seen[np.argsort(first, kind="stable")].tolist()}
 
-    def share(classes: tuple, flag: str) -> float:
+    def share(classes: tuple, flag: str, value=True) -> float:
         total = flagged = 0.0
         for (cls, typ), nb in by_class_type.items():
             if cls in classes:
                 total += nb
-                flagged += nb if (types.get(typ) or formats.get(typ) or {}).get(flag, False) else 0.0
+                flagged += nb if (types.get(typ) or formats.get(typ) or {}).get(flag, False) == value else 0.0
         return flagged / total if total > 0 else 0.0
 
     cpu_cls = ("routed_experts",) if model.n_experts else ("attention", "dense_ffn", "shared_experts")
     linear = ("attention", "dense_ffn", "shared_experts", "routed_experts", "lm_head")
     return KernelMix(cpu_grid=share(cpu_cls, "cpu_grid"), mmq_kquant=share(linear, "mmq_kquant"),
-                     mmq_mxfp4=share(linear, "mmq_mxfp4"), fp8=share(linear, "fp8"), cpu_fp8=share(cpu_cls, "fp8"))
+                     mmq_mxfp4=share(linear, "mmq_mxfp4"), fp8=share(linear, "fp8"), cpu_fp8=share(cpu_cls, "fp8"),
+                     fp4_a4=share(linear, "fp4_gemm", "fp4"), fp4_a8=share(linear, "fp4_gemm", "fp8"))
 
 
 def alias_note(requested, q: Quant) -> "str | None":

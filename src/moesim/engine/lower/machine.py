@@ -123,6 +123,7 @@ def _lower_unified(machine: Machine, rt: Runtime, mix: Q.KernelMix, cpu_only: bo
     metal = _load_catalog("hardware")["unified"].get(machine.gpu, {}).get("vendor") == "apple"
     eff = d.metal_bw_eff if metal else d.gddr_bw_eff      # GB10: LPDDR5X through CUDA
     pool = machine.gpu_bw_gbs * GB * eff
+    host = min(pool, _cpu_cluster_bw(machine, d))
     peak = machine.gpu_tflops.get("fp16", 0.0) * 1e12
     gpu_flops = peak * d.gpu_flops_eff
     cpu_flops = _cpu_flops(machine, d, mix)
@@ -135,12 +136,21 @@ def _lower_unified(machine: Machine, rt: Runtime, mix: Q.KernelMix, cpu_only: bo
         if rt.llama_cpp_family:
             peak = machine.gpu_tflops.get("int8", machine.gpu_tflops.get("fp8", 0.0)) * 1e12 or peak
     pf = max(peak * pf_eff, cpu_flops)
-    return dict(gpu_bw=pool, host_bw=pool, pcie_bw=pool, storage_bw=max(machine.storage_read_gbs, 1e-3) * GB,
+    return dict(gpu_bw=pool, host_bw=host, pcie_bw=pool, storage_bw=max(machine.storage_read_gbs, 1e-3) * GB,
                 gpu_flops=max(gpu_flops, cpu_flops), cpu_flops=cpu_flops, interconnect_bw=pool, unified=1,
                 prefill_flops=pf, prefill_gemm_flops=pf, prefill_attn_flops=pf,
                 overlap=1 if d.overlap else 0, launch_s=0.0 if cpu_only else launch * 1e-6,
                 sync_s=0.0, dma_s=0.0, allreduce_s=0.0, step_s=d.step_us * 1e-6, seq_s=d.seq_us * 1e-6,
                 amx_flops=0.0, pcie_links=1, a2a_bw=pool, a2a_s=0.0)
+
+
+def _cpu_cluster_bw(machine: Machine, d) -> float:
+    """What the CPU cores of a unified chip stream from the shared pool: the chip's CPU-cluster ceiling
+    (catalog cpu_bw_gbs; the M1 Max's CPU cores reach about 243 of its 409.6 GB/s) at the share of a
+    STREAM-class figure llama.cpp's CPU path reaches on desktops (RT §8.4 item 1). Chips without the field
+    give the CPU the whole pool."""
+    ceiling = float(_load_catalog("hardware")["unified"].get(machine.gpu, {}).get("cpu_bw_gbs", 0.0))
+    return ceiling * GB * d.host_bw_eff_desktop if ceiling > 0 else float("inf")
 
 
 def _host_bw(machine: Machine, d) -> float:
@@ -155,6 +165,18 @@ def _host_bw(machine: Machine, d) -> float:
         # a few threads cannot saturate many channels: each core streams at most core_bw_gbs(_server)
         host_bw = min(host_bw, machine.cores * (d.core_bw_gbs_server if server else d.core_bw_gbs) * GB)
     return host_bw
+
+
+def _served_gemm_rel(tf: dict, mix: Q.KernelMix, peak_tflops: float) -> float:
+    """Served runtimes' GEMM rate over the 16-bit peak by weight path: fp8 checkpoints on fp8 tensor cores;
+    on GPUs with fp4 tensor cores (Blackwell) W4A4 NVFP4 at the fp4 rate and W4A8 MXFP4 at the fp8 rate;
+    without them fp4 weights run W4A16 mixed GEMMs at the 16-bit rate (quants.toml fp4_gemm)."""
+    fp8_rel = max(1.0, tf.get("fp8", 0.0) / peak_tflops)
+    fp4_rel = tf.get("fp4", 0.0) / peak_tflops
+    a8_rel = fp8_rel if fp4_rel > 1.0 else 1.0
+    a4_rel = max(1.0, fp4_rel)
+    rest = max(0.0, 1.0 - mix.fp8 - mix.fp4_a4 - mix.fp4_a8)
+    return 1.0 / (mix.fp8 / fp8_rel + mix.fp4_a8 / a8_rel + mix.fp4_a4 / a4_rel + rest)
 
 
 def _gpu_prefill_flops(machine: Machine, rt: Runtime, g: dict, mix: Q.KernelMix, hbm: bool,
@@ -177,7 +199,6 @@ def _gpu_prefill_flops(machine: Machine, rt: Runtime, g: dict, mix: Q.KernelMix,
         # served runtimes multiply fp8 checkpoints on fp8 tensor cores (block-scaled fp8 GEMMs: DeepGEMM,
         # CUTLASS, Triton), and their flash-attention kernels run the scores at their own share of the
         # 16-bit peak; llama.cpp's prefill share covers its whole ubatch
-        fp8_rel = tf.get("fp8", 0.0) / peak_tflops
-        gemm = pf * (_rate_mix(mix.fp8, fp8_rel) if fp8_rel > 1.0 else 1.0)
+        gemm = pf * _served_gemm_rel(tf, mix, peak_tflops)
         attn = peak_tflops * 1e12 * d.attn_flops_eff * tp
     return pf, gemm, attn
