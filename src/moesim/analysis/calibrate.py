@@ -85,6 +85,10 @@ PARAMS = (
 # 0.05 by the leave-one-source-out error)
 PRIOR_WEIGHT = 0.08
 PREFILL_WEIGHT = 0.5     # prefill residuals count half (the prefill model is coarser than decode)
+# serving rows: refit until serve-sim's ratio to the batch step moves less than this (|log|, ~1 %) at the
+# fitted values, at most this many fits (Model's docstring says why the ratio)
+SERVING_TOL = 0.01
+SERVING_ROUNDS = 3
 
 
 def source_group(source: str) -> str:
@@ -114,9 +118,16 @@ def _from_x(x, params):
 
 
 class Model:
-    """Prepared rows + a parameter vector -> predictions (the function the fit minimises)."""
+    """Prepared rows + a parameter vector -> predictions (the function the fit minimises).
+
+    :meth:`predict` is validate's own prediction (``validate.predict_row``): serving rows through
+    serve-sim. A serve-sim run costs what ~150 batch steps do, too much for every residual of a
+    finite-difference Jacobian, so the fit sees a serving row as its batch step times serve-sim's ratio to
+    it (:meth:`refresh`, at the current parameters); :func:`fit` refits until that ratio holds at the
+    fitted parameters, where the fitted residual is serve-sim's own."""
 
     def __init__(self, prepared: list, params=PARAMS):
+        from .serving_rows import serving_workload
         self.rows = prepared
         self.params = params
         # uncalibrated runtimes per row: priors only (the fit must not see its own output)
@@ -127,6 +138,10 @@ class Model:
                             redundant_experts=pr.rt.decode.redundant_experts,
                             layerwise_prefill_tokens=pr.rt.decode.layerwise_prefill_tokens,
                             layerwise_chunk_tokens=pr.rt.decode.layerwise_chunk_tokens) for pr in prepared]
+        self.serving = [serving_workload(pr.cfg.row, pr.cfg.batch, pr.cfg.prompt, max(1, pr.rt.decode.data_parallel))
+                        is not None for pr in prepared]
+        self.ratio = [1.0] * len(prepared)      # serve-sim decode / batch-step decode, at the last refresh
+        self._ratios: dict = {}                 # (row, parameter bytes) -> that ratio
 
     def runtime_for(self, i: int, values) -> object:
         rt = self.base[i]
@@ -137,13 +152,41 @@ class Model:
         return dataclasses.replace(rt, decode=dataclasses.replace(rt.decode, **upd))
 
     def predict(self, values, idx=None) -> list:
+        """(decode, prefill) per row as ``moesim validate`` predicts them with these parameters."""
         idx = range(len(self.rows)) if idx is None else idx
-        return [self.rows[i].predict(self.runtime_for(i, values)) for i in idx]
+        out = []
+        for i in idx:
+            pred = V.predict_row(self.rows[i], self.runtime_for(i, values))
+            out.append((pred.decode, pred.prefill))
+        return out
+
+    def refresh(self, values, idx) -> float:
+        """Serve-sim's ratio to the batch step for the serving rows of *idx* at *values*; returns the
+        largest |log| change of a ratio (0 where there is no serving row or nothing changed)."""
+        change = 0.0
+        for i in idx:
+            if not self.serving[i]:
+                continue
+            key = (i, np.asarray(values, dtype=float).tobytes())
+            if key not in self._ratios:     # each held-out fit starts where the full fit ended: computed once
+                pred = V.predict_row(self.rows[i], self.runtime_for(i, values))
+                self._ratios[key] = pred.decode / pred.step_decode
+            change = max(change, abs(math.log(self._ratios[key] / self.ratio[i])))
+            self.ratio[i] = self._ratios[key]
+        return change
+
+    def surrogate(self, values, idx) -> list:
+        """(decode, prefill) the fit minimises: batch steps, serving rows scaled by their ratio."""
+        out = []
+        for i in idx:
+            dec, pf = self.rows[i].predict(self.runtime_for(i, values))
+            out.append((dec * self.ratio[i], pf))
+        return out
 
 
 def _residuals(model: Model, values, idx, prior, prior_weight: float = PRIOR_WEIGHT) -> np.ndarray:
     res = []
-    for i, (dec, pf) in zip(idx, model.predict(values, idx)):
+    for i, (dec, pf) in zip(idx, model.surrogate(values, idx)):
         row = model.rows[i].cfg.row
         md, mp = V._num(row, "decode_tok_s"), V._num(row, "prefill_tok_s")
         if md:
@@ -154,18 +197,26 @@ def _residuals(model: Model, values, idx, prior, prior_weight: float = PRIOR_WEI
     return np.array(res)
 
 
-def fit(model: Model, idx, x0=None, max_nfev: int = 60, prior_weight: float = PRIOR_WEIGHT) -> np.ndarray:
-    """Least-squares fit of the parameters on rows ``idx``; returns parameter values."""
+def fit(model: Model, idx, x0=None, max_nfev: int = 60, prior_weight: float = PRIOR_WEIGHT,
+        serving_rounds: int = SERVING_ROUNDS) -> np.ndarray:
+    """Least-squares fit of the parameters on rows ``idx``; returns parameter values. With serving rows
+    in *idx*, refits (up to *serving_rounds* fits) until their serve-sim ratios move less than
+    :data:`SERVING_TOL` at the fitted values; the ratios are left fresh at the returned values."""
     from scipy.optimize import least_squares
     params = model.params
     prior = prior_vector(params)
-    x0 = _to_x(prior if x0 is None else x0, params)
+    values = prior if x0 is None else np.asarray(x0, dtype=float)
     lo = _to_x([p.lo for p in params], params)
     hi = _to_x([p.hi for p in params], params)
-    x0 = np.clip(x0, lo + 1e-9, hi - 1e-9)
-    sol = least_squares(lambda x: _residuals(model, _from_x(x, params), idx, prior, prior_weight), x0, bounds=(lo, hi),
-                        method="trf", x_scale="jac", diff_step=1e-3, max_nfev=max_nfev)
-    return _from_x(sol.x, params)
+    model.refresh(values, idx)
+    for _ in range(max(1, serving_rounds)):
+        x = np.clip(_to_x(values, params), lo + 1e-9, hi - 1e-9)
+        sol = least_squares(lambda x: _residuals(model, _from_x(x, params), idx, prior, prior_weight), x,
+                            bounds=(lo, hi), method="trf", x_scale="jac", diff_step=1e-3, max_nfev=max_nfev)
+        values = _from_x(sol.x, params)
+        if model.refresh(values, idx) < SERVING_TOL:
+            break
+    return values
 
 
 def _abs_errs(model: Model, values, idx, col: str) -> list:

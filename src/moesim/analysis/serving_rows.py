@@ -44,18 +44,30 @@ def serving_workload(row: dict, batch: int, prompt: int, dp: int) -> "dict | Non
                 per_user=not _AGGREGATE_NOTE.search(notes))
 
 
-def predict_serving(pr, wl: dict) -> dict:
+def predict_serving(pr, wl: dict, rt=None, requests: "int | None" = None) -> dict:
     """serve-sim's decode (per user, or aggregate / concurrency as the row measured) and aggregate tok/s
-    for a prepared validation row *pr* (validate.Prepared) under workload *wl*."""
+    for a prepared validation row *pr* (validate.Prepared) under workload *wl*, with runtime *rt* (default
+    the row's own) and *requests* requests (default serve-sim's closed-loop count)."""
     from .serve import serve_sim
     cfg = pr.cfg
     try:
         r = serve_sim(pr.m, cfg.machine, quant=cfg.quant, isl=wl["isl"], osl=wl["osl"], concurrency=wl["concurrency"],
-                      runtime=pr.rt, kv_dtype=cfg.kv_dtype, placement=cfg.placement, parallel=cfg.parallel,
-                      max_num_batched_tokens=wl["max_num_batched_tokens"], max_num_seqs=wl["max_num_seqs"])
+                      runtime=rt or pr.rt, kv_dtype=cfg.kv_dtype, placement=cfg.placement, parallel=cfg.parallel,
+                      max_num_batched_tokens=wl["max_num_batched_tokens"], max_num_seqs=wl["max_num_seqs"],
+                      requests=requests)
     except MoesimError as exc:
         return dict(error=str(exc))
     decode = r.per_user_tok_s if wl["per_user"] else r.aggregate_tok_s / wl["concurrency"]
     return dict(decode=decode, aggregate=r.aggregate_tok_s, ttft_ms_p50=r.ttft_ms["p50"],
                 tpot_ms_p50=r.tpot_ms["p50"], preemptions=r.scheduler["preemptions"],
                 max_running=r.scheduler["max_running"], kv_blocks=r.kv["n_blocks"])
+
+
+def serving_prediction(pr, rt=None, requests: "int | None" = None) -> "dict | None":
+    """serve-sim's prediction for a prepared row that is a serving benchmark (its workload and
+    :func:`predict_serving`'s figures), None for any other row."""
+    rt = rt or pr.rt
+    wl = serving_workload(pr.cfg.row, pr.cfg.batch, pr.cfg.prompt, max(1, rt.decode.data_parallel))
+    if wl is None:
+        return None
+    return dict(workload=wl, **predict_serving(pr, wl, rt, requests))

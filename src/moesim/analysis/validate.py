@@ -428,6 +428,30 @@ def _stats(errs: list) -> dict:
             "p90_abs_pct_err": float(100 * np.percentile(a, 90))}
 
 
+@dataclass
+class RowPrediction:
+    """What :func:`predict_row` gives for one row: the decode figure compared with the measurement
+    (serve-sim's for a serving row, else the isolated step's), prefill, the step's decode, serve-sim's
+    record (None for a row that is not a serving benchmark)."""
+
+    decode: float
+    prefill: float
+    step_decode: float
+    serving: "dict | None"
+
+
+def predict_row(pr: Prepared, rt=None, serving_requests: "int | None" = None) -> RowPrediction:
+    """The prediction of one prepared row with runtime *rt* (default: as built): the one function
+    ``validate`` and ``calibrate`` both use. A serving row (:mod:`.serving_rows`) is run through serve-sim
+    with *serving_requests* requests (default serve-sim's closed-loop count)."""
+    from .serving_rows import serving_prediction
+    rt = rt or pr.rt
+    step, pf = pr.predict(rt)
+    serving = serving_prediction(pr, rt, serving_requests)
+    dec = serving["decode"] if serving and serving.get("decode") is not None else step
+    return RowPrediction(decode=dec, prefill=pf, step_decode=step, serving=serving)
+
+
 def evaluate_rows(rows: list, calibrated: bool = True) -> tuple:
     """(prepared rows, per-row records, skipped [{id, reason}])."""
     prepared, records, skipped = [], [], []
@@ -441,11 +465,9 @@ def evaluate_rows(rows: list, calibrated: bool = True) -> tuple:
         except Skip as exc:
             skipped.append({"id": row["id"], "reason": str(exc)})
             continue
-        dec, pf = pr.predict()
-        check_prediction(dec, pf)
-        step_dec, serving = dec, _serving(row, pr)
-        if serving and serving.get("decode") is not None:
-            dec = serving["decode"]
+        pred = predict_row(pr)
+        check_prediction(pred.step_decode, pred.prefill)
+        dec, pf, step_dec, serving = pred.decode, pred.prefill, pred.step_decode, pred.serving
         rec = {"id": row["id"], "class": row_class(row), "quality": row["quality"], "model": cfg.model,
                "quant": cfg.quant, "runtime": pr.rt.id, "placement": str(pr.p), "batch": cfg.batch,
                "context": cfg.context, "decode_measured": meas_d, "decode_predicted": dec if meas_d else None,
@@ -463,15 +485,6 @@ def evaluate_rows(rows: list, calibrated: bool = True) -> tuple:
         prepared.append(pr)
         records.append(rec)
     return prepared, records, skipped
-
-
-def _serving(row: dict, pr) -> "dict | None":
-    """serve-sim's prediction for a serving row (:mod:`.serving_rows`), None for any other row."""
-    from .serving_rows import predict_serving, serving_workload
-    wl = serving_workload(row, pr.cfg.batch, pr.cfg.prompt, max(1, pr.rt.decode.data_parallel))
-    if wl is None:
-        return None
-    return dict(workload=wl, **predict_serving(pr, wl))
 
 
 def _serving_summary(head: list) -> dict:
