@@ -1,6 +1,6 @@
 """Decode-simulation throughput: C kernel vs the pure-Python reference, measured in the same run.
 
-    python bench/bench_decode.py [--model qwen3-30b-a3b] [--threads 2]
+    python bench/bench_decode.py [--model qwen3-30b-a3b] [--threads 2] [--routing PROFILE]
 
 Monte Carlo: expert selections per second (token x MoE layer x top-k picks sampled, unioned over the
 batch, run through the expert cache and costed step by step). Analytic: full configurations per
@@ -29,7 +29,7 @@ from moesim.spec.placement import parse
 from moesim.spec.runtimes import runtime
 
 
-def tables(mid: str, quant: str, placement: str, batch_tokens: int, host_mem_gb: float = 512):
+def tables(mid: str, quant: str, placement: str, batch_tokens: int, host_mem_gb: float = 512, routing=None):
     m = model(mid)
     low = lower(m, quant)
     mach = machine(gpu="rtx-4090", host="ddr5-6000x2", host_mem_gb=host_mem_gb)
@@ -38,7 +38,7 @@ def tables(mid: str, quant: str, placement: str, batch_tokens: int, host_mem_gb:
     mem = _result_from_arrays(evaluate(low, configure(m, low, mach, rt, p, 4096, 1, "f16")), 0)
     dm = LDM.lower_model(m, low, p, mach, rt, 4096, "f16", batch_tokens, mem.by_class, mem.tier)
     hw = LHW.lower_machine(mach, rt, p, Q.kernel_mix(m, quant))
-    rtab = LRT.lower(LRT.RoutingDims.of(m), R.profile(None, family=m.family), seed=0)
+    rtab = LRT.lower(LRT.RoutingDims.of(m), R.profile(routing, family=m.family), seed=0)
     return m, dm, hw, rtab
 
 
@@ -66,8 +66,9 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--host-mem-gb", type=float, default=512,
                     help="host RAM (below the model's host share, experts page from NVMe: slower analytic path)")
+    ap.add_argument("--routing", help="routing profile id (default: the model family's)")
     args = ap.parse_args()
-    m, dm, hw, rtab = tables(args.model, args.quant, args.placement, args.batch, args.host_mem_gb)
+    m, dm, hw, rtab = tables(args.model, args.quant, args.placement, args.batch, args.host_mem_gb, args.routing)
     print(f"{args.model} {args.quant}, {args.placement}, batch {args.batch}, {args.host_mem_gb:g} GB host: "
           f"{rtab['n_layers']} MoE layers, {rtab['n_experts']} experts, top-{rtab['top_k']}"
           f"{', experts paged from NVMe' if min(dm['page_slots']) < rtab['n_experts'] else ''}")

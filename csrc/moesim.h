@@ -33,6 +33,8 @@ const char *ms_strerror(int err);
  * every entry point that takes an ms_routing_t (Monte Carlo, analytic, route sampling, sweeps). */
 #define MS_MAX_MOE_LAYERS 256    /* ms_routing_t.n_layers: MoE layers */
 #define MS_MAX_TOP_K      512    /* ms_routing_t.top_k: experts per token */
+#define MS_MAX_HISTORY    256    /* ms_routing_t.history: recency lags */
+#define MS_MAX_PARTNERS   64     /* ms_routing_t.n_partners */
 
 /* Tensor classes and memory tiers: the rows and columns of ms_mem_result_t.by_class. */
 enum {
@@ -217,6 +219,20 @@ typedef struct {
     const double *qbar;          /* [n_layers][n_experts] mean of q over scenarios */
     const double *lqbar;         /* [n_layers][n_experts] log(1 - qbar) (qbar capped below 1) */
     const double *qsq;           /* [n_layers] sum of q^2 over scenarios and experts */
+    /* Multi-lag memory (Monte Carlo only; NULL = off): each token draws one lag d from recency_lag
+     * (entry i: lag i + 2) for all its layers, and at layer l each slot not kept from the previous token
+     * copies, with probability recency[l], a uniformly chosen expert of the token d back in the request
+     * (the token re-follows part of an earlier token's path, across layers alike). */
+    const double *recency;       /* [n_layers] */
+    const double *recency_lag;   /* [history], sums to 1 */
+    int32_t history;             /* lags held beyond the previous token, at most MS_MAX_HISTORY */
+    /* Cross-layer dependence (Monte Carlo only; NULL = off): at layer l each slot still free after the
+     * memory takes, with probability coupling[l], a partner partners[l - 1][e][i] (i uniform) of the token's
+     * layer l - 1 expert e in the same slot: a sparse stand-in for the co-activation table. Partners come
+     * before the memory, so a path through the layers repeats when the memory repeats its first layer. */
+    const double *coupling;      /* [n_layers] probabilities (entry 0 unused) */
+    const int32_t *partners;     /* [n_layers][n_experts][n_partners] expert ids of the next layer */
+    int32_t n_partners;
     /* Trace replay (Monte Carlo only): [trace_tokens][trace_layers][top_k] expert ids. */
     const int32_t *trace;
     int64_t trace_tokens;

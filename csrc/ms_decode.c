@@ -230,6 +230,9 @@ static int64_t ws_layout(const ms_decode_model_t *m, const ms_routing_t *r, cons
     TAKE(nu, int32_t, c->policy == MS_POLICY_BELADY ? T * L * W : 0);
     TAKE(prev, int32_t, mc ? B * L * K : 0);
     TAKE(nprev, int32_t, B * L);
+    TAKE(hist, int32_t, mc && r->recency && r->history > 0 ? B * L * (int64_t) r->history * K : 0);
+    TAKE(nhist, int32_t, B * L);
+    TAKE(hhead, int32_t, B * L);
     TAKE(mark, int32_t, L * E);
     TAKE(pos, int32_t, L * E);
     TAKE(chosen, int32_t, E);

@@ -165,6 +165,7 @@ typedef struct {
     int32_t *nu;                /* [T][L][W] Belady next use */
     double *w;                  /* [B][L][E] request weights (linear, > 0) */
     int32_t *prev, *nprev;      /* [B][L][K], [B] */
+    int32_t *hist, *nhist, *hhead;  /* [B][L][history][K] ring of older tokens' picks, [B][L] count, [B][L] next slot */
     int64_t *tok_in_req, *trace_pos;  /* [B] */
     double *score;              /* [E] */
     int32_t *mark;              /* [L][E] union stamp */

@@ -21,6 +21,8 @@ static void new_request(const ms_routing_t *r, ws_t *ws, int32_t b, ms_rng_t *rn
         const double *lp = r->log_pop + (int64_t) l * E;
         double *w = ws->w + ((int64_t) b * ws->L + l) * E, mx = lp[0], z = 0.0;
         ws->nprev[b * ws->L + l] = 0;
+        ws->nhist[b * ws->L + l] = 0;
+        ws->hhead[b * ws->L + l] = 0;
         for (int32_t e = 1; e < E; e++) mx = fmax(mx, lp[e]);
         for (int32_t e = 0; e < E; e++) z += exp(lp[e] - mx);
         for (int32_t e = 0; e < E; e++) {
@@ -31,25 +33,84 @@ static void new_request(const ms_routing_t *r, ws_t *ws, int32_t b, ms_rng_t *rn
     }
 }
 
+/* The multi-lag memory: each of the K - n free slots copies, with probability recency[l], a uniformly
+ * chosen expert of the token `lag` + 2 back (the token's lag, shared by its layers) unless it is already
+ * picked or the request is not that long. Returns the new pick count. */
+static int32_t recall_older(const ms_routing_t *r, ws_t *ws, int32_t b, int32_t l, ms_rng_t *rng, int32_t stamp,
+                            int32_t lag, int32_t n, int32_t *out)
+{
+    int32_t K = ws->K, H = r->history, bl = b * ws->L + l, free = K - n;
+    for (int32_t a = 0; a < free; a++) {
+        int32_t e;
+        if (!(ms_rng_uniform(rng) < r->recency[l]) || lag >= ws->nhist[bl]) continue;
+        e = ws->hist[((int64_t) bl * H + (ws->hhead[bl] - 1 - lag + H) % H) * K + (int32_t) (ms_rng_uniform(rng) * K)];
+        if (ws->chosen[e] == stamp) continue;
+        out[n++] = e;
+        ws->chosen[e] = stamp;
+    }
+    return n;
+}
+
+/* Cross-layer dependence: free slot a (of K - n) takes, with probability coupling[l], a partner of the
+ * token's a-th expert at layer l - 1, chosen in proportion to the request's weights w (so requests prefer
+ * their own paths), unless already picked. Returns the new pick count. */
+static int32_t follow_partners(const ms_routing_t *r, ws_t *ws, int32_t l, ms_rng_t *rng, int32_t stamp,
+                               const double *w, const int32_t *up, int32_t n, int32_t *out)
+{
+    int32_t K = ws->K, P = r->n_partners, free = K - n;
+    const int32_t *pt = r->partners + (int64_t) (l - 1) * ws->E * P;
+    for (int32_t a = 0; a < free; a++) {
+        const int32_t *cand = pt + (int64_t) up[a] * P;
+        double tot = 0.0, u, cum = 0.0;
+        int32_t e = cand[P - 1];
+        if (!(ms_rng_uniform(rng) < r->coupling[l])) continue;
+        for (int32_t i = 0; i < P; i++) tot += w[cand[i]];
+        u = ms_rng_uniform(rng) * tot;
+        for (int32_t i = 0; i < P - 1; i++) {
+            cum += w[cand[i]];
+            if (u < cum) { e = cand[i]; break; }
+        }
+        if (ws->chosen[e] == stamp) continue;
+        out[n++] = e;
+        ws->chosen[e] = stamp;
+    }
+    return n;
+}
+
+/* The token's memory lag (index into recency_lag) for all its layers. */
+static int32_t draw_lag(const ms_routing_t *r, ms_rng_t *rng)
+{
+    double u = ms_rng_uniform(rng), cum = 0.0;
+    for (int32_t i = 0; i < r->history - 1; i++) {
+        cum += r->recency_lag[i];
+        if (u < cum) return i;
+    }
+    return r->history - 1;
+}
+
 /* One token's top-k in routing layer l for sequence b; writes `out` (k ids), returns overlap with
  * the previous token's picks (-1 for a request's first token). Each kept expert of the previous
  * token stays with probability p; the other slots go to the smallest race keys Exp(1) / w_e, which
  * is Gumbel-top-k on log w (Plackett-Luce sampling without replacement) at one log per expert.
  * Group-limited routing ranks groups by their two best keys (sum of the two best Gumbel scores). */
 static int32_t route_token(const ms_routing_t *r, ws_t *ws, int32_t b, int32_t l, ms_rng_t *rng, int32_t stamp,
-                           int32_t *out)
+                           int32_t lag, const int32_t *up, int32_t *out)
 {
     int32_t E = ws->E, K = ws->K, n = 0, overlap = 0;
     int32_t *prev = ws->prev + ((int64_t) b * ws->L + l) * K;
     int32_t np = ws->nprev[b * ws->L + l];
     const double *w = ws->w + ((int64_t) b * ws->L + l) * E;
     double *key = ws->score, p = r->stickiness[l];
+    /* the path through the layers first, so the memory below re-picks what the partners leave free */
+    if (r->coupling && up && r->coupling[l] > 0.0) n = follow_partners(r, ws, l, rng, stamp, w, up, n, out);
     for (int32_t j = 0; j < np; j++) {
-        if (ms_rng_uniform(rng) < p) {
+        /* one draw per previous expert whatever happens (the stream does not depend on the coupling) */
+        if (ms_rng_uniform(rng) < p && n < K && ws->chosen[prev[j]] != stamp) {
             out[n++] = prev[j];
             ws->chosen[prev[j]] = stamp;
         }
     }
+    if (r->recency && np > 0) n = recall_older(r, ws, b, l, rng, stamp, lag, n, out);
     for (int32_t e = 0; e < E; e++) key[e] = -log(ms_rng_uniform(rng)) / w[e];
     if (r->n_group > 1 && r->topk_group < r->n_group) {
         /* group-limited: groups holding kept experts first, then the best by their two best keys */
@@ -95,6 +156,12 @@ static int32_t route_token(const ms_routing_t *r, ws_t *ws, int32_t b, int32_t l
         n = K;
     }
     for (int32_t j = 0; j < np; j++) overlap += ws->chosen[prev[j]] == stamp;
+    if (r->recency && np > 0) {   /* the previous token becomes lag 2 of the next */
+        int32_t bl = b * ws->L + l, H = r->history;
+        memcpy(ws->hist + ((int64_t) bl * H + ws->hhead[bl]) * K, prev, (size_t) K * sizeof(int32_t));
+        ws->hhead[bl] = (ws->hhead[bl] + 1) % H;
+        if (ws->nhist[bl] < H) ws->nhist[bl]++;
+    }
     for (int32_t j = 0; j < K; j++) prev[j] = out[j];
     ws->nprev[b * ws->L + l] = K;
     return np > 0 ? overlap : -1;
@@ -170,7 +237,7 @@ typedef struct {
 static int step_token(const ms_routing_t *r, const ms_decode_config_t *c, ws_t *ws, int64_t t, int32_t b, int32_t j,
                       ms_rng_t *rng, int32_t *stamp, route_counts_t *n)
 {
-    int32_t K = ws->K, L = ws->L, picks[MS_MAX_TOP_K];
+    int32_t K = ws->K, L = ws->L, picks[MS_MAX_TOP_K], up[MS_MAX_TOP_K], lag = 0;
     int32_t *nsel = ws->nsel + t * L;
     int64_t tp = 0;
     if (r->trace) {
@@ -181,6 +248,7 @@ static int step_token(const ms_routing_t *r, const ms_decode_config_t *c, ws_t *
         ws->tok_in_req[b] = 0;
     }
     ws->tok_in_req[b]++;
+    if (!r->trace && r->recency) lag = draw_lag(r, rng);
     for (int32_t l = 0; l < L; l++) {
         int64_t row = (t * L + l) * (int64_t) ws->W;
         int32_t ov;
@@ -195,7 +263,7 @@ static int step_token(const ms_routing_t *r, const ms_decode_config_t *c, ws_t *
             int rc = replay_token(r, ws, b, l, tp, *stamp, picks, &ov);
             if (rc) return rc;
         } else {
-            ov = route_token(r, ws, b, l, rng, *stamp, picks);
+            ov = route_token(r, ws, b, l, rng, *stamp, lag, l > 0 ? up : NULL, picks);
         }
         if (ov >= 0 && t >= c->warmup) {
             n->reuse_num += ov;
@@ -206,6 +274,27 @@ static int step_token(const ms_routing_t *r, const ms_decode_config_t *c, ws_t *
             memcpy(ws->tok_out + ((((int64_t) t * ws->B + b) * c->tokens_per_step + j) * L + l) * K,
                    picks, (size_t) K * sizeof(int32_t));
         add_to_union(ws, l, t, row, nsel, picks);
+        memcpy(up, picks, (size_t) K * sizeof(int32_t));
+    }
+    return 0;
+}
+
+/* 0, or 1 when the multi-lag or cross-layer tables are malformed (sizes, ids, probabilities). */
+static int check_memory(const ms_routing_t *r)
+{
+    if (r->recency) {
+        if (r->recency_lag == NULL || r->history <= 0 || r->history > MS_MAX_HISTORY) return 1;
+        for (int32_t l = 0; l < r->n_layers; l++)
+            if (!(r->recency[l] >= 0.0 && r->recency[l] <= 1.0)) return 1;
+        for (int32_t i = 0; i < r->history; i++)
+            if (!(r->recency_lag[i] >= 0.0 && r->recency_lag[i] <= 1.0)) return 1;
+    }
+    if (r->coupling) {
+        if (r->partners == NULL || r->n_partners < 1 || r->n_partners > MS_MAX_PARTNERS) return 1;
+        for (int32_t l = 0; l < r->n_layers; l++)
+            if (!(r->coupling[l] >= 0.0 && r->coupling[l] <= 1.0)) return 1;
+        for (int64_t i = 0; i < (int64_t) r->n_layers * r->n_experts * r->n_partners; i++)
+            if (r->partners[i] < 0 || r->partners[i] >= r->n_experts) return 1;
     }
     return 0;
 }
@@ -220,13 +309,14 @@ int ms_route_generate(const ms_routing_t *r, const ms_decode_config_t *c, ws_t *
     ms_rng_t rng;
     if (r->n_layers == 0) return 0;
     if (ws->K > MS_MAX_TOP_K) return MS_ERR_BAD_ROUTING;
+    if (check_memory(r)) return MS_ERR_BAD_ROUTING;
     memset(ws->mark, 0, (size_t) L * (size_t) E * sizeof(int32_t));
     memset(ws->chosen, 0, (size_t) E * sizeof(int32_t));
     memset(ws->allowed, 0, (size_t) E * sizeof(int32_t));
     for (int32_t b = 0; b < ws->B; b++) {
         ws->tok_in_req[b] = 0;
         ws->trace_pos[b] = r->trace ? (r->trace_tokens * b) / ws->B : 0;
-        for (int32_t l = 0; l < L; l++) ws->nprev[b * L + l] = 0;
+        for (int32_t l = 0; l < L; l++) ws->nprev[b * L + l] = ws->nhist[b * L + l] = ws->hhead[b * L + l] = 0;
     }
     for (int64_t t = 0; t < ws->T; t++) {
         int32_t *nsel = ws->nsel + t * L;

@@ -4,6 +4,7 @@ hit rates, and each fitted profile reproduces its trace's reuse and LRU hit rate
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from pathlib import Path
 
@@ -17,7 +18,8 @@ from moesim.engine import routing as KRT
 from moesim.spec import routing
 from moesim.ingest import traces
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+# ../shared/traces next to the checkout; MOESIM_TRACES points elsewhere (a worktree one level deeper)
+TRACES = Path(os.environ.get("MOESIM_TRACES", Path(__file__).resolve().parents[2] / "shared" / "traces"))
 
 # catalog profile id -> trace file or directory
 FITTED = {

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +11,8 @@ import pytest
 from moesim import MoesimError
 from moesim.ingest.traces import load
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+# ../shared/traces next to the checkout; MOESIM_TRACES points elsewhere (a worktree one level deeper)
+TRACES = Path(os.environ.get("MOESIM_TRACES", Path(__file__).resolve().parents[2] / "shared" / "traces"))
 need_traces = pytest.mark.skipif(not TRACES.is_dir(), reason="../shared/traces not present")
 
 
@@ -59,3 +61,47 @@ def test_malformed(tmp_path):
         load(js)
     with pytest.raises(MoesimError, match="no such trace"):
         load(tmp_path / "missing.jsonl")
+
+
+DATA = Path(__file__).resolve().parent / "data"
+
+
+def test_steplist_router_dump_splits_prompt_and_decode():
+    # tests/data/steplist_router_dump.json: 4 layers (0 and 2 dense, null), 8 experts, top-2, a 3-token
+    # prompt in step 0 and 5 one-token decode steps
+    t = load(DATA / "steplist_router_dump.json")
+    assert t.layers == [1, 3] and t.top_k == 2 and t.phase == "decode"
+    assert t.n_tokens == 5 and t.n_prompt_tokens == 3
+    steps = json.loads((DATA / "steplist_router_dump.json").read_text())
+    assert t.prompts[0][:, 0].tolist() == steps[0]["1"] and t.prompts[0][:, 1].tolist() == steps[0]["3"]
+    assert t.requests[0][:, 1].tolist() == [s["3"][0] for s in steps[1:]]
+
+
+def test_steplist_flat_decode_ids_and_directory(tmp_path):
+    steps = [{"layer_0": [[1, 2], [3, 4]], "layer_1": None}, {"layer_0": [5, 6], "layer_1": None}]
+    for i in range(2):
+        (tmp_path / f"{i}.json").write_text(json.dumps(steps))
+    t = load(tmp_path)
+    assert len(t.requests) == 2 and t.requests[0].tolist() == [[[5, 6]]] and t.n_prompt_tokens == 4
+
+
+@pytest.mark.parametrize("steps, msg", [
+    ([], "empty step list"),
+    ([{"0": None}], "routes no layer"),
+    ([{"0": [[1, 2]]}, {"1": [[1, 2]]}], "step 1 routes layers"),
+    ([{"0": [[1, 2]], "1": [[1, 2], [3, 4]]}], "disagree on the number of tokens"),
+    ([{"x": [[1, 2]]}], "not a layer id"),
+    ([{"0": "nope"}], "per-token expert lists"),
+    (["step"], "must map layer ids"),
+])
+def test_steplist_malformed(tmp_path, steps, msg):
+    f = tmp_path / "s.json"
+    f.write_text(json.dumps(steps))
+    with pytest.raises(MoesimError, match=msg):
+        load(f)
+
+
+@need_traces
+def test_formats_say_which_phase_they_hold():
+    assert load(TRACES / "gpt-oss-20b").phase == "decode"
+    assert load(TRACES / "deepseek-v2-lite").phase == "prompt"

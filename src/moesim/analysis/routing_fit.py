@@ -1,16 +1,15 @@
-"""Routing statistics of a trace, and fitting a routing profile to it (``moesim routing``)."""
+"""Fitting the routing model to recorded traces (``moesim routing fit``): per-layer parameters matched to
+each layer's statistics (analysis.routing_stats), per workload and pooled, with the spread across workloads."""
 from __future__ import annotations
 
-import argparse
-import itertools
-import json
-import sys
+from dataclasses import replace
 
 import numpy as np
 
 from ..errors import MoesimError
 from ..engine.lower.routing import RoutingDims
 from ..spec.routing import RoutingProfile, _check
+from . import routing_stats as S
 from ..engine.routing import cache_hit_rates, reuse, sample_requests
 
 
@@ -21,77 +20,144 @@ def trace_stats(requests, n_experts: int, top_k: int) -> dict:
             "lru_3k": float(np.mean(cache_hit_rates(requests, n_experts, min(n_experts, 3 * top_k))))}
 
 
-FIT_GRID = dict(zipf_s=(0.2, 0.4, 0.6, 0.8), concentration=(0.5, 1.0, 2.0, 4.0, 8.0),
-                stickiness=(0.0, 0.1, 0.2, 0.3, 0.4))
-_FIT_KEYS = ("zipf_s", "concentration", "stickiness")
+FIT_ITERATIONS = 10
+FIT_DECAYS = (0.8, 0.95)        # recency-kernel shapes tried (geometric decay over lags 2 .. history + 1)
+FIT_PARTNERS = (1, 2)            # next-layer partners per expert tried
+FIT_HISTORY = 32
+_MID_LAGS = (2, 4, 8)            # the recency copy probability is matched to mean reuse at these lags
+_TAIL_LAGS = (2, 4, 8, 16, 32)   # the decay is chosen on these
 
 
-def fit_profile(trace, n_requests: int = 24, seed: int = 0, grid=None, refine: int = 2) -> tuple:
-    """Grid-search (s, concentration, stickiness) so sampled requests match the trace's reuse and
-    LRU hit rates at 2k and 3k, then ``refine`` rounds of bisection around the best point (each
-    round tries the midpoints between the best value and its neighbours on every axis). Every
-    candidate is sampled with the same ``seed`` (common random numbers), ``n_requests`` requests
-    of the trace's median request length (clipped to 64..512 tokens) over min(layers, 8) layers.
-    Returns (profile, model stats, trace stats, squared error)."""
+def fit_targets(requests, n_experts: int) -> dict:
+    """Per-layer statistics the fit matches (analysis.routing_stats definitions)."""
+    reuse = {d: S.reuse_by_layer(requests, d) for d in _TAIL_LAGS + (1,)}
+    return {"reuse": reuse, "mid": np.nanmean([reuse[d] for d in _MID_LAGS], axis=0),
+            "gini": S.gini_by_layer(requests, n_experts),
+            "coact": S.coactivation_recall_by_layer(requests, n_experts),
+            "divergence": S.divergence(requests, n_experts)}
+
+
+def _fitted(base: RoutingProfile, p: dict, decay: float) -> RoutingProfile:
+    return replace(base, layer_zipf_s=tuple(map(float, p["s"])), layer_stickiness_fit=tuple(map(float, p["p"])),
+                   layer_recency=tuple(map(float, p["h"])), layer_coupling=tuple(map(float, p["c"])),
+                   concentration=float(p["beta"]), recency_decay=float(decay))
+
+
+def _nan0(x):
+    return np.where(np.isfinite(x), x, 0.0)
+
+
+def _calibrate(trace, target, dims, lengths, decay, partners, seed, iterations) -> tuple:
+    """Damped fixed-point updates of every layer's parameters at once, each toward its own statistic:
+    Zipf s_l to Gini_l, stickiness p_l to lag-1 reuse, recency h_l to mid-lag reuse, coupling c_l to
+    co-activation recall, and one concentration beta to the per-request divergence. Every round samples
+    the trace's own request lengths from the same seed (common random numbers)."""
+    L, E = dims.n_layers, dims.n_experts
+    p = {"s": np.full(L, 0.5), "p": np.clip(_nan0(target["reuse"][1]) - 0.1, 0, 0.9), "h": np.full(L, 0.2),
+         "c": np.where(np.isfinite(target["coact"]), 0.3, 0.0), "beta": 2.0}
+    base = RoutingProfile(id="fit", zipf_s=0.5, jitter=0.0, concentration=2.0, stickiness=0.2, first_stickiness=0.2,
+                          last_stickiness=0.2, request_tokens=int(np.median(lengths)), recall=0.8, history=FIT_HISTORY,
+                          n_partners=int(partners),
+                          source=f"fit to {trace.source}")
+    err = np.inf
+    for _ in range(max(1, int(iterations))):
+        prof = _fitted(base, p, decay)
+        model = fit_targets(_sample(dims, prof, lengths, seed), E)
+        err = _error(model, target)
+        p["s"] = np.clip(p["s"] * (np.maximum(target["gini"], 1e-3) / np.maximum(model["gini"], 1e-3)) ** 1.5, 0, 4)
+        p["p"] = np.clip(p["p"] + 0.9 * _nan0(target["reuse"][1] - model["reuse"][1]), 0, 0.97)
+        p["h"] = np.clip(p["h"] + 1.2 * _nan0(target["mid"] - model["mid"]), 0, 0.97)
+        p["c"] = np.where(np.isfinite(target["coact"]), np.clip(p["c"] + 1.5 * _nan0(target["coact"] - model["coact"]),
+                                                                0, 0.97), 0.0)
+        if np.isfinite(target["divergence"]) and target["divergence"] > 0:
+            p["beta"] = float(np.clip(p["beta"] * (model["divergence"] / target["divergence"]) ** 2.5, 0.05, 200))
+    return _fitted(base, p, decay), model, err
+
+
+def _sample(dims, prof, lengths, seed) -> list:
+    long = sample_requests(dims, prof, len(lengths), int(max(lengths)), seed)
+    return [r[:n] for r, n in zip(long, lengths)]
+
+
+def _error(model: dict, target: dict) -> float:
+    """Sum of squared relative errors of the layer-mean statistics (those the tests hold to 10 %)."""
+    pairs = [(np.nanmean(model["reuse"][d]), np.nanmean(target["reuse"][d])) for d in (1,) + _TAIL_LAGS]
+    pairs += [(np.nanmean(model[key]), np.nanmean(target[key])) for key in ("gini", "coact")]
+    pairs.append((model["divergence"], target["divergence"]))
+    return float(sum(((m - t) / t) ** 2 for m, t in pairs if np.isfinite(m) and np.isfinite(t) and t > 0))
+
+
+def fit_profile(trace, seed: int = 0, iterations: int = FIT_ITERATIONS, decays=FIT_DECAYS, partners=FIT_PARTNERS,
+                max_tokens: int = 20000) -> tuple:
+    """Fit the routing model to a trace: per-layer Zipf skew, stickiness, recency and cross-layer
+    coupling, one per-request concentration, the recency kernel's decay and the partners per expert (the
+    best combination of ``decays`` x ``partners``).
+    Requests beyond ``max_tokens`` tokens in all are left out (the first ones are kept).
+    Returns (profile, model statistics, trace statistics, error)."""
     E, k = trace.n_experts, trace.top_k
-    target = trace_stats(trace.requests, E, k)
-    lengths = [len(r) for r in trace.requests]
-    tokens = int(np.clip(np.median(lengths), 64, 512))
-    L = min(len(trace.layers), 8)
-    dims = RoutingDims(L, E, k)
-    grid = {**FIT_GRID, **(grid or {})}
-    axes = {key: sorted({float(v) for v in grid[key]}) for key in _FIT_KEYS}
-    if any(not a for a in axes.values()):
-        raise MoesimError(f"fit grid needs values for each of {', '.join(_FIT_KEYS)}", "grid")
-    seen = {}
-
-    def evaluate(point):
-        if point not in seen:
-            s, beta, p = point
-            prof = RoutingProfile(id="fit", zipf_s=s, jitter=0.2, concentration=beta, stickiness=p,
-                                  first_stickiness=p, last_stickiness=p, request_tokens=tokens, recall=0.8,
-                                  source="fit")
-            _check(prof)
-            st = trace_stats(sample_requests(dims, prof, n_requests, tokens, seed), E, k)
-            seen[point] = (prof, st, target, sum((st[key] - target[key]) ** 2 for key in target))
-        return seen[point]
-
-    def search(candidates):
-        for point in candidates:
-            evaluate(point)
-        return min(seen.values(), key=lambda b: (b[3], [getattr(b[0], key) for key in _FIT_KEYS]))
-
-    best = search(itertools.product(*(axes[key] for key in _FIT_KEYS)))
-    for _ in range(max(0, int(refine))):
-        local = []
-        for key in _FIT_KEYS:
-            a, v = axes[key], getattr(best[0], key)
-            i = a.index(v)
-            mids = [round(0.5 * (v + a[j]), 6) for j in (i - 1, i + 1) if 0 <= j < len(a)]
-            axes[key] = sorted(set(a) | set(mids))
-            local.append([v] + mids)
-        best = search(itertools.product(*local))
-    return best
+    reqs, total = [], 0
+    for r in trace.requests:
+        if reqs and total + len(r) > max_tokens:
+            break
+        reqs.append(r[: max_tokens - total] if not reqs else r)
+        total += len(reqs[-1])
+    if not decays or not partners:
+        raise MoesimError("need at least one recency decay and one partner count to try", "decays")
+    target = fit_targets(reqs, E)
+    dims = RoutingDims(len(trace.layers), E, k)
+    lengths = [len(r) for r in reqs]
+    best = min((_calibrate(trace, target, dims, lengths, d, min(P, E), seed, iterations) for d in decays for P in partners),
+               key=lambda b: b[2])
+    prof, model, err = best
+    _check(prof)
+    return prof, _means(model), _means(target), err
 
 
-def _main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m moesim.routing", description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    f = sub.add_parser("fit", help="fit a routing profile to a recorded trace")
-    f.add_argument("trace")
-    f.add_argument("--requests", type=int, default=24)
-    f.add_argument("--seed", type=int, default=0)
-    f.add_argument("--refine", type=int, default=2, help="bisection rounds after the grid (default 2)")
-    args = ap.parse_args(argv)
-    from ..ingest import traces
-    try:
-        tr = traces.load(args.trace)
-        prof, st, target, err = fit_profile(tr, args.requests, args.seed, refine=args.refine)
-    except MoesimError as exc:
-        print(f"moesim: error: {exc}", file=sys.stderr)
-        return 2
-    print(json.dumps({"profile": {k: getattr(prof, k) for k in ("zipf_s", "concentration", "stickiness",
-                                                                  "request_tokens")},
-                      "model": st, "trace": target, "squared_error": err}, indent=2))
-    return 0
+def _means(stats: dict) -> dict:
+    out = {f"reuse_lag{d}": float(np.nanmean(v)) for d, v in sorted(stats["reuse"].items())}
+    out.update(gini=float(np.nanmean(stats["gini"])), divergence=float(stats["divergence"]))
+    out["coact_recall"] = float(np.nanmean(stats["coact"])) if np.isfinite(stats["coact"]).any() else float("nan")
+    return out
 
+
+PROFILE_FIELDS = ("concentration", "request_tokens", "layer_zipf_s", "layer_stickiness_fit", "layer_recency",
+                  "layer_coupling", "recency_decay", "history", "n_partners")
+
+
+def profile_entry(prof: RoutingProfile) -> dict:
+    """The catalog/routing.toml fields of a fitted profile (rounded; the rest keep their defaults)."""
+    out = {}
+    for key in PROFILE_FIELDS:
+        v = getattr(prof, key)
+        out[key] = [round(float(x), 4) for x in v] if isinstance(v, tuple) else round(v, 4) if isinstance(v, float) else v
+    return out
+
+
+def fit_workloads(trace_list, seed: int = 0, iterations: int = FIT_ITERATIONS) -> dict:
+    """Fit each trace (a workload) and, when they share experts, top-k and layers, all of them pooled;
+    with each statistic's spread across the workloads (min, max, (max - min) / mean)."""
+    if not trace_list:
+        raise MoesimError("no trace to fit", "trace")
+    fits = {}
+    for tr in trace_list:
+        prof, model, target, err = fit_profile(tr, seed, iterations)
+        fits[tr.source] = {"profile": profile_entry(prof), "model": model, "trace": target, "error": err,
+                           "phase": tr.phase, "requests": len(tr.requests), "tokens": tr.n_tokens}
+    out = {"workloads": fits}
+    shapes = {(t.n_experts, t.top_k, len(t.layers)) for t in trace_list}
+    if len(trace_list) > 1 and len(shapes) == 1:
+        pooled = type(trace_list[0])(requests=[r for t in trace_list for r in t.requests], layers=trace_list[0].layers,
+                                     top_k=trace_list[0].top_k, n_experts=max(t.n_experts for t in trace_list),
+                                     source=" + ".join(t.source for t in trace_list))
+        prof, model, target, err = fit_profile(pooled, seed, iterations)
+        out["pooled"] = {"profile": profile_entry(prof), "model": model, "trace": target, "error": err}
+    stats = [f["trace"] for f in fits.values()]
+    out["spread"] = {}
+    for key in stats[0]:
+        vals = np.array([st[key] for st in stats], dtype=float)
+        vals = vals[np.isfinite(vals)]
+        if vals.size:
+            mean = float(vals.mean())
+            out["spread"][key] = {"min": float(vals.min()), "max": float(vals.max()),
+                                  "relative": float((vals.max() - vals.min()) / mean) if mean else 0.0}
+    return out

@@ -107,8 +107,8 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
     policy, mode = _policy_and_mode(policy, mode)
     if prefetch_recall is not None:
         prefetch_recall = _check_fraction(prefetch_recall, "prefetch_recall")
-    if warmup is None:
-        warmup = 0 if trace is not None else min(32, tokens // 4)
+    if warmup is None:   # one default for sampled and replayed routing (docs/cost-model.md "Routing")
+        warmup = min(32, tokens // 4)
     warmup = check_count(warmup, "warmup", minimum=0)
     if warmup >= tokens:
         raise MoesimError(f"must be smaller than tokens ({tokens}), got {warmup}", "warmup")
@@ -126,6 +126,10 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
     rtab, routing_name, note = routing_table(m, routing, prefetch_recall, seed, trace)
     memory["assumptions"] += [note] if note else []
     drafts, tps = mtp, 1 + mtp
+    if rtab.get("trace") is not None and tokens * tps > len(rtab["trace"]):
+        memory["assumptions"].append(
+            f"routing trace: {len(rtab['trace'])} recorded tokens, fewer than the {tokens * tps} each sequence "
+            f"reads ({tokens} steps x {tps} tokens): the replay wraps to the trace's start")
     if mode == "montecarlo":
         _check_montecarlo_size(dims, m.n_layers, batch * tps, tokens, policy)
     dm = lower_model(m, low, p, machine, rt, context, kv, batch * tps, mem.by_class, mem.tier, routing=rtab)

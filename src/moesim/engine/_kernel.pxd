@@ -126,6 +126,12 @@ cdef extern from "moesim.h" nogil:
         const double *qbar
         const double *lqbar
         const double *qsq
+        const double *recency
+        const double *recency_lag
+        int32_t history
+        const double *coupling
+        const int32_t *partners
+        int32_t n_partners
         const int32_t *trace
         int64_t trace_tokens
         int32_t trace_layers

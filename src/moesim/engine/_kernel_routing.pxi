@@ -30,6 +30,12 @@ cdef void _fill_routing(ms_routing_t *r, dict t, dict keep):
     r.qbar = <double *> _data(keep, "qbar", tabs["qbar"])
     r.lqbar = <double *> _data(keep, "lqbar", tabs["lqbar"])
     r.qsq = <double *> _data(keep, "qsq", tabs["qsq"])
+    r.recency = <double *> _data(keep, "recency", t["recency"])
+    r.recency_lag = <double *> _data(keep, "recency_lag", t["recency_lag"])
+    r.history = t["recency_lag"].shape[0] if t["recency_lag"] is not None else 0
+    r.coupling = <double *> _data(keep, "coupling", t["coupling"])
+    r.partners = <int32_t *> _data(keep, "partners", t["partners"])
+    r.n_partners = t["partners"].shape[2] if t["partners"] is not None else 0
     r.trace = <int32_t *> _data(keep, "trace", t["trace"])
     r.trace_tokens = t["trace"].shape[0] if t["trace"] is not None else 0
     r.trace_layers = t["trace"].shape[1] if t["trace"] is not None else 0

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import KernelError, MoesimError
-from .codes import MAX_MOE_LAYERS, MAX_TOP_K
+from .codes import MAX_HISTORY, MAX_MOE_LAYERS, MAX_PARTNERS, MAX_TOP_K
 
 
 def handle_library_error(code: int, where: str, index: int | None = None) -> None:
@@ -108,6 +108,12 @@ ROUTING_DIMS = _scalars(INT, "n_layers", "n_experts", "top_k", "n_group", "topk_
 ROUTING_LAYERS = (Field("log_pop", F64, ("n_layers", "n_experts")), Field("stickiness", F64, ("n_layers",)),
                   Field("recall", F64, ("n_layers",)), Field("hot", I32, ("n_layers", "n_experts")),
                   Field("q", F64, ("n_scenarios", "n_layers", "n_experts")), Field("q_tables", TABLE, Q_TABLES),
+                  Field("recency", F64, ("n_layers",), optional=True,
+                        note="the multi-lag memory: per-layer copy probability"),
+                  Field("recency_lag", F64, ("history",), optional=True, note="the memory's lag distribution"),
+                  Field("coupling", F64, ("n_layers",), optional=True, note="cross-layer coupling strength"),
+                  Field("partners", I32, ("n_layers", "n_experts", "n_partners"), optional=True,
+                        note="each expert's next-layer partners (with coupling)"),
                   Field("trace", I32, ("trace_tokens", "trace_layers", "top_k"), optional=True,
                         note="a recorded trace replays instead of sampling"))
 ROUTING = ROUTING_DIMS + _scalars(REAL, "concentration") + _scalars(INT, "request_tokens") + ROUTING_LAYERS
@@ -280,6 +286,28 @@ def check_routing(rt) -> dict:
     if head["n_layers"] > 0 and dims["n_scenarios"] < 1:
         raise StructError("ms_routing_t", "q", "no request scenarios")
     out["n_scenarios"] = dims.get("n_scenarios", 0)
+    if dims.get("history", 0) > MAX_HISTORY:
+        raise MoesimError(f"{dims['history']} recency lags exceed MAX_HISTORY = {MAX_HISTORY}", "ms_routing_t.recency")
+    if (rt.get("coupling") is None) != (rt.get("partners") is None):
+        raise StructError("ms_routing_t", "partners", "coupling and partners come together")
+    if dims.get("n_partners", 1) > MAX_PARTNERS:
+        raise MoesimError(f"{dims['n_partners']} partners exceed MAX_PARTNERS = {MAX_PARTNERS}", "ms_routing_t.partners")
+    _check_memory_tables(out, head["n_experts"])
     for f in ROUTING_LAYERS:
         out.setdefault(f.name, None)
     return out
+
+
+def _check_memory_tables(t: dict, n_experts: int) -> None:
+    """The multi-lag and cross-layer tables hold what the sampler can use (ms_route.c check_memory)."""
+    rec, lag, cpl, pt = t.get("recency"), t.get("recency_lag"), t.get("coupling"), t.get("partners")
+    if (rec is None) != (lag is None):
+        raise StructError("ms_routing_t", "recency_lag", "recency and recency_lag come together")
+    if rec is not None and not np.all((rec >= 0) & (rec <= 1)):
+        raise MoesimError("recency probabilities must be in [0, 1]", "ms_routing_t.recency")
+    if lag is not None and not (np.all((lag >= 0) & (lag <= 1)) and abs(lag.sum() - 1) < 1e-9):
+        raise MoesimError("the recency lag distribution must be probabilities summing to 1", "ms_routing_t.recency_lag")
+    if cpl is not None and not np.all((cpl >= 0) & (cpl <= 1)):
+        raise MoesimError("coupling probabilities must be in [0, 1]", "ms_routing_t.coupling")
+    if pt is not None and pt.size and (pt.min() < 0 or pt.max() >= n_experts):
+        raise MoesimError(f"partner expert ids must be in [0, {n_experts})", "ms_routing_t.partners")

@@ -9,7 +9,11 @@ are understood (see ../shared/traces/README.md):
   profiling pass and are dropped;
 * speculative-moe JSONL (Mixtral): ``{"problem_id", "layer", "experts", "token_idx"}`` rows;
 * moe-beyond CSV (DeepSeek-V2-Lite): ``Layer ID,Batch Number,Token,Activated Expert IDs`` per prompt;
-* GPT-OSS expert-fingerprinting JSON: ``router_data`` = ``[{"token_N": {"layer_L": {"selected_experts"}}}]``.
+* GPT-OSS expert-fingerprinting JSON: ``router_data`` = ``[{"token_N": {"layer_L": {"selected_experts"}}}]``;
+* step-list router dump JSON (Llama-4-Maverick "Patterns behind Chaos" traces): a list of steps, step 0
+  the prompt, each ``{layer_id: null | [[ids of token 0], [ids of token 1], ...]}`` (``null``: a dense
+  layer, dropped); each later step is one decode token. Its prompt tokens are kept apart
+  (``Trace.prompts``) and ``requests`` hold the decode tokens.
 
 A directory loads every trace file in it (one request per CSV/JSON file).
 """
@@ -39,10 +43,18 @@ class Trace:
     top_k: int
     n_experts: int          # 1 + the largest id seen, or the file's own count
     source: str
+    # "decode" (generated tokens), "prompt" (teacher-forced prompt tokens) or "unknown" (the format
+    # does not say); prompts: each request's prompt tokens where the format records them apart
+    phase: str = "unknown"
+    prompts: list | None = None
 
     @property
     def n_tokens(self) -> int:
         return int(sum(r.shape[0] for r in self.requests))
+
+    @property
+    def n_prompt_tokens(self) -> int:
+        return int(sum(r.shape[0] for r in self.prompts)) if self.prompts else 0
 
 
 def _bad(path, msg):
@@ -143,12 +155,15 @@ def _load_csv(path) -> tuple:
     return arr, layers
 
 
-def _load_gptoss(path) -> tuple:
+def _read_json(path):
     with open(path, encoding="utf-8") as fh:
         try:
-            d = json.load(fh)
+            return json.load(fh)
         except json.JSONDecodeError as exc:
             raise _bad(path, f"not JSON ({exc.msg})") from None
+
+
+def _load_gptoss(path, d) -> tuple:
     rd = d.get("router_data") if isinstance(d, dict) else None
     if not isinstance(rd, list) or not rd:
         raise _bad(path, "no 'router_data' list")
@@ -164,6 +179,47 @@ def _load_gptoss(path) -> tuple:
             layers = [int(str(k).split("_")[-1]) for k in keys]
         rows.append([_ids(path, per_layer[k].get("selected_experts"), str(k)) for k in keys])
     return np.array(rows, dtype=np.int32), layers
+
+
+def _layer_id(path, key) -> int:
+    try:
+        return int(str(key).rsplit("_", 1)[-1])
+    except ValueError:
+        raise _bad(path, f"layer key {key!r} is not a layer id") from None
+
+
+def _step_tokens(path, step, n, layers):
+    """One step of a step-list dump -> [tokens, moe layers, k] (dense layers, null, dropped)."""
+    if not isinstance(step, dict) or not step:
+        raise _bad(path, f"step {n} must map layer ids to expert lists or null")
+    moe = {_layer_id(path, key): v for key, v in step.items() if v is not None}
+    if not moe:
+        raise _bad(path, f"step {n} routes no layer (every layer null)")
+    if layers is not None and sorted(moe) != layers:
+        raise _bad(path, f"step {n} routes layers {sorted(moe)}, step 0 routes {layers}")
+    cols = []
+    for l in sorted(moe):
+        toks = moe[l]
+        if isinstance(toks, list) and toks and all(isinstance(x, int) for x in toks):
+            toks = [toks]                          # a decode step may list one token's ids flat
+        if not isinstance(toks, list) or not toks:
+            raise _bad(path, f"step {n} layer {l}: expected per-token expert lists")
+        cols.append([_ids(path, t, f"step {n} layer {l}") for t in toks])
+    if len({len(c) for c in cols}) != 1:
+        raise _bad(path, f"step {n}: layers disagree on the number of tokens")
+    return np.array(cols, dtype=np.int32).transpose(1, 0, 2), sorted(moe)
+
+
+def _load_steplist(path, steps) -> Trace:
+    if not steps:
+        raise _bad(path, "empty step list")
+    prompt, layers = _step_tokens(path, steps[0], 0, None)
+    decode = [_step_tokens(path, st, n, layers)[0] for n, st in enumerate(steps[1:], 1)]
+    dec = np.concatenate(decode) if decode else np.zeros((0,) + prompt.shape[1:], dtype=np.int32)
+    tr = _trace(path, [dec if len(dec) else prompt], layers)
+    tr.phase = "decode" if len(dec) else "prompt"
+    tr.prompts = [prompt] if len(dec) else None
+    return tr
 
 
 def _trace(path, reqs, layers, n_experts=None) -> Trace:
@@ -187,6 +243,11 @@ def _trace(path, reqs, layers, n_experts=None) -> Trace:
     return Trace(requests=reqs, layers=list(layers), top_k=k, n_experts=int(n_experts or mx), source=str(path))
 
 
+def _phase(tr: Trace, phase: str) -> Trace:
+    tr.phase = phase
+    return tr
+
+
 def load(path) -> Trace:
     """Read a trace file, or a directory of per-request trace files, into a :class:`Trace`."""
     path = os.fspath(path)
@@ -199,7 +260,11 @@ def load(path) -> Trace:
         if any(p.layers != layers for p in parts):
             raise _bad(path, "files log different layers")
         reqs = [r for p in parts for r in p.requests]
-        return _trace(path, reqs, layers, max(p.n_experts for p in parts))
+        tr = _trace(path, reqs, layers, max(p.n_experts for p in parts))
+        tr.phase = parts[0].phase if all(p.phase == parts[0].phase for p in parts) else "unknown"
+        if all(p.prompts for p in parts):
+            tr.prompts = [r for p in parts for r in p.prompts]
+        return tr
     if not os.path.isfile(path):
         raise MoesimError(f"no such trace file: {path}", "trace")
     if os.path.getsize(path) > _MAX_FILE_BYTES:
@@ -209,8 +274,14 @@ def load(path) -> Trace:
     try:
         if path.endswith(".jsonl"):
             return _load_jsonl(path)
-        arr, layers = _load_csv(path) if path.endswith(".csv") else _load_gptoss(path)
-        return _trace(path, [arr], layers)
+        if path.endswith(".csv"):
+            arr, layers = _load_csv(path)
+            return _phase(_trace(path, [arr], layers), "prompt")   # moe-beyond: teacher-forced prompts
+        d = _read_json(path)
+        if isinstance(d, list):
+            return _load_steplist(path, d)
+        arr, layers = _load_gptoss(path, d)
+        return _phase(_trace(path, [arr], layers), "decode")      # generated tokens
     except MoesimError:
         raise
     except OSError as exc:

@@ -26,13 +26,42 @@ class RoutingProfile:
     request_tokens: int
     recall: float
     source: str = ""
+    # Fitted per-layer shapes (by relative depth, resampled to a model's MoE layer count; empty = the
+    # scalar fields above): Zipf exponent, stickiness, recency copy probability, cross-layer follow probability.
+    layer_zipf_s: tuple = ()
+    layer_stickiness_fit: tuple = ()
+    layer_recency: tuple = ()
+    layer_coupling: tuple = ()
+    recency_decay: float = 0.9     # geometric recency kernel over lags 2 .. history + 1
+    history: int = 32
+    n_partners: int = 0            # next-layer partners per expert (0 = top-k)
 
     def layer_stickiness(self, n_layers: int) -> np.ndarray:
+        if self.layer_stickiness_fit:
+            return per_layer(self.layer_stickiness_fit, n_layers)
         p = np.full(n_layers, float(self.stickiness))
         if n_layers > 1:
             p[-1] = self.last_stickiness
         p[0] = self.first_stickiness
         return p
+
+    def recency_tables(self, n_layers: int):
+        """(per-layer copy probability [n_layers], lag distribution [history] over lags 2 .. history + 1,
+        geometric with ratio recency_decay), or None without multi-lag memory."""
+        if not self.layer_recency or not any(self.layer_recency):
+            return None
+        d = self.recency_decay ** np.arange(self.history)
+        return per_layer(self.layer_recency, n_layers), d / d.sum()
+
+
+def per_layer(values, n_layers: int) -> np.ndarray:
+    """A per-layer shape fitted on len(values) layers, linearly resampled by relative depth to n_layers."""
+    v = np.asarray(values, dtype=np.float64)
+    if len(v) == n_layers:
+        return v.copy()
+    if len(v) == 1:
+        return np.full(n_layers, v[0])
+    return np.interp(np.linspace(0.0, 1.0, n_layers), np.linspace(0.0, 1.0, len(v)), v)
 
 
 def _table() -> dict:
@@ -71,7 +100,8 @@ def _catalog_profile(key: str) -> RoutingProfile:
     entry = dict(t["defaults"])
     entry.update(t["profiles"][key])
     names = {f.name for f in fields(RoutingProfile)}
-    p = RoutingProfile(id=key, **{k: v for k, v in entry.items() if k in names and k != "id"})
+    p = RoutingProfile(id=key, **{k: tuple(v) if isinstance(v, list) else v
+                                  for k, v in entry.items() if k in names and k != "id"})
     _check(p)
     return p
 
@@ -87,5 +117,18 @@ def _check(p: RoutingProfile) -> None:
         v = getattr(p, name)
         if not isinstance(v, (int, float)) or not (0.0 <= v <= 1.0):
             raise MoesimError(f"must be a probability in [0, 1], got {v!r}", name)
+    for name in ("layer_zipf_s", "layer_stickiness_fit", "layer_recency", "layer_coupling"):
+        v = getattr(p, name)
+        if not isinstance(v, tuple) or not all(isinstance(x, (int, float)) and math.isfinite(x) and x >= 0 for x in v):
+            raise MoesimError(f"must be a list of finite numbers >= 0, got {v!r}", name)
+    for name in ("layer_stickiness_fit", "layer_recency", "layer_coupling"):
+        if any(x > 1 for x in getattr(p, name)):
+            raise MoesimError("must hold probabilities in [0, 1]", name)
+    if not (isinstance(p.recency_decay, (int, float)) and 0 < p.recency_decay <= 1):
+        raise MoesimError(f"must be in (0, 1], got {p.recency_decay!r}", "recency_decay")
+    for name, hi in (("history", 256), ("n_partners", 64)):
+        v = getattr(p, name)
+        if isinstance(v, bool) or not isinstance(v, int) or not (name == "n_partners" or v >= 1) or v < 0 or v > hi:
+            raise MoesimError(f"must be an integer in [{0 if name == 'n_partners' else 1}, {hi}], got {v!r}", name)
     if isinstance(p.request_tokens, bool) or not isinstance(p.request_tokens, int) or p.request_tokens < 0:
         raise MoesimError(f"must be an integer >= 0, got {p.request_tokens!r}", "request_tokens")

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import MoesimError
-from ...spec.routing import N_SCENARIOS, RoutingProfile
+from ...spec.routing import N_SCENARIOS, RoutingProfile, per_layer
 
 
 # ------------------------------------------------------------------------------- inclusion probabilities
@@ -88,10 +88,11 @@ def _lower_cached(dims: RoutingDims, prof: RoutingProfile, seed: int, prefetch: 
     rng = np.random.default_rng([seed, 0x5EED])
     log_pop = np.empty((L, E))
     ranks = np.log(np.arange(1, E + 1, dtype=np.float64))
+    fitted_s = per_layer(prof.layer_zipf_s, L) if prof.layer_zipf_s else None
     for l in range(L):
         s_l = prof.zipf_s * rng.uniform(1 - prof.jitter, 1 + prof.jitter)
         perm = rng.permutation(E)
-        log_pop[l, perm] = -s_l * ranks
+        log_pop[l, perm] = -(s_l if fitted_s is None else fitted_s[l]) * ranks
     g = np.exp(log_pop - log_pop.max(axis=1, keepdims=True))
     g /= g.sum(axis=1, keepdims=True)
     if prof.concentration > 0:
@@ -105,7 +106,42 @@ def _lower_cached(dims: RoutingDims, prof: RoutingProfile, seed: int, prefetch: 
     rt.update(q_tables=q_tables(q, k), log_pop=log_pop, stickiness=prof.layer_stickiness(L),
               recall=np.full(L, prof.recall if prefetch else 0.0),
               hot=np.argsort(-log_pop, axis=1, kind="stable").astype(np.int32), q=q)
+    rt.update(_memory_tables(dims, prof, np.random.default_rng([seed, 0xC0A7]), log_pop))
     return rt
+
+
+PARTNER_BLOCK = 4   # popularity ranks a partner may move by (a block of ranks is shuffled)
+
+
+def _partner_table(log_pop: np.ndarray, P: int, rng) -> np.ndarray:
+    """[L, E, P] partners: partner i of the expert of popularity rank r at layer l is the expert of rank
+    pi_i(r) at layer l + 1, pi_i a random bijection within blocks of PARTNER_BLOCK ranks. Every next-layer
+    expert is the partner of exactly P experts and ranks move little, so following partners carries a
+    layer's popularity over (neither concentrating nor flattening it, whatever the seed)."""
+    L, E = log_pop.shape
+    order = np.argsort(-log_pop, axis=1, kind="stable")
+    rank = np.argsort(order, axis=1)
+    out = np.zeros((L, E, P), dtype=np.int32)
+    for l in range(L - 1):
+        for i in range(P):
+            pi = np.concatenate([b + rng.permutation(min(PARTNER_BLOCK, E - b)) for b in range(0, E, PARTNER_BLOCK)])
+            out[l, :, i] = order[l + 1][pi[rank[l]]]
+    return out
+
+
+def _memory_tables(dims: RoutingDims, prof: RoutingProfile, rng, log_pop: np.ndarray) -> dict:
+    """The multi-lag recency tables and the cross-layer partner table (each expert's n_partners next-layer
+    partners, drawn from the seed), where the profile has them."""
+    L, E, k = dims.n_layers, dims.n_experts, dims.top_k
+    out = {}
+    rec = prof.recency_tables(L)
+    if rec is not None:
+        out["recency"], out["recency_lag"] = rec
+    if prof.layer_coupling and any(prof.layer_coupling) and L > 1:
+        P = min(E, prof.n_partners or k)
+        out["coupling"] = per_layer(prof.layer_coupling, L)
+        out["partners"] = _partner_table(log_pop, P, rng)
+    return out
 
 
 def lower_trace(dims: RoutingDims, trace, prefetch_recall: float = 0.0) -> dict:
