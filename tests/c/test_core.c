@@ -861,7 +861,7 @@ static void test_sweep_decode(void)
         ms_decode_config_t c = make_decode_config((int32_t) bat[i], 40, MS_POLICY_LRU, MS_MODE_MONTECARLO);
         ms_decode_result_t r;
         for (int l = 0; l < L; l++) {
-            kv[l] = ms_ctx_eval(&G.fns[G.layer_fn[l]], ctx[i]);
+            kv[l] = ms_ctx_eval(&G.fns[G.layer_fn[l]], ctx[i]) * m.kv_bytes[l];   /* template: KV copies */
             sf[l] = ms_ctx_eval(&G.fns[2 + G.layer_fn[l]], ctx[i]);
         }
         m.kv_bytes = kv; m.score_flops = sf;
