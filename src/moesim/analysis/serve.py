@@ -15,7 +15,7 @@ mamba_radix_cache.py), counted against the pool.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -52,9 +52,7 @@ class ServeResult:
     provenance: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in (
-            "ttft_ms", "tpot_ms", "e2e_s", "per_user_tok_s", "aggregate_tok_s", "per_gpu_tok_s", "goodput",
-            "workload", "scheduler", "kv", "assumptions", "provenance")}
+        return {f.name: getattr(self, f.name) for f in fields(self)}     # every field, in declaration order
 
 
 def scheduler_limits(machine, rt, max_num_batched_tokens=None, max_num_seqs=None) -> tuple:
