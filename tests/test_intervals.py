@@ -11,10 +11,14 @@ import numpy as np
 import pytest
 
 import moesim
+from moesim.spec.runtimes import runtime as get_runtime
 from moesim.analysis import intervals as I
 from moesim.spec.runtimes import calibration
 
 LOSO = Path(__file__).parent / "data" / "loso_residuals.json"
+# the stored LOSO rows and calibration.toml [intervals] come from one cross-validated calibrate run
+needs_table = pytest.mark.skipif(not LOSO.exists() or "intervals" not in calibration(),
+                                 reason="no cross-validated [intervals] in calibration.toml yet (issue 14 item 4)")
 GPU_BOX = {"gpu": "rtx-4090", "host": "ddr5-6000x2", "host_mem_gb": 64}
 
 
@@ -33,6 +37,7 @@ def _synthetic(n_rich: int, n_thin: int, spread: float = 0.3, seed: int = 0) -> 
 
 
 # ------------------------------------------------------------------------------ the table
+@needs_table
 def test_catalog_table_is_the_stored_loso_residuals(loso):
     """calibration.toml [intervals] is build_table of the rows calibrate's cross-validation left."""
     stored = calibration()["intervals"]
@@ -46,6 +51,7 @@ def test_catalog_table_is_the_stored_loso_residuals(loso):
     assert "moesim calibrate" in stored["command"]
 
 
+@needs_table
 @pytest.mark.parametrize("metric", I.METRICS)
 def test_coverage_on_leave_one_source_out_predictions(loso, metric):
     """The 80 % interval covers 75-85 % of the out-of-sample (leave-one-source-out) rows."""
@@ -88,6 +94,7 @@ def test_no_point_or_no_table_gives_no_interval():
     assert I.interval(5.0, "decode", "hbm/gpu/served", {})[:2] == (None, None)
 
 
+@needs_table
 def test_catalog_thin_regimes_are_wider_than_their_basis():
     t = calibration()["intervals"]
     for metric in I.METRICS:
@@ -102,8 +109,8 @@ def test_catalog_thin_regimes_are_wider_than_their_basis():
 
 def test_regime_names_device_placement_and_family():
     m = moesim.machine(**GPU_BOX)
-    assert I.regime(m, "experts-cpu", moesim.runtime("ollama")) == "gddr/hybrid/llama.cpp"
-    assert I.regime(moesim.machine(host="ddr5-4800x8", host_mem_gb=256), "cpu-only", moesim.runtime("llama.cpp")) \
+    assert I.regime(m, "experts-cpu", get_runtime("ollama")) == "gddr/hybrid/llama.cpp"
+    assert I.regime(moesim.machine(host="ddr5-4800x8", host_mem_gb=256), "cpu-only", get_runtime("llama.cpp")) \
         == "cpu/cpu/llama.cpp"
     assert I.placement_kind("n-cpu-moe=20") == "hybrid"
 
@@ -117,17 +124,19 @@ def _check(d: dict) -> None:
     assert d["interval_basis"]
 
 
+@needs_table
 def test_simulate_and_fit_carry_the_four_fields():
     r = moesim.simulate("qwen3-30b-a3b", moesim.machine(**GPU_BOX), quant="Q4_K_M", context=4096)
     d = r.to_dict()
     _check(d)
-    assert d["interval_regime"] == I.regime(moesim.machine(**GPU_BOX), d["placement"], moesim.runtime(d["runtime"]))
+    assert d["interval_regime"] == I.regime(moesim.machine(**GPU_BOX), d["placement"], get_runtime(d["runtime"]))
     rows = moesim.fit("qwen3-30b-a3b", moesim.machine(**GPU_BOX), quants=["Q4_K_M"], context=4096)
     _check(rows[0])
     assert rows[0]["decode_tok_s_lo"] / rows[0]["decode_tok_s"] == pytest.approx(d["decode_tok_s_lo"] /
                                                                                 d["decode_tok_s"])
 
 
+@needs_table
 def test_sweep_columns_match_the_per_configuration_interval():
     t = moesim.sweep(models=["qwen3-30b-a3b"], quants=["Q4_K_M", "Q8_0"], machines=[GPU_BOX],
                      placements=["auto", "cpu-only"], contexts=[2048, 32768], batches=[1, 4])
@@ -138,6 +147,6 @@ def test_sweep_columns_match_the_per_configuration_interval():
         assert (t[f"{name}_lo"][ok] <= t[name][ok]).all() and (t[name][ok] <= t[f"{name}_hi"][ok]).all()
     for row in [r for r in t.to_dicts() if math.isfinite(r["decode_tok_s"])]:
         f = I.fields(row["decode_tok_s"], row["prefill_tok_s"],
-                     I.regime(m, row["placement"], moesim.runtime(row["runtime"])))
+                     I.regime(m, row["placement"], get_runtime(row["runtime"])))
         for k in I.FIELDS:
             assert row[k] == pytest.approx(f[k], rel=1e-12)

@@ -302,4 +302,9 @@ def calibrate_text(report: dict) -> str:
             dd = f"{d['median_abs_pct_err']:6.1f} % ({d['n']})" if d["n"] else "      -   "
             ff = f"{f['median_abs_pct_err']:6.1f} % ({f['n']})" if f["n"] else "-"
             lines.append(f"  {c:4} decode {dd}   prefill {ff}")
+    for metric, c in (report.get("intervals") or {}).get("coverage", {}).items():
+        nested = report["intervals"]["coverage_nested"][metric]
+        if c["n"]:
+            lines.append(f"80 % {metric} interval covers {100 * c['covered']:.0f} % of {c['n']} leave-one-source-out "
+                         f"rows ({100 * (nested['covered'] or 0):.0f} % with each source's interval built without it)")
     return "\n".join(lines)
