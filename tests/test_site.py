@@ -46,6 +46,11 @@ SCHEMA_HISTORY = {
                 "tpot_p99_ms", "prefill_tok_s", "expert_hit_rate", "bottleneck", "flags"),
         "fingerprint": "015faa566a12e7d7645e60ed925baa11e0f81bd762e13e5694d07508e2f9b23a"},
 }
+# 2: the 80 % prediction interval of decode and prefill tok/s (analysis.intervals) after prefill_tok_s
+_ROW_1 = SCHEMA_HISTORY[1]["row"]
+SCHEMA_HISTORY[2] = dict(SCHEMA_HISTORY[1], row=_ROW_1[:_ROW_1.index("prefill_tok_s") + 1] + (
+    "decode_tok_s_lo", "decode_tok_s_hi", "prefill_tok_s_lo", "prefill_tok_s_hi") + _ROW_1[_ROW_1.index(
+        "prefill_tok_s") + 1:], fingerprint="addea665d89388d86fe72551261bef8c49c31e4a6343b8588339426342653d79")
 
 
 @pytest.fixture(scope="module")

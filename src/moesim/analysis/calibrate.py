@@ -23,6 +23,7 @@ import numpy as np
 from .. import __version__
 from ..errors import MoesimError
 from ..spec.runtimes import DecodeParams, FAMILIES, decode_priors
+from . import intervals as I
 from . import validate as V
 
 
@@ -248,6 +249,7 @@ def calibrate(path, cross_validate: bool = True, max_nfev: int = 60, progress=No
     fit_s = time.perf_counter() - t0
     groups = [source_group(pr.cfg.row["source"]) for pr in prepared]
     classes = [V.row_class(pr.cfg.row) for pr in prepared]
+    regimes = [I.regime(pr.cfg.machine, pr.p, pr.rt) for pr in prepared]
     prior = prior_vector()
     report = {
         "params": {p.name: float(v) for p, v in zip(PARAMS, values)},
@@ -269,7 +271,7 @@ def calibrate(path, cross_validate: bool = True, max_nfev: int = 60, progress=No
             for i, (dec, pf) in zip(test, model.predict(v, test)):
                 row = model.rows[i].cfg.row
                 md, mp = V._num(row, "decode_tok_s"), V._num(row, "prefill_tok_s")
-                rec = {"id": row["id"], "class": classes[i], "group": g}
+                rec = {"id": row["id"], "class": classes[i], "group": g, "regime": regimes[i]}
                 if md:
                     rec["decode_err"] = dec / md - 1
                     cv_dec.append(abs(dec / md - 1))
@@ -287,6 +289,7 @@ def calibrate(path, cross_validate: bool = True, max_nfev: int = 60, progress=No
                 by_class[c] = {"decode": _summary(d), "prefill": _summary(f)}
         report["cross_validated"] = {"decode": _summary(cv_dec), "prefill": _summary(cv_pf), "by_class": by_class,
                                      "groups": unique, "rows": cv_rows}
+        report["intervals"] = I.report(cv_rows)
     return report
 
 
@@ -321,6 +324,8 @@ def write_toml(report: dict, out, command: str) -> None:
             name = f"{fam}.{k}"
             lo, hi = report["bounds"][name]
             lines.append(f"{k} = {v:.6g}    # prior {report['priors'][name]:.6g}, bounds [{lo:g}, {hi:g}]")
+    if report.get("intervals"):
+        lines += I.toml_lines(report["intervals"], command)
     try:
         with open(out, "w", encoding="utf-8") as fh:
             fh.write("\n".join(lines) + "\n")

@@ -25,6 +25,7 @@ from ..spec.limits import (MAX_BATCH, MAX_DRAFTS, MAX_MONTECARLO_WORK, MAX_STEPS
 from ..spec.models import Model
 from ..ingest import model as get_model
 from ..spec.placement import Placement
+from . import intervals as I
 from ..spec.runtimes import Runtime
 from ..engine.decode import LINKS, PHASES, RESOURCES, run
 from ..engine.codes import MODES, POLICIES
@@ -59,6 +60,7 @@ class Result:
     seed: int
     routing: str
     provenance: dict = field(default_factory=dict)
+    intervals: dict = field(default_factory=dict)   # analysis.intervals.fields: 80 % bounds and their basis
 
     def to_dict(self) -> dict:
         out = dict(self.memory)
@@ -66,6 +68,7 @@ class Result:
             "decode_tok_s", "aggregate_tok_s", "prefill_tok_s", "ttft_s", "tpot_ms", "breakdown", "bottleneck",
             "expert_hit_rate", "page_cache_hit_rate", "distinct_experts_per_step", "reuse", "bytes_per_token",
             "mode", "policy", "tokens", "seed", "routing", "provenance")})
+        out.update(self.intervals)
         return out
 
 
@@ -144,8 +147,9 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
             f"weights page from storage: this run's host page cache starts cold ({warmup} of {tokens} steps "
             "excluded as warm-up) and keeps the routing's token-to-token locality; fit's analytic figure is a "
             "steady state under independent picks, so the two differ (a longer --tokens converges the first)"]
-    return check_result(_result(res, 0, batch, memory, mode, policy, tokens, seed, routing_name, pf_tok_s, ttft),
-                        capacities(c.cfg), m.max_context, allow_beyond_max_context, m.n_experts)
+    out = _result(res, 0, batch, memory, mode, policy, tokens, seed, routing_name, pf_tok_s, ttft)
+    out.intervals = I.fields(out.decode_tok_s, out.prefill_tok_s, I.regime(machine, p, rt))
+    return check_result(out, capacities(c.cfg), m.max_context, allow_beyond_max_context, m.n_experts)
 
 
 def routing_table(m: Model, routing=None, prefetch_recall: float | None = None, seed: int = 0, trace=None) -> tuple:

@@ -33,7 +33,8 @@ SITE_DEFAULTS = {"title": "moesim: what runs on this machine, and how fast",
 ROW_FIELDS = ("model", "quant", "machine", "runtime", "kv_dtype", "placement_rule", "placement", "policy", "batch",
               "context", "fits", "weights_bytes", "kv_bytes", "state_bytes", "gpu_bytes", "host_bytes",
               "storage_bytes", "max_context", "max_batch", "decode_tok_s", "aggregate_tok_s", "tpot_ms",
-              "tpot_p99_ms", "prefill_tok_s", "expert_hit_rate", "bottleneck", "flags")
+              "tpot_p99_ms", "prefill_tok_s", "decode_tok_s_lo", "decode_tok_s_hi", "prefill_tok_s_lo",
+              "prefill_tok_s_hi", "expert_hit_rate", "bottleneck", "flags")
 _INT_FIELDS = frozenset(("batch", "context", "max_context", "max_batch", "weights_bytes", "kv_bytes", "state_bytes",
                          "gpu_bytes", "host_bytes", "storage_bytes"))
 _KEY_FIELDS = ("model", "quant", "machine", "runtime", "kv_dtype", "placement_rule", "policy", "batch", "context")

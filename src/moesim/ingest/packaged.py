@@ -26,6 +26,12 @@ def measurements_csv() -> str:
     return data_path(MEASUREMENTS)
 
 
+def collected_measurements_csv() -> str:
+    """The project's own collected rows alone (also appended to measurements.csv): the shipped
+    calibration was fitted without them, so they are its held-out corpus (analysis/intervals.py)."""
+    return data_path("measurements_collected.csv")
+
+
 def sample_trace() -> str:
     return data_path(SAMPLE_TRACE)
 

@@ -70,15 +70,18 @@ def fit_text(rows: list, context: int, batch: int) -> str:
     lines += [f"  assumed: {a}" for a in common]
     lines += [f"  assumed ({r['quant']}): {a}" for r in rows for a in r["assumptions"] if a not in common]
     lines.append(f"{'quant':10} {'weights':>11} {'placement':>15} {'GPU':>11} {'host':>11} {'storage':>11} "
-                 f"{'fits':>17} {'max context':>11} {'max batch':>9} {'tok/s':>8}  KV")
+                 f"{'fits':>17} {'max context':>11} {'max batch':>9} {'tok/s':>8} {'80 %':>11}  KV")
     for r in rows:
         t = r["memory_by_tier"]
         gpu_tier = t.get("gpu") or t.get("unified")
         tok_s = f"{r['decode_tok_s']:8.1f}" if r.get("decode_tok_s") else "       -"
+        tok_s += f" {_span(r.get('decode_tok_s_lo'), r.get('decode_tok_s_hi')):>11}"
         lines.append(f"{r['quant']:10} {fmt_bytes(r['weights_bytes'])} {r['placement']:>15} "
                      f"{fmt_bytes(gpu_tier['total'])} {fmt_bytes(t['host']['total'])} "
                      f"{fmt_bytes(t['storage']['total'])} {r['fits']:>17} {r['max_context']:11d} "
                      f"{r['max_batch']:9d} {tok_s}  {r['kv_dtype']}")
+    lines += [f"  80 % interval: {b}" for b in dict.fromkeys(r["interval_basis"] for r in rows
+                                                         if r.get("decode_tok_s_lo") is not None)]
     for r in rows:
         lines += [f"  {r['quant']}: {x}" for x in speculation_lines(r)]
     seen = set()
@@ -105,6 +108,17 @@ def kv_terms_lines(rows: list, kv_dtype: str, context: int, indent: str = "  ") 
     return lines
 
 
+def _span(lo, hi) -> str:
+    """``9.8–15.1``: an 80 % interval (analysis.intervals), ``-`` where there is none."""
+    return "-" if lo is None or hi is None else f"{lo:.1f}–{hi:.1f}"
+
+
+def _paren(d: dict, name: str) -> str:
+    """`` (9.8–15.1)`` after a tok/s figure, nothing where the record has no interval."""
+    lo, hi = d.get(f"{name}_lo"), d.get(f"{name}_hi")
+    return "" if lo is None or hi is None else f" ({_span(lo, hi)})"
+
+
 def speculation_lines(d: dict) -> list:
     """MTP: the acceptance used, where it comes from, and whether the drafts pay (analysis.simulate)."""
     if d.get("speculation_speedup") is None:
@@ -122,10 +136,14 @@ def simulate_text(d: dict, prompt: int) -> str:
     t = d["tpot_ms"]
     lines += [f"context {d['context']}, batch {d['batch']}, {d['mode']} over {d['tokens']} steps, "
               f"routing {d['routing']}, seed {d['seed']}",
-              f"decode   {d['decode_tok_s']:9.2f} tok/s per sequence, {d['aggregate_tok_s']:9.2f} tok/s aggregate",
+              f"decode   {d['decode_tok_s']:9.2f} tok/s{_paren(d, 'decode_tok_s')} per sequence, "
+              f"{d['aggregate_tok_s']:9.2f} tok/s aggregate",
               f"TPOT     mean {t['mean']:.2f} ms, p50 {t['p50']:.2f} ms, p99 {t['p99']:.2f} ms",
-              f"prefill  {d['prefill_tok_s']:9.1f} tok/s, TTFT {d['ttft_s']:.2f} s for a {prompt}-token prompt",
+              f"prefill  {d['prefill_tok_s']:9.1f} tok/s{_paren(d, 'prefill_tok_s')}, TTFT {d['ttft_s']:.2f} s for a "
+              f"{prompt}-token prompt",
               f"bottleneck: {d['bottleneck']}"]
+    if d.get("decode_tok_s_lo") is not None:
+        lines.append(f"80 % interval: {d['interval_basis']}")
     lines += speculation_lines(d)
     if d["expert_hit_rate"] is not None:
         lines.append(f"GPU expert hit rate {d['expert_hit_rate']:.3f} ({d['policy']})")
@@ -284,4 +302,9 @@ def calibrate_text(report: dict) -> str:
             dd = f"{d['median_abs_pct_err']:6.1f} % ({d['n']})" if d["n"] else "      -   "
             ff = f"{f['median_abs_pct_err']:6.1f} % ({f['n']})" if f["n"] else "-"
             lines.append(f"  {c:4} decode {dd}   prefill {ff}")
+    for metric, c in (report.get("intervals") or {}).get("coverage", {}).items():
+        nested = report["intervals"]["coverage_nested"][metric]
+        if c["n"]:
+            lines.append(f"80 % {metric} interval covers {100 * c['covered']:.0f} % of {c['n']} leave-one-source-out "
+                         f"rows ({100 * (nested['covered'] or 0):.0f} % with each source's interval built without it)")
     return "\n".join(lines)

@@ -6,7 +6,8 @@ import numpy as np
 
 from ...engine.glue import handle_library_error
 from ..consistency import check_chunk
-from .table import DECODE_COLUMNS, decode_columns
+from ..intervals import fill_sweep
+from .table import DECODE_COLUMNS, INTERVAL_COLUMNS, decode_columns
 
 
 def _empty_columns(plan, n: int) -> dict:
@@ -17,7 +18,7 @@ def _empty_columns(plan, n: int) -> dict:
     for c in ("context", "batch", "max_context", "max_batch"):
         out[c] = np.empty(n, dtype=np.int64)
     for c in ("weights_bytes", "kv_bytes_per_token", "kv_bytes", "state_bytes", "gpu_bytes", "host_bytes",
-              "storage_bytes") + DECODE_COLUMNS[:-1]:
+              "storage_bytes") + DECODE_COLUMNS[:-1] + INTERVAL_COLUMNS:
         if plan.mode == "montecarlo" or c not in ("tpot_p50_ms", "tpot_p99_ms"):
             out[c] = np.empty(n, dtype=np.float64)
     out["_key"] = np.empty(n, dtype=np.int64)
@@ -51,6 +52,7 @@ def _run_group(plan, grp, cols: dict, key: np.ndarray, variant: np.ndarray, a: i
         code, bad = _kernel.sweep_montecarlo(table.dec, view["context"], view["batch"], var, idx, threads, dview)
         where = "ms_sweep_montecarlo"
     handle_library_error(code, where, start + s0 + max(bad, 0))
+    fill_sweep(cols, s0, s1, grp.machine, grp.rt, plan.dicts["placement"], grp.place_codes)
 
 
 def _filter_rows(plan, cols: dict, keep, n: int):

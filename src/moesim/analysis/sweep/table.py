@@ -17,6 +17,8 @@ MEMORY_COLUMNS = ("weights_bytes", "kv_bytes_per_token", "kv_bytes", "state_byte
                   "storage_bytes", "max_context", "max_batch")
 DECODE_COLUMNS = ("decode_tok_s", "aggregate_tok_s", "tpot_ms", "tpot_p50_ms", "tpot_p99_ms", "prefill_tok_s",
                   "expert_hit_rate", "bottleneck")
+# 80 % prediction interval of decode and prefill tok/s (analysis.intervals), after the decode columns
+INTERVAL_COLUMNS = ("decode_tok_s_lo", "decode_tok_s_hi", "prefill_tok_s_lo", "prefill_tok_s_hi")
 _INT_COLUMNS = {"context", "batch", "max_context", "max_batch"}
 _MC_ONLY = ("tpot_p50_ms", "tpot_p99_ms")
 
@@ -29,7 +31,7 @@ def decode_columns(mode: str) -> tuple:
 def column_names(mode: str) -> tuple:
     """Output columns, in order, for a sweep of this mode."""
     return ("model", "quant", "machine", "runtime", "kv_dtype", "placement", "policy", "context", "batch",
-            "fits") + MEMORY_COLUMNS + decode_columns(mode)
+            "fits") + MEMORY_COLUMNS + decode_columns(mode) + INTERVAL_COLUMNS
 
 
 def column_type(name: str) -> str:

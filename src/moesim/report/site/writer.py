@@ -13,7 +13,7 @@ from pathlib import Path
 from ...errors import MoesimError
 
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 KINDS = ("index", "machine", "model")
 STATIC_FILES = ("index.html", "site.js", "site.css")
 # Significant digits kept of each float: far below the model's own uncertainty, and it keeps files small.

@@ -1,0 +1,296 @@
+"""80 % prediction intervals on decode and prefill tok/s, from the leave-one-source-out residuals.
+
+``moesim calibrate`` (with cross-validation) predicts every source's rows from a fit that never saw
+that source; :func:`build_table` turns those out-of-sample log-ratios log(measured / predicted) into
+their 10 % and 90 % quantiles per *regime* — device class x placement kind x runtime family
+(:func:`regime`) — and writes them to catalog/calibration.toml ``[intervals]``. :func:`interval` maps a
+prediction to its regime and returns (lo, hi, basis). A regime with fewer than ``min_rows`` rows
+falls back on its device class, then on all rows, and the fallback's log-quantiles are multiplied by
+``widen`` per level it falls (the basis says which data the interval stands on). The interval always
+contains the point estimate.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .._catalog import load as _load_catalog
+from ..spec.runtimes import calibration
+
+METRICS = ("decode", "prefill")
+GLOBAL = "*"
+LEVEL = 0.80                # central coverage of the interval: quantiles (1 - LEVEL) / 2 and (1 + LEVEL) / 2
+MIN_ROWS = 8                # fewer LOSO rows than this: the regime's quantiles are not trusted, fall back
+# per fallback level, the log-quantiles are scaled by this. derived: a pooled coarser regime mixes rows of
+# other placements / runtimes, so its spread understates this regime's uncertainty; 1.5 per level is the
+# documented rule (chosen so the leave-one-source-out coverage of the thin regimes stays >= LEVEL)
+WIDEN = 1.5
+# every level's log-quantiles are also scaled by 1 + SMALL_SAMPLE / sqrt(n): a sample quantile's error
+# shrinks as 1/sqrt(n), and a new machine is a new source. derived: 2.0 is the smallest whole value for
+# which the out-of-sample coverage, each source's interval built without that source's rows
+# (coverage(..., nested=True)), reaches 80 % on the collected corpus (0 gives 72 % decode, 74 % prefill)
+SMALL_SAMPLE = 2.0
+_PLACEMENT_KIND = {"all-gpu": "gpu", "unified": "gpu", "experts-cpu": "hybrid", "n-cpu-moe": "hybrid",
+                   "gpu-experts": "hybrid", "layers-gpu": "hybrid", "cpu-only": "cpu", "offload-cache": "offload"}
+FIELDS = ("decode_tok_s_lo", "decode_tok_s_hi", "prefill_tok_s_lo", "prefill_tok_s_hi")
+
+
+def device_class(machine) -> str:
+    """unified | cpu | hbm | gddr: what bounds a machine's weight reads."""
+    if machine.unified:
+        return "unified"
+    if not machine.gpu or machine.n_gpus == 0:
+        return "cpu"
+    g = _load_catalog("hardware").get("gpu", {}).get(machine.gpu, {})
+    kind = str(g.get("memory_type", ""))
+    if kind:
+        return "hbm" if kind.startswith("hbm") else "gddr"
+    return "hbm" if machine.gpu_bw_gbs >= 1500 else "gddr"
+
+
+def placement_kind(placement) -> str:
+    """gpu | hybrid | cpu | offload for a Placement or placement name."""
+    kind = getattr(placement, "kind", None) or str(placement or "all-gpu").split("=", 1)[0]
+    return _PLACEMENT_KIND.get(kind, "hybrid")
+
+
+def regime(machine, placement, runtime) -> str:
+    """``device/placement/family``, e.g. ``hbm/gpu/served``."""
+    family = getattr(runtime, "family", None) or str(runtime)
+    return f"{device_class(machine)}/{placement_kind(placement)}/{family}"
+
+
+def _levels(key: str) -> list:
+    return [key, key.split("/", 1)[0], GLOBAL]
+
+
+def _quantiles(values) -> dict:
+    a = np.asarray(values, dtype=float)
+    lo, hi = np.quantile(a, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
+    return {"lo": float(lo), "hi": float(hi), "n": int(a.size)}
+
+
+def build_table(rows) -> dict:
+    """``{metric: {key: {lo, hi, n}}}`` from rows ``{"regime", "decode_log", "prefill_log"}`` (log
+    measured/predicted, absent where not measured), for regimes, device classes and all rows."""
+    table: dict = {}
+    for metric in METRICS:
+        groups: dict = {}
+        for r in rows:
+            v = r.get(f"{metric}_log")
+            if v is None or not math.isfinite(v):
+                continue
+            for key in _levels(r["regime"]):
+                groups.setdefault(key, []).append(v)
+        table[metric] = {k: _quantiles(v) for k, v in sorted(groups.items())}
+    return table
+
+
+def lookup(table: dict, metric: str, key: str, min_rows: int = MIN_ROWS, widen: float = WIDEN,
+           small_sample: float = SMALL_SAMPLE):
+    """(log lo, log hi, basis) of *key*'s interval: the first level with >= *min_rows* rows, widened
+    by *widen* per level fallen and by 1 + *small_sample* / sqrt(n); None where the table has nothing
+    for *metric*."""
+    entries = table.get(metric, {})
+    for depth, k in enumerate(_levels(key)):
+        e = entries.get(k)
+        if e and (e["n"] >= min_rows or k == GLOBAL):
+            f = widen ** depth * (1.0 + small_sample / math.sqrt(e["n"]))
+            lo, hi = min(0.0, e["lo"]) * f, max(0.0, e["hi"]) * f
+            if depth == 0:
+                basis = f"regime {k} ({e['n']} rows)"
+            else:
+                what = "all rows" if k == GLOBAL else f"device class {k}"
+                basis = f"{what} ({e['n']} rows; regime {key} has {entries.get(key, {}).get('n', 0)}), x{f:g} wider"
+            return lo, hi, basis
+    return None
+
+
+def _lookup_catalog(t: dict, metric: str, key: str):
+    """lookup with the rule constants stored beside the table (so a table and its rule travel together)."""
+    return lookup(t, metric, key, int(t.get("min_rows", MIN_ROWS)), float(t.get("widen", WIDEN)),
+                  float(t.get("small_sample", SMALL_SAMPLE)))
+
+
+def _catalog_table() -> dict:
+    return calibration().get("intervals", {})
+
+
+def interval(point: "float | None", metric: str, key: str, table: "dict | None" = None) -> tuple:
+    """(lo, hi, basis) around *point* tok/s for regime *key*; (None, None, reason) without a point or table."""
+    t = _catalog_table() if table is None else table
+    if point is None or not math.isfinite(point) or point <= 0:
+        return None, None, "no prediction"
+    got = _lookup_catalog(t, metric, key)
+    if got is None:
+        return None, None, "no intervals in calibration.toml (run moesim calibrate with cross-validation)"
+    lo, hi, basis = got
+    return point * math.exp(lo), point * math.exp(hi), basis
+
+
+def fields(decode: "float | None", prefill: "float | None", key: str, table: "dict | None" = None) -> dict:
+    """The four JSON fields plus ``interval_basis`` (decode's basis; prefill's where it differs)."""
+    dlo, dhi, dbasis = interval(decode, "decode", key, table)
+    plo, phi, pbasis = interval(prefill, "prefill", key, table)
+    basis = dbasis if dbasis == pbasis else f"decode: {dbasis}; prefill: {pbasis}"
+    return {"decode_tok_s_lo": dlo, "decode_tok_s_hi": dhi, "prefill_tok_s_lo": plo, "prefill_tok_s_hi": phi,
+            "interval_regime": key, "interval_basis": basis}
+
+
+def columns(key: str, table: "dict | None" = None) -> dict:
+    """Multipliers ``{field: exp(log bound)}`` for one regime (NaN where none): a sweep group's whole
+    columns are its tok/s columns times these."""
+    t = _catalog_table() if table is None else table
+    out = {}
+    for metric in METRICS:
+        got = _lookup_catalog(t, metric, key)
+        lo, hi = (math.exp(got[0]), math.exp(got[1])) if got else (math.nan, math.nan)
+        out[f"{metric}_tok_s_lo"], out[f"{metric}_tok_s_hi"] = lo, hi
+    return out
+
+
+def coverage(rows, table: dict, min_rows: int = MIN_ROWS, widen: float = WIDEN, nested: bool = False,
+             small_sample: float = SMALL_SAMPLE) -> dict:
+    """Share of rows whose log-ratio lies in its interval, per metric. ``nested``: each row's interval
+    is built without its own source group (``rows[i]["group"]``), so the check is out of sample."""
+    out = {}
+    for metric in METRICS:
+        hit = n = 0
+        for r in rows:
+            v = r.get(f"{metric}_log")
+            if v is None:
+                continue
+            t = build_table([q for q in rows if q.get("group") != r.get("group")]) if nested else table
+            got = lookup(t, metric, r["regime"], min_rows, widen, small_sample)
+            if got is None:
+                continue
+            n += 1
+            hit += got[0] - 1e-12 <= v <= got[1] + 1e-12
+        out[metric] = {"covered": hit / n if n else None, "n": n}
+    return out
+
+
+def text(point: "float | None", lo: "float | None", hi: "float | None", unit: str = "tok/s") -> str:
+    """``12.3 tok/s (9.8–15.1)``."""
+    if point is None:
+        return "—"
+    if lo is None or hi is None:
+        return f"{point:.1f} {unit}"
+    return f"{point:.1f} {unit} ({lo:.1f}–{hi:.1f})"
+
+
+def loso_rows(cv_rows) -> list:
+    """calibrate's cross-validated rows (``decode_err`` = predicted / measured - 1) as log(measured /
+    predicted) per regime and source group."""
+    out = []
+    for r in cv_rows:
+        rec = {"id": r["id"], "group": r["group"], "regime": r["regime"]}
+        for metric in METRICS:
+            err = r.get(f"{metric}_err")
+            if err is not None and err > -1:
+                rec[f"{metric}_log"] = -math.log1p(err)
+        out.append(rec)
+    return out
+
+
+def report(cv_rows) -> dict:
+    """The [intervals] calibrate writes: quantile table, coverage (in and out of sample) and the rows."""
+    rows = loso_rows(cv_rows)
+    table = build_table(rows)
+    return {"table": table, "coverage": coverage(rows, table), "coverage_nested": coverage(rows, table, nested=True),
+            "rows": rows}
+
+
+def toml_lines(rep: dict, command: str) -> list:
+    """calibration.toml ``[intervals]`` for :func:`report`'s output."""
+    cov, nested = rep["coverage"], rep["coverage_nested"]
+    lines = ["", "# 80 % prediction intervals: quantiles of log(measured / predicted) over the leave-one-source-out",
+             "# predictions, per regime device/placement/runtime family (analysis/intervals.py).", "[intervals]",
+             f'command = "{command}"', f"level = {LEVEL}", f"min_rows = {MIN_ROWS}",
+             f"widen = {WIDEN}    # derived: per fallback level (intervals.WIDEN)",
+             f"small_sample = {SMALL_SAMPLE}    # derived: quantiles x (1 + this / sqrt(n)) (intervals.SMALL_SAMPLE)"]
+    for metric in METRICS:
+        lines.append(f"coverage_{metric} = {nested[metric]['covered'] or 0:.4f}    # of {nested[metric]['n']} held-out "
+                     f"rows, each source's interval built without it ({cov[metric]['covered'] or 0:.4f} in sample)")
+    for metric in METRICS:
+        for key, e in rep["table"][metric].items():
+            lines += ["", f'[intervals.{metric}."{key}"]', f"lo = {e['lo']:.6g}", f"hi = {e['hi']:.6g}",
+                      f"n = {e['n']}"]
+    return lines
+
+
+def fill_sweep(cols: dict, s0: int, s1: int, machine, runtime, placement_labels, codes) -> None:
+    """A sweep group's rows [s0, s1): the four interval columns from its tok/s columns, vectorised.
+    The regime varies only with the placement (the group fixes machine and runtime): one multiplier
+    per placement code of the group (*codes*; labels *placement_labels*), indexed by each row's code."""
+    n = int(max(codes)) + 1 if len(codes) else 1
+    lut = {f: np.full(n, np.nan) for f in FIELDS}
+    for code in codes:
+        mult = columns(regime(machine, placement_labels[int(code)], runtime))
+        for f in FIELDS:
+            lut[f][int(code)] = mult[f]
+    place = cols["placement"][s0:s1]
+    for f in FIELDS:
+        cols[f][s0:s1] = cols[f.rsplit("_", 1)[0]][s0:s1] * lut[f][place]
+
+
+def held_out_rows(path) -> list:
+    """Rows for :func:`report` from a corpus the shipped calibration never saw (the collected
+    measurements): each A/B row predicted with calibration.toml, its regime and source group."""
+    from . import validate as V
+    from .calibrate import source_group
+    rows = [r for r in V.load_rows(path) if r["quality"] in ("A", "B")]
+    prepared, records, _ = V.evaluate_rows(rows, calibrated=True)
+    out = []
+    for pr, rec in zip(prepared, records):
+        r = {"id": rec["id"], "group": source_group(pr.cfg.row["source"]), "regime": regime(pr.cfg.machine, pr.p, pr.rt)}
+        for metric in METRICS:
+            if rec[f"{metric}_err"] is not None:
+                r[f"{metric}_err"] = rec[f"{metric}_err"]
+        out.append(r)
+    return out
+
+
+def replace_toml_section(text: str, lines: list) -> str:
+    """calibration.toml *text* with its [intervals] tables (and their comment) replaced by *lines*."""
+    keep, skipping = [], False
+    for line in text.splitlines():
+        if line.startswith("# 80 % prediction intervals") or line.startswith("[intervals"):
+            skipping = True
+        elif skipping and line.startswith("[") and not line.startswith("[intervals"):
+            skipping = False
+        if not skipping:
+            keep.append(line)
+    while keep and not keep[-1].strip():
+        keep.pop()
+    return "\n".join(keep + lines) + "\n"
+
+
+def main(argv=None) -> int:
+    """``python -m moesim.analysis.intervals [CSV] [--out TOML] [--rows JSON]``: rebuild [intervals]."""
+    import argparse
+    import json
+    from ..ingest.packaged import collected_measurements_csv
+    ap = argparse.ArgumentParser(prog="python -m moesim.analysis.intervals", description=main.__doc__)
+    ap.add_argument("csv", nargs="?", help="held-out corpus (default: the packaged collected measurements)")
+    ap.add_argument("--out", help="calibration.toml to rewrite the [intervals] of")
+    ap.add_argument("--rows", help="also write the held-out rows (JSON) here")
+    a = ap.parse_args(argv)
+    csv_path = a.csv or collected_measurements_csv()
+    rep = report(held_out_rows(csv_path))
+    command = "python -m moesim.analysis.intervals --out src/moesim/catalog/calibration.toml --rows tests/data/loso_residuals.json"
+    if a.out:
+        with open(a.out, encoding="utf-8") as fh:
+            text = fh.read()
+        with open(a.out, "w", encoding="utf-8") as fh:
+            fh.write(replace_toml_section(text, toml_lines(rep, command)))
+    if a.rows:
+        with open(a.rows, "w", encoding="utf-8") as fh:
+            json.dump({"command": command, "rows": rep["rows"]}, fh, indent=1)
+    print(json.dumps({k: rep[k] for k in ("coverage", "coverage_nested")}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,153 @@
+"""80 % prediction intervals (analysis.intervals): built from the leave-one-source-out residuals that
+``moesim calibrate`` stored, carried by fit / simulate / sweep, containing the point, wider where the
+regime is thin, and covering 75-85 % of the out-of-sample rows."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import moesim
+from moesim.spec.runtimes import runtime as get_runtime
+from moesim.analysis import intervals as I
+from moesim.spec.runtimes import calibration
+
+LOSO = Path(__file__).parent / "data" / "loso_residuals.json"
+# the stored LOSO rows and calibration.toml [intervals] come from one cross-validated calibrate run
+needs_table = pytest.mark.skipif(not LOSO.exists() or "intervals" not in calibration(),
+                                 reason="no cross-validated [intervals] in calibration.toml yet (issue 14 item 4)")
+GPU_BOX = {"gpu": "rtx-4090", "host": "ddr5-6000x2", "host_mem_gb": 64}
+
+
+@pytest.fixture(scope="module")
+def loso():
+    return json.loads(LOSO.read_text(encoding="utf-8"))["rows"]
+
+
+def _synthetic(n_rich: int, n_thin: int, spread: float = 0.3, seed: int = 0) -> list:
+    rng = np.random.default_rng(seed)
+    rows = [{"regime": "hbm/gpu/served", "group": f"s{i}", "decode_log": float(v)}
+            for i, v in enumerate(rng.normal(0, spread, n_rich))]
+    rows += [{"regime": "hbm/hybrid/llama.cpp", "group": f"t{i}", "decode_log": float(v)}
+             for i, v in enumerate(rng.normal(0, spread, n_thin))]
+    return rows
+
+
+# ------------------------------------------------------------------------------ the table
+@needs_table
+def test_catalog_table_is_the_stored_loso_residuals(loso):
+    """calibration.toml [intervals] is build_table of the rows calibrate's cross-validation left."""
+    stored = calibration()["intervals"]
+    built = I.build_table(loso)
+    for metric in I.METRICS:
+        assert set(stored[metric]) == set(built[metric])
+        for key, e in built[metric].items():
+            assert stored[metric][key]["n"] == e["n"]
+            assert stored[metric][key]["lo"] == pytest.approx(e["lo"], rel=1e-5, abs=1e-6)
+            assert stored[metric][key]["hi"] == pytest.approx(e["hi"], rel=1e-5, abs=1e-6)
+    assert "moesim.analysis.intervals" in stored["command"]
+
+
+@needs_table
+@pytest.mark.parametrize("metric", I.METRICS)
+def test_coverage_on_leave_one_source_out_predictions(loso, metric):
+    """The 80 % interval covers 75-85 % of the held-out rows, each source's interval built without it."""
+    cov = I.coverage(loso, None, nested=True)[metric]
+    assert cov["n"] >= 20
+    assert 0.75 <= cov["covered"] <= 0.85, cov
+    assert calibration()["intervals"][f"coverage_{metric}"] == pytest.approx(cov["covered"], abs=1e-4)
+
+
+def test_thin_regime_falls_back_and_is_wider():
+    rows = _synthetic(40, 3)
+    table = I.build_table(rows)
+    rich = I.lookup(table, "decode", "hbm/gpu/served")
+    thin = I.lookup(table, "decode", "hbm/hybrid/llama.cpp")
+    coarse = table["decode"]["hbm"]
+    assert "regime hbm/gpu/served" in rich[2]
+    assert "device class hbm" in thin[2] and "wider" in thin[2]
+    f = I.WIDEN * (1 + I.SMALL_SAMPLE / coarse["n"] ** 0.5)
+    assert thin[0] == pytest.approx(min(0.0, coarse["lo"]) * f)
+    assert thin[1] == pytest.approx(max(0.0, coarse["hi"]) * f)
+    assert thin[1] - thin[0] > rich[1] - rich[0]
+    # a regime no row measured, on a device class none did either: all rows, widened twice
+    none = I.lookup(table, "decode", "unified/gpu/mlx")
+    assert "all rows" in none[2] and none[1] - none[0] > thin[1] - thin[0]
+
+
+def test_more_rows_make_the_regime_its_own_basis():
+    table = I.build_table(_synthetic(40, I.MIN_ROWS))
+    assert I.lookup(table, "decode", "hbm/hybrid/llama.cpp")[2].startswith("regime hbm/hybrid/llama.cpp")
+
+
+@pytest.mark.parametrize("offset", [-1.0, 1.0])
+def test_interval_contains_the_point_even_for_a_biased_regime(offset):
+    rows = [{"regime": "gddr/gpu/llama.cpp", "group": str(i), "decode_log": offset + 0.01 * i} for i in range(20)]
+    lo, hi, _ = I.interval(10.0, "decode", "gddr/gpu/llama.cpp", I.build_table(rows))
+    assert lo <= 10.0 <= hi
+
+
+def test_no_point_or_no_table_gives_no_interval():
+    assert I.interval(None, "decode", "hbm/gpu/served")[:2] == (None, None)
+    assert I.interval(5.0, "decode", "hbm/gpu/served", {})[:2] == (None, None)
+
+
+@needs_table
+def test_catalog_thin_regimes_are_wider_than_their_basis():
+    t = calibration()["intervals"]
+    for metric in I.METRICS:
+        for key, e in t[metric].items():
+            if key.count("/") != 2 or e["n"] >= t["min_rows"]:
+                continue
+            lo, hi, basis = I.lookup(t, metric, key, t["min_rows"], t["widen"])
+            assert "wider" in basis
+            base = next(t[metric][k] for k in I._levels(key)[1:] if k in basis or k == I.GLOBAL)
+            assert hi - lo > max(0.0, base["hi"]) - min(0.0, base["lo"])
+
+
+def test_regime_names_device_placement_and_family():
+    m = moesim.machine(**GPU_BOX)
+    assert I.regime(m, "experts-cpu", get_runtime("ollama")) == "gddr/hybrid/llama.cpp"
+    assert I.regime(moesim.machine(host="ddr5-4800x8", host_mem_gb=256), "cpu-only", get_runtime("llama.cpp")) \
+        == "cpu/cpu/llama.cpp"
+    assert I.placement_kind("n-cpu-moe=20") == "hybrid"
+
+
+# ------------------------------------------------------------------------------ carried by the results
+def _check(d: dict) -> None:
+    for name in ("decode_tok_s", "prefill_tok_s"):
+        lo, hi = d[f"{name}_lo"], d[f"{name}_hi"]
+        assert lo is not None and hi is not None
+        assert 0 < lo <= d[name] <= hi
+    assert d["interval_basis"]
+
+
+@needs_table
+def test_simulate_and_fit_carry_the_four_fields():
+    r = moesim.simulate("qwen3-30b-a3b", moesim.machine(**GPU_BOX), quant="Q4_K_M", context=4096)
+    d = r.to_dict()
+    _check(d)
+    assert d["interval_regime"] == I.regime(moesim.machine(**GPU_BOX), d["placement"], get_runtime(d["runtime"]))
+    rows = moesim.fit("qwen3-30b-a3b", moesim.machine(**GPU_BOX), quants=["Q4_K_M"], context=4096)
+    _check(rows[0])
+    assert rows[0]["decode_tok_s_lo"] / rows[0]["decode_tok_s"] == pytest.approx(d["decode_tok_s_lo"] /
+                                                                                d["decode_tok_s"])
+
+
+@needs_table
+def test_sweep_columns_match_the_per_configuration_interval():
+    t = moesim.sweep(models=["qwen3-30b-a3b"], quants=["Q4_K_M", "Q8_0"], machines=[GPU_BOX],
+                     placements=["auto", "cpu-only"], contexts=[2048, 32768], batches=[1, 4])
+    m = moesim.machine(**GPU_BOX)
+    ok = np.isfinite(t["decode_tok_s"])
+    assert ok.any()
+    for name in ("decode_tok_s", "prefill_tok_s"):
+        assert (t[f"{name}_lo"][ok] <= t[name][ok]).all() and (t[name][ok] <= t[f"{name}_hi"][ok]).all()
+    for row in [r for r in t.to_dicts() if math.isfinite(r["decode_tok_s"])]:
+        f = I.fields(row["decode_tok_s"], row["prefill_tok_s"],
+                     I.regime(m, row["placement"], get_runtime(row["runtime"])))
+        for k in I.FIELDS:
+            assert row[k] == pytest.approx(f[k], rel=1e-12)
