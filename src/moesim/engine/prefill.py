@@ -33,7 +33,8 @@ def prefill(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, prompt: int, 
     mode = np.asarray(dm["expert_mode"])
     moe_idx = np.asarray(dm["moe_index"])
     k = rtab.get("top_k", 0)
-    qbar = np.asarray(rtab["q"]).mean(axis=0) if rtab.get("n_layers") else None
+    # prompt tokens route by the profile's prefill regime (or a trace's recorded prompts) where it has one
+    qbar = np.asarray(rtab.get("prefill_q", rtab.get("q"))).mean(axis=0) if rtab.get("n_layers") else None
     bw = np.where(on_gpu, hw["gpu_bw"], hw["host_bw"])
     fl = np.where(on_gpu, gemm, cflops)
     score = prefill_score_flops(m, prompt, depth) / np.where(on_gpu, hw["prefill_attn_flops"], cflops)

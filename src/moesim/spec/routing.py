@@ -12,6 +12,11 @@ from ..errors import MoesimError, unknown_id
 
 
 N_SCENARIOS = 4   # request draws averaged by the analytic path when profiles have per-request skew
+PHASES = ("prefill", "decode")
+# fields a prefill regime may set (the routing model's; not the request length, recall or provenance)
+REGIME_FIELDS = ("zipf_s", "jitter", "concentration", "stickiness", "first_stickiness", "last_stickiness",
+                 "layer_zipf_s", "layer_stickiness_fit", "layer_recency", "layer_coupling", "recency_decay",
+                 "history", "n_partners")
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,14 @@ class RoutingProfile:
     recency_decay: float = 0.9     # geometric recency kernel over lags 2 .. history + 1
     history: int = 32
     n_partners: int = 0            # next-layer partners per expert (0 = top-k)
+    # The prefill regime: ((field, value), ...) that prompt tokens route by instead (a prompt-fitted skew);
+    # empty = prompt tokens route as decode tokens. Prefill costing (the expert union of a ubatch) reads it.
+    prefill: tuple = ()
+    fitted_phase: str = ""         # the tokens the decode fields were fitted to: "decode", "prompt", "" (presets)
+    # The workload mix: the per-workload profiles this one pools, and each statistic's range across
+    # their real traces ((statistic, min, max), ...).
+    workloads: tuple = ()
+    spread: tuple = ()
 
     def layer_stickiness(self, n_layers: int) -> np.ndarray:
         if self.layer_stickiness_fit:
@@ -44,6 +57,18 @@ class RoutingProfile:
             p[-1] = self.last_stickiness
         p[0] = self.first_stickiness
         return p
+
+    def regime(self, phase: str) -> "RoutingProfile":
+        """The profile prompt tokens ("prefill") or generated tokens ("decode") route by."""
+        if phase not in PHASES:
+            raise MoesimError(f"must be one of {', '.join(PHASES)}, got {phase!r}", "phase")
+        if phase == "decode" or not self.prefill:
+            return self
+        return replace(self, id=f"{self.id}/prefill", prefill=(), **dict(self.prefill))
+
+    def spread_dict(self) -> dict:
+        """{statistic: (min, max)} across the profile's workloads."""
+        return {name: (lo, hi) for name, lo, hi in self.spread}
 
     def recency_tables(self, n_layers: int):
         """(per-layer copy probability [n_layers], lag distribution [history] over lags 2 .. history + 1,
@@ -88,7 +113,7 @@ def profile(id_or_profile=None, family: str | None = None, **overrides) -> Routi
         if not overrides:
             return base                  # checked when built
     if overrides:
-        base = replace(base, **overrides)
+        base = replace(base, **{k: _frozen(k, v) for k, v in overrides.items()})
     _check(base)
     return base
 
@@ -100,10 +125,22 @@ def _catalog_profile(key: str) -> RoutingProfile:
     entry = dict(t["defaults"])
     entry.update(t["profiles"][key])
     names = {f.name for f in fields(RoutingProfile)}
-    p = RoutingProfile(id=key, **{k: tuple(v) if isinstance(v, list) else v
-                                  for k, v in entry.items() if k in names and k != "id"})
+    p = RoutingProfile(id=key, **{k: _frozen(k, v) for k, v in entry.items() if k in names and k != "id"})
     _check(p)
     return p
+
+
+def _frozen(name: str, v):
+    """A catalog or keyword value as the frozen field holds it: lists as tuples, the prefill table as
+    sorted (field, value) pairs, the spread table as (statistic, min, max) triples."""
+    if name == "prefill" and isinstance(v, dict):
+        return tuple(sorted((str(k), _frozen(k, x)) for k, x in v.items()))
+    if name == "spread" and isinstance(v, dict):
+        try:
+            return tuple(sorted((str(k), float(x[0]), float(x[1])) for k, x in v.items()))
+        except (TypeError, ValueError, IndexError, KeyError):
+            raise MoesimError("each statistic's spread must be [min, max]", "spread") from None
+    return tuple(v) if isinstance(v, list) else v
 
 
 def _check(p: RoutingProfile) -> None:
@@ -132,3 +169,26 @@ def _check(p: RoutingProfile) -> None:
             raise MoesimError(f"must be an integer in [{0 if name == 'n_partners' else 1}, {hi}], got {v!r}", name)
     if isinstance(p.request_tokens, bool) or not isinstance(p.request_tokens, int) or p.request_tokens < 0:
         raise MoesimError(f"must be an integer >= 0, got {p.request_tokens!r}", "request_tokens")
+    _check_mix(p)
+
+
+def _check_mix(p: RoutingProfile) -> None:
+    """The prefill regime (known fields, itself a valid profile), the fitted phase, workloads and spread."""
+    if not isinstance(p.prefill, tuple) or not all(isinstance(x, tuple) and len(x) == 2 for x in p.prefill):
+        raise MoesimError("must be a table of routing fields", "prefill")
+    for name, _v in p.prefill:
+        if name not in REGIME_FIELDS:
+            raise MoesimError(f"a prefill regime sets {', '.join(REGIME_FIELDS)}; got {name!r}", f"prefill.{name}")
+    if p.prefill:
+        try:
+            _check(p.regime("prefill"))
+        except MoesimError as exc:
+            raise MoesimError(str(exc).split(": ", 1)[-1], f"prefill.{exc.field}" if getattr(exc, "field", None)
+                              else "prefill") from None
+    if p.fitted_phase not in ("", "decode", "prompt"):
+        raise MoesimError(f"must be 'decode', 'prompt' or empty, got {p.fitted_phase!r}", "fitted_phase")
+    if not isinstance(p.workloads, tuple) or not all(isinstance(w, str) for w in p.workloads):
+        raise MoesimError("must be a list of profile ids", "workloads")
+    for name, lo, hi in p.spread:
+        if not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
+            raise MoesimError(f"{name}: must be [min, max] with min <= max, got [{lo}, {hi}]", f"spread.{name}")

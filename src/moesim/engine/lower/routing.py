@@ -74,8 +74,14 @@ class RoutingDims:
 
 def lower(dims: RoutingDims, prof: RoutingProfile, seed: int = 0, prefetch: bool = False,
           scenarios: int = N_SCENARIOS) -> dict:
-    """Kernel routing tables for a profile. The popularity permutation is drawn from ``seed``."""
-    return dict(_lower_cached(dims, prof, int(seed) & (2**63 - 1), bool(prefetch), int(scenarios)))
+    """Kernel routing tables for a profile. The popularity permutation is drawn from ``seed``. A profile
+    with a prefill regime adds ``prefill_q``, that regime's inclusion probabilities (the same seed, so the
+    same popularity ranks, with the prompt's own skew), which prefill costing reads instead of ``q``."""
+    seed = int(seed) & (2**63 - 1)
+    rt = dict(_lower_cached(dims, prof, seed, bool(prefetch), int(scenarios)))
+    if prof.prefill and dims.n_layers:
+        rt["prefill_q"] = _lower_cached(dims, prof.regime("prefill"), seed, False, int(scenarios))["q"]
+    return rt
 
 
 @functools.lru_cache(maxsize=1024)
@@ -161,6 +167,19 @@ def lower_trace(dims: RoutingDims, trace, prefetch_recall: float = 0.0) -> dict:
         freq[l] = np.bincount(tokens[:, l % TL, :].ravel(), minlength=E)
     q = freq / tokens.shape[0]
     from .._kernel import q_tables
-    return dict(q_tables=q_tables(q[None], k), n_layers=L, n_experts=E, top_k=k, n_group=0, topk_group=0, concentration=0.0, request_tokens=0,
-                log_pop=np.log(freq + 0.5), stickiness=np.zeros(L), recall=np.full(L, float(prefetch_recall)),
-                hot=np.argsort(-freq, axis=1, kind="stable").astype(np.int32), q=q[None], trace=tokens)
+    out = dict(q_tables=q_tables(q[None], k), n_layers=L, n_experts=E, top_k=k, n_group=0, topk_group=0,
+               concentration=0.0, request_tokens=0, log_pop=np.log(freq + 0.5), stickiness=np.zeros(L),
+               recall=np.full(L, float(prefetch_recall)), hot=np.argsort(-freq, axis=1, kind="stable").astype(np.int32),
+               q=q[None], trace=tokens)
+    if getattr(trace, "prompts", None):   # prefill costing reads the recorded prompt tokens' popularity
+        prompt = np.concatenate([np.asarray(r, dtype=np.int32) for r in trace.prompts], axis=0)
+        if prompt.ndim != 3 or prompt.shape[2] != k or prompt.min() < 0 or prompt.max() >= E:
+            raise MoesimError("trace prompt tokens: top-k or expert ids out of range", "trace")
+        out["prefill_q"] = _trace_q(prompt, L, E)[None]
+    return out
+
+
+def _trace_q(tokens: np.ndarray, L: int, E: int) -> np.ndarray:
+    """[L, E] share of tokens choosing each expert; model layer l reads trace layer l mod trace layers."""
+    TL = tokens.shape[1]
+    return np.stack([np.bincount(tokens[:, l % TL, :].ravel(), minlength=E)[:E] for l in range(L)]) / tokens.shape[0]
