@@ -102,7 +102,7 @@ def lookup(table: dict, metric: str, key: str, min_rows: int = MIN_ROWS, widen: 
                 basis = f"regime {k} ({e['n']} rows)"
             else:
                 what = "all rows" if k == GLOBAL else f"device class {k}"
-                basis = f"{what} ({e['n']} rows; regime {key} has {entries.get(key, {}).get('n', 0)}), x{f:g} wider"
+                basis = f"{what} ({e['n']} rows; regime {key} has {entries.get(key, {}).get('n', 0)}), x{f:.2f} wider"
             return lo, hi, basis
     return None
 
