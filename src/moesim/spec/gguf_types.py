@@ -4,7 +4,7 @@ role and layer, the fallbacks for rows a type's blocks do not divide, and the wa
 tensors in file order. ``spec.quants`` owns the tables (ggml_types, ftypes) and calls :func:`gguf_assign`."""
 from __future__ import annotations
 
-import re
+import math
 
 import numpy as np
 
@@ -196,8 +196,18 @@ def _fit_block(new: str, ne0: int, types: dict) -> str:
     return new
 
 
-_BLOCK_PREFIX = re.compile(r"^blk\.\d+\.")
 _COUNTED_ROLES, _IQ3_XS_ROLES = ("attn_v.weight", "ffn_down"), ("ffn_gate", "ffn_up")
+
+
+def _role(name: str) -> str:
+    """A tensor's name with its block number replaced, ``blk.12.attn_v.weight`` -> ``blk.*.attn_v.weight``
+    (what ``re.sub(r"^blk\\.\\d+\\.", "blk.*.", name)`` gives, without the regex: one call per tensor)."""
+    head, dot, rest = name.partition(".")
+    if head == "blk":
+        num, dot2, tail = rest.partition(".")
+        if dot2 and num.isdecimal():          # \d: any Unicode decimal digit, as isdecimal
+            return "blk.*." + tail
+    return name
 
 
 class _WalkPlan:
@@ -213,7 +223,7 @@ class _WalkPlan:
         self.reps = []                   # per key: (representative tensor, quantizable, counted, gate_up)
         key_of, counted_at, gate_up_at = [], [], []
         for i, t in enumerate(tensors):
-            role = _BLOCK_PREFIX.sub("blk.*.", t.name)
+            role = _role(t.name)
             k = keys.get((role, t.shape))
             if k is None:
                 k = keys[(role, t.shape)] = len(self.reps)
@@ -228,7 +238,7 @@ class _WalkPlan:
         self.key_of = np.array(key_of, dtype=np.int64)
         self.counted_at = counted_at
         self.walked_iq3_xs = sorted(counted_at + gate_up_at)
-        self.numel = np.array([t.n_elements for t in tensors], dtype=np.int64)
+        self.numel = np.array([math.prod(t.shape) for t in tensors], dtype=np.int64)   # Tensor.n_elements
         self.n_attention_wv = sum(1 for t in tensors if t.name.endswith("attn_v.weight"))
         self.has_output = any(t.name == "output.weight" for t in tensors)
 

@@ -228,7 +228,7 @@ def _layer_tensors(model: Model, layer: Layer, p: str, force_cls: str | None) ->
     out = []
 
     def add(name, shape, cls):
-        out.append(Tensor(p + name, tuple(int(x) for x in shape), force_cls or cls, li if li >= 0 else
+        out.append(Tensor(p + name, tuple(map(int, shape)), force_cls or cls, li if li >= 0 else
                           (model.n_layers if force_cls else -1)))
 
     def attn(name, shape):

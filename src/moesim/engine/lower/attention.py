@@ -7,6 +7,7 @@ import numpy as np
 
 from ...spec.layers import compressed_topk
 from ...spec.models import Model
+from .memory import kv_columns_key
 
 
 def _score_flops(layer, context: int) -> float:
@@ -29,8 +30,22 @@ def decode_context_rows(model: Model, low, context: int, kvb: float) -> tuple:
 
 @functools.lru_cache(maxsize=4096)
 def _decode_context_rows(model: Model, low, context: int, kvb: float) -> tuple:
-    return (np.array([_kv_read_bytes(model, low, l, context, kvb) for l in range(model.n_layers)]),
-            _score_row(model, context))
+    return _kv_read_row(model, low, context, kvb), _score_row(model, context)
+
+
+def _kv_read_row(model: Model, low, context: int, kvb: float) -> np.ndarray:
+    """Each layer's KV read bytes (read-only): they read the lowered model's cache columns alone, which
+    every quant of a model shares, so the row is built once per model, context and KV dtype."""
+    key = (model, kv_columns_key(low), context, kvb)
+    hit = _KV_READ_ROWS.get(key)
+    if hit is None:                          # a race builds equal rows twice
+        hit = np.array([_kv_read_bytes(model, low, l, context, kvb) for l in range(model.n_layers)])
+        hit.flags.writeable = False
+        _KV_READ_ROWS[key] = hit
+    return hit
+
+
+_KV_READ_ROWS: dict = {}                     # (model, cache columns, context, KV bytes per element) -> row
 
 
 # ------------------------------------------------------------------------------- prefill

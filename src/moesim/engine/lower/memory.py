@@ -100,6 +100,16 @@ def _kv_columns(model: Model, indexer_bytes: float) -> dict:
     return model.cached_view(f"_cache_kv_columns_{indexer_bytes!r}", build)
 
 
+KV_COLUMNS = ("kv_elems", "kv_fixed", "kv_cap", "kv_ratio", "kv_ratio_elems", "kv_ratio_fixed", "kv_state")
+
+
+def kv_columns_key(low) -> tuple:
+    """A hashable key of a lowered model's cache columns (KV_COLUMNS: dtype and bytes of each): equal for
+    every quant of a model (they share :func:`_kv_columns`), so tables that read these columns alone are
+    built once per model instead of once per quant."""
+    return tuple((a.dtype.str, a.tobytes()) for a in (getattr(low, f) for f in KV_COLUMNS))
+
+
 _PER_LAYER = ("attention", "router", "shared_experts", "routed_experts", "dense_ffn")
 
 

@@ -138,7 +138,21 @@ def _layer_counts(kind_of: np.ndarray, K: int, L: int, n_mtp: int) -> tuple:
 @functools.lru_cache(maxsize=1024)
 def _kv_layout(low, kvb: float, n_mtp: int) -> tuple:
     """(cache-rule rows, layers per rule, per-layout GPU layer counts) of a lowered model at one KV
-    dtype's bytes per element (shared by every machine and placement of a sweep)."""
+    dtype's bytes per element (shared by every machine and placement of a sweep). They read the
+    lowered model's cache columns alone, which every quant of a model shares (lower.memory._kv_columns):
+    built once per distinct set of columns, so a model's quants share one layout."""
+    from .memory import kv_columns_key
+    key = (kv_columns_key(low), kvb, n_mtp)
+    hit = _KV_LAYOUTS.get(key)
+    if hit is None:
+        hit = _KV_LAYOUTS[key] = _build_kv_layout(low, kvb, n_mtp)   # a race builds equal tables twice
+    return hit
+
+
+_KV_LAYOUTS: dict = {}                      # (cache columns, KV bytes per element, MTP layers) -> layout
+
+
+def _build_kv_layout(low, kvb: float, n_mtp: int) -> tuple:
     L = low.n_layers
     rows, kind_of = _kv_kinds(low, kvb, L)
     count, gpu_count = _layer_counts(kind_of, len(rows), L, n_mtp)
