@@ -223,16 +223,30 @@ def toml_lines(rep: dict, command: str) -> list:
 def fill_sweep(cols: dict, s0: int, s1: int, machine, runtime, placement_labels, codes) -> None:
     """A sweep group's rows [s0, s1): the four interval columns from its tok/s columns, vectorised.
     The regime varies only with the placement (the group fixes machine and runtime): one multiplier
-    per placement code of the group (*codes*; labels *placement_labels*), indexed by each row's code."""
-    n = int(max(codes)) + 1 if len(codes) else 1
+    per distinct placement code of the group (*codes*; labels *placement_labels*), indexed by each
+    row's code."""
+    codes = np.unique(np.asarray(codes, dtype=np.int64))
+    n = int(codes[-1]) + 1 if codes.size else 1
     lut = {f: np.full(n, np.nan) for f in FIELDS}
+    table = _catalog_table()
     for code in codes:
-        mult = columns(regime(machine, placement_labels[int(code)], runtime))
+        mult = _regime_columns(regime(machine, placement_labels[int(code)], runtime), table)
         for f in FIELDS:
             lut[f][int(code)] = mult[f]
     place = cols["placement"][s0:s1]
     for f in FIELDS:
         cols[f][s0:s1] = cols[f.rsplit("_", 1)[0]][s0:s1] * lut[f][place]
+
+
+_COLUMNS_CACHE: dict = {}
+
+
+def _regime_columns(key: str, table: dict) -> dict:
+    """:func:`columns` memoised per (table, regime): a sweep asks for the same few regimes per group."""
+    hit = _COLUMNS_CACHE.get((id(table), key))
+    if hit is None or hit[0] is not table:
+        hit = _COLUMNS_CACHE[(id(table), key)] = (table, columns(key, table))
+    return hit[1]
 
 
 def held_out_rows(path) -> list:
