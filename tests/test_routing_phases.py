@@ -110,3 +110,22 @@ def test_regime_phase_is_checked():
     with pytest.raises(MoesimError) as exc:
         R.profile("qwen").regime("prompt")
     assert exc.value.field == "phase"
+
+
+def test_fitted_phase_in_the_catalog():
+    assert R.profile("deepseek-v2").fitted_phase == "prompt"     # teacher-forced prompts (../shared/traces)
+    for pid in ("gpt-oss", "gpt-oss:mmlu", "gpt-oss:mmlu-pro", "gpt-oss:pooled"):
+        assert R.profile(pid).fitted_phase == "decode"
+
+
+def test_decode_on_a_prompt_fitted_profile_is_noted_not_changed():
+    mach = hardware.machine(**MACHINE)
+    run = lambda routing: simulate("deepseek-v2-lite", mach, tokens=16, mode="analytic", routing=routing)  # noqa: E731
+    noted, plain = run(None), run(R.profile("deepseek-v2", fitted_phase=""))
+    note = [a for a in noted.memory["assumptions"] if "fitted to prompt tokens" in a]
+    assert len(note) == 1 and "deepseek-v2" in note[0] and "issue 15" in note[0]
+    assert not any("fitted to prompt tokens" in a for a in plain.memory["assumptions"])
+    assert (noted.decode_tok_s, noted.ttft_s, noted.expert_hit_rate) == (plain.decode_tok_s, plain.ttft_s,
+                                                                          plain.expert_hit_rate)
+    gpt = simulate("gpt-oss-20b", mach, tokens=16, mode="analytic")
+    assert not any("fitted to prompt tokens" in a for a in gpt.memory["assumptions"])
