@@ -129,3 +129,61 @@ def test_decode_on_a_prompt_fitted_profile_is_noted_not_changed():
                                                                           plain.expert_hit_rate)
     gpt = simulate("gpt-oss-20b", mach, tokens=16, mode="analytic")
     assert not any("fitted to prompt tokens" in a for a in gpt.memory["assumptions"])
+
+
+SPREAD_PROFILES = ("gpt-oss", "gpt-oss:pooled")
+
+
+@pytest.mark.parametrize("pid", SPREAD_PROFILES)
+def test_stored_spread_is_what_workload_spread_recomputes(pid):
+    from moesim.analysis.routing_fit import workload_spread
+    prof = R.profile(pid)
+    assert prof.workloads == ("gpt-oss:mmlu", "gpt-oss:mmlu-pro")
+    stored = {k: list(v) for k, v in prof.spread_dict().items()}
+    assert set(stored) == {"reuse_lag1", "lru_1k", "lru_2k", "lru_4k"}
+    again = workload_spread(pid, "gpt-oss-20b")
+    assert again.keys() == stored.keys()
+    for key, (lo, hi) in stored.items():
+        assert again[key] == pytest.approx([lo, hi], abs=1e-4), key
+        assert 0 <= lo <= hi <= 1
+
+
+def test_workload_spread_is_a_range_over_the_workloads():
+    from moesim.analysis.routing_fit import workload_spread
+    from moesim.analysis import routing_stats as S
+    from moesim.engine.routing import sample_requests
+    from moesim.ingest import model as get_model
+    dims = LRT.RoutingDims.of(get_model("gpt-oss-20b"))
+    one = {}
+    for wid in ("gpt-oss:mmlu", "gpt-oss:mmlu-pro"):
+        w = R.profile(wid)
+        one[wid] = S.headline(sample_requests(dims, w, 8, w.request_tokens, 3), dims.n_experts)
+    got = workload_spread("gpt-oss:pooled", "gpt-oss-20b", n_requests=8, seed=3)
+    for key, (lo, hi) in got.items():
+        assert lo == pytest.approx(min(v[key] for v in one.values()), abs=1e-4)
+        assert hi == pytest.approx(max(v[key] for v in one.values()), abs=1e-4)
+    with pytest.raises(MoesimError) as exc:
+        workload_spread("qwen", "gpt-oss-20b")
+    assert exc.value.field == "workloads"
+
+
+def test_spread_in_routing_stats_and_simulate_json(capsys):
+    import json
+    from pathlib import Path
+    from moesim.cli import main
+    dump = Path(__file__).resolve().parent / "data" / "steplist_router_dump.json"
+    assert main(["routing", "stats", str(dump), "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert "routing_spread" not in plain
+    assert main(["routing", "stats", str(dump), "--profile", "gpt-oss:pooled", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["routing_spread"]["spread"] == {k: list(v) for k, v in R.profile("gpt-oss:pooled").spread_dict().items()}
+    assert {k: v for k, v in out.items() if k != "routing_spread"} == plain        # the statistics are unchanged
+    assert main(["routing", "stats", str(dump), "--profile", "gpt-oss:pooled"]) == 0
+    text = capsys.readouterr().out
+    lo, hi = R.profile("gpt-oss:pooled").spread_dict()["reuse_lag1"]
+    assert "spread across its workloads" in text and f"{lo:.3f} .. {hi:.3f}" in text
+    mach = hardware.machine(**MACHINE)
+    d = simulate("gpt-oss-20b", mach, tokens=16, mode="analytic").to_dict()
+    assert d["routing_spread"] == {k: list(v) for k, v in R.profile("gpt-oss").spread_dict().items()}
+    assert "routing_spread" not in simulate("qwen3-30b-a3b", mach, quant="Q4_K_M", tokens=16, mode="analytic").to_dict()
