@@ -161,3 +161,29 @@ def fit_workloads(trace_list, seed: int = 0, iterations: int = FIT_ITERATIONS) -
             out["spread"][key] = {"min": float(vals.min()), "max": float(vals.max()),
                                   "relative": float((vals.max() - vals.min()) / mean) if mean else 0.0}
     return out
+
+
+SPREAD_REQUESTS = 48    # sampled requests per workload profile (as the catalog fits: --requests 48)
+
+
+def workload_spread(prof, model, n_requests: int = SPREAD_REQUESTS, seed: int = 0) -> dict:
+    """{statistic: [min, max]} of the headline statistics (routing_stats.headline) across the workload
+    profiles *prof* pools (its ``workloads``), each sampled for *model* as n_requests requests of its own
+    request_tokens from *seed*; rounded to 4 places as catalog/routing.toml stores them
+    (``[profiles.X.spread]``, the command that made each is in the comment above it)."""
+    from ..ingest import model as get_model
+    from ..spec.routing import profile
+    prof = profile(prof)
+    if not prof.workloads:
+        raise MoesimError(f"profile {prof.id} pools no workloads", "workloads")
+    dims = RoutingDims.of(get_model(model))
+    if dims.n_layers == 0:
+        raise MoesimError("a dense model routes nothing", "model")
+    stats = []
+    for wid in prof.workloads:
+        w = profile(wid)
+        n = max(1, int(w.request_tokens))
+        stats.append(S.headline(sample_requests(dims, w, int(n_requests), n, int(seed)), dims.n_experts))
+    return {key: [round(min(st[key] for st in stats), 4), round(max(st[key] for st in stats), 4)]
+            for key in stats[0]}
+

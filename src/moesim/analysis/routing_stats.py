@@ -120,21 +120,36 @@ LAGS = (1, 2, 4, 8, 16, 32)
 def summary(requests, n_experts: int) -> dict:
     """The routing statistics of ``moesim routing stats``: means over layers and the per-layer profiles."""
     k = int(requests[0].shape[2])
-    from ..engine.routing import cache_hit_rates
     reuse = {d: reuse_by_layer(requests, d) for d in LAGS}
     coact = coactivation_recall_by_layer(requests, n_experts)
     gini = gini_by_layer(requests, n_experts)
     out = {"requests": len(requests), "tokens": int(sum(len(r) for r in requests)), "layers": _layers(requests),
            "experts": int(n_experts), "top_k": k}
     out.update({f"reuse_lag{d}": _mean(v) for d, v in reuse.items()})
-    for m in (1, 2, 4):
-        out[f"lru_{m}k"] = float(np.mean(cache_hit_rates(requests, n_experts, min(m * k, n_experts))))
+    out.update(lru_rates(requests, n_experts))
     for B in (8, 32):
         out[f"union_b{B}"] = batch_union(requests, B)
     out.update(coact_recall=_mean(coact), gini=float(np.mean(gini)), divergence=divergence(requests, n_experts))
     out["per_layer"] = {"reuse_lag1": _list(reuse[1]), "reuse_lag8": _list(reuse[8]), "gini": _list(gini),
                         "coact_recall": _list(coact)}
     return out
+
+
+LRU_SIZES = (1, 2, 4)   # cache sizes in multiples of top-k that ``moesim routing stats`` reports
+
+
+def lru_rates(requests, n_experts: int) -> dict:
+    """{"lru_1k", "lru_2k", "lru_4k"}: mean per-layer LRU hit rate at a cache of m x top-k experts."""
+    from ..engine.routing import cache_hit_rates
+    k = int(requests[0].shape[2])
+    return {f"lru_{m}k": float(np.mean(cache_hit_rates(requests, n_experts, min(m * k, n_experts))))
+            for m in LRU_SIZES}
+
+
+def headline(requests, n_experts: int) -> dict:
+    """The headline statistics a profile's workload spread ranges over: consecutive-token reuse
+    (reuse_lag1) and the LRU hit rates of :func:`lru_rates`."""
+    return {"reuse_lag1": _mean(reuse_by_layer(requests, 1)), **lru_rates(requests, n_experts)}
 
 
 def _mean(v) -> float:

@@ -128,6 +128,8 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
     dims = R_routing.RoutingDims.of(m)
     rtab, routing_name, note = routing_table(m, routing, prefetch_recall, seed, trace)
     memory["assumptions"] += [note] if note else []
+    if trace is None:
+        memory.update(profile_facts(routing_profile(m, routing), memory["assumptions"]))
     drafts, tps = mtp, 1 + mtp
     if rtab.get("trace") is not None and tokens * tps > len(rtab["trace"]):
         memory["assumptions"].append(
@@ -165,11 +167,28 @@ def routing_table(m: Model, routing=None, prefetch_recall: float | None = None, 
             raise MoesimError(f"{m.id} is dense: a routing trace does not apply", "trace")
         name = f"trace {getattr(tr, 'source', '') or 'replay'}"
         return R_routing.lower_trace(dims, tr, prefetch_recall or 0.0), name, None
-    prof = R.profile(routing, family=m.family) if not isinstance(routing, R.RoutingProfile) else routing
+    prof = routing_profile(m, routing)
     if prefetch:
         prof = R.profile(prof, recall=prefetch_recall)
     note = f"routing: {prof.id}, the {m.family} family's profile (--routing, --trace)" if routing is None else None
     return R_routing.lower(dims, prof, seed, prefetch=prefetch), prof.id, note
+
+
+def routing_profile(m: Model, routing=None) -> R.RoutingProfile:
+    """The routing profile a run samples: *routing* (an id or a RoutingProfile), else the model family's."""
+    return routing if isinstance(routing, R.RoutingProfile) else R.profile(routing, family=m.family)
+
+
+def profile_facts(prof: R.RoutingProfile, assumptions: list) -> dict:
+    """What a run reports about its profile beyond its numbers (issue 15): an assumption line when decode
+    samples a profile fitted to prompt tokens, and the result keys ``routing_spread`` ({statistic:
+    [min, max]} across the workloads the profile pools) where the catalog stores one."""
+    if prof.fitted_phase == "prompt":
+        assumptions.append(
+            f"routing profile {prof.id} was fitted to prompt tokens; decode routing is less skewed than "
+            "prompt routing, so this run's expert cache hit rates may be optimistic and its expert unions "
+            "small (issue 15)")
+    return {"routing_spread": {k: [lo, hi] for k, (lo, hi) in prof.spread_dict().items()}} if prof.spread else {}
 
 
 def _policy_and_mode(policy, mode) -> tuple:

@@ -11,6 +11,8 @@ def add_parsers(sub) -> None:
     st = rs.add_parser("stats", help="reuse at lags 1-32, LRU hit rates at k/2k/4k, batch union, co-activation "
                                      "recall, Gini and per-request divergence of a trace")
     st.add_argument("trace", help="a trace file or a directory of per-request files (see moesim.traces)")
+    st.add_argument("--profile", default=None, metavar="ID",
+                    help="also show a routing profile's stored spread of these statistics across its workloads")
     st.add_argument("--json", action="store_true")
     ft = rs.add_parser("fit", help="fit the routing model to each trace (a workload) and to all of them pooled")
     ft.add_argument("traces", nargs="+", metavar="trace")
@@ -30,6 +32,11 @@ def _cmd_routing(args) -> int:
                summary(tr.requests, tr.n_experts)}
         if tr.prompts:
             out["prompt"] = summary(tr.prompts, tr.n_experts)
+        if args.profile is not None:
+            from ..spec.routing import profile
+            prof = profile(args.profile)
+            out["routing_spread"] = {"profile": prof.id, "workloads": list(prof.workloads),
+                                     "spread": {k: [lo, hi] for k, (lo, hi) in prof.spread_dict().items()}}
         if args.json:
             return _print_json(out)
         print(stats_text(out))

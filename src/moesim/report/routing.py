@@ -20,6 +20,15 @@ def stats_text(out: dict) -> str:
         lines.append(f"  {part}: {st['requests']} requests, {st['tokens']} tokens, {st['layers']} MoE layers, "
                      f"{st['experts']} experts, top-{st['top_k']}")
         lines += [f"    {key:13s} {_fmt(st.get(key))}" for key in _STATS if key in st]
+    sp = out.get("routing_spread")
+    if sp:
+        pooled = f" ({', '.join(sp['workloads'])})" if sp["workloads"] else ""
+        if not sp["spread"]:
+            lines.append(f"  routing profile {sp['profile']}: no stored spread across workloads")
+        else:
+            lines.append(f"  routing profile {sp['profile']}: spread across its workloads{pooled}, min .. max")
+            lines += [f"    {key:13s} {_fmt(lo)} .. {_fmt(hi)}" for key, (lo, hi) in
+                      sorted(sp["spread"].items(), key=lambda kv: (_STATS + (kv[0],)).index(kv[0]))]
     return "\n".join(lines)
 
 
