@@ -271,12 +271,21 @@ def speculation_fields(m: Model, low, machine: Machine, rt: Runtime, p: Placemen
             "speculation_speedup": speedup, "speculation_note": note}
 
 
+def breakdown_of(res: dict, i: int = 0) -> dict:
+    """Seconds per token of kernel result *res*'s configuration *i* by phase and by resource (each sums
+    to ``seconds_per_token``, the step over the tokens it accepts): ``Result.breakdown``."""
+    acc = float(res["accepted"][i])
+    return {"by_phase": {name: float(res["by_phase"][i][k]) / acc for k, name in enumerate(PHASES)},
+            "by_resource": {name: float(res["by_resource"][i][k]) / acc for k, name in enumerate(RESOURCES)},
+            "seconds_per_token": float(res["step_mean"][i]) / acc}
+
+
 def _result(res: dict, i: int, batch: int, memory: dict, mode: str, policy: str, tokens: int, seed: int,
             routing_name: str, pf_tok_s: float, ttft: float) -> Result:
     acc = float(res["accepted"][i])
     step = float(res["step_mean"][i])
-    by_res = {name: float(res["by_resource"][i][k]) / acc for k, name in enumerate(RESOURCES)}
-    by_phase = {name: float(res["by_phase"][i][k]) / acc for k, name in enumerate(PHASES)}
+    breakdown = breakdown_of(res, i)
+    by_res = breakdown["by_resource"]
     per_token = batch * acc
     hit = float(res["hit_rate"][i])
     page = float(res["page_hit_rate"][i])
@@ -284,7 +293,7 @@ def _result(res: dict, i: int, batch: int, memory: dict, mode: str, policy: str,
         decode_tok_s=acc / step, aggregate_tok_s=batch * acc / step, prefill_tok_s=pf_tok_s, ttft_s=ttft,
         tpot_ms={"mean": 1e3 * step / acc, "p50": 1e3 * float(res["step_p50"][i]) / acc,
                  "p99": 1e3 * float(res["step_p99"][i]) / acc},
-        breakdown={"by_phase": by_phase, "by_resource": by_res, "seconds_per_token": step / acc},
+        breakdown=breakdown,
         bottleneck=max(by_res, key=by_res.get),
         expert_hit_rate=None if hit < 0 else hit, page_cache_hit_rate=None if page < 0 else page,
         distinct_experts_per_step=float(res["distinct"][i]), reuse=float(res["reuse"][i]),

@@ -324,6 +324,11 @@ class Prepared:
 
     def predict(self, rt=None) -> tuple:
         """(decode tok/s per sequence, prefill tok/s) with runtime ``rt`` (default: as built)."""
+        res, pf, _ = self.steps(rt)
+        return float(res["accepted"][0] / res["step_mean"][0]), pf
+
+    def steps(self, rt=None) -> tuple:
+        """(the decode step's kernel result, prefill tok/s, time to first token) with runtime ``rt``."""
         rt = rt or self.rt
         hw = lower_machine(self.cfg.machine, rt, self.p, self.kernel_mix)
         hw_dec = hw
@@ -332,8 +337,8 @@ class Prepared:
             mach = dataclasses.replace(self.cfg.machine, cores=self.cfg.decode_threads)
             hw_dec = lower_machine(mach, rt, self.p, self.kernel_mix)
         res = run(self.dm, hw_dec, self.rtab, self.cols)
-        pf, _ = prefill(self.m, self.dm, hw, self.rtab, rt, self.cfg.prompt, 1, depth=self.cfg.prompt_depth)
-        return float(res["accepted"][0] / res["step_mean"][0]), pf
+        pf, ttft = prefill(self.m, self.dm, hw, self.rtab, rt, self.cfg.prompt, 1, depth=self.cfg.prompt_depth)
+        return res, pf, ttft
 
 
 def prepare(cfg: RowConfig, calibrated: bool = True) -> Prepared:

@@ -99,6 +99,8 @@ def _add_validate_parser(sub) -> None:
                                         "measurements shipped with moesim (moesim/data/measurements.csv)")
     v.add_argument("--plot", help="write a log-log predicted-vs-measured figure (PNG/SVG)")
     v.add_argument("--uncalibrated", action="store_true", help="use the sourced priors, not calibration.toml")
+    v.add_argument("--explain", metavar="ID", help="one row: its configuration, measured vs predicted, the decode "
+                                                   "step's breakdown and the parameters that set it")
     v.add_argument("--json", action="store_true")
 
 
@@ -228,6 +230,14 @@ def _cmd_validate(args) -> int:
     if args.plot:
         _writable(args.plot, "plot")
     from ..ingest.packaged import measurements_csv
+    if args.explain:
+        from ..analysis.explain import explain
+        from ..report.text import explain_text
+        d = explain(args.data or measurements_csv(), args.explain, calibrated=not args.uncalibrated)
+        if args.json:
+            return _print_json(d, default=str)
+        print(explain_text(d))
+        return 0
     rep = validate(args.data or measurements_csv(), calibrated=not args.uncalibrated)
     if args.plot:
         from ..report.plots import validation_plot

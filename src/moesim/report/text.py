@@ -308,3 +308,28 @@ def calibrate_text(report: dict) -> str:
             lines.append(f"80 % {metric} interval covers {100 * c['covered']:.0f} % of {c['n']} leave-one-source-out "
                          f"rows ({100 * (nested['covered'] or 0):.0f} % with each source's interval built without it)")
     return "\n".join(lines)
+
+
+def explain_text(d: dict) -> str:
+    """``moesim validate --explain ID``: one row's configuration, prediction, breakdown and parameters."""
+    lines = [f"{d['id']} (class {d['class']}, quality {d['quality']}): {d['source']}"]
+    if d.get("source_url"):
+        lines.append(f"  {d['source_url']}")
+    if "skipped" in d:
+        return "\n".join(lines + [f"skipped: {d['skipped']}"])
+    lines.append("configuration: " + ", ".join(f"{k} {v}" for k, v in d["configuration"].items() if k != "assumed"))
+    lines += [f"  assumed: {a}" for a in d["configuration"]["assumed"]]
+    for what in ("decode", "prefill"):
+        v = d[what]
+        lines.append(f"{what} tok/s: measured {_cell(v['measured'])} predicted {_cell(v['predicted'])} "
+                     f"err {_pct(v['err'])}")
+    b = d["breakdown"]
+    lines.append(f"decode step per token {1e3 * b['seconds_per_token']:.4f} ms, by resource (ms):")
+    lines += [f"  {k:14} {1e3 * v:10.4f}" for k, v in b["by_resource"].items() if v]
+    lines.append("by phase (ms):")
+    lines += [f"  {k:14} {1e3 * v:10.4f}" for k, v in b["by_phase"].items() if v]
+    lines.append("bytes per token: " + ", ".join(f"{k} {v / 1e9:.3f} GB" for k, v in d["bytes_per_token"].items() if v))
+    lines.append("parameters (value, prior, set by; prior's source):")
+    lines += [f"  {p['name']:26} {p['value']!s:>10} {p['prior']!s:>10}  {p['source']}; {p['prior_source']}"
+              for p in d["parameters"]]
+    return "\n".join(lines)

@@ -1,0 +1,50 @@
+"""moesim validate --explain ID: one row's prediction equals evaluate_rows' and its breakdown sums to the step."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from moesim.analysis.explain import explain
+from moesim.analysis.validate import evaluate_rows, load_rows, measurements
+from moesim.errors import MoesimError
+from moesim.ingest.packaged import measurements_csv
+
+IDS = ("DC-01", "LC-03", "AP-01a")
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    rows = load_rows(measurements_csv())
+    return {r["id"]: r for r in rows if r["id"] in IDS}
+
+
+@pytest.mark.parametrize("row_id", IDS)
+def test_explain_matches_evaluate_rows(corpus, row_id):
+    row = corpus[row_id]
+    _, records, _ = evaluate_rows([row])
+    rec = records[0]
+    d = explain(measurements_csv(), row_id)
+    meas_d, meas_p = measurements(row)
+    assert d["decode"]["measured"] == meas_d and d["prefill"]["measured"] == meas_p
+    assert d["decode"]["predicted"] == pytest.approx(rec["decode_predicted"], rel=1e-12)
+    if meas_p:
+        assert d["prefill"]["predicted"] == pytest.approx(rec["prefill_predicted"], rel=1e-12)
+    b = d["breakdown"]
+    for part in ("by_resource", "by_phase"):
+        assert sum(b[part].values()) == pytest.approx(b["seconds_per_token"], rel=1e-9)
+    assert 1.0 / b["seconds_per_token"] == pytest.approx(d["decode"]["step_predicted"], rel=1e-9)
+    assert d["configuration"]["model"] == rec["model"] and d["parameters"]
+
+
+def test_unknown_id_names_flag_and_close_ids():
+    with pytest.raises(MoesimError) as exc:
+        explain(measurements_csv(), "LC-3")
+    assert "--explain" in str(exc.value) and "LC-03" in str(exc.value)
+
+
+def test_cli_json_parses():
+    out = subprocess.run([sys.executable, "-m", "moesim", "validate", "--explain", "LC-03", "--json"],
+                         capture_output=True, text=True, check=True).stdout
+    d = json.loads(out)
+    assert d["id"] == "LC-03" and "breakdown" in d and "parameters" in d
