@@ -18,9 +18,8 @@ from .._catalog import load as _load_catalog
 from ..engine.decode import LINKS
 from ..errors import MoesimError
 from ..spec.runtimes import FAMILIES, calibration, decode_priors
-from .consistency import check_prediction
 from .simulate import breakdown_of
-from .validate import Skip, build, load_rows, measurements, predict_row, prepare, row_class, _err
+from .validate import Skip, load_rows, predict_measured, row_class, _err
 
 _KEY_COMMENT = re.compile(r"^\s*([A-Za-z0-9_]+)\s*=\s*[^#]*#\s*(.*)$")
 _TABLE = re.compile(r"^\s*\[([^\]]+)\]\s*$")
@@ -99,15 +98,9 @@ def explain(path, row_id: str, calibrated: bool = True) -> dict:
     head = {"id": row["id"], "class": row_class(row), "quality": row.get("quality", ""),
             "source": row.get("source", ""), "source_url": row.get("source_url", "")}
     try:
-        meas_d, meas_p = measurements(row)
-        if meas_d is None and meas_p is None:
-            raise Skip("no decode or prefill measurement (aggregate only)")
-        cfg = build(row)
-        pr = prepare(cfg, calibrated=calibrated)
+        meas_d, meas_p, cfg, pr, pred = predict_measured(row, calibrated)
     except Skip as exc:
         return {**head, "skipped": str(exc)}
-    pred = predict_row(pr)
-    check_prediction(pred.step_decode, pred.prefill)
     res, pf, ttft = pr.steps()
     acc = float(res["accepted"][0])
     per_token = cfg.batch * acc

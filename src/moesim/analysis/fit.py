@@ -15,6 +15,7 @@ from ..spec import quants as Q
 from ..spec.runtimes import runtime as get_runtime
 from .resolve import checkpoint_quant, configure_run, memory_record, placement_from_overrides
 from .consistency import capacities, check_record
+from .intervals import fields as interval_fields, regime
 
 
 DEFAULT_FIT_QUANTS = ("Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "BF16")
@@ -100,7 +101,6 @@ def fit(model, machine: Machine, quants=None, context: int = 4096, batch: int = 
                 routing=routing, policy=policy, prefetch_recall=prefetch_recall)
             rec.update(speculation_fields(m, c.low, machine, c.runtime, c.placement, context, batch, c.kv, c.mem,
                                           mtp, acc, routing, policy, prefetch_recall))
-        from .intervals import fields as interval_fields, regime
         rec.update(interval_fields(rec["decode_tok_s"], rec["prefill_tok_s"], regime(machine, c.placement, c.runtime)))
         out.append(check_record(rec, capacities(c.cfg), m.max_context, allow_beyond_max_context))
     return out

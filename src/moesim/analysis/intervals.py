@@ -1,13 +1,14 @@
-"""80 % prediction intervals on decode and prefill tok/s, from the leave-one-source-out residuals.
+"""80 % prediction intervals on decode and prefill tok/s, from out-of-sample residuals.
 
-``moesim calibrate`` (with cross-validation) predicts every source's rows from a fit that never saw
-that source; :func:`build_table` turns those out-of-sample log-ratios log(measured / predicted) into
-their 10 % and 90 % quantiles per *regime* — device class x placement kind x runtime family
-(:func:`regime`) — and writes them to catalog/calibration.toml ``[intervals]``. :func:`interval` maps a
+The residuals are log(measured / predicted) of rows the calibration never saw: the collected corpus
+predicted with the shipped calibration (:mod:`.intervals_build`, the shipped table), or the
+leave-one-source-out rows of ``moesim calibrate`` with cross-validation. :func:`build_table` turns them
+into their 10 % and 90 % quantiles per *regime* — device class x placement kind x runtime family
+(:func:`regime`) — stored in catalog/calibration.toml ``[intervals]``. :func:`interval` maps a
 prediction to its regime and returns (lo, hi, basis). A regime with fewer than ``min_rows`` rows
-falls back on its device class, then on all rows, and the fallback's log-quantiles are multiplied by
-``widen`` per level it falls (the basis says which data the interval stands on). The interval always
-contains the point estimate.
+falls back on its device class, then on all rows, ``widen`` times wider per level it falls; every
+level is also scaled by 1 + ``small_sample`` / sqrt(n) (the basis says which data the interval stands
+on). The interval always contains the point estimate.
 """
 from __future__ import annotations
 
@@ -205,8 +206,8 @@ def report(cv_rows) -> dict:
 def toml_lines(rep: dict, command: str) -> list:
     """calibration.toml ``[intervals]`` for :func:`report`'s output."""
     cov, nested = rep["coverage"], rep["coverage_nested"]
-    lines = ["", "# 80 % prediction intervals: quantiles of log(measured / predicted) over the leave-one-source-out",
-             "# predictions, per regime device/placement/runtime family (analysis/intervals.py).", "[intervals]",
+    lines = ["", "# 80 % prediction intervals: quantiles of log(measured / predicted) over out-of-sample predictions",
+             "# (the command below), per regime device/placement/runtime family (analysis/intervals.py).", "[intervals]",
              f'command = "{command}"', f"level = {LEVEL}", f"min_rows = {MIN_ROWS}",
              f"widen = {WIDEN}    # derived: per fallback level (intervals.WIDEN)",
              f"small_sample = {SMALL_SAMPLE}    # derived: quantiles x (1 + this / sqrt(n)) (intervals.SMALL_SAMPLE)"]
@@ -220,12 +221,12 @@ def toml_lines(rep: dict, command: str) -> list:
     return lines
 
 
-def fill_sweep(cols: dict, s0: int, s1: int, machine, runtime, placement_labels, codes) -> None:
+def fill_sweep(cols: dict, s0: int, s1: int, machine, runtime, placement_labels) -> None:
     """A sweep group's rows [s0, s1): the four interval columns from its tok/s columns, vectorised.
     The regime varies only with the placement (the group fixes machine and runtime): one multiplier
-    per distinct placement code of the group (*codes*; labels *placement_labels*), indexed by each
-    row's code."""
-    codes = np.unique(np.asarray(codes, dtype=np.int64))
+    per placement code the rows hold (labels *placement_labels*), indexed by each row's code."""
+    place = cols["placement"][s0:s1]
+    codes = np.unique(place)
     n = int(codes[-1]) + 1 if codes.size else 1
     lut = {f: np.full(n, np.nan) for f in FIELDS}
     table = _catalog_table()
@@ -233,7 +234,6 @@ def fill_sweep(cols: dict, s0: int, s1: int, machine, runtime, placement_labels,
         mult = _regime_columns(regime(machine, placement_labels[int(code)], runtime), table)
         for f in FIELDS:
             lut[f][int(code)] = mult[f]
-    place = cols["placement"][s0:s1]
     for f in FIELDS:
         cols[f][s0:s1] = cols[f.rsplit("_", 1)[0]][s0:s1] * lut[f][place]
 
@@ -247,64 +247,3 @@ def _regime_columns(key: str, table: dict) -> dict:
     if hit is None or hit[0] is not table:
         hit = _COLUMNS_CACHE[(id(table), key)] = (table, columns(key, table))
     return hit[1]
-
-
-def held_out_rows(path) -> list:
-    """Rows for :func:`report` from a corpus the shipped calibration never saw (the collected
-    measurements): each A/B row predicted with calibration.toml, its regime and source group."""
-    from . import validate as V
-    from .calibrate import source_group
-    rows = [r for r in V.load_rows(path) if r["quality"] in ("A", "B")]
-    prepared, records, _ = V.evaluate_rows(rows, calibrated=True)
-    out = []
-    for pr, rec in zip(prepared, records):
-        r = {"id": rec["id"], "group": source_group(pr.cfg.row["source"]), "regime": regime(pr.cfg.machine, pr.p, pr.rt)}
-        for metric in METRICS:
-            if rec[f"{metric}_err"] is not None:
-                r[f"{metric}_err"] = rec[f"{metric}_err"]
-        out.append(r)
-    return out
-
-
-def replace_toml_section(text: str, lines: list) -> str:
-    """calibration.toml *text* with its [intervals] tables (and their comment) replaced by *lines*."""
-    keep, skipping = [], False
-    for line in text.splitlines():
-        if line.startswith("# 80 % prediction intervals") or line.startswith("[intervals"):
-            skipping = True
-        elif skipping and line.startswith("[") and not line.startswith("[intervals"):
-            skipping = False
-        if not skipping:
-            keep.append(line)
-    while keep and not keep[-1].strip():
-        keep.pop()
-    return "\n".join(keep + lines) + "\n"
-
-
-def main(argv=None) -> int:
-    """``python -m moesim.analysis.intervals [CSV] [--out TOML] [--rows JSON]``: rebuild [intervals]."""
-    import argparse
-    import json
-    from ..ingest.packaged import collected_measurements_csv
-    ap = argparse.ArgumentParser(prog="python -m moesim.analysis.intervals", description=main.__doc__)
-    ap.add_argument("csv", nargs="?", help="held-out corpus (default: the packaged collected measurements)")
-    ap.add_argument("--out", help="calibration.toml to rewrite the [intervals] of")
-    ap.add_argument("--rows", help="also write the held-out rows (JSON) here")
-    a = ap.parse_args(argv)
-    csv_path = a.csv or collected_measurements_csv()
-    rep = report(held_out_rows(csv_path))
-    command = "python -m moesim.analysis.intervals --out src/moesim/catalog/calibration.toml --rows tests/data/loso_residuals.json"
-    if a.out:
-        with open(a.out, encoding="utf-8") as fh:
-            text = fh.read()
-        with open(a.out, "w", encoding="utf-8") as fh:
-            fh.write(replace_toml_section(text, toml_lines(rep, command)))
-    if a.rows:
-        with open(a.rows, "w", encoding="utf-8") as fh:
-            json.dump({"command": command, "rows": rep["rows"]}, fh, indent=1)
-    print(json.dumps({k: rep[k] for k in ("coverage", "coverage_nested")}))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

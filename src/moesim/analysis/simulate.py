@@ -25,7 +25,6 @@ from ..spec.limits import (MAX_BATCH, MAX_DRAFTS, MAX_MONTECARLO_WORK, MAX_STEPS
 from ..spec.models import Model
 from ..ingest import model as get_model
 from ..spec.placement import Placement
-from . import intervals as I
 from ..spec.runtimes import Runtime
 from ..engine.decode import LINKS, PHASES, RESOURCES, run
 from ..engine.codes import MODES, POLICIES
@@ -33,6 +32,7 @@ from ..engine.lower.machine import lower_machine
 from ..engine.lower.decode_model import lower_model
 from ..engine.prefill import prefill
 from .consistency import capacities, check_result
+from . import intervals as I
 from .speculation import accepted_per_step, resolve_acceptance
 
 

@@ -457,21 +457,28 @@ def predict_row(pr: Prepared, rt=None, serving_requests: "int | None" = None) ->
     return RowPrediction(decode=dec, prefill=pf, step_decode=step, serving=serving)
 
 
+def predict_measured(row: dict, calibrated: bool = True) -> tuple:
+    """(measured decode, measured prefill, RowConfig, Prepared, RowPrediction) of one row; raises
+    Skip where the row has nothing to predict or describes what moesim does not model."""
+    meas_d, meas_p = measurements(row)
+    if meas_d is None and meas_p is None:
+        raise Skip("no decode or prefill measurement (aggregate only)")
+    cfg = build(row)
+    pr = prepare(cfg, calibrated=calibrated)
+    pred = predict_row(pr)
+    check_prediction(pred.step_decode, pred.prefill)
+    return meas_d, meas_p, cfg, pr, pred
+
+
 def evaluate_rows(rows: list, calibrated: bool = True) -> tuple:
     """(prepared rows, per-row records, skipped [{id, reason}])."""
     prepared, records, skipped = [], [], []
     for row in rows:
         try:
-            meas_d, meas_p = measurements(row)
-            if meas_d is None and meas_p is None:
-                raise Skip("no decode or prefill measurement (aggregate only)")
-            cfg = build(row)
-            pr = prepare(cfg, calibrated=calibrated)
+            meas_d, meas_p, cfg, pr, pred = predict_measured(row, calibrated)
         except Skip as exc:
             skipped.append({"id": row["id"], "reason": str(exc)})
             continue
-        pred = predict_row(pr)
-        check_prediction(pred.step_decode, pred.prefill)
         dec, pf, step_dec, serving = pred.decode, pred.prefill, pred.step_decode, pred.serving
         rec = {"id": row["id"], "class": row_class(row), "quality": row["quality"], "model": cfg.model,
                "quant": cfg.quant, "runtime": pr.rt.id, "placement": str(pr.p), "batch": cfg.batch,

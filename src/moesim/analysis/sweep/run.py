@@ -52,8 +52,7 @@ def _run_group(plan, grp, cols: dict, key: np.ndarray, variant: np.ndarray, a: i
         code, bad = _kernel.sweep_montecarlo(table.dec, view["context"], view["batch"], var, idx, threads, dview)
         where = "ms_sweep_montecarlo"
     handle_library_error(code, where, start + s0 + max(bad, 0))
-    fill_sweep(cols, s0, s1, grp.machine, grp.rt, plan.dicts["placement"],
-               np.unique(cols["placement"][s0:s1]))  # regimes of the placements the rows hold, not of every candidate
+    fill_sweep(cols, s0, s1, grp.machine, grp.rt, plan.dicts["placement"])
 
 
 def _filter_rows(plan, cols: dict, keep, n: int):
