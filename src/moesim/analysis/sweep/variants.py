@@ -80,7 +80,7 @@ class DecodeVariants:
     def __init__(self, group):
         self.group = group
         self.mc = group.plan.mode == "montecarlo"
-        if not self.mc:
+        if not self.mc and not group.direct:
             check_separable(group.routing)
         self._lock = threading.Lock()
         self._rows: dict = {}           # key -> (f64[13], i32[3]): a row of ms_sweep_variant_t
@@ -198,7 +198,7 @@ class DecodeVariants:
         p = g.cands[j]
         flag = self._op_offload(p, b)
         if (j, flag) not in self._dm:
-            self._dm[(j, flag)] = lower_model(g.m, g.low, p, g.machine, g.rt, 1, g.kv, b)
+            self._dm[(j, flag)] = lower_model(g.m, g.low, p, g.machine, g.rt, 1, g.kv, b, routing=g.routing)
         if j not in self._hw:
             self._hw[j] = lower_machine(g.machine, g.rt, p, g.kernel_mix)
         return self._dm[(j, flag)], self._hw[j], flag
