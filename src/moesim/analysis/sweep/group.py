@@ -59,7 +59,6 @@ class Group:
 
     def __init__(self, plan, g: int):
         from ..simulate import routing_table
-        from ..speculation import accepted_per_step, resolve_acceptance
         self.plan = plan
         self.g = g
         ix = plan.group_axes(g)
@@ -89,7 +88,7 @@ class Group:
         self.codes.update({k: plan._codes[k][self.opts[k]] for k in ("parallel", "routing") if k in plan.options})
         self.option_values = {k: self.opts[k] for k in plan.options if k not in ("parallel", "routing")}
         self.mtp = self.opts["mtp"] or 0
-        self.accepted = accepted_per_step(self.mtp, resolve_acceptance(m.family, self.mtp, self.opts["mtp_acceptance"]).rate)
+        self.accepted = plan.resolved[("acc", ix["models"], ix["mtp"], ix["mtp_acceptance"])]
         self.place_codes = plan.resolved[("pc",) + pkey]
         self.E = m.n_experts
         self.mem_tables = self._memory_tables()

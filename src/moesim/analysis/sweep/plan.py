@@ -145,9 +145,7 @@ class Plan:
         self.models = [get_model(mid) for mid in v["models"]]
         for mi, m in enumerate(self.models):
             self._code("model", m.id)
-            for ti, mtp in enumerate(v["mtp"]):
-                if mtp and not m.mtp_layers:
-                    self._bad(("mt", mi, ti), skip, f"axes.mtp[{ti}]", f"mtp = {mtp}: {m.id} has no MTP modules")
+            self._check_drafts(m, mi, skip)
             for qi, qname in enumerate(v["quants"]):
                 try:
                     q = Q.resolve(qname, m)
@@ -175,6 +173,22 @@ class Plan:
                                    dtype=np.int32)
         for r in RESOURCES:
             self._code("bottleneck", r)
+
+    def _check_drafts(self, m, mi: int, skip: bool) -> None:
+        """MTP drafts need the model's MTP modules; their acceptance is the axis value, else the family's
+        measured one (simulate's resolve_acceptance): resolved per (model, mtp, mtp_acceptance)."""
+        from ..speculation import accepted_per_step, resolve_acceptance
+        for ti, mtp in enumerate(self.values["mtp"]):
+            if mtp and not m.mtp_layers:
+                self._bad(("mt", mi, ti), skip, f"axes.mtp[{ti}]", f"mtp = {mtp}: {m.id} has no MTP modules")
+                continue
+            for ui, acc in enumerate(self.values["mtp_acceptance"]):
+                try:
+                    rate = resolve_acceptance(m.family, mtp or 0, acc).rate
+                except MoesimError as exc:
+                    self._bad(("acc", mi, ti, ui), skip, f"axes.mtp[{ti}]", f"mtp = {mtp} on {m.id}: {exc}")
+                    continue
+                self.resolved[("acc", mi, ti, ui)] = accepted_per_step(mtp or 0, rate)
 
     def _check_machine(self, m, mi: int, q, qi: int, hi: int, hv, skip: bool) -> None:
         """Runtimes (under each parallel layout), KV dtypes and placement candidates of one (model, quant,
@@ -255,6 +269,7 @@ class Plan:
         r = self.rt_key(ix)
         return (("mq", ix["models"], ix["quants"]) in self.bad
                 or ("mt", ix["models"], ix["mtp"]) in self.bad
+                or ("acc", ix["models"], ix["mtp"], ix["mtp_acceptance"]) in self.bad
                 or ("par",) + r in self.bad
                 or ("mhp", ix["models"], ix["machines"], ix["placements"], ix["cache_experts"]) in self.bad
                 or ("rhp",) + r + (ix["placements"],) in self.bad)
