@@ -538,7 +538,8 @@ def _attention_split(dm: dict, hw: dict, routing: dict, b: int) -> tuple:
 
 def test_step_splits_into_attention_only_without_prefetch(monkeypatch):
     """The analytic variants' split (step with attention zeroed + attention terms) is the step while no
-    layer prefetches, and is not once one does; a group built with prefetch on is refused."""
+    layer prefetches, and is not once one does; a group built with prefetch on evaluates whole steps, and
+    the split refuses it."""
     from moesim.errors import KernelError
     from moesim.engine.lower import routing as LR
     from moesim.analysis.sweep import check_separable
@@ -558,8 +559,12 @@ def test_step_splits_into_attention_only_without_prefetch(monkeypatch):
         check_separable(prefetching)
     orig = LR.lower
     monkeypatch.setattr(LR, "lower", lambda dims, prof, seed=0, prefetch=False, **k: orig(dims, prof, seed, True, **k))
+    grp = _plan(**kw).group(0)
+    assert grp.direct            # a prefetching group takes the whole-step path (sweep.direct), not the split
+    from moesim.analysis.sweep.variants import DecodeVariants
+    grp.direct = False
     with pytest.raises(KernelError, match="prefetch off"):
-        _plan(**kw).group(0)
+        DecodeVariants(grp)
     _plan(**kw, mode="montecarlo", tokens=16).group(0)     # Monte Carlo variants do not split the step
 
 

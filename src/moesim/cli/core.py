@@ -108,7 +108,8 @@ def _add_sweep_parser(sub) -> None:
     w = sub.add_parser("sweep", help="evaluate a grid of configurations (SPEC.toml) into chunked Parquet/CSV/JSONL "
                                      "files; resumable; optionally on dask.distributed")
     w.add_argument("spec", help="sweep spec TOML: [axes] models, quants, machines, contexts, batches, placements, "
-                                "...; [zip] groups; [filter] fits; [run] mode, seed, chunk_size")
+                                "cache_experts, prefetch_recall, mtp, mtp_acceptance, parallel, routing, ...; "
+                                "[zip] groups; [filter] fits; [run] mode, seed, chunk_size")
     w.add_argument("--out", required=True, help="output directory (chunk files + _manifest.json); rerun the same "
                                                 "command to resume")
     w.add_argument("--format", default="parquet", help="parquet | csv | jsonl (default parquet)")

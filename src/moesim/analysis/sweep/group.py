@@ -14,7 +14,7 @@ from ...engine.lower.placement import memory_tables
 from ...engine.lower.memory import configure, lower
 from ...engine.memory import evaluate
 from ...spec import quants as Q
-from .spec import machine_label
+from .spec import OPTION_AXES, machine_label
 from .variants import DecodeVariants
 
 
@@ -58,8 +58,7 @@ class Group:
     one consistent table (the indices they resolved and the kernel tables those index)."""
 
     def __init__(self, plan, g: int):
-        from ...engine.lower import routing as R_routing
-        from ...spec import routing as R
+        from ..simulate import routing_table
         self.plan = plan
         self.g = g
         ix = plan.group_axes(g)
@@ -68,14 +67,17 @@ class Group:
         v = plan.values
         self.labels = {"model": None, "machine": machine_label(v["machines"][ix["machines"]]),
                        "policy": v["policies"][ix["policies"]]}
+        self.opts = {a: v[a][ix[a]] for a in OPTION_AXES}
         if self.skip:
             return
         m = self.m = plan.models[ix["models"]]
+        r = plan.rt_key(ix)
         self.q = plan.resolved[("q", ix["models"], ix["quants"])]
         self.machine = plan.machines[ix["machines"]]
-        self.rt = plan.resolved[("rt", ix["models"], ix["quants"], ix["machines"], ix["runtimes"])]
-        self.kv = plan.resolved[("kv", ix["models"], ix["quants"], ix["machines"], ix["runtimes"], ix["kv_dtypes"])]
-        self.cands, self.rule = plan.resolved[("p", ix["models"], ix["machines"], ix["placements"], self.rt.id)]
+        self.rt = plan.resolved[("rt",) + r]
+        self.kv = plan.resolved[("kv",) + r + (ix["kv_dtypes"],)]
+        pkey = (ix["models"], ix["machines"], ix["placements"], ix["cache_experts"], self.rt.id, ix["parallel"])
+        self.cands, self.rule = plan.resolved[("p",) + pkey]
         self.policy = POLICIES[self.labels["policy"]]
         self.low = lower(m, self.q, self.kv)
         self.kernel_mix = Q.kernel_mix(m, self.q)
@@ -83,23 +85,33 @@ class Group:
         self.labels.update(model=m.id, quant=self.q.id, runtime=self.rt.id, kv_dtype=self.kv)
         self.codes = {k: plan._codes[k][self.labels[k]] for k in ("model", "quant", "machine", "runtime",
                                                                    "kv_dtype", "policy")}
-        self.place_codes = plan.resolved[("pc", ix["models"], ix["machines"], ix["placements"], self.rt.id)]
+        self.codes.update({k: plan._codes[k][self.opts[k]] for k in ("parallel", "routing") if k in plan.options})
+        self.option_values = {k: self.opts[k] for k in plan.options if k not in ("parallel", "routing")}
+        self.mtp = self.opts["mtp"] or 0
+        self.accepted = plan.resolved[("acc", ix["models"], ix["mtp"], ix["mtp_acceptance"])]
+        self.place_codes = plan.resolved[("pc",) + pkey]
         self.E = m.n_experts
         self.mem_tables = self._memory_tables()
         from ...engine import _kernel
         self.mem = _kernel.SweepMemory(self.mem_tables)
-        cfg = configure(m, self.low, self.machine, self.rt, self.cands[0], 1, 1, self.kv, 0)
+        cfg = configure(m, self.low, self.machine, self.rt, self.cands[0], 1, 1, self.kv, self.mtp)
         self.kv_bytes_per_token = _kv_bytes_per_token(self.low, tuple(sorted(cfg.items())))
-        # prefetch off: the analytic variants rely on it (variants.check_separable)
-        self.routing = R_routing.lower(R_routing.RoutingDims.of(m), R.profile(None, family=m.family), plan.run["seed"],
-                                       prefetch=False)
+        # simulate's routing tables (seed = run.seed); prefetch is on only where prefetch_recall > 0
+        routing = self.opts["routing"]
+        self.routing = routing_table(m, None if routing in (None, "auto") else routing, self.opts["prefetch_recall"],
+                                     plan.run["seed"])[0]
+        # drafts and prefetch break the analytic variants' split (variants.check_separable): those groups
+        # evaluate each (variant, context) whole, as simulate does (variants.DirectDecode)
+        recall = np.asarray(self.routing.get("recall", ()), dtype=np.float64)
+        self.direct_hw: dict = {}
+        self.direct = plan.mode != "montecarlo" and (self.mtp > 0 or bool(np.any(recall != 0.0)))
         self.layer_fn, self.fns = _layer_functions(m, self.low, self.kvb)
         self.variants = DecodeVariants(self)
 
     # ---------------------------------------------------------------- memory
     def _memory_tables(self) -> dict:
         return memory_tables(self.m, self.low, self.machine, self.rt, self.kv, self.cands, self.rule,
-                             labels=self.place_codes, fits_label=self.plan.fits_codes[1 if self.machine.unified else 0])
+                             mtp=1 if self.mtp else 0, labels=self.place_codes, fits_label=self.plan.fits_codes[1 if self.machine.unified else 0])
 
     # ---------------------------------------------------------------- decode variants
     @property

@@ -15,8 +15,19 @@ from ...ingest import model as get_model
 from ...spec import quants as Q
 from ...spec.runtimes import check_runtime_applies, default_runtime, runtime as get_runtime
 from .group import Group
-from .spec import SLOW_AXES, _err, expand_int_axis, machine_label, make_machine_cached, spec_hash
+from .spec import (OPTION_AXES, OPTION_DEFAULT, SLOW_AXES, _err, expand_int_axis, machine_label, make_machine_cached,
+                   spec_hash)
 from .table import CATEGORICAL, FITS_LABELS, RESOURCES, column_names
+
+
+def option_placement(pname: str, cache_experts, m):
+    """The placements-axis value a cache_experts value makes of it (simulate's configure_run:
+    ``offload-cache=min(N, experts)`` under auto or offload-cache), or None where it does not apply."""
+    if cache_experts is None:
+        return pname
+    if pname != "auto" and not pname.startswith("offload-cache"):
+        return None
+    return f"offload-cache={min(int(cache_experts), m.n_experts)}"
 
 
 class OnceCache:
@@ -75,7 +86,8 @@ class Plan:
         self.batches = expand_int_axis(ax["batches"])
         if self.batches.max() > 2**30:
             raise _err("axes.batches", f"batch {int(self.batches.max())} exceeds 2^30")
-        self.values = {a: ax[a] for a in SLOW_AXES}
+        self.values = {a: ax.get(a, OPTION_DEFAULT) for a in SLOW_AXES}
+        self.options = tuple(a for a in OPTION_AXES if a in ax)      # the option axes the spec gives
         self.machines = [make_machine_cached(hv) for hv in self.values["machines"]]
         zipped = {a: tuple(g) for g in norm["zip"] for a in g}
         dims, done = [], set()
@@ -96,7 +108,7 @@ class Plan:
         self.total = self.n_groups * self.block
         self.chunk_size = self.run["chunk_size"]
         self.n_chunks = max(1, -(-self.total // self.chunk_size))
-        self.columns = column_names(self.mode)
+        self.columns = column_names(self.mode, self.options)
         self._groups = OnceCache(8)
         self._check_combinations()
 
@@ -133,6 +145,7 @@ class Plan:
         self.models = [get_model(mid) for mid in v["models"]]
         for mi, m in enumerate(self.models):
             self._code("model", m.id)
+            self._check_drafts(m, mi, skip)
             for qi, qname in enumerate(v["quants"]):
                 try:
                     q = Q.resolve(qname, m)
@@ -149,6 +162,10 @@ class Plan:
             self._code("machine", machine_label(hv))
         for p in v["policies"]:
             self._code("policy", p)
+        for col in ("parallel", "routing"):
+            if col in self.options:
+                for x in v[col]:
+                    self._code(col, x)
         for lab in FITS_LABELS:
             self._code("fits", lab)
         self.fits_codes = np.array([[self._codes["fits"][FITS_LABELS[b]] for b in range(8)],
@@ -157,38 +174,80 @@ class Plan:
         for r in RESOURCES:
             self._code("bottleneck", r)
 
+    def _check_drafts(self, m, mi: int, skip: bool) -> None:
+        """MTP drafts need the model's MTP modules; their acceptance is the axis value, else the family's
+        measured one (simulate's resolve_acceptance): resolved per (model, mtp, mtp_acceptance)."""
+        from ..speculation import accepted_per_step, resolve_acceptance
+        for ti, mtp in enumerate(self.values["mtp"]):
+            if mtp and not m.mtp_layers:
+                self._bad(("mt", mi, ti), skip, f"axes.mtp[{ti}]", f"mtp = {mtp}: {m.id} has no MTP modules")
+                continue
+            for ui, acc in enumerate(self.values["mtp_acceptance"]):
+                try:
+                    rate = resolve_acceptance(m.family, mtp or 0, acc).rate
+                except MoesimError as exc:
+                    self._bad(("acc", mi, ti, ui), skip, f"axes.mtp[{ti}]", f"mtp = {mtp} on {m.id}: {exc}")
+                    continue
+                self.resolved[("acc", mi, ti, ui)] = accepted_per_step(mtp or 0, rate)
+
     def _check_machine(self, m, mi: int, q, qi: int, hi: int, hv, skip: bool) -> None:
-        """Runtimes, KV dtypes and placement candidates of one (model, quant, machine)."""
+        """Runtimes (under each parallel layout), KV dtypes and placement candidates of one (model, quant,
+        machine)."""
+        from ..resolve import _check_expert_parallel, with_parallel
         v = self.values
         mach = self.machines[hi]
         for ri, rname in enumerate(v["runtimes"]):
-            rt = default_runtime(q, mach) if rname == "auto" else get_runtime(rname, model=m.id)
-            self.resolved[("rt", mi, qi, hi, ri)] = rt
-            self._code("runtime", rt.id)
-            for ki, kname in enumerate(v["kv_dtypes"]):
-                kv = Q.canonical_kv_dtype(default_kv_dtype(q, rt, m) if kname == "auto" else kname)
-                self.resolved[("kv", mi, qi, hi, ri, ki)] = kv
-                self._code("kv_dtype", kv)
-            for pi, pname in enumerate(v["placements"]):
+            base = default_runtime(q, mach) if rname == "auto" else get_runtime(rname, model=m.id)
+            for ai, par in enumerate(v["parallel"]):
                 try:
-                    check_runtime_applies(rt, mach, str(pname))
+                    rt = with_parallel(base, None if par in (None, "auto") else par, mach)
+                    _check_expert_parallel(m, rt)
                 except MoesimError as exc:
-                    self._bad(("rhp", mi, qi, hi, ri, pi), skip, f"axes.runtimes[{ri}]",
-                              f"{m.id} / {machine_label(hv)}: {exc}")
+                    self._bad(("par", mi, qi, hi, ri, ai), skip, f"axes.parallel[{ai}]",
+                              f"{par!r} on {m.id} / {machine_label(hv)}: {exc}")
                     continue
-                key = ("p", mi, hi, pi, rt.id)
-                if key in self.resolved or ("mhp", mi, hi, pi) in self.bad:
-                    continue
-                try:
-                    cands, rule = placement_candidates(m, mach, rt, pname)
-                except MoesimError as exc:
-                    self._bad(("mhp", mi, hi, pi), skip, f"axes.placements[{pi}]",
-                              f"{pname!r} on {m.id} / {machine_label(hv)}: {exc}")
-                    continue
-                self.resolved[key] = (cands, rule)
-                codes = np.array([self._code("placement", str(p)) for p in cands], dtype=np.int32)
-                codes.flags.writeable = False
-                self.resolved[("pc",) + key[1:]] = codes
+                self._check_runtime(m, mi, q, qi, hi, hv, ri, ai, rt, skip)
+
+    def _check_runtime(self, m, mi: int, q, qi: int, hi: int, hv, ri: int, ai: int, rt, skip: bool) -> None:
+        v = self.values
+        mach = self.machines[hi]
+        self.resolved[("rt", mi, qi, hi, ri, ai)] = rt
+        self._code("runtime", rt.id)
+        for ki, kname in enumerate(v["kv_dtypes"]):
+            kv = Q.canonical_kv_dtype(default_kv_dtype(q, rt, m) if kname == "auto" else kname)
+            self.resolved[("kv", mi, qi, hi, ri, ai, ki)] = kv
+            self._code("kv_dtype", kv)
+        for pi, pname in enumerate(v["placements"]):
+            try:
+                check_runtime_applies(rt, mach, str(pname))
+            except MoesimError as exc:
+                self._bad(("rhp", mi, qi, hi, ri, ai, pi), skip, f"axes.runtimes[{ri}]",
+                          f"{m.id} / {machine_label(hv)}: {exc}")
+                continue
+            for ci, ce in enumerate(v["cache_experts"]):
+                self._check_placement(m, mi, hi, hv, pi, pname, ci, ce, ai, rt, skip)
+
+    def _check_placement(self, m, mi: int, hi: int, hv, pi: int, pname, ci: int, ce, ai: int, rt, skip: bool):
+        mach = self.machines[hi]
+        key = ("p", mi, hi, pi, ci, rt.id, ai)
+        if key in self.resolved or ("mhp", mi, hi, pi, ci) in self.bad:
+            return
+        eff = option_placement(str(pname), ce, m)
+        if eff is None:
+            self._bad(("mhp", mi, hi, pi, ci), skip, f"axes.cache_experts[{ci}]",
+                      f"cache_experts = {ce} applies to the offload-cache placement, not {pname!r}")
+            return
+        try:
+            cands, rule = placement_candidates(m, mach, rt, eff)
+        except MoesimError as exc:
+            where = f"axes.placements[{pi}]" if ce is None else f"axes.cache_experts[{ci}]"
+            self._bad(("mhp", mi, hi, pi, ci), skip, where,
+                      f"{eff!r} on {m.id} / {machine_label(hv)}: {exc}")
+            return
+        self.resolved[key] = (cands, rule)
+        codes = np.array([self._code("placement", str(p)) for p in cands], dtype=np.int32)
+        codes.flags.writeable = False
+        self.resolved[("pc",) + key[1:]] = codes
 
     def _bad(self, key, skip: bool, where: str, message: str):
         if not skip:
@@ -202,10 +261,18 @@ class Plan:
             self.dicts[col].append(value)
         return codes[value]
 
+    def rt_key(self, ix: dict) -> tuple:
+        """(model, quant, machine, runtime, parallel) indices of group axes ix: its runtime's key."""
+        return ix["models"], ix["quants"], ix["machines"], ix["runtimes"], ix["parallel"]
+
     def skipped(self, ix: dict) -> bool:
+        r = self.rt_key(ix)
         return (("mq", ix["models"], ix["quants"]) in self.bad
-                or ("mhp", ix["models"], ix["machines"], ix["placements"]) in self.bad
-                or ("rhp", ix["models"], ix["quants"], ix["machines"], ix["runtimes"], ix["placements"]) in self.bad)
+                or ("mt", ix["models"], ix["mtp"]) in self.bad
+                or ("acc", ix["models"], ix["mtp"], ix["mtp_acceptance"]) in self.bad
+                or ("par",) + r in self.bad
+                or ("mhp", ix["models"], ix["machines"], ix["placements"], ix["cache_experts"]) in self.bad
+                or ("rhp",) + r + (ix["placements"],) in self.bad)
 
     # ---------------------------------------------------------------- groups
     def group(self, g: int):

@@ -7,7 +7,7 @@ import numpy as np
 from ...engine.glue import handle_library_error
 from ..consistency import check_chunk
 from ..intervals import fill_sweep
-from .table import DECODE_COLUMNS, INTERVAL_COLUMNS, decode_columns
+from .table import DECODE_COLUMNS, INTERVAL_COLUMNS, column_type, decode_columns
 
 
 def _empty_columns(plan, n: int) -> dict:
@@ -15,6 +15,8 @@ def _empty_columns(plan, n: int) -> dict:
     out = {}
     for c in ("model", "quant", "machine", "runtime", "kv_dtype", "placement", "policy", "fits", "bottleneck"):
         out[c] = np.empty(n, dtype=np.int32)
+    for c in plan.options:
+        out[c] = np.empty(n, dtype={"category": np.int32, "int64": np.int64}.get(column_type(c), np.float64))
     for c in ("context", "batch", "max_context", "max_batch"):
         out[c] = np.empty(n, dtype=np.int64)
     for c in ("weights_bytes", "kv_bytes_per_token", "kv_bytes", "state_bytes", "gpu_bytes", "host_bytes",
@@ -40,10 +42,17 @@ def _run_group(plan, grp, cols: dict, key: np.ndarray, variant: np.ndarray, a: i
                                      b - a, threads, view)
     handle_library_error(code, "ms_sweep_memory", start + s0 + max(bad, 0))
     cols["kv_bytes_per_token"][s0:s1] = grp.kv_bytes_per_token
+    for k, v in grp.option_values.items():
+        cols[k][s0:s1] = v
+    dview = {k: cols[k][s0:s1] for k in decode_columns(plan.mode)}
+    if grp.direct:
+        from .direct import evaluate
+        evaluate(grp, view["key"], view["context"], view["batch"], dview)
+        fill_sweep(cols, s0, s1, grp.machine, grp.rt, plan.dicts["placement"])
+        return
     var = variant[s0:s1]
     # evaluate with the very table the rows were resolved against (others may grow the group meanwhile)
     table = grp.resolve_variants(view["key"], var)
-    dview = {k: cols[k][s0:s1] for k in decode_columns(plan.mode)}
     if plan.mode != "montecarlo":
         code, bad = _kernel.sweep_analytic(table.dec, view["context"], view["batch"], var, threads, dview)
         where = "ms_sweep_analytic"

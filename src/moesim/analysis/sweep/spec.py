@@ -23,11 +23,18 @@ from ...spec.placement import parse as parse_placement
 from ...spec.runtimes import runtime as get_runtime
 
 
-AXES = ("models", "quants", "machines", "runtimes", "kv_dtypes", "placements", "policies", "contexts", "batches")
+# simulate()'s options as axes (issue 19). A sweep that leaves one out runs simulate's default (None: no
+# expert cache, no prefetch, no drafts, the family's acceptance, the runtime's layout, the family's routing);
+# the normalized spec (and its hash) and the output columns hold only those the spec gives, so a sweep that
+# gives none is the one it was before they existed.
+OPTION_AXES = ("cache_experts", "prefetch_recall", "mtp", "mtp_acceptance", "parallel", "routing")
+AXES = ("models", "quants", "machines", "runtimes", "kv_dtypes", "placements", "policies") + OPTION_AXES + (
+    "contexts", "batches")
 SLOW_AXES = AXES[:-2]
 REQUIRED_AXES = ("models", "quants", "machines")
 AXIS_DEFAULTS = {"runtimes": ["auto"], "kv_dtypes": ["auto"], "placements": ["auto"], "policies": ["lru"],
                  "contexts": [4096], "batches": [1]}
+OPTION_DEFAULT = [None]
 SECTIONS = ("axes", "zip", "filter", "run")
 RUN_DEFAULTS = {"mode": "analytic", "seed": 0, "chunk_size": 1 << 19, "prompt": 512, "tokens": 256,
                 "warmup": None}
@@ -237,14 +244,53 @@ def _policy_value(s: str, models) -> str:
     return s
 
 
+def _parallel_value(s: str, models) -> str:
+    from ..resolve import _PARALLEL_RE
+    s = s.lower()
+    if s != "auto" and not _PARALLEL_RE.match(s):
+        raise _err("parallel", f"unknown layout {s!r}: use auto, tpN, epN, tpN-epM[-attn-dp], layer-split, "
+                               "row-split or pipeline")
+    return s
+
+
+def _routing_value(s: str, models) -> str:
+    from ...spec import routing as R
+    s = s.lower()
+    return s if s == "auto" else R.profile(s).id
+
+
 _STRING_AXES = {"models": _model_value, "quants": _quant_value, "runtimes": _runtime_value, "kv_dtypes": _kv_value,
-                "placements": _placement_value, "policies": _policy_value}
+                "placements": _placement_value, "policies": _policy_value, "parallel": _parallel_value,
+                "routing": _routing_value}
+
+
+def _number(v, where: str, lo: float, hi: float, lo_open: bool = False) -> float:
+    ok = not isinstance(v, bool) and isinstance(v, (int, float, np.integer, np.floating)) and math.isfinite(v)
+    if not ok or not (lo < v if lo_open else lo <= v) or v > hi:
+        raise _err(where, f"must be a number in {'(' if lo_open else '['}{lo:g}, {hi:g}], got {v!r}")
+    return float(v)
+
+
+def _option_axis(name: str, value, where: str) -> list:
+    """cache_experts (GPU expert-cache slots, ints >= 0), prefetch_recall ([0, 1]), mtp (drafts, 0..64),
+    mtp_acceptance ((0, 1]): simulate's checks, naming axes.<name>[i] and the value."""
+    from ...spec.limits import MAX_DRAFTS
+    out = []
+    for i, v in enumerate(_as_list(value, where)):
+        w = f"{where}[{i}]"
+        if name in ("cache_experts", "mtp"):
+            out.append(_count(v, w, 0, MAX_DRAFTS if name == "mtp" else 2**31 - 1))
+        else:
+            out.append(_number(v, w, 0.0, 1.0, lo_open=name == "mtp_acceptance"))
+    return out
 
 
 def _normalize_axis(name: str, value, models=()) -> "list | dict":
     where = f"axes.{name}"
     if name in ("contexts", "batches"):
         return _int_axis(value, where)
+    if name in ("cache_experts", "prefetch_recall", "mtp", "mtp_acceptance"):
+        return _option_axis(name, value, where)
     out = []
     for i, v in enumerate(_as_list(value, where)):
         w = f"{where}[{i}]"
@@ -273,6 +319,8 @@ def _normalize_axes(spec: dict) -> dict:
             raise _err(f"axes.{k}", "missing: models, quants and machines are required")
     axes = {}
     for name in AXES:
+        if name in OPTION_AXES and name not in axes_in:
+            continue
         axes[name] = _normalize_axis(name, axes_in[name] if name in axes_in else AXIS_DEFAULTS[name],
                                      axes.get("models", ()))
     labels = [machine_label(v) for v in axes["machines"]]
@@ -301,7 +349,7 @@ def _normalize_zip(zin, axes: dict) -> list:
             if a in seen:
                 raise _err(where, f"axis {a!r} is in two zipped groups")
             seen.add(a)
-        lens = {a: _axis_len(axes[a]) for a in grp}
+        lens = {a: _axis_len(axes.get(a, OPTION_DEFAULT)) for a in grp}
         if len(set(lens.values())) != 1:
             raise _err(where, "zipped axes must have equal lengths, got "
                        + ", ".join(f"{a}={n}" for a, n in lens.items()))
@@ -363,6 +411,11 @@ def _normalize_run(rin, axes: dict) -> dict:
     if run["mode"] == "analytic" and "belady" in axes["policies"]:
         raise _err("axes.policies", "belady is an offline bound that needs the future: use run.mode = "
                                     "\"montecarlo\"")
+    if run["mode"] == "montecarlo":
+        for name, off in (("mtp", 0), ("prefetch_recall", 0.0)):
+            if any(x != off for x in axes.get(name, ())):
+                raise _err(f"axes.{name}", "a sweep runs drafts and prefetch on the analytic path only: use "
+                                           "run.mode = \"analytic\" (or moesim.simulate for Monte Carlo)")
     if run["mode"] == "analytic":
         run["tokens"], run["warmup"] = RUN_DEFAULTS["tokens"], min(32, RUN_DEFAULTS["tokens"] // 4)
     return run

@@ -140,7 +140,7 @@ def _manifest(plan, fmt: str, rows: dict | None) -> dict:
         "n_chunks": plan.n_chunks,
         "configurations": plan.total,
         "columns": [[c, column_type(c)] for c in plan.columns],
-        "categories": {k: plan.dicts[k] for k in CATEGORICAL},
+        "categories": {k: plan.dicts[k] for k in CATEGORICAL if k in plan.columns},
         "files": [_chunk_path(Path("."), k, fmt).name for k in range(plan.n_chunks)],
         "complete": rows is not None,
         "rows": sum(rows.values()) if rows is not None else None,

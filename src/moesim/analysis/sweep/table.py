@@ -12,14 +12,15 @@ RESOURCES = ("gpu_memory", "gpu_compute", "host_memory", "cpu_compute", "pcie", 
 _TIERS = ("gpu", "host", "storage")
 FITS_LABELS = tuple("+".join(t for i, t in enumerate(_TIERS) if b >> i & 1) or "no" for b in range(8)) + tuple(
     "+".join(("unified" if t == "gpu" else t) for i, t in enumerate(_TIERS) if b >> i & 1) for b in range(1, 8))
-CATEGORICAL = ("model", "quant", "machine", "runtime", "kv_dtype", "placement", "policy", "fits", "bottleneck")
+CATEGORICAL = ("model", "quant", "machine", "runtime", "kv_dtype", "placement", "policy", "fits", "bottleneck",
+               "parallel", "routing")
 MEMORY_COLUMNS = ("weights_bytes", "kv_bytes_per_token", "kv_bytes", "state_bytes", "gpu_bytes", "host_bytes",
                   "storage_bytes", "max_context", "max_batch")
 DECODE_COLUMNS = ("decode_tok_s", "aggregate_tok_s", "tpot_ms", "tpot_p50_ms", "tpot_p99_ms", "prefill_tok_s",
                   "expert_hit_rate", "bottleneck")
 # 80 % prediction interval of decode and prefill tok/s (analysis.intervals), after the decode columns
 INTERVAL_COLUMNS = ("decode_tok_s_lo", "decode_tok_s_hi", "prefill_tok_s_lo", "prefill_tok_s_hi")
-_INT_COLUMNS = {"context", "batch", "max_context", "max_batch"}
+_INT_COLUMNS = {"context", "batch", "max_context", "max_batch", "cache_experts", "mtp"}
 _MC_ONLY = ("tpot_p50_ms", "tpot_p99_ms")
 
 
@@ -28,10 +29,12 @@ def decode_columns(mode: str) -> tuple:
     return DECODE_COLUMNS if mode == "montecarlo" else tuple(c for c in DECODE_COLUMNS if c not in _MC_ONLY)
 
 
-def column_names(mode: str) -> tuple:
-    """Output columns, in order, for a sweep of this mode."""
-    return ("model", "quant", "machine", "runtime", "kv_dtype", "placement", "policy", "context", "batch",
-            "fits") + MEMORY_COLUMNS + decode_columns(mode) + INTERVAL_COLUMNS
+def column_names(mode: str, options: tuple = ()) -> tuple:
+    """Output columns, in order, for a sweep of this mode; *options*: the option axes the spec gives
+    (spec.OPTION_AXES: cache_experts, prefetch_recall, mtp, mtp_acceptance, parallel, routing), a column
+    each after policy."""
+    return ("model", "quant", "machine", "runtime", "kv_dtype", "placement", "policy") + tuple(options) + (
+        "context", "batch", "fits") + MEMORY_COLUMNS + decode_columns(mode) + INTERVAL_COLUMNS
 
 
 def column_type(name: str) -> str:

@@ -80,7 +80,7 @@ class DecodeVariants:
     def __init__(self, group):
         self.group = group
         self.mc = group.plan.mode == "montecarlo"
-        if not self.mc:
+        if not self.mc and not group.direct:
             check_separable(group.routing)
         self._lock = threading.Lock()
         self._rows: dict = {}           # key -> (f64[13], i32[3]): a row of ms_sweep_variant_t
@@ -131,20 +131,21 @@ class DecodeVariants:
             if not (0 <= j < len(g.cands)) or not (0 <= bi < g.plan.n_b):
                 raise KernelError(f"sweep: bad variant key {key}")
             b = int(g.plan.batches[bi])
-            _, _, flag = self._lowered(j, b)
-            todo.setdefault((j, flag, ps), []).append((key, b))
-        for (j, flag, ps), items in todo.items():
-            self._lower_rows(j, flag, ps, items)
+            _, _, lk = self._lowered(j, b)
+            todo.setdefault((j, lk, ps), []).append((key, b))
+        for (j, lk, ps), items in todo.items():
+            self._lower_rows(j, lk, ps, items)
 
-    def _lower_rows(self, j: int, flag: bool, ps: int, items: list) -> None:
-        """Variant rows of candidate j at page-cache size ps for (key, batch) items sharing one model."""
+    def _lower_rows(self, j: int, lk: tuple, ps: int, items: list) -> None:
+        """Variant rows of candidate j at page-cache size ps for (key, batch) items sharing one lowered
+        model (lowering key lk, :meth:`_lowered`)."""
         from ...engine.decode import run
         g = self.group
         run_cfg = g.plan.run
         dm, hw, _ = self._lowered(j, items[0][1])
         dm = dict(dm)
         dm["page_slots"] = np.full(g.m.n_layers, ps, dtype=np.int32)
-        pf0 = self._prefill_time(j, flag, dm, hw)
+        pf0 = self._prefill_time(j, lk, dm, hw)
         kind0, nk = self._kind_slice(j, dm, hw)
         res = None
         mc_index = -1
@@ -192,24 +193,27 @@ class DecodeVariants:
         return not cpu_only and tokens_per_step >= op_offload_threshold(g.rt, g.m)
 
     def _lowered(self, j: int, b: int) -> tuple:
+        """(decode model, machine, lowering key) of candidate j at batch b. The key is what the lowered
+        model depends on besides j: the op-offload choice, and under expert parallelism the batch itself
+        (the busiest EP rank's load, engine.lower.parallel.layer_loads, grows with the tokens per step)."""
         from ...engine.lower.decode_model import lower_model
         from ...engine.lower.machine import lower_machine
         g = self.group
         p = g.cands[j]
-        flag = self._op_offload(p, b)
-        if (j, flag) not in self._dm:
-            self._dm[(j, flag)] = lower_model(g.m, g.low, p, g.machine, g.rt, 1, g.kv, b)
+        lk = (self._op_offload(p, b), b if g.rt.decode.expert_parallel > 1 else -1)
+        if (j, lk) not in self._dm:
+            self._dm[(j, lk)] = lower_model(g.m, g.low, p, g.machine, g.rt, 1, g.kv, b, routing=g.routing)
         if j not in self._hw:
             self._hw[j] = lower_machine(g.machine, g.rt, p, g.kernel_mix)
-        return self._dm[(j, flag)], self._hw[j], flag
+        return self._dm[(j, lk)], self._hw[j], lk
 
-    def _prefill_time(self, j: int, flag: bool, dm: dict, hw: dict) -> float:
+    def _prefill_time(self, j: int, lk: tuple, dm: dict, hw: dict) -> float:
         # the prompt is prefilled from an empty cache, so its time does not depend on the swept context
         from ...engine.prefill import prefill
-        if (j, flag) not in self._prefill:
+        if (j, lk) not in self._prefill:
             g = self.group
-            self._prefill[(j, flag)] = prefill(g.m, dm, hw, g.routing, g.rt, g.plan.run["prompt"], 1)[1]
-        return self._prefill[(j, flag)]
+            self._prefill[(j, lk)] = prefill(g.m, dm, hw, g.routing, g.rt, g.plan.run["prompt"], 1)[1]
+        return self._prefill[(j, lk)]
 
     def _kind_slice(self, j: int, dm: dict, hw: dict) -> tuple:
         if j in self._kinds:
