@@ -302,12 +302,27 @@ def calibrate_text(report: dict) -> str:
             dd = f"{d['median_abs_pct_err']:6.1f} % ({d['n']})" if d["n"] else "      -   "
             ff = f"{f['median_abs_pct_err']:6.1f} % ({f['n']})" if f["n"] else "-"
             lines.append(f"  {c:4} decode {dd}   prefill {ff}")
+    fam = report.get("device_family_out")
+    if fam:
+        lines.append(f"leave-one-device-family-out ({len(fam['groups'])} families): decode median |err| "
+                     f"{_pct_of(fam['decode'], 'median')}, p90 {_pct_of(fam['decode'], 'p90')}; prefill median "
+                     f"{_pct_of(fam['prefill'], 'median')}, p90 {_pct_of(fam['prefill'], 'p90')}")
+        for title, part in (("family", fam["by_group"]), ("class", fam["by_class"])):
+            for g, v in part.items():
+                d, f = v["decode"], v["prefill"]
+                lines.append(f"  {title} {g:17} decode {_pct_of(d, 'median'):>8} p90 {_pct_of(d, 'p90'):>8} ({d['n']:3})   "
+                             f"prefill {_pct_of(f, 'median'):>8} p90 {_pct_of(f, 'p90'):>8} ({f['n']:3})")
     for metric, c in (report.get("intervals") or {}).get("coverage", {}).items():
         nested = report["intervals"]["coverage_nested"][metric]
         if c["n"]:
             lines.append(f"80 % {metric} interval covers {100 * c['covered']:.0f} % of {c['n']} leave-one-source-out "
                          f"rows ({100 * (nested['covered'] or 0):.0f} % with each source's interval built without it)")
     return "\n".join(lines)
+
+
+def _pct_of(summary: dict, which: str) -> str:
+    v = summary.get(f"{which}_abs_pct_err")
+    return "-" if v is None else f"{v:.1f} %"
 
 
 def explain_text(d: dict) -> str:
