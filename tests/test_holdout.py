@@ -83,3 +83,16 @@ def test_report_text_lists_each_family():
     text = calibrate_text(rep)
     assert "leave-one-device-family-out (2 families): decode median |err| 12.5 %, p90 30.0 %" in text
     assert "family amd-rdna" in text and "family nvidia-ada" in text and "class A" in text
+
+
+def test_validate_summarises_by_device_family():
+    recs = [{"quality": "A", "class": "LC", "decode_err": e, "prefill_err": None, "roofline_err": None,
+             "device_family": f, "serving": None} for e, f in ((0.1, "nvidia-ada"), (-0.3, "nvidia-ada"),
+                                                                 (0.5, "amd-apu"), (None, "amd-apu"))]
+    recs.append({"quality": "C", "class": "LC", "decode_err": 9.0, "prefill_err": None, "roofline_err": None,
+                 "device_family": "intel-gpu", "serving": None})
+    fam = V.summarise(recs, [])["by_device_family"]
+    assert set(fam) == {"nvidia-ada", "amd-apu"}          # quality C rows stay out of the headline
+    assert fam["nvidia-ada"]["decode"] == {"n": 2, "median_abs_pct_err": pytest.approx(20.0),
+                                           "p90_abs_pct_err": pytest.approx(28.0)}
+    assert fam["amd-apu"]["decode"]["n"] == 1 and fam["amd-apu"]["prefill"]["n"] == 0

@@ -254,6 +254,13 @@ def validate_text(report: dict) -> str:
         if dd["n"]:
             lines.append(f"  {c:4} decode median {dd['median_abs_pct_err']:6.1f} %  p90 {dd['p90_abs_pct_err']:6.1f} %"
                          f"  ({dd['n']} rows)   roofline median {v['roofline_decode']['median_abs_pct_err']:6.1f} %")
+    fams = {f: v for f, v in (s.get("by_device_family") or {}).items() if v["decode"]["n"] or v["prefill"]["n"]}
+    if fams:
+        lines.append("  by device family (a family absent from the calibration's rows is predicted out of family):")
+    for f, v in fams.items():
+        dd, pp = v["decode"], v["prefill"]
+        lines.append(f"    {f:17} decode median {_pct_of(dd, 'median'):>8} p90 {_pct_of(dd, 'p90'):>8} ({dd['n']:3})   "
+                     f"prefill median {_pct_of(pp, 'median'):>8} ({pp['n']:3})")
     sv = s.get("serving") or {}
     if sv and sv["decode"]["n"]:
         st, ag = sv["decode_as_batch_step"], sv["aggregate"]
