@@ -83,10 +83,14 @@ def machine_rows(site: Path, machine_id: str) -> list:
 
 
 def shown_rows(pg) -> list:
-    """Each table row: its key (data attributes) and each cell's exact value (data-value)."""
+    """Each table row: its key (data attributes), each cell's exact value (data-value) and the 80 %
+    interval shown under a speed ({field: [lo, hi]} from the span's data attributes)."""
     return pg.eval_on_selector_all("#results tbody tr", """trs => trs.map(tr => ({
         model: tr.dataset.model, quant: tr.dataset.quant, rule: tr.dataset.placementRule,
-        cells: Object.fromEntries([...tr.cells].map(td => [td.dataset.field, td.dataset.value]))}))""")
+        cells: Object.fromEntries([...tr.cells].map(td => [td.dataset.field, td.dataset.value])),
+        intervals: Object.fromEntries([...tr.cells].filter(td => td.querySelector('.interval')).map(td => {
+            const s = td.querySelector('.interval');
+            return [td.dataset.field, [Number(s.dataset.lo), Number(s.dataset.hi), s.textContent]]; }))}))""")
 
 
 def cell_value(text: str, field: str):
@@ -108,6 +112,13 @@ def check_table(pg, rows: list, context: int, batch: int) -> list:
             assert field in ROW_FIELDS
             assert cell_value(text, field) == r[field], (field, text, r[field])
         assert {"decode_tok_s", "max_context", "placement", "fits", "weights_bytes"} <= set(g["cells"])
+        for field in ("decode_tok_s", "prefill_tok_s"):     # the interval is shown exactly where the row has one
+            if r.get(f"{field}_lo") is None:
+                assert field not in g["intervals"]
+            else:
+                lo, hi, text = g["intervals"][field]
+                assert (lo, hi) == (r[f"{field}_lo"], r[f"{field}_hi"]) and "\u2013" in text
+                assert lo <= r[field] <= hi
     speeds = [float(g["cells"]["decode_tok_s"]) for g in got]
     assert speeds == sorted(speeds, reverse=True)
     return got
@@ -144,6 +155,7 @@ def test_page_from_file_url_shows_the_machine_files_rows(site, page, tmp_path):
     gpu_rows = machine_rows(site, "gpu box")
     page.select_option("#pick-context", "8192")
     got = check_table(page, gpu_rows, 8192, 2)
+    assert any("decode_tok_s" in g["intervals"] for g in got), "no 80 % interval shown"
     # sorting by a column and filtering by text
     page.click("#results th[data-key='decode_tok_s']")
     speeds = [float(g["cells"]["decode_tok_s"]) for g in shown_rows(page)]

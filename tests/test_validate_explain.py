@@ -48,3 +48,16 @@ def test_cli_json_parses():
                          capture_output=True, text=True, check=True).stdout
     d = json.loads(out)
     assert d["id"] == "LC-03" and "breakdown" in d and "parameters" in d
+
+
+def test_skipped_row_gives_the_reason_evaluate_rows_gives():
+    rows = load_rows(measurements_csv())
+    _, _, skipped = evaluate_rows(rows)
+    assert skipped, "the packaged corpus has rows validate cannot predict"
+    sk = skipped[0]
+    d = explain(measurements_csv(), sk["id"])
+    assert d["id"] == sk["id"] and d["skipped"] == sk["reason"]
+    assert "breakdown" not in d and "decode" not in d
+    text = subprocess.run([sys.executable, "-m", "moesim", "validate", "--explain", sk["id"]],
+                          capture_output=True, text=True, check=True).stdout
+    assert f"skipped: {sk['reason']}" in text

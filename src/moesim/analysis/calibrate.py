@@ -235,8 +235,19 @@ def _summary(errs: list) -> dict:
             "p90_abs_pct_err": float(100 * np.percentile(a, 90)) if a.size else None}
 
 
-def calibrate(path, cross_validate: bool = True, max_nfev: int = 60, progress=None) -> dict:
-    """Fit on the A+B rows of a validation CSV; report in-sample and leave-one-source-out errors."""
+HOLDOUTS = ("source", "device-family")
+
+
+def calibrate(path, cross_validate: bool = True, max_nfev: int = 60, progress=None,
+              holdout: tuple = ("source",)) -> dict:
+    """Fit on the A+B rows of a validation CSV; report in-sample and held-out errors. *holdout*: which
+    cross-validations run when *cross_validate*: ``source`` (leave-one-source-out, ``cross_validated``;
+    its rows also give the ``intervals``) and ``device-family`` (every row of one device family out at a
+    time, :func:`~.intervals.device_family`, ``device_family_out``)."""
+    holdout = tuple(holdout)
+    for h in holdout:
+        if h not in HOLDOUTS:
+            raise MoesimError(f"unknown hold-out {h!r}; choose from {', '.join(HOLDOUTS)}", "holdout")
     rows = V.load_rows(path)
     rows = [r for r in rows if r["quality"] in ("A", "B")]
     prepared, records, skipped = V.evaluate_rows(rows, calibrated=False)
@@ -247,9 +258,6 @@ def calibrate(path, cross_validate: bool = True, max_nfev: int = 60, progress=No
     t0 = time.perf_counter()
     values = fit(model, idx, max_nfev=max_nfev)
     fit_s = time.perf_counter() - t0
-    groups = [source_group(pr.cfg.row["source"]) for pr in prepared]
-    classes = [V.row_class(pr.cfg.row) for pr in prepared]
-    regimes = [I.regime(pr.cfg.machine, pr.p, pr.rt) for pr in prepared]
     prior = prior_vector()
     report = {
         "params": {p.name: float(v) for p, v in zip(PARAMS, values)},
@@ -261,36 +269,53 @@ def calibrate(path, cross_validate: bool = True, max_nfev: int = 60, progress=No
         "priors_error": {"decode": _summary(_abs_errs(model, prior, idx, "decode_tok_s")),
                          "prefill": _summary(_abs_errs(model, prior, idx, "prefill_tok_s"))},
     }
-    if cross_validate:
-        cv_dec, cv_pf, cv_rows = [], [], []
-        unique = sorted(set(groups))
-        for n, g in enumerate(unique):
-            train = [i for i in idx if groups[i] != g]
-            test = [i for i in idx if groups[i] == g]
-            v = fit(model, train, x0=values, max_nfev=max_nfev)
-            for i, (dec, pf) in zip(test, model.predict(v, test)):
-                row = model.rows[i].cfg.row
-                md, mp = V._num(row, "decode_tok_s"), V._num(row, "prefill_tok_s")
-                rec = {"id": row["id"], "class": classes[i], "group": g, "regime": regimes[i]}
-                if md:
-                    rec["decode_err"] = dec / md - 1
-                    cv_dec.append(abs(dec / md - 1))
-                if mp:
-                    rec["prefill_err"] = pf / mp - 1
-                    cv_pf.append(abs(pf / mp - 1))
-                cv_rows.append(rec)
-            if progress:
-                progress(n + 1, len(unique), g)
-        by_class = {}
-        for c in V.CLASSES:
-            d = [abs(r["decode_err"]) for r in cv_rows if r["class"] == c and "decode_err" in r]
-            f = [abs(r["prefill_err"]) for r in cv_rows if r["class"] == c and "prefill_err" in r]
-            if d or f:
-                by_class[c] = {"decode": _summary(d), "prefill": _summary(f)}
-        report["cross_validated"] = {"decode": _summary(cv_dec), "prefill": _summary(cv_pf), "by_class": by_class,
-                                     "groups": unique, "rows": cv_rows}
-        report["intervals"] = I.report(cv_rows)
+    if cross_validate and "source" in holdout:
+        groups = [source_group(pr.cfg.row["source"]) for pr in prepared]
+        report["cross_validated"] = held_out(model, values, groups, max_nfev, progress)
+        report["intervals"] = I.report(report["cross_validated"]["rows"])
+    if cross_validate and "device-family" in holdout:
+        families = [I.device_family(pr.cfg.machine, pr.p) for pr in prepared]
+        report["device_family_out"] = held_out(model, values, families, max_nfev, progress)
     return report
+
+
+def held_out(model: Model, values, groups: list, max_nfev: int = 60, progress=None) -> dict:
+    """Each distinct group's rows predicted by a fit on every other row (from *values*): the errors
+    overall, per class and per group, and one record per row (``id``, ``class``, ``group``, ``regime``,
+    ``decode_err`` / ``prefill_err`` = predicted / measured - 1 where measured)."""
+    rows = []
+    unique = sorted(set(groups))
+    for n, g in enumerate(unique):
+        train = [i for i, gi in enumerate(groups) if gi != g]
+        test = [i for i, gi in enumerate(groups) if gi == g]
+        v = fit(model, train, x0=values, max_nfev=max_nfev)
+        for i, (dec, pf) in zip(test, model.predict(v, test)):
+            pr = model.rows[i]
+            row = pr.cfg.row
+            rec = {"id": row["id"], "class": V.row_class(row), "group": g, "regime": I.regime(pr.cfg.machine, pr.p, pr.rt)}
+            for col, key, pred in (("decode_tok_s", "decode_err", dec), ("prefill_tok_s", "prefill_err", pf)):
+                measured = V._num(row, col)
+                if measured:
+                    rec[key] = pred / measured - 1
+            rows.append(rec)
+        if progress:
+            progress(n + 1, len(unique), g)
+    return {**_errors_of(rows), "by_class": _split(rows, "class", V.CLASSES),
+            "by_group": _split(rows, "group", unique), "groups": unique, "rows": rows}
+
+
+def _errors_of(rows: list) -> dict:
+    return {m: _summary([abs(r[f"{m}_err"]) for r in rows if f"{m}_err" in r]) for m in ("decode", "prefill")}
+
+
+def _split(rows: list, key: str, values) -> dict:
+    """:func:`_errors_of` of the rows per value of ``key`` (values without rows left out)."""
+    out = {}
+    for v in values:
+        sub = [r for r in rows if r[key] == v]
+        if sub:
+            out[v] = _errors_of(sub)
+    return out
 
 
 def write_toml(report: dict, out, command: str) -> None:

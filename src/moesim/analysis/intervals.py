@@ -50,6 +50,39 @@ def device_class(machine) -> str:
     return "hbm" if machine.gpu_bw_gbs >= 1500 else "gddr"
 
 
+# NVIDIA architectures by compute capability (CUDA C Programming Guide, "Compute Capabilities" table)
+_NVIDIA_ARCH = (("6", "pascal"), ("7.0", "volta"), ("7.2", "volta"), ("7.5", "turing"), ("8.9", "ada"),
+                ("8", "ampere"), ("9", "hopper"), ("10", "blackwell"), ("11", "blackwell"), ("12", "blackwell"))
+
+
+def device_family(machine, placement=None) -> str:
+    """The device family a machine's weight reads run on, for leave-one-device-family-out checks: an
+    NVIDIA architecture (``nvidia-ada``, ``nvidia-pascal`` ...), ``amd-rdna`` / ``amd-cdna`` (gfx9 is
+    CDNA), ``intel-gpu``, a unified chip's vendor (``apple-gpu``, ``amd-apu`` ...), or, where the CPU cores
+    run everything (no GPU, or a cpu-only placement), ``apple-cpu`` / ``cpu-server`` / ``cpu-desktop``."""
+    cpu_only = placement_kind(placement) == "cpu" if placement is not None else False
+    hw = _load_catalog("hardware")
+    if machine.unified:
+        vendor = str(hw.get("unified", {}).get(machine.gpu, {}).get("vendor", "other"))
+        if cpu_only:
+            return f"{vendor}-cpu"
+        return {"amd": "amd-apu", "nvidia": "nvidia-unified"}.get(vendor, f"{vendor}-gpu")
+    if cpu_only or not machine.gpu or machine.n_gpus == 0:
+        server = machine.sockets > 1 or machine.channels >= 6
+        return "cpu-server" if server else "cpu-desktop"
+    g = hw.get("gpu", {}).get(machine.gpu, {})
+    vendor = str(g.get("vendor", "other"))
+    if vendor == "nvidia":
+        cc = str(g.get("compute_capability") or machine.compute_capability or "")
+        for prefix, arch in _NVIDIA_ARCH:
+            if cc == prefix or cc.startswith(prefix + "."):
+                return f"nvidia-{arch}"
+        return "nvidia-other"
+    if vendor == "amd":
+        return "amd-cdna" if str(g.get("arch", "")).startswith("gfx9") else "amd-rdna"
+    return f"{vendor}-gpu"
+
+
 def placement_kind(placement) -> str:
     """gpu | hybrid | cpu | offload for a Placement or placement name."""
     kind = getattr(placement, "kind", None) or str(placement or "all-gpu").split("=", 1)[0]

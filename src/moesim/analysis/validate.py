@@ -29,6 +29,7 @@ from ..engine.lower.machine import lower_machine
 from ..engine.lower.memory import configure
 from ..engine.prefill import prefill
 from .consistency import capacities, check_prediction, check_record
+from .intervals import device_family
 from .records import default_notes, record
 from .resolve import memory_of, resolve
 from .speculation import accepted_per_step, default_acceptance
@@ -488,7 +489,7 @@ def evaluate_rows(rows: list, calibrated: bool = True) -> tuple:
                "roofline_err": _err(pr.roofline_tok_s, meas_d) if meas_d else None,
                "prefill_measured": meas_p, "prefill_predicted": pf if meas_p else None,
                "prefill_err": _err(pf, meas_p) if meas_p else None, "source": row["source"],
-               "assumed": cfg.assumed, "serving": serving}
+               "assumed": cfg.assumed, "serving": serving, "device_family": device_family(cfg.machine, pr.p)}
         if serving is not None:
             agg = _num(row, "aggregate_tok_s")
             rec.update(decode_step_predicted=step_dec, decode_step_err=_err(step_dec, meas_d) if meas_d else None,
@@ -520,11 +521,15 @@ def summarise(records: list, skipped: list) -> dict:
                            "prefill": _stats([r["prefill_err"] for r in rows]),
                            "roofline_decode": _stats([r["roofline_err"] for r in rows])}
     dec = _stats([r["decode_err"] for r in head])
+    fam = [r.get("device_family") or "unknown" for r in head]
+    by_family = {f: {"decode": _stats([r["decode_err"] for r, g in zip(head, fam) if g == f]),
+                     "prefill": _stats([r["prefill_err"] for r, g in zip(head, fam) if g == f])}
+                 for f in sorted(set(fam))}
     return {
         "median_abs_pct_err": dec["median_abs_pct_err"], "p90_abs_pct_err": dec["p90_abs_pct_err"],
         "decode": dec, "prefill": _stats([r["prefill_err"] for r in head]),
         "roofline_decode": _stats([r["roofline_err"] for r in head]), "by_class": by_class,
-        "serving": _serving_summary(head),
+        "by_device_family": by_family, "serving": _serving_summary(head),
         "quality_c": {"decode": _stats([r["decode_err"] for r in records if r["quality"] == "C"]),
                       "note": "quality C rows (anecdotal) are reported here, not in the headline"},
         "rows_evaluated": len(records), "rows_skipped": skipped,

@@ -132,7 +132,10 @@ def _add_calibrate_parser(sub) -> None:
                                         "measurements shipped with moesim")
     c.add_argument("--out", help="write the fitted parameters as a calibration TOML (the catalog's is "
                                  "src/moesim/catalog/calibration.toml)")
-    c.add_argument("--no-cv", action="store_true", help="skip leave-one-source-out cross-validation")
+    c.add_argument("--no-cv", action="store_true", help="skip the cross-validations")
+    c.add_argument("--holdout", choices=("source", "device-family", "both"), default="source",
+                   help="cross-validate leaving out one source at a time (default), every row of one device "
+                        "family at a time (nvidia-ada, apple-gpu, cpu-server, ...), or both")
     c.add_argument("--json", action="store_true")
 
 
@@ -266,7 +269,9 @@ def _cmd_calibrate(args) -> int:
     if args.data is None:
         from ..ingest.packaged import measurements_csv
         args.data = measurements_csv()
-    rep = C.calibrate(args.data, cross_validate=not args.no_cv, progress=None if args.json else progress)
+    holdout = ("source", "device-family") if args.holdout == "both" else (args.holdout,)
+    rep = C.calibrate(args.data, cross_validate=not args.no_cv, progress=None if args.json else progress,
+                      holdout=holdout)
     if args.out:
         C.write_toml(rep, args.out, "moesim calibrate " + " ".join(sys.argv[2:] if len(sys.argv) > 2 else [args.data]))
     if args.json:

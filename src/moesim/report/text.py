@@ -254,6 +254,13 @@ def validate_text(report: dict) -> str:
         if dd["n"]:
             lines.append(f"  {c:4} decode median {dd['median_abs_pct_err']:6.1f} %  p90 {dd['p90_abs_pct_err']:6.1f} %"
                          f"  ({dd['n']} rows)   roofline median {v['roofline_decode']['median_abs_pct_err']:6.1f} %")
+    fams = {f: v for f, v in (s.get("by_device_family") or {}).items() if v["decode"]["n"] or v["prefill"]["n"]}
+    if fams:
+        lines.append("  by device family (a family absent from the calibration's rows is predicted out of family):")
+    for f, v in fams.items():
+        dd, pp = v["decode"], v["prefill"]
+        lines.append(f"    {f:17} decode median {_pct_of(dd, 'median'):>8} p90 {_pct_of(dd, 'p90'):>8} ({dd['n']:3})   "
+                     f"prefill median {_pct_of(pp, 'median'):>8} ({pp['n']:3})")
     sv = s.get("serving") or {}
     if sv and sv["decode"]["n"]:
         st, ag = sv["decode_as_batch_step"], sv["aggregate"]
@@ -302,12 +309,27 @@ def calibrate_text(report: dict) -> str:
             dd = f"{d['median_abs_pct_err']:6.1f} % ({d['n']})" if d["n"] else "      -   "
             ff = f"{f['median_abs_pct_err']:6.1f} % ({f['n']})" if f["n"] else "-"
             lines.append(f"  {c:4} decode {dd}   prefill {ff}")
+    fam = report.get("device_family_out")
+    if fam:
+        lines.append(f"leave-one-device-family-out ({len(fam['groups'])} families): decode median |err| "
+                     f"{_pct_of(fam['decode'], 'median')}, p90 {_pct_of(fam['decode'], 'p90')}; prefill median "
+                     f"{_pct_of(fam['prefill'], 'median')}, p90 {_pct_of(fam['prefill'], 'p90')}")
+        for title, part in (("family", fam["by_group"]), ("class", fam["by_class"])):
+            for g, v in part.items():
+                d, f = v["decode"], v["prefill"]
+                lines.append(f"  {title} {g:17} decode {_pct_of(d, 'median'):>8} p90 {_pct_of(d, 'p90'):>8} ({d['n']:3})   "
+                             f"prefill {_pct_of(f, 'median'):>8} p90 {_pct_of(f, 'p90'):>8} ({f['n']:3})")
     for metric, c in (report.get("intervals") or {}).get("coverage", {}).items():
         nested = report["intervals"]["coverage_nested"][metric]
         if c["n"]:
             lines.append(f"80 % {metric} interval covers {100 * c['covered']:.0f} % of {c['n']} leave-one-source-out "
                          f"rows ({100 * (nested['covered'] or 0):.0f} % with each source's interval built without it)")
     return "\n".join(lines)
+
+
+def _pct_of(summary: dict, which: str) -> str:
+    v = summary.get(f"{which}_abs_pct_err")
+    return "-" if v is None else f"{v:.1f} %"
 
 
 def explain_text(d: dict) -> str:

@@ -211,10 +211,24 @@
       } else {
         td.textContent = c.fmt ? c.fmt(v) : v;
         if (c.key === "fits") { td.title = "memory tiers the configuration occupies"; }
+        addInterval(td, r, c.key);
       }
       tr.appendChild(td);
     });
     return tr;
+  }
+
+  // The 80 % prediction interval the row carries (decode_tok_s_lo / _hi ...), under the number; the
+  // cell's data-value stays the point estimate.
+  function addInterval(td, r, key) {
+    var lo = r[key + "_lo"], hi = r[key + "_hi"];
+    if (lo === null || lo === undefined || hi === null || hi === undefined) { return; }
+    var span = el("span", {"class": "interval", "data-lo": String(lo), "data-hi": String(hi)},
+                  speed(lo) + "\u2013" + speed(hi));
+    td.appendChild(el("br"));
+    td.appendChild(span);
+    td.title = "80 % prediction interval " + speed(lo) + "\u2013" + speed(hi) +
+               " (out-of-sample residuals of this device, placement and runtime regime)";
   }
 
   function render() {
