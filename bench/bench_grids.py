@@ -1,17 +1,24 @@
 """The grids users run, end to end through the public API (issue: sweeps at full speed on narrow grids).
 
     python bench/bench_grids.py                 # website and one-machine grids
-    python bench/bench_grids.py --twin 40       # + the pure-Python twin on 40 of the website grid's groups
+    python bench/bench_grids.py --twin 40       # + the pure-Python twin on 40 of each grid's groups
+    python bench/bench_grids.py --only "offload research" --only datacenter --twin 40
 
 website: every catalog model x Q4_K_M, Q8_0 x 10 GPUs (each with 128 GB of DDR5-6000 x2) x 4 contexts x
 3 batches, automatic placement: many small groups, the shape of a fit table on a web page.
 one machine: every catalog model x 6 GGUF quants on one RTX 4090 + 64 GB at one context and batch: the
 "what runs on my GPU" question.
+offload research: qwen3-30b-a3b Q4_K_M on an RTX 4090 + 64 GB DDR5, offload-cache with every GPU expert-cache
+size 0..E (129), the three analytic policies (lru, lfu, static; belady needs run.mode = montecarlo), prefetch
+recall 0, .25, .5, .75, 1 and batches 1..128 at one context: 15,480 configurations in 1,935 groups of 8.
+datacenter: deepseek-r1 fp8 under vLLM on a DGX H200 (8 GPUs), five parallel layouts, MTP 0 and 1 (the
+catalog's measured acceptance for the family) and batches 1..1024 at 8k context.
 
 Each grid runs twice in one process: the first time includes lowering every model and quant (cached
 afterwards), the second is what a long-lived process (a server, a notebook) pays. Rates are configurations
 per second including the output table. With --twin, engine/reference/sweep.py evaluates every
-configuration of the first N groups one by one (their tables and decode variants lowered first, as the C
+configuration of the first N groups of each grid one by one (groups with drafts or prefetch take the
+whole-step path, which has no twin, and are passed over) (their tables and decode variants lowered first, as the C
 path has them, so the twin's rate is of the per-configuration work only and the ratio shows how much of
 the C path's time is that work).
 """
@@ -39,13 +46,33 @@ def grids() -> dict:
         except moesim.MoesimError:
             pass
     common = dict(filter={"skip_inapplicable": True, "allow_beyond_max_context": True}, progress=False)
-    return {
+    return {**_research_grids(common),
         "website": dict(models=M.model_ids(), quants=["Q4_K_M", "Q8_0"],
                         machines=[dict(gpu=g, host="ddr5-6000x2", host_mem_gb=128) for g in gpus],
                         contexts=[4096, 16384, 32768, 131072], batches=[1, 4, 16], **common),
         "one machine": dict(models=M.model_ids(), quants=["Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0"],
                             machines=[dict(gpu="rtx-4090", host="ddr5-6000x2", host_mem_gb=64)],
                             contexts=[4096], batches=[1], **common),
+    }
+
+
+OFFLOAD_MODEL = "qwen3-30b-a3b"
+
+
+def _research_grids(common: dict) -> dict:
+    """The issue-19 reference grids: expert-offload research on one GPU, and a datacenter layout study."""
+    E = moesim.model(OFFLOAD_MODEL).n_experts
+    return {
+        # every cache size 0..E, the analytic policies (belady needs run.mode = montecarlo), 5 recalls
+        "offload research": dict(models=[OFFLOAD_MODEL], quants=["Q4_K_M"], placements=["offload-cache"],
+                                 machines=[dict(gpu="rtx-4090", host="ddr5-6000x2", host_mem_gb=64)],
+                                 cache_experts=list(range(E + 1)), policies=["lru", "lfu", "static"],
+                                 prefetch_recall=[0.0, 0.25, 0.5, 0.75, 1.0],
+                                 contexts=[4096], batches=[1, 2, 4, 8, 16, 32, 64, 128], **common),
+        # MTP acceptance: the catalog's measured one for the model's family (speculation.toml)
+        "datacenter": dict(models=["deepseek-r1"], quants=["fp8"], runtimes=["vllm"], machines=["dgx-h200"],
+                           parallel=["tp8", "ep8", "tp8-ep8", "tp8-ep8-attn-dp", "pipeline"], mtp=[0, 1],
+                           contexts=[8192], batches=[2 ** i for i in range(11)], **common),
     }
 
 
@@ -64,7 +91,7 @@ def twin_rate(kw: dict, n_groups: int) -> float:
     done, seconds = 0, 0.0
     for g in range(plan.n_groups):
         grp = plan.group(g)
-        if grp.skip:
+        if grp.skip or grp.direct:       # the twin has no whole-step (drafts, prefetch) path
             continue
         run_range(plan, g * plan.block, (g + 1) * plan.block)     # the variants lowered, as the C path has them
         t0 = time.perf_counter()
@@ -79,15 +106,18 @@ def twin_rate(kw: dict, n_groups: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--twin", type=int, default=0, help="groups of the website grid for the Python twin")
+    ap.add_argument("--twin", type=int, default=0, help="groups of each grid for the Python twin")
+    ap.add_argument("--only", action="append", help="run only this grid (repeatable), e.g. --only datacenter")
     args = ap.parse_args()
     print(f"{'grid':12s} {'configs':>8s} {'first run (wall, CPU)':>34s} {'warm (wall, CPU)':>34s}")
     for name, kw in grids().items():
+        if args.only and name not in args.only:
+            continue
         n, first, first_cpu = timed(kw, args.threads)
         _, warm, warm_cpu = timed(kw, args.threads)
         print(f"{name:12s} {n:8d} {first:8.2f} s {first_cpu:7.2f} s CPU {n / first:9.0f}/s "
               f"{warm:8.2f} s {warm_cpu:7.2f} s CPU {n / warm:9.0f}/s")
-        if name == "website" and args.twin:
+        if args.twin:
             twin = twin_rate(kw, args.twin)
             print(f"{'':12s} Python twin {twin:.0f} configs/s per configuration; C warm end to end is "
                   f"{n / warm / twin:.1f}x that")

@@ -4,7 +4,8 @@
     python bench/sweep_snapshot.py compare DIR     # after: same rows, max relative difference <= 1e-12
 
 Grids: rank's (one 4090 + 64 GB), the website grid of bench_grids.py, an experts-cpu / n-cpu-moe grid with
-batches 1..64 and a multi-GPU (h200 x 8, vllm) grid. Tables are stored as .npz, one array per column.
+batches 1..64, a multi-GPU (h200 x 8, vllm) grid, and bench_grids.py's offload-research and
+datacenter grids (cache sizes x policies x prefetch recall; parallel layouts x MTP). Tables are stored as .npz, one array per column.
 """
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ def grids() -> dict:
     return {
         "website": web_grids()["website"],
         "one_machine": web_grids()["one machine"],
+        "offload_research": web_grids()["offload research"],
+        "datacenter": web_grids()["datacenter"],
         "offload": dict(models=ids[:12], quants=["Q4_K_M"], placements=["experts-cpu", "n-cpu-moe=8"],
                         machines=[dict(gpu="rtx-4090", host="ddr5-6000x2", host_mem_gb=64)],
                         contexts=[4096, 32768], batches=[1, 2, 4, 8, 16, 32, 64], **COMMON),

@@ -19,6 +19,18 @@ def prefill(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, prompt: int, 
     GEMM rate (the two add); experts in host RAM are computed on the CPU, or, under llama.cpp's op offload
     (ubatch >= 32) and on expert-cache engines, the experts the ubatch uses are copied over PCIe
     (RT §1.1-1.2). A ubatch of n tokens uses sum_e 1 - (1 - q_e)^n distinct experts per layer."""
+    return rate_ttft(prompt, prefill_seconds(m, dm, hw, rtab, rt, prompt, depth), batch)
+
+
+def rate_ttft(prompt: int, seconds: float, batch: int) -> tuple:
+    """(prefill tokens/s, time to first token) of ``batch`` prompts from one prompt's
+    :func:`prefill_seconds` (the batch's prompts run one after another)."""
+    ttft = seconds * batch
+    return prompt * batch / ttft, ttft
+
+
+def prefill_seconds(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, prompt: int, depth: int = 0) -> float:
+    """Seconds to prefill one ``prompt``-token prompt (:func:`prefill`'s sum over ubatches)."""
     threshold = dm.get("layerwise_prefill", 0)
     if threshold > 0:
         # kt-kernel under SGLang: the scheduler cuts a prompt into chunked-prefill-size forwards
@@ -53,8 +65,7 @@ def prefill(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, prompt: int, 
                                                   layerwise=0 < threshold <= n_tok, offload=offload)
         t_ub = float(t.sum()) + dm["head_bytes"] / hw["gpu_bw"] + dm["head_flops"] / gflops
         total += count * t_ub
-    ttft = total * batch
-    return prompt * batch / ttft, ttft
+    return total
 
 
 def _expert_layers(dm: dict, rtab: dict, mode: np.ndarray, moe_idx: np.ndarray, qbar) -> "dict | None":

@@ -1,8 +1,10 @@
 """Whole-step analytic decode for sweep groups whose step does not split into (attention zeroed) +
 context terms (:func:`.variants.check_separable`): MTP drafts (a verify step of 1 + mtp tokens per
 sequence) and next-layer prefetch (prefetch_recall > 0). Each distinct (variant, context) of a group's
-rows is lowered and run the way ``simulate(mode="analytic")`` runs one configuration: one analytic
-kernel step and the prefill, at that context. Slower than the variant path, and only these groups take it."""
+rows runs the way ``simulate(mode="analytic")`` runs one configuration: one analytic kernel step and the
+prefill, at that context. The rows that share a lowered model (candidate, page-cache slots, context and
+lowering key, :meth:`.variants.DecodeVariants._lowered`'s) run in one kernel call and share one prefill
+sum; the batch enters those only through its own column and :func:`~moesim.engine.prefill.rate_ttft`."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,30 +12,43 @@ import numpy as np
 from ...engine.codes import MODES
 
 
-def _one(grp, j: int, ps: int, batch: int, context: int) -> tuple:
-    """(decode tok/s per sequence, prefill tok/s, expert hit rate or NaN, bottleneck index) of one
-    (candidate j, page-cache slots ps, batch, context) of group grp."""
+def _lowering_key(grp, j: int, tokens: int) -> tuple:
+    """What lower_model's output depends on at ``tokens`` per step besides the candidate (DecodeVariants'
+    key: the op-offload choice, and under expert parallelism the tokens themselves)."""
+    return (grp.variants._op_offload(grp.cands[j], tokens), tokens if grp.rt.decode.expert_parallel > 1 else -1)
+
+
+def _many(grp, j: int, ps: int, context: int, batches: list) -> np.ndarray:
+    """Rows (decode tok/s per sequence, prefill tok/s, expert hit rate or NaN, bottleneck index) of
+    candidate j at page-cache slots ps and this context, one per batch (all of one lowering key)."""
     from ...engine.decode import run
     from ...engine.lower.decode_model import lower_model
     from ...engine.lower.machine import lower_machine
-    from ...engine.prefill import prefill
+    from ...engine.prefill import prefill_seconds, rate_ttft
     m, plan = grp.m, grp.plan
     p = grp.cands[j]
     tps = 1 + grp.mtp
-    dm = lower_model(m, grp.low, p, grp.machine, grp.rt, context, grp.kv, batch * tps, routing=grp.routing)
+    dm = lower_model(m, grp.low, p, grp.machine, grp.rt, context, grp.kv, batches[0] * tps, routing=grp.routing)
     dm["page_slots"] = np.full(m.n_layers, ps, dtype=np.int32)
     hw = grp.direct_hw.get(j)
     if hw is None:
         hw = grp.direct_hw[j] = lower_machine(grp.machine, grp.rt, p, grp.kernel_mix)
     run_cfg = plan.run
-    cols = dict(batch=[batch], tokens_per_step=[tps], drafts=[grp.mtp], accepted=[grp.accepted],
-                steps=[run_cfg["tokens"]], warmup=[run_cfg["warmup"]], policy=[grp.policy],
-                mode=[MODES["analytic"]], seed=[int(run_cfg["seed"])], index=[0])
+    n = len(batches)
+    cols = dict(batch=np.array(batches, dtype=np.int32), tokens_per_step=np.full(n, tps, dtype=np.int32),
+                drafts=np.full(n, grp.mtp, dtype=np.int32), accepted=np.full(n, float(grp.accepted)),
+                steps=np.full(n, run_cfg["tokens"], dtype=np.int64), warmup=np.full(n, run_cfg["warmup"], dtype=np.int64),
+                policy=np.full(n, grp.policy, dtype=np.int32), mode=np.full(n, MODES["analytic"], dtype=np.int32),
+                seed=np.full(n, int(run_cfg["seed"]) & 0xFFFFFFFFFFFFFFFF, dtype=np.uint64), index=np.zeros(n, dtype=np.uint64))
     res = run(dm, hw, grp.routing, cols)
-    pf, _ = prefill(m, dm, hw, grp.routing, grp.rt, run_cfg["prompt"], batch)
-    hit = float(res["hit_rate"][0])
-    return (float(res["accepted"][0] / res["step_mean"][0]), float(pf), np.nan if hit < 0 else hit,
-            int(np.argmax(res["by_resource"][0])))
+    seconds = prefill_seconds(m, dm, hw, grp.routing, grp.rt, run_cfg["prompt"])
+    out = np.empty((n, 4))
+    out[:, 0] = np.asarray(res["accepted"], dtype=np.float64) / np.asarray(res["step_mean"], dtype=np.float64)
+    out[:, 1] = [rate_ttft(run_cfg["prompt"], seconds, b)[0] for b in batches]
+    hit = np.asarray(res["hit_rate"], dtype=np.float64)
+    out[:, 2] = np.where(hit < 0, np.nan, hit)
+    out[:, 3] = np.argmax(np.asarray(res["by_resource"]), axis=1)
+    return out
 
 
 def evaluate(grp, keys: np.ndarray, context: np.ndarray, batch: np.ndarray, out: dict) -> None:
@@ -43,9 +58,13 @@ def evaluate(grp, keys: np.ndarray, context: np.ndarray, batch: np.ndarray, out:
     uniq, inverse = np.unique(pairs, axis=0, return_inverse=True)
     inverse = inverse.reshape(-1)
     vals = np.empty((len(uniq), 4))
+    todo: dict = {}
     for u, (key, ctx) in enumerate(uniq.tolist()):
         j, ps, bi = grp.decode_key(key)
-        vals[u] = _one(grp, j, ps, int(grp.plan.batches[bi]), int(ctx))
+        b = int(grp.plan.batches[bi])
+        todo.setdefault((j, ps, ctx, _lowering_key(grp, j, b * (1 + grp.mtp))), []).append((u, b))
+    for (j, ps, ctx, _), items in todo.items():
+        vals[[u for u, _ in items]] = _many(grp, j, ps, ctx, [b for _, b in items])
     tok = vals[inverse, 0]
     out["decode_tok_s"][:] = tok
     out["aggregate_tok_s"][:] = tok * batch

@@ -142,7 +142,23 @@ def _expected_max_normal(mu: np.ndarray, var: np.ndarray, points: int = 1025) ->
     return (0.5 * (f[:, 1:] + f[:, :-1]) * dx).sum(axis=1)
 
 
+_RANK_LOADS: dict = {}      # (qbar bytes and shape, tokens, ep, redundant) -> (load_e, load_p), read-only
+
+
 def rank_load(qbar: np.ndarray, tokens: int, ep: int, redundant: int = 0) -> tuple:
+    """:func:`_rank_load`, memoised on its inputs (a sweep asks for the same routing, step size and EP
+    degree under every layout, draft count and machine that share them); returns fresh copies."""
+    qbar = np.asarray(qbar, dtype=np.float64)
+    key = (qbar.tobytes(), qbar.shape, float(max(1, tokens)), int(ep), int(redundant))
+    hit = _RANK_LOADS.get(key)
+    if hit is None:
+        if len(_RANK_LOADS) >= 512:
+            _RANK_LOADS.clear()
+        hit = _RANK_LOADS[key] = _rank_load(qbar, tokens, ep, redundant)   # a race computes it twice
+    return hit[0].copy(), hit[1].copy()
+
+
+def _rank_load(qbar: np.ndarray, tokens: int, ep: int, redundant: int = 0) -> tuple:
     """(experts load, pairs load) per MoE layer: the busiest EP rank's expected work over the mean rank's,
     at a step of ``tokens`` tokens, from each expert's per-token selection probability ``qbar`` [L, E].
 
