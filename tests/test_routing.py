@@ -158,6 +158,26 @@ def test_fitted_profile_reproduces_trace(pid):
     assert abs(model["lru_3k"] - target["lru_3k"]) <= 0.08, model
 
 
+# trace -> the family whose default profile (the v2 fit, issue 15) was fitted to it
+V2_FAMILY = {"gpt-oss-20b": "gpt_oss", "deepseek-v2-lite": "deepseek_v2", "olmoe-1b-7b_gsm8k_layer0.jsonl": "olmoe"}
+
+
+@pytest.mark.parametrize("name", sorted(V2_FAMILY))
+def test_default_v2_profile_reproduces_trace(name):
+    """The full-model defaults, sampled at the trace's own layers and request lengths (as fitted) from a
+    seed other than the fit's, reproduce the trace's reuse and LRU hit rate at 2k within 0.05."""
+    tr = trace(name)
+    E, k = tr.n_experts, tr.top_k
+    prof = routing.profile(family=V2_FAMILY[name])
+    assert prof.layer_zipf_s and prof.source.count("moesim routing fit") >= 1, prof.id
+    lengths = [len(r) for r in tr.requests]
+    long = KRT.sample_requests(LRT.RoutingDims(len(tr.layers), E, k), prof, len(lengths), max(lengths), seed=20261)
+    model = RF.trace_stats([r[:n] for r, n in zip(long, lengths)], E, k)
+    target = RF.trace_stats(tr.requests, E, k)
+    for key in ("reuse", "lru_2k"):
+        assert abs(model[key] - target[key]) <= 0.05, (key, model, target)
+
+
 # ------------------------------------------------------------------------------- (d) reproducible sampling
 @settings(max_examples=20, deadline=None)
 @given(st.sampled_from(sorted(FITTED)), st.integers(0, 2**62))

@@ -113,7 +113,7 @@ def test_regime_phase_is_checked():
 
 
 def test_fitted_phase_in_the_catalog():
-    assert R.profile("deepseek-v2").fitted_phase == "prompt"     # teacher-forced prompts (../shared/traces)
+    assert R.profile("deepseek-v2").fitted_phase == R.profile("deepseek-v2:v2").fitted_phase == "prompt"     # teacher-forced prompts (../shared/traces)
     for pid in ("gpt-oss", "gpt-oss:mmlu", "gpt-oss:mmlu-pro", "gpt-oss:pooled"):
         assert R.profile(pid).fitted_phase == "decode"
 
@@ -185,5 +185,5 @@ def test_spread_in_routing_stats_and_simulate_json(capsys):
     assert "spread across its workloads" in text and f"{lo:.3f} .. {hi:.3f}" in text
     mach = hardware.machine(**MACHINE)
     d = simulate("gpt-oss-20b", mach, tokens=16, mode="analytic").to_dict()
-    assert d["routing_spread"] == {k: list(v) for k, v in R.profile("gpt-oss").spread_dict().items()}
+    assert d["routing_spread"] == {k: list(v) for k, v in R.profile(family="gpt_oss").spread_dict().items()}
     assert "routing_spread" not in simulate("qwen3-30b-a3b", mach, quant="Q4_K_M", tokens=16, mode="analytic").to_dict()
