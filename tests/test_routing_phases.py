@@ -121,7 +121,7 @@ def test_fitted_phase_in_the_catalog():
 def test_decode_on_a_prompt_fitted_profile_is_noted_not_changed():
     mach = hardware.machine(**MACHINE)
     run = lambda routing: simulate("deepseek-v2-lite", mach, tokens=16, mode="analytic", routing=routing)  # noqa: E731
-    noted, plain = run(None), run(R.profile("deepseek-v2", fitted_phase=""))
+    noted, plain = run(None), run(R.profile(family="deepseek_v2", fitted_phase=""))   # the family default
     note = [a for a in noted.memory["assumptions"] if "fitted to prompt tokens" in a]
     assert len(note) == 1 and "deepseek-v2" in note[0] and "issue 15" in note[0]
     assert not any("fitted to prompt tokens" in a for a in plain.memory["assumptions"])
