@@ -247,11 +247,16 @@ KNOWN_GAPS: dict = {
 }
 
 
+XFAIL_NOTE = {"mixtral-8x7b_humaneval.jsonl": "; 2 fitted pieces of <= 128 tokens, 1 checked: the v2 fit overfits, the mixtral default stays v1",
+              "olmoe-1b-7b_gsm8k_layer0.jsonl": "; replay LRU is held to 5 % (plain LRU at 2k, held to 10 %, is +4.5 %)"}
+
+
 def _cases():
     for name in TRACE_NAMES:
         for stat in STATS:
             gap = KNOWN_GAPS.get((name, stat))
-            marks = [pytest.mark.xfail(strict=True, reason=f"model off by {gap:+.0%} (issue 15)")] if gap is not None else []
+            marks = [] if gap is None else [pytest.mark.xfail(
+                strict=True, reason=f"model off by {gap:+.0%} (issue 15){XFAIL_NOTE.get(name, '')}")]
             yield pytest.param(name, stat, marks=marks, id=f"{name.split('_')[0].split('.')[0]}-{stat}")
 
 
@@ -263,16 +268,25 @@ V1 = {"deepseek-v2-lite": ("deepseek-v2", "deepseek_v2"), "gpt-oss-20b": ("gpt-o
 @pytest.mark.parametrize("name", TRACE_NAMES)
 def test_family_default_is_the_routing_model_that_generalises(name):
     """issue 15: a family's default profile is the full (v2) model exactly when that model, fitted on one
-    half of the family's trace, passes more held-out checks than the v1 profile does. The v1 profile was
+    half of the family's trace, passes more held-out checks than the v1 profile does (and the analytic
+    path reads it as the sampler draws it). The v1 profile was
     fitted to the whole trace, held-out half included, so the comparison favours v1."""
     skip_if_absent(name)
     v1_id, family = V1[name]
     v1 = passed(compared(traces.load(TRACES / name), R.profile(v1_id)))
     v2 = passed(measured(name))
     default = R.profile(family=family)
+    if name in ANALYTIC_BLOCKED:      # v2 generalises better, but the analytic path misreads it
+        assert v2 > v1 and default.id == v1_id, f"default {default.id}: v2 half-fit passes {v2}, v1 {v1}"
+        return
     assert bool(default.layer_zipf_s) == (v2 > v1), f"default {default.id}: v2 half-fit passes {v2}, v1 {v1}"
     if v2 <= v1:
         assert default.id == v1_id
+
+
+# traces whose v2 fit stays off its family's default because the analytic path (popularity, concentration,
+# stickiness only) gives it too few distinct experts per batched step (catalog/routing.toml, [families])
+ANALYTIC_BLOCKED = {"gpt-oss-20b", "deepseek-v2-lite"}
 
 
 def skip_if_absent(name: str) -> None:
