@@ -338,7 +338,7 @@ def test_mutated_family_configs_give_a_sane_fit_or_a_named_error(tmp_path, tally
 @pytest.mark.parametrize("family,mid", sorted(FAMILY_EXAMPLES.items()))
 def test_routing_profile_falls_back_cleanly(family, mid):
     p = profile(family=INGEST.model(mid).family)
-    assert p.id == ("olmoe" if family == "olmoe" else "generic")
+    assert p.id == ("olmoe:v2" if family == "olmoe" else "generic")   # olmoe: the v2 default (issue 15)
 
 
 # ------------------------------------------------------------------------------------ commands

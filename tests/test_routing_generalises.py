@@ -23,6 +23,7 @@ from moesim.analysis import routing_fit as RF
 from moesim.engine import routing as KRT
 from moesim.engine.lower.routing import RoutingDims
 from moesim.ingest import traces
+from moesim.spec import routing as R
 
 # ../shared/traces next to the checkout; MOESIM_TRACES points elsewhere (a worktree one level deeper)
 TRACES = Path(os.environ.get("MOESIM_TRACES", Path(__file__).resolve().parents[2] / "shared" / "traces"))
@@ -183,11 +184,18 @@ def sampled_like(dims, prof, like, seed) -> list:
 
 @functools.lru_cache(maxsize=None)
 def measured(name: str) -> dict:
+    """The half-fit of the full routing model against the held-out half."""
     tr = traces.load(TRACES / name)
+    fit, _check = split(tr.requests)
+    half = traces.Trace(requests=fit, layers=tr.layers, top_k=tr.top_k, n_experts=tr.n_experts,
+                        source=tr.source + " (fit half)")
+    return compared(tr, RF.fit_profile(half)[0])
+
+
+def compared(tr, prof) -> dict:
+    """{"real", "model"} statistics of the held-out half and of *prof* sampled at both halves' lengths."""
     E, k = tr.n_experts, tr.top_k
     fit, check = split(tr.requests)
-    half = traces.Trace(requests=fit, layers=tr.layers, top_k=k, n_experts=E, source=tr.source + " (fit half)")
-    prof = RF.fit_profile(half)[0]
     dims = RoutingDims(len(tr.layers), E, k)
     # one lowered model (the seed fixes its popularity permutation and partner table), independent streams
     model = sampled_like(dims, prof, fit + check, SEED)
@@ -204,6 +212,16 @@ def measured(name: str) -> dict:
 def relative_gap(name: str, stat: str) -> float:
     m = measured(name)
     return (m["model"][stat] - m["real"][stat]) / m["real"][stat]
+
+
+def passed(m: dict) -> int:
+    """How many of the held-out checks (test_sampled_model_matches_held_out_half) *m* passes."""
+    ok = 0
+    for stat in STATS:
+        if stat in m["real"] and np.isfinite(m["real"][stat]):
+            tol = REPLAY_TOLERANCE if stat.startswith("replay") else TOLERANCE
+            ok += abs((m["model"][stat] - m["real"][stat]) / m["real"][stat]) <= tol
+    return ok
 
 
 STATS = ("reuse_lag1", "reuse_lag2", "reuse_lag8", "reuse_lag32", "lru_1k", "lru_2k", "lru_4k", "union_b8",
@@ -229,12 +247,46 @@ KNOWN_GAPS: dict = {
 }
 
 
+XFAIL_NOTE = {"mixtral-8x7b_humaneval.jsonl": "; 2 fitted pieces of <= 128 tokens, 1 checked: the v2 fit overfits, the mixtral default stays v1",
+              "olmoe-1b-7b_gsm8k_layer0.jsonl": "; replay LRU is held to 5 % (plain LRU at 2k, held to 10 %, is +4.5 %)"}
+
+
 def _cases():
     for name in TRACE_NAMES:
         for stat in STATS:
             gap = KNOWN_GAPS.get((name, stat))
-            marks = [pytest.mark.xfail(strict=True, reason=f"model off by {gap:+.0%} (issue 15)")] if gap is not None else []
+            marks = [] if gap is None else [pytest.mark.xfail(
+                strict=True, reason=f"model off by {gap:+.0%} (issue 15){XFAIL_NOTE.get(name, '')}")]
             yield pytest.param(name, stat, marks=marks, id=f"{name.split('_')[0].split('.')[0]}-{stat}")
+
+
+# trace -> (the v1 catalog profile fitted to it: scalar skew/stickiness, model family)
+V1 = {"deepseek-v2-lite": ("deepseek-v2", "deepseek_v2"), "gpt-oss-20b": ("gpt-oss", "gpt_oss"),
+      "mixtral-8x7b_humaneval.jsonl": ("mixtral", "mixtral"), "olmoe-1b-7b_gsm8k_layer0.jsonl": ("olmoe", "olmoe")}
+
+
+@pytest.mark.parametrize("name", TRACE_NAMES)
+def test_family_default_is_the_routing_model_that_generalises(name):
+    """issue 15: a family's default profile is the full (v2) model exactly when that model, fitted on one
+    half of the family's trace, passes more held-out checks than the v1 profile does (and the analytic
+    path reads it as the sampler draws it). The v1 profile was
+    fitted to the whole trace, held-out half included, so the comparison favours v1."""
+    skip_if_absent(name)
+    v1_id, family = V1[name]
+    v1 = passed(compared(traces.load(TRACES / name), R.profile(v1_id)))
+    v2 = passed(measured(name))
+    default = R.profile(family=family)
+    if name in ANALYTIC_BLOCKED:      # v2 generalises better, but the analytic path misreads it
+        assert v2 > v1 and default.id == v1_id, f"default {default.id}: v2 half-fit passes {v2}, v1 {v1}"
+        return
+    assert bool(default.layer_zipf_s) == (v2 > v1), f"default {default.id}: v2 half-fit passes {v2}, v1 {v1}"
+    if v2 <= v1:
+        assert default.id == v1_id
+
+
+# traces whose v2 fit stays off its family's default because the analytic path (popularity, concentration,
+# stickiness only) gives it too few distinct experts per batched step (catalog/routing.toml, [families])
+ANALYTIC_BLOCKED = {"gpt-oss-20b", "deepseek-v2-lite"}
 
 
 def skip_if_absent(name: str) -> None:

@@ -113,7 +113,7 @@ def test_regime_phase_is_checked():
 
 
 def test_fitted_phase_in_the_catalog():
-    assert R.profile("deepseek-v2").fitted_phase == "prompt"     # teacher-forced prompts (../shared/traces)
+    assert R.profile("deepseek-v2").fitted_phase == R.profile("deepseek-v2:v2").fitted_phase == "prompt"     # teacher-forced prompts (../shared/traces)
     for pid in ("gpt-oss", "gpt-oss:mmlu", "gpt-oss:mmlu-pro", "gpt-oss:pooled"):
         assert R.profile(pid).fitted_phase == "decode"
 
@@ -121,7 +121,7 @@ def test_fitted_phase_in_the_catalog():
 def test_decode_on_a_prompt_fitted_profile_is_noted_not_changed():
     mach = hardware.machine(**MACHINE)
     run = lambda routing: simulate("deepseek-v2-lite", mach, tokens=16, mode="analytic", routing=routing)  # noqa: E731
-    noted, plain = run(None), run(R.profile("deepseek-v2", fitted_phase=""))
+    noted, plain = run(None), run(R.profile(family="deepseek_v2", fitted_phase=""))   # the family default
     note = [a for a in noted.memory["assumptions"] if "fitted to prompt tokens" in a]
     assert len(note) == 1 and "deepseek-v2" in note[0] and "issue 15" in note[0]
     assert not any("fitted to prompt tokens" in a for a in plain.memory["assumptions"])
@@ -185,5 +185,5 @@ def test_spread_in_routing_stats_and_simulate_json(capsys):
     assert "spread across its workloads" in text and f"{lo:.3f} .. {hi:.3f}" in text
     mach = hardware.machine(**MACHINE)
     d = simulate("gpt-oss-20b", mach, tokens=16, mode="analytic").to_dict()
-    assert d["routing_spread"] == {k: list(v) for k, v in R.profile("gpt-oss").spread_dict().items()}
+    assert d["routing_spread"] == {k: list(v) for k, v in R.profile(family="gpt_oss").spread_dict().items()}
     assert "routing_spread" not in simulate("qwen3-30b-a3b", mach, quant="Q4_K_M", tokens=16, mode="analytic").to_dict()
