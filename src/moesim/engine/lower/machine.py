@@ -120,14 +120,21 @@ def _lower_unified(machine: Machine, rt: Runtime, mix: Q.KernelMix, cpu_only: bo
     """A unified-memory chip: one pool is GPU memory, host memory and the "PCIe" link alike."""
     d = rt.decode
     # Apple chips run Metal (RT §1.9, §6); NVIDIA's GB10 (DGX Spark) runs CUDA with graphs
-    metal = _load_catalog("hardware")["unified"].get(machine.gpu, {}).get("vendor") == "apple"
+    u = _load_catalog("hardware")["unified"].get(machine.gpu, {})
+    metal = u.get("vendor") == "apple"
     eff = d.metal_bw_eff if metal else d.gddr_bw_eff      # GB10: LPDDR5X through CUDA
-    pool = machine.gpu_bw_gbs * GB * eff
-    host = min(pool, _cpu_cluster_bw(machine, d))
+    # a chip whose GPU measures well under its spec (Strix Halo: rocm_bandwidth_test 212 of 256 GB/s)
+    # streams at the kernels' share of that measured figure (catalog gpu_measured_bw_gbs); it is a GPU
+    # measurement, so the CPU cores keep the spec pool
+    measured = 0.0 if cpu_only else float(u.get("gpu_measured_bw_gbs", 0.0))
+    bw = min(machine.gpu_bw_gbs, measured or machine.gpu_bw_gbs)
+    pool = bw * GB * eff
+    host = min(machine.gpu_bw_gbs * GB * eff, _cpu_cluster_bw(machine, d))
     peak = machine.gpu_tflops.get("fp16", 0.0) * 1e12
     gpu_flops = peak * d.gpu_flops_eff
     cpu_flops = _cpu_flops(machine, d, mix)
-    launch = d.launch_us_metal if metal else d.launch_us
+    # chips without CUDA graphs (AMD iGPUs: HIP graphs off, Vulkan) pay the no-graph launch per layer
+    launch = d.launch_us_metal if metal else (d.launch_us if u.get("cuda_graphs", True) else d.launch_us_nograph)
     pf_eff = d.prefill_flops_eff_unified
     if not metal:
         # GB10 prefills like a discrete CUDA card: llama.cpp's int8 MMQ, whose Blackwell rate equals the
@@ -135,6 +142,9 @@ def _lower_unified(machine: Machine, rt: Runtime, mix: Q.KernelMix, cpu_only: bo
         pf_eff = d.prefill_flops_eff * _mmq_rel(mix, d)
         if rt.llama_cpp_family:
             peak = machine.gpu_tflops.get("int8", machine.gpu_tflops.get("fp8", 0.0)) * 1e12 or peak
+        # a measured GEMM rate (Strix Halo: 36.9 of 59.4 TFLOPS) replaces the peak it falls short of
+        if not cpu_only:
+            peak = min(peak, float(u.get("gpu_measured_gemm_tflops", 0.0)) * 1e12 or peak)
     pf = max(peak * pf_eff, cpu_flops)
     return dict(gpu_bw=pool, host_bw=host, pcie_bw=pool, storage_bw=max(machine.storage_read_gbs, 1e-3) * GB,
                 gpu_flops=max(gpu_flops, cpu_flops), cpu_flops=cpu_flops, interconnect_bw=pool, unified=1,
