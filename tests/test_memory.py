@@ -520,3 +520,32 @@ def test_unknown_kv_dtype_and_engine(machine):
     _raises("engine", lambda: EMEM.evaluate(low, cols, engine="fortran"))
     bad = dict(cols, batch=np.array([1, 2]))
     _raises("batch", lambda: EMEM.evaluate(low, bad))
+
+
+# ------------------------------------------------------------------------------ memory per GPU (issue 16)
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(model_and_rows(6))
+def test_per_gpu_terms_c_matches_reference(case):
+    """C == twin on the per-GPU terms (random gpu_ways): the busiest GPU's bytes are each class's GPU bytes
+    over its ways, and the GPU tier fits exactly when they are within one GPU's capacity."""
+    mid, quant, low, rows = case
+    cols = to_cols(rows)
+    c, r = EMEM.evaluate(low, cols, engine="c"), EMEM.evaluate(low, cols, engine="reference")
+    np.testing.assert_array_equal(c["gpu_per_gpu"], r["gpu_per_gpu"])
+    np.testing.assert_array_equal(c["fits"], r["fits"])
+    np.testing.assert_array_equal(c["max_context"], r["max_context"])
+    np.testing.assert_array_equal(c["max_batch"], r["max_batch"])
+    one = (c["by_class"][:, :, CODES.TIER_GPU] / cols["gpu_ways"]).sum(axis=1)
+    np.testing.assert_allclose(c["gpu_per_gpu"], one, rtol=1e-12)
+    gpu_over = c["gpu_per_gpu"] > cols["gpu_capacity"]
+    assert not (c["fits"][gpu_over] != 0).any(), "a configuration whose busiest GPU overflows fits"
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf")])
+def test_bad_gpu_ways_is_a_kernel_error(bad):
+    low = lowered("llama-2-7b", "Q4_K_M")
+    row = _fixed_cols(low, gpu_capacity=1e12)
+    row["gpu_ways"] = [1.0] * CODES.N_CLASSES
+    row["gpu_ways"][CODES.CLASS_KV] = bad
+    with pytest.raises(Exception, match="ms_memory_many"):
+        EMEM.evaluate(low, to_cols([row]))
