@@ -23,7 +23,7 @@ from moesim.spec.runtimes import runtime
 def random_columns(mod, low, n, rng):
     mach = machine(gpu="rtx-4090", host="ddr5-6000x2", host_mem_gb=192)
     base = M.configure(mod, low, mach, runtime("llama.cpp"), parse("all-gpu"), 4096, 1, "f16")
-    cols = {k: np.full(n, v, dtype=np.int64 if k in M.INT_CONFIG_FIELDS else np.float64) for k, v in base.items()}
+    cols = M.config_columns(base, n)
     cols["context"] = rng.integers(1, mod.max_context + 1, n)
     cols["batch"] = rng.integers(1, 65, n)
     cols["placement"] = rng.choice([0, 1, 2, 3, 4, 5], n)

@@ -90,11 +90,17 @@ typedef struct {
     double gpu_buf0, gpu_buf_ctx;   /* per GPU compute buffer: buf0 + buf_ctx * C */
     double host_fixed;           /* host-side runtime overhead */
     double host_buf0, host_buf_ctx;
+    /* Per GPU (issue 16): the GPU-tier bytes of class k are divided gpu_ways[k] ways over the GPUs (1 =
+     * replicated on every GPU; engine.lower.parallel.memory_split_ways), so the busiest GPU holds
+     * sum_k by_class[k][GPU] / gpu_ways[k], and the configuration fits the GPUs only when that is within
+     * gpu_capacity. Each entry > 0 and finite; all 1 on one GPU (the pooled total). */
+    double gpu_ways[MS_N_CLASSES];
 } ms_mem_config_t;
 
 typedef struct {
     double by_class[MS_N_CLASSES][MS_N_TIERS];
     double tier[MS_N_TIERS];     /* bytes per tier (GPU summed over devices; storage = spilled weights) */
+    double gpu_per_gpu;          /* the busiest GPU's bytes (ms_mem_config_t.gpu_ways), what the fit checks */
     double weights;              /* all weights, every tier */
     double kv;                   /* context-dependent cache, all sequences */
     double state;                /* context-independent per-sequence state, all sequences */
@@ -321,6 +327,7 @@ typedef struct {
     int32_t any_gpu;             /* anything on the GPU tier (its compute buffers are then allocated) */
     int32_t label;               /* output code of the placement column */
     double w_gpu, w_host;        /* weight bytes (every weight class) on each tier */
+    double w_gpu_one;            /* the busiest GPU's weight bytes: sum of each class's GPU bytes / gpu_ways */
     double routed_host;          /* routed-expert bytes in host RAM (host page-cache share) */
 } ms_sweep_place_t;
 

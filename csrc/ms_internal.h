@@ -11,11 +11,13 @@
  * Written once for ms_memory.c (account over layers) and ms_sweep.c (account over layer kinds); the
  * pure-Python twin is engine/reference/memory.py fits_rule, shared by both reference twins. */
 
-/* From the bytes each tier needs (gpu: all GPUs; host: everything not on the GPU), how many of the
- * host's weight bytes page in from storage (mmap'd weights beyond host RAM; caches and buffers cannot),
- * written to *spill, and which tiers the configuration uses: MS_FITS_* bits, 0 when it does not fit. */
-static inline int32_t ms_fits_rule(const ms_mem_config_t *c, double gpu, double host, double host_weights,
-                                   double host_buffers, double *spill)
+/* From the bytes each tier needs (gpu: all GPUs; gpu_one: the busiest GPU, ms_mem_config_t.gpu_ways; host:
+ * everything not on the GPU), how many of the host's weight bytes page in from storage (mmap'd weights
+ * beyond host RAM; caches and buffers cannot), written to *spill, and which tiers the configuration uses:
+ * MS_FITS_* bits, 0 when it does not fit. The GPUs fit when the busiest one's bytes are within one GPU's
+ * capacity (memory is per GPU, replicated tensors on each). */
+static inline int32_t ms_fits_rule(const ms_mem_config_t *c, double gpu, double gpu_one, double host,
+                                   double host_weights, double host_buffers, double *spill)
 {
     double s = 0.0;
     int32_t fits = 0;
@@ -24,7 +26,7 @@ static inline int32_t ms_fits_rule(const ms_mem_config_t *c, double gpu, double 
         if (s > host_weights) s = host_weights;
         if (s > c->storage_capacity) s = c->storage_capacity;
     }
-    if (gpu <= (double) c->n_gpus * c->gpu_capacity && host - s <= c->host_capacity) {
+    if (gpu_one <= c->gpu_capacity && host - s <= c->host_capacity) {
         if (gpu > 0.0 && c->n_gpus > 0) fits |= MS_FITS_GPU;
         if (host - s - host_buffers > 0.0) fits |= MS_FITS_HOST;
         if (s > 0.0) fits |= MS_FITS_STORAGE;
@@ -33,6 +35,15 @@ static inline int32_t ms_fits_rule(const ms_mem_config_t *c, double gpu, double 
     if (gpu > 0.0 && c->n_gpus == 0) fits = 0;
     *spill = s;
     return fits;
+}
+
+/* The busiest GPU's bytes of a [class, tier] table: each class's GPU bytes over its gpu_ways, in class
+ * order (the sweep adds its weight, KV, state and buffer terms in the same order: the same numbers). */
+static inline double ms_gpu_one(const ms_mem_config_t *c, const double (*bc)[MS_N_TIERS])
+{
+    double one = 0.0;
+    for (int k = 0; k < MS_N_CLASSES; k++) one += bc[k][MS_TIER_GPU] / c->gpu_ways[k];
+    return one;
 }
 
 /* Threads worth waking for n rows of about rows_per_ms rows per millisecond each: at most one per
@@ -57,14 +68,15 @@ static inline int ms_linear_in_context(const ms_mem_config_t *c)
     return c->kv_granularity <= 1 && !c->storage_spill;
 }
 
-/* The max context in closed form where memory is linear in C: each tier is a + s*C, so from the tier
- * bytes at C = 1 (g1, h1) and C = 2 (g2, h2) the boundary is min over tiers of 1 + (cap - t1) / (t2 - t1).
+/* The max context in closed form where memory is linear in C: each tier is a + s*C, so from the busiest
+ * GPU's and the host's bytes at C = 1 (g1, h1) and C = 2 (g2, h2) the boundary is min over tiers of
+ * 1 + (cap - t1) / (t2 - t1).
  * Returns 0 when it lies outside [1, max_context]; callers verify the candidate either way. */
 static inline int64_t ms_linear_context(const ms_mem_config_t *c, double g1, double h1, double g2, double h2,
                                         int64_t max_context)
 {
     double best = 1e300;
-    if (g2 > g1) best = 1.0 + ((double) c->n_gpus * c->gpu_capacity - g1) / (g2 - g1);
+    if (g2 > g1) best = 1.0 + (c->gpu_capacity - g1) / (g2 - g1);
     if (h2 > h1) {
         double hb = 1.0 + (c->host_capacity - h1) / (h2 - h1);
         if (hb < best) best = hb;

@@ -160,7 +160,8 @@ static int32_t account_tiers(const ms_mem_config_t *c, ms_mem_result_t *r)
         host += bc[k][MS_TIER_HOST];
         if (k <= MS_CLASS_MTP) host_weights += bc[k][MS_TIER_HOST];
     }
-    r->fits = ms_fits_rule(c, gpu, host, host_weights, bc[MS_CLASS_BUFFERS][MS_TIER_HOST], &spill);
+    r->gpu_per_gpu = ms_gpu_one(c, (const double (*)[MS_N_TIERS]) bc);
+    r->fits = ms_fits_rule(c, gpu, r->gpu_per_gpu, host, host_weights, bc[MS_CLASS_BUFFERS][MS_TIER_HOST], &spill);
     r->tier[MS_TIER_GPU] = gpu;
     r->tier[MS_TIER_HOST] = host - spill;
     r->tier[MS_TIER_STORAGE] = spill;
@@ -205,9 +206,9 @@ static int64_t linear_context_candidate(const ms_model_t *m, const ms_mem_config
     for (int32_t l = 0; l < m->n_layers; l++)
         if (m->kv_cap[l] != 0 || m->kv_ratio[l] != 0) return 0;
     account(m, c, 1, b, s);
-    g1 = s->tier[MS_TIER_GPU]; h1 = s->tier[MS_TIER_HOST];
+    g1 = s->gpu_per_gpu; h1 = s->tier[MS_TIER_HOST];
     account(m, c, 2, b, s);
-    return ms_linear_context(c, g1, h1, s->tier[MS_TIER_GPU], s->tier[MS_TIER_HOST], m->max_context);
+    return ms_linear_context(c, g1, h1, s->gpu_per_gpu, s->tier[MS_TIER_HOST], m->max_context);
 }
 
 /* Largest x in [lo, hi] with pred(x) true, given pred monotone (true then false); lo-1 if none. */
@@ -249,6 +250,8 @@ static int check_inputs(const ms_model_t *m, const ms_mem_config_t *c)
     if (!(c->kv_bytes_per_elem >= 0.0) || !(c->gpu_capacity >= 0.0) || !(c->host_capacity >= 0.0)
         || !(c->storage_capacity >= 0.0) || !isfinite(c->gpu_capacity) || !isfinite(c->host_capacity))
         return MS_ERR_BAD_CAPACITY;
+    for (int k = 0; k < MS_N_CLASSES; k++)
+        if (!(c->gpu_ways[k] > 0.0) || !isfinite(c->gpu_ways[k])) return MS_ERR_BAD_SIZE;
     return 0;
 }
 

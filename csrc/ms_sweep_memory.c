@@ -21,7 +21,7 @@
 /* ------------------------------------------------------------------------- memory */
 
 typedef struct {
-    double gpu, host, spill, kv, state, buf_host;
+    double gpu, gpu_one, host, spill, kv, state, buf_host;
     int32_t fits;
 } mem_eval_t;
 
@@ -111,11 +111,17 @@ static void kv_part(const ms_sweep_mem_t *g, int32_t layout, int32_t cfgi, int64
 static int32_t finish(const ms_sweep_mem_t *g, const ms_sweep_place_t *p, double kv_g, double kv_h, double st_g,
                       double st_h, double buf_g, double buf_h, mem_eval_t *r)
 {
-    double gpu = p->w_gpu + kv_g + st_g + (p->any_gpu ? buf_g : 0.0);
+    const ms_mem_config_t *c = &g->cfg[p->cfg];
+    double bg = p->any_gpu ? buf_g : 0.0;
+    double gpu = p->w_gpu + kv_g + st_g + bg;
+    /* ms_gpu_one's class order: the weight classes (w_gpu_one), KV, state, buffers */
+    double one = p->w_gpu_one + kv_g / c->gpu_ways[MS_CLASS_KV] + st_g / c->gpu_ways[MS_CLASS_STATE]
+                 + bg / c->gpu_ways[MS_CLASS_BUFFERS];
     double host = p->w_host + kv_h + st_h + buf_h, spill;
-    int32_t fits = ms_fits_rule(&g->cfg[p->cfg], gpu, host, p->w_host, buf_h, &spill);
+    int32_t fits = ms_fits_rule(c, gpu, one, host, p->w_host, buf_h, &spill);
     if (r) {
         r->gpu = gpu;
+        r->gpu_one = one;
         r->host = host;
         r->spill = spill;
         r->kv = kv_g + kv_h;
@@ -170,7 +176,7 @@ static int64_t max_context(const ms_sweep_mem_t *g, int32_t j, int64_t b, int64_
         mem_eval_t s1, s2;
         account(g, j, 1, b, &k, &s1);
         account(g, j, 2, b, &k, &s2);
-        cand = ms_linear_context(c, s1.gpu, s1.host - s1.spill, s2.gpu, s2.host - s2.spill, cap);
+        cand = ms_linear_context(c, s1.gpu_one, s1.host - s1.spill, s2.gpu_one, s2.host - s2.spill, cap);
     }
     if (cand >= 1 && cand < hi && fits_at(g, j, cand, b, &k) && !fits_at(g, j, cand + 1, b, &k)) return cand;
     while (hi - lo > 1) {
@@ -200,10 +206,12 @@ static int64_t max_batch(const ms_sweep_mem_t *g, int32_t j, int64_t ctx)
     kv_part(g, p->layout, p->cfg, ctx, 1, &k);
 #define FITS(x) (fits_scaled(g, p, &k, (x)) != 0)
     if (!FITS(1)) return 0;
-    sg = k.kv_g + k.st_g;               /* bytes per sequence on each tier */
+    /* bytes per sequence on the busiest GPU and on the host */
+    sg = k.kv_g / c->gpu_ways[MS_CLASS_KV] + k.st_g / c->gpu_ways[MS_CLASS_STATE];
     sh = k.kv_h + k.st_h;
     if (sg > 0.0) {
-        double room = (double) c->n_gpus * c->gpu_capacity - (p->w_gpu + (p->any_gpu ? k.buf_g : 0.0));
+        double room = c->gpu_capacity
+                      - (p->w_gpu_one + (p->any_gpu ? k.buf_g / c->gpu_ways[MS_CLASS_BUFFERS] : 0.0));
         best = room / sg;
     }
     if (sh > 0.0) {
@@ -368,6 +376,9 @@ int ms_sweep_check_mem(const ms_sweep_mem_t *g)
                            || g->count == NULL)) return MS_ERR_NULL_ARGUMENT;
     if (g->n_places < 1 || g->n_kinds < 0 || g->n_layouts < 1 || g->max_context < 1 || g->n_layers < 1)
         return MS_ERR_BAD_SIZE;
+    for (int i = 0; i < 2; i++)
+        for (int k = 0; k < MS_N_CLASSES; k++)
+            if (!(g->cfg[i].gpu_ways[k] > 0.0) || !isfinite(g->cfg[i].gpu_ways[k])) return MS_ERR_BAD_SIZE;
     for (int32_t j = 0; j < g->n_places; j++) {
         const ms_sweep_place_t *p = &g->places[j];
         if (p->layout < 0 || p->layout >= g->n_layouts || p->cfg < 0 || p->cfg > 1) return MS_ERR_BAD_SWEEP;

@@ -105,7 +105,7 @@ def test_fits_against_capacities(fitted):
     gpu = _tier(rec)["total"]
     e = _raises("fits", K.check_record, rec, dict(caps, gpu=gpu * 0.99), mmax)
     assert "exceed" in str(e) and repr(gpu) in str(e)
-    _raises("fits", K.check_record, no, dict(ncaps, gpu=1e15, host=1e15), nmax)       # 'no' yet within
+    _raises("fits", K.check_record, no, dict(ncaps, gpu=1e15, gpu_sure=1e15, host=1e15), nmax)       # 'no' yet within
     _raises("memory_by_tier.storage", K.check_record, paged, dict(pcaps, storage_spill=False), pmax)
     _raises("memory_by_tier.storage", K.check_record, paged, dict(pcaps, storage=1.0), pmax)
     no["decode_tok_s"] = 5.0

@@ -274,3 +274,61 @@ def test_cli_simulate_ep8_shows_the_alltoall():
                           "--parallel", "ep8", "--redundant-experts", "8", "--mode", "analytic", "--json"],
                          capture_output=True, text=True, check=True).stdout
     assert '"gpu_bytes_per_gpu"' in out and '"all_to_all"' in out
+
+
+# ------------------------------------------------------------------------------ the fit is per GPU (issue 16)
+def test_tp8_fit_holds_the_busiest_gpu_hand_computed():
+    """deepseek-r1 fp8 on 8x H200, tp8, by hand: every weight class but the router splits 8 ways, the
+    router and MLA's one latent KV head are whole on every GPU, the buffers are per GPU; the kernel's
+    per-GPU bytes are that sum, and the fit holds it (not the pooled total) to one GPU's budget."""
+    mach = moesim.machine(gpu="h200", gpus=8)
+    r = moesim.fit("deepseek-r1", mach, quants=["fp8"], runtime="vllm", parallel="tp8", context=8192, batch=64)[0]
+    gpu = r["memory_by_tier"]["gpu"]["by_class"]
+    split = sum(gpu.get(c, 0.0) for c in ("attention", "shared_experts", "routed_experts", "dense_ffn", "embeddings",
+                                           "lm_head", "mtp", "buffers")) / 8
+    replicated = gpu.get("router", 0.0) + gpu.get("kv_cache", 0.0) + gpu.get("state", 0.0)
+    assert r["gpu_bytes_per_gpu"] == pytest.approx(split + replicated, rel=1e-12)
+    from moesim.analysis.resolve import configure_run
+    c = configure_run(moesim.model("deepseek-r1"), "fp8", mach, "vllm", None, 8192, 64, parallel="tp8")
+    assert c.mem.gpu_per_gpu == pytest.approx(split + replicated, rel=1e-12)
+    cap = float(c.cfg["gpu_capacity"])
+    assert (r["fits"] != "no") == (c.mem.gpu_per_gpu <= cap)
+    # the pooled total would admit ~8x the batch: the replicated latent KV is what limits it
+    kv_one = gpu["kv_cache"] / 64
+    room = cap - (c.mem.gpu_per_gpu - gpu["kv_cache"] - gpu.get("state", 0.0))
+    assert abs(r["max_batch"] - room / (kv_one + gpu.get("state", 0.0) / 64)) <= 2
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(["deepseek-r1", "qwen3-30b-a3b", "mixtral-8x7b", "llama-3-8b", "gpt-oss-120b"]),
+       st.sampled_from([1024, 8192, 65536]), st.sampled_from([1, 16, 256]))
+def test_more_gpus_never_increase_per_gpu_bytes_nor_unfit(mid, context, batch):
+    """Invariant through the memory kernel: tp2 -> tp4 -> tp8 on the same per-GPU machine never adds weight
+    bytes to one GPU and never turns a configuration that fits into one that does not."""
+    per, fits = [], []
+    for n in (2, 4, 8):
+        r = moesim.fit(mid, moesim.machine(gpu="h200", gpus=n), quants=["fp8"], runtime="vllm", parallel=f"tp{n}",
+                       context=context, batch=batch, allow_beyond_max_context=True)[0]
+        per.append(sum(r["gpu_bytes_per_gpu_by_class"][c] for c in WEIGHT_CLASSES))
+        fits.append(r["fits"] != "no")
+    assert per[1] <= per[0] * (1 + 1e-12) and per[2] <= per[1] * (1 + 1e-12)
+    assert fits == sorted(fits), f"fits {fits} over tp2, tp4, tp8"
+
+
+def test_sweep_equals_fit_on_a_multi_gpu_machine():
+    """The sweep's memory loop (ms_sweep_memory) and fit (ms_memory) hold the same busiest GPU to its budget:
+    the same fits, max_context and max_batch on 8x H200."""
+    mids = ["deepseek-r1", "qwen3-30b-a3b", "llama-3-8b"]
+    mach = dict(gpu="h200", gpus=8)
+    tab = moesim.sweep(models=mids, quants=["fp8"], runtimes=["vllm"], machines=[mach], contexts=[8192, 131072],
+                       batches=[1, 64, 4096], progress=False, filter={"allow_beyond_max_context": True})
+    rows = tab.to_dicts()
+    assert len(rows) == len(mids) * 6
+    changed = 0
+    for row in rows:
+        r = moesim.fit(row["model"], moesim.machine(**mach), quants=["fp8"], runtime="vllm",
+                       context=int(row["context"]), batch=int(row["batch"]), allow_beyond_max_context=True)[0]
+        assert (row["fits"], int(row["max_context"]), int(row["max_batch"])) == \
+            (r["fits"], r["max_context"], r["max_batch"]), row
+        changed += r["fits"] == "no"
+    assert changed, "no row at the per-GPU boundary: the comparison would not see a pooled fit"

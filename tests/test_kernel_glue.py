@@ -59,7 +59,7 @@ def memory_case(n=4):
     low = LM.lower(m, "Q4_K_M")
     mach = machine(gpu="rtx-4090", host="ddr5-6000x2", host_mem_gb=64)
     cfg = LM.configure(m, low, mach, runtime("llama.cpp"), parse("all-gpu"), 4096, 1, "f16")
-    c = {k: np.full(n, v, dtype=np.int64 if k in LM.INT_CONFIG_FIELDS else np.float64) for k, v in cfg.items()}
+    c = LM.config_columns(cfg, n)
     return low, c
 
 

@@ -31,7 +31,7 @@ _MOE_QUANTS = ["Q4_K_M", "Q2_K", "Q8_0", "BF16", "MXFP4_MOE", "fp8", "nvfp4", "m
 _DENSE_QUANTS = ["Q4_K_M", "Q2_K", "Q8_0", "BF16", "fp8", "int4", "native"]
 KV_ELEM_BYTES = [0.5, 0.5625, 1.0, 1.0625, 2.0, 4.0]
 GRANULARITIES = [1, 16, 32, 256]
-RESULT_FLOATS = ("by_class", "tier", "weights", "kv", "state", "kv_bytes_per_token")
+RESULT_FLOATS = ("by_class", "tier", "gpu_per_gpu", "weights", "kv", "state", "kv_bytes_per_token")
 RESULT_INTS = ("fits", "max_context", "max_batch")
 
 
@@ -79,11 +79,36 @@ def config_row(draw, low) -> dict:
         host_fixed=draw(st.floats(0.0, 2e9)),
         host_buf0=draw(st.floats(0.0, 1e9)),
         host_buf_ctx=draw(st.floats(0.0, 1e6)),
+        gpu_ways=draw(gpu_ways(n_gpus)),
     )
 
 
+@st.composite
+def gpu_ways(draw, n_gpus: int) -> list:
+    """Per-class GPU split ways: 1 on one GPU, else each class split 1..N ways (routed experts possibly
+    N E / (E + R), a fraction) or all N (a layer split), as engine.lower.memory.memory_split_ways builds them."""
+    n = max(1, n_gpus)
+    if n == 1:
+        return [1.0] * CODES.N_CLASSES
+    if draw(st.booleans()):
+        return [float(n)] * CODES.N_CLASSES
+    ways = [float(draw(st.integers(1, n))) for _ in range(CODES.N_CLASSES)]
+    e, red = draw(st.integers(8, 256)), draw(st.integers(0, 32))
+    ways[CODES.CLASS_ROUTED] = n * e / (e + red)
+    return ways
+
+
+def random_ways(n_gpus: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """gpu_ways of n configurations (numpy): each class 1..N ways, the routed experts N E / (E + R)."""
+    n = np.maximum(1, n_gpus)[:, None]
+    ways = np.floor(rng.random((len(n_gpus), CODES.N_CLASSES)) * n) + 1.0
+    ways[:, CODES.CLASS_ROUTED] = n[:, 0] * 256 / (256 + rng.integers(0, 33, len(n_gpus)))
+    return np.where(n > 1, ways, 1.0)
+
+
 def to_cols(rows: list) -> dict:
-    return {f: np.array([r[f] for r in rows], dtype=np.int64 if f in mem.INT_CONFIG_FIELDS else np.float64)
+    return {f: np.array([r.get(f, [1.0] * CODES.N_CLASSES) if f == "gpu_ways" else r[f] for r in rows],
+                        dtype=np.int64 if f in mem.INT_CONFIG_FIELDS else np.float64)
             for f in mem.CONFIG_FIELDS}
 
 
@@ -120,6 +145,7 @@ def random_cols(low, n: int, rng: np.random.Generator) -> dict:
         host_fixed=np.floor(rng.random(n) * 2e9),
         host_buf0=np.floor(rng.random(n) * 1e9),
         host_buf_ctx=np.floor(rng.random(n) * 1e6),
+        gpu_ways=random_ways(n_gpus, rng),
     )
 
 
@@ -327,7 +353,7 @@ def _fixed_cols(low, **over) -> dict:
     row = dict(context=1, batch=1, kv_bytes_per_elem=2.0, placement=0, placement_arg=0, mtp=0, n_gpus=1,
                gpu_capacity=0.0, host_capacity=1e15, storage_capacity=0.0, storage_spill=0, embed_on_gpu=1,
                kv_granularity=1, gpu_fixed=3e8, gpu_buf0=1e8, gpu_buf_ctx=1024.0, host_fixed=2e8,
-               host_buf0=0.0, host_buf_ctx=0.0)
+               host_buf0=0.0, host_buf_ctx=0.0, gpu_ways=[1.0] * CODES.N_CLASSES)
     row.update(over)
     return row
 
@@ -344,7 +370,7 @@ def test_max_context_brute_force(mid, quant, gran, batch, target):
     probe = _fixed_cols(low, context=target, batch=batch, kv_granularity=gran, gpu_capacity=1e15)
     need = EMEM.evaluate(low, to_cols([probe]))["tier"][0, 0]
     row = dict(probe, gpu_capacity=need)
-    cfg = {k: (int(v) if k in mem.INT_CONFIG_FIELDS else float(v)) for k, v in row.items()}
+    cfg = {k: (int(v) if k in mem.INT_CONFIG_FIELDS else v if k == "gpu_ways" else float(v)) for k, v in row.items()}
     fits = [reference.account(low, cfg, c, batch)[6] != 0 for c in range(1, 2001)]
     last = max(c for c, ok in zip(range(1, 2001), fits) if ok)
     assert all(fits[:last]) and not any(fits[last:]), "fits is not monotone in context"
@@ -364,7 +390,7 @@ def test_max_batch_brute_force():
     probe = _fixed_cols(low, context=3000, batch=357, gpu_capacity=1e15, placement=PLACEMENT_CODES["experts-cpu"])
     need = EMEM.evaluate(low, to_cols([probe]))["tier"][0, 0]
     row = dict(probe, gpu_capacity=need)
-    cfg = {k: (int(v) if k in mem.INT_CONFIG_FIELDS else float(v)) for k, v in row.items()}
+    cfg = {k: (int(v) if k in mem.INT_CONFIG_FIELDS else v if k == "gpu_ways" else float(v)) for k, v in row.items()}
     fits = [reference.account(low, cfg, 3000, b)[6] != 0 for b in range(1, 1001)]
     assert fits[:357] == [True] * 357 and not any(fits[357:])
     assert EMEM.evaluate(low, to_cols([row]))["max_batch"][0] == 357
@@ -494,3 +520,32 @@ def test_unknown_kv_dtype_and_engine(machine):
     _raises("engine", lambda: EMEM.evaluate(low, cols, engine="fortran"))
     bad = dict(cols, batch=np.array([1, 2]))
     _raises("batch", lambda: EMEM.evaluate(low, bad))
+
+
+# ------------------------------------------------------------------------------ memory per GPU (issue 16)
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(model_and_rows(6))
+def test_per_gpu_terms_c_matches_reference(case):
+    """C == twin on the per-GPU terms (random gpu_ways): the busiest GPU's bytes are each class's GPU bytes
+    over its ways, and the GPU tier fits exactly when they are within one GPU's capacity."""
+    mid, quant, low, rows = case
+    cols = to_cols(rows)
+    c, r = EMEM.evaluate(low, cols, engine="c"), EMEM.evaluate(low, cols, engine="reference")
+    np.testing.assert_array_equal(c["gpu_per_gpu"], r["gpu_per_gpu"])
+    np.testing.assert_array_equal(c["fits"], r["fits"])
+    np.testing.assert_array_equal(c["max_context"], r["max_context"])
+    np.testing.assert_array_equal(c["max_batch"], r["max_batch"])
+    one = (c["by_class"][:, :, CODES.TIER_GPU] / cols["gpu_ways"]).sum(axis=1)
+    np.testing.assert_allclose(c["gpu_per_gpu"], one, rtol=1e-12)
+    gpu_over = c["gpu_per_gpu"] > cols["gpu_capacity"]
+    assert not (c["fits"][gpu_over] != 0).any(), "a configuration whose busiest GPU overflows fits"
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf")])
+def test_bad_gpu_ways_is_a_kernel_error(bad):
+    low = lowered("llama-2-7b", "Q4_K_M")
+    row = _fixed_cols(low, gpu_capacity=1e12)
+    row["gpu_ways"] = [1.0] * CODES.N_CLASSES
+    row["gpu_ways"][CODES.CLASS_KV] = bad
+    with pytest.raises(Exception, match="ms_memory_many"):
+        EMEM.evaluate(low, to_cols([row]))

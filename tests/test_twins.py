@@ -119,9 +119,8 @@ def _fits_set(bits):
 
 def _near_boundary(o, cfg):
     """True when a capacity comparison is within float rounding (the verdict may then differ)."""
-    cap = cfg["n_gpus"] * cfg["gpu_capacity"]
     near = lambda a, b: abs(a - b) <= 1e-9 * max(abs(a), abs(b), 1.0)  # noqa: E731
-    return (near(o["tier"]["gpu"], cap) or near(o["tier"]["host"], cfg["host_capacity"])
+    return (near(o["gpu_per_gpu"], cfg["gpu_capacity"]) or near(o["tier"]["host"], cfg["host_capacity"])
             or near(o["tier"]["host"] - o["by_class"][("buffers", "host")], 0.0))
 
 

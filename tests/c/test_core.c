@@ -69,6 +69,7 @@ static ms_mem_config_t make_mem_config(int32_t placement, int64_t arg, int64_t c
     c.storage_spill = 0; c.embed_on_gpu = 1; c.kv_granularity = 256;
     c.gpu_fixed = 3e8; c.gpu_buf0 = 1e8; c.gpu_buf_ctx = 1e3;
     c.host_fixed = 1e8; c.host_buf0 = 1e7; c.host_buf_ctx = 1e2;
+    for (int k = 0; k < MS_N_CLASSES; k++) c.gpu_ways[k] = 1.0;   /* one GPU */
     return c;
 }
 
@@ -547,6 +548,7 @@ static ms_sweep_place_t place(int32_t code, int64_t arg, int32_t layout, int32_t
     memset(&p, 0, sizeof(p));
     p.code = code; p.arg = arg; p.layout = layout; p.cfg = cfg; p.any_gpu = w_gpu > 0.0;
     p.w_gpu = w_gpu; p.w_host = w_host; p.routed_host = routed_host;
+    p.w_gpu_one = w_gpu;                     /* one GPU: it holds every GPU byte */
     return p;
 }
 

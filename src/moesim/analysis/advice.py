@@ -367,12 +367,14 @@ def overflow(rec: dict, caps: dict) -> list:
         t = tiers.get(tier) or (tiers.get("unified") if tier == "gpu" else None)
         if t is None:
             continue
-        have = caps[tier]
+        have, need = caps[tier], t["total"]
+        if tier == "gpu" and caps.get("n_gpus", 0) > 1 and rec.get("gpu_bytes_per_gpu") is not None:
+            have, need = caps["gpu_one"], rec["gpu_bytes_per_gpu"]      # memory is per GPU: the busiest one
         if tier == "storage" and not caps.get("storage_spill"):
             continue
-        if t["total"] > have:
+        if need > have:
             out.append({"tier": "unified" if tier == "gpu" and "unified" in tiers else tier,
-                        "need_gb": t["total"] / GB, "have_gb": have / GB, "over_gb": (t["total"] - have) / GB})
+                        "need_gb": need / GB, "have_gb": have / GB, "over_gb": (need - have) / GB})
     return out
 
 

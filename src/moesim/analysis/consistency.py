@@ -76,10 +76,16 @@ def _fraction(value, field: str) -> None:
 
 # ------------------------------------------------------------------------------- memory record
 def capacities(cfg: dict) -> dict:
-    """The capacities the fits rule compares against, from a memory configuration (``configure``)."""
-    return {"gpu": float(cfg["n_gpus"]) * float(cfg["gpu_capacity"]), "host": float(cfg["host_capacity"]),
-            "storage": float(cfg["storage_capacity"]), "storage_spill": bool(cfg["storage_spill"]),
-            "n_gpus": int(cfg["n_gpus"])}
+    """The capacities the fits rule compares against, from a memory configuration (``configure``). The GPUs
+    fit when the busiest one's bytes (each class's GPU bytes over its ``gpu_ways``) are within one GPU's
+    ``gpu_one``; on the GPU tier's total that means: it fits only if the total is within ``gpu`` (largest
+    ways x one GPU), and surely fits if within ``gpu_sure`` (smallest ways x one GPU). On one GPU, or a
+    layer split, the two are the same: the pooled capacity."""
+    one = float(cfg["gpu_capacity"])
+    ways = [float(w) for w in cfg["gpu_ways"]] if int(cfg["n_gpus"]) > 0 else [0.0]
+    return {"gpu": max(ways) * one, "gpu_sure": min(ways) * one, "gpu_one": one,
+            "host": float(cfg["host_capacity"]), "storage": float(cfg["storage_capacity"]),
+            "storage_spill": bool(cfg["storage_spill"]), "n_gpus": int(cfg["n_gpus"])}
 
 
 def _tiers(rec: dict) -> dict:
@@ -136,7 +142,7 @@ def _check_fits(fits: str, tiers: dict, caps: dict) -> set:
     names = _fits_tiers(fits)
     gpu, host, storage = (tiers[t]["total"] for t in _TIERS)
     within = gpu <= caps["gpu"] * (1 + REL) and host <= caps["host"] * (1 + REL)
-    over = gpu > caps["gpu"] * (1 - REL) + _ABS_BYTES or host > caps["host"] * (1 - REL) + _ABS_BYTES
+    over = gpu > caps["gpu_sure"] * (1 - REL) + _ABS_BYTES or host > caps["host"] * (1 - REL) + _ABS_BYTES
     desc = (f"GPU {gpu!r} of {caps['gpu']!r} bytes, host {host!r} of {caps['host']!r}, storage {storage!r} of "
             f"{caps['storage']!r}")
     if names and not within:
@@ -251,9 +257,11 @@ def _fits_bits(plan) -> np.ndarray:
 
 
 def _group_limits(grp) -> tuple:
-    """(GPU, host, storage capacity the rows may page to, model's max context) of one sweep group."""
+    """(GPU, host, storage capacity the rows may page to, model's max context, GPU total that surely fits)
+    of one sweep group (:func:`capacities`: the screen holds rows to the first, the explanation to both)."""
     caps = capacities(grp.mem_tables["cfg"][0])
-    return (caps["gpu"], caps["host"], caps["storage"] if caps["storage_spill"] else 0.0, int(grp.low.max_context))
+    return (caps["gpu"], caps["host"], caps["storage"] if caps["storage_spill"] else 0.0, int(grp.low.max_context),
+            caps["gpu_sure"])
 
 
 def _context_bound(plan, mmax):
@@ -268,7 +276,7 @@ def _group_scalars(segments: list) -> tuple:
     if len(segments) == 1:
         return tuple(np.float64(v) if isinstance(v, float) else np.int64(v) for v in vals[0])
     lens = [s1 - s0 for s0, s1, _ in segments]
-    return tuple(np.repeat(np.array(col, dtype=np.float64 if i < 3 else np.int64), lens)
+    return tuple(np.repeat(np.array(col, dtype=np.int64 if i == 3 else np.float64), lens)
                  for i, col in enumerate(zip(*vals)))
 
 
@@ -359,7 +367,7 @@ def _screen_c(plan, cols: dict, segments: list, threads: int = 1) -> bool:
     from ..engine.glue import handle_library_error
     segs = []
     for s0, s1, grp in segments:
-        capg, caph, scap, mmax = _group_limits(grp)
+        capg, caph, scap, mmax, _sure = _group_limits(grp)
         segs.append((s0, s1, capg, caph, scap, mmax, _context_bound(plan, mmax)))
     code, first = _kernel.sweep_screen(cols, segs, _screen_lut(plan), REL, _MAX_BATCH, int(threads))
     handle_library_error(code, "ms_sweep_screen")
@@ -370,7 +378,7 @@ def _screen(plan, r: dict, scalars: tuple) -> bool:
     """True when some row could break a guarantee (exact comparisons: a row at a tolerance boundary is
     flagged, and the explanation, with tolerances, decides)."""
     n = len(r["context"])
-    capg, caph, scap, mmax = scalars
+    capg, caph, scap, mmax, _sure = scalars
     f0, f1, b0, b1, i0, i1 = _scratch(n)
     np.add(r["gpu_bytes"], r["host_bytes"], out=f0)
     np.add(f0, r["storage_bytes"], out=f0)
@@ -409,7 +417,7 @@ def _screen(plan, r: dict, scalars: tuple) -> bool:
 def _explain_chunk(plan, r: dict, scalars: tuple) -> None:
     """The rows that break a guarantee, with tolerances, raising for the first (the slow path of
     :func:`check_chunk`, run only when its fast screen flags something)."""
-    capg, caph, caps, mmax = scalars
+    capg, caph, caps, mmax, sure = scalars
     bits = _fits_bits(plan)[r["fits"]]
     fits = bits != 0
     gpu, host, storage = r["gpu_bytes"], r["host_bytes"], r["storage_bytes"]
@@ -423,7 +431,7 @@ def _explain_chunk(plan, r: dict, scalars: tuple) -> None:
          "kv_bytes_per_token is negative or not finite")
     _vec("gpu_bytes", tot < parts * (1 - REL) - _ABS_BYTES, r, "the tiers hold less than weights + KV + state")
     over = (gpu > capg * (1 + REL)) | (host > caph * (1 + REL))
-    under = (gpu <= capg * (1 - REL)) & (host <= caph * (1 - REL))
+    under = (gpu <= sure * (1 - REL)) & (host <= caph * (1 - REL))     # per GPU: surely within the busiest
     _vec("fits", np.where(fits, over, under), r, "fits disagrees with the bytes per tier against the capacities")
     _vec("storage_bytes", storage > caps * (1 + REL) + _ABS_BYTES, r, "more paged from storage than it holds")
     _vec("fits", fits & ((((bits & 1) != 0) != ((gpu > 0) & (capg > 0))) | (((bits & 4) != 0) != (storage > 0))),

@@ -236,17 +236,12 @@ def memory_record(m: Model, c: Configured, machine: Machine, quant, context: int
 
 
 def _add_per_gpu(rec: dict, m: Model, c: Configured, machine: Machine) -> None:
-    """``gpu_bytes_per_gpu`` (one GPU's bytes under the layout: split tensors a share, replicated ones whole;
-    analysis.per_gpu) and its classes; a note when it passes one GPU's budget although the pool fits."""
+    """``gpu_bytes_per_gpu`` (the busiest GPU's bytes under the layout: split tensors a share, replicated ones
+    whole; analysis.per_gpu, the memory kernel's fit criterion) and its classes."""
     from .per_gpu import gpu_bytes_per_gpu
-    n = 0 if (c.placement.kind == "cpu-only" or machine.unified) else machine.n_gpus
-    if n < 1:
+    n = int(c.cfg["n_gpus"])
+    if n < 1 or machine.unified:
         rec["gpu_bytes_per_gpu"], rec["gpu_bytes_per_gpu_by_class"] = None, None
         return
     per = gpu_bytes_per_gpu(m, c.runtime, n, c.mem.by_class)
     rec["gpu_bytes_per_gpu"], rec["gpu_bytes_per_gpu_by_class"] = per["total"], per["by_class"]
-    cap = float(c.cfg["gpu_capacity"])
-    if n > 1 and c.mem.fits != "no" and per["total"] > cap:
-        rec["assumptions"].append(
-            f"one GPU holds {per['total'] / 2**30:.1f} GiB under this layout (replicated tensors counted on each "
-            f"GPU) against its {cap / 2**30:.1f} GiB budget; the fit pools the {n} GPUs' memory")

@@ -96,9 +96,13 @@ def kv_pool(m, c, isl: int, osl: int, prefix_tokens: int) -> dict:
     mem = c.mem
     caps = capacities(c.cfg)
     tier = TIER_GPU if caps["n_gpus"] > 0 and mem.by_class[CLASS_KV, TIER_GPU] > 0 else TIER_HOST
-    cap = caps["gpu" if tier == TIER_GPU else "host"]
     cache = float(mem.by_class[CLASS_KV, tier] + mem.by_class[CLASS_STATE, tier])
-    free = cap - float(mem.tier[tier]) + cache
+    if tier == TIER_GPU:
+        # memory is per GPU: the room on the busiest GPU, times the ways the cache splits over the GPUs
+        kv_ways = float(c.cfg["gpu_ways"][CLASS_KV])
+        free = (caps["gpu_one"] - float(mem.gpu_per_gpu)) * kv_ways + cache
+    else:
+        free = caps["host"] - float(mem.tier[tier]) + cache
     block = hybrid_block_size(c) or max(1, int(c.runtime.kv_granularity))
     per_token = float(mem.kv) / (isl + osl)
     block_bytes = max(block * per_token, 1.0)

@@ -61,10 +61,12 @@ cdef extern from "moesim.h" nogil:
         double host_fixed
         double host_buf0
         double host_buf_ctx
+        double gpu_ways[11]
 
     ctypedef struct ms_mem_result_t:
         double by_class[11][3]
         double tier[3]
+        double gpu_per_gpu
         double weights
         double kv
         double state
@@ -185,6 +187,7 @@ cdef extern from "moesim.h" nogil:
         int32_t any_gpu
         int32_t label
         double w_gpu, w_host
+        double w_gpu_one
         double routed_host
 
     ctypedef struct ms_sweep_mem_t:

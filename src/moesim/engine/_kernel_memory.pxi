@@ -34,7 +34,9 @@ cdef void _fill_mem_configs(ms_mem_config_t *cfg, dict c, Py_ssize_t n):
     cdef const double[::1] host_capacity = c["host_capacity"], storage_capacity = c["storage_capacity"]
     cdef const double[::1] gpu_fixed = c["gpu_fixed"], gpu_buf0 = c["gpu_buf0"], gpu_buf_ctx = c["gpu_buf_ctx"]
     cdef const double[::1] host_fixed = c["host_fixed"], host_buf0 = c["host_buf0"], host_buf_ctx = c["host_buf_ctx"]
+    cdef const double[:, ::1] gpu_ways = c["gpu_ways"]
     cdef Py_ssize_t i
+    cdef int k
     with nogil:
         for i in range(n):
             cfg[i].context = context[i]
@@ -56,12 +58,15 @@ cdef void _fill_mem_configs(ms_mem_config_t *cfg, dict c, Py_ssize_t n):
             cfg[i].host_fixed = host_fixed[i]
             cfg[i].host_buf0 = host_buf0[i]
             cfg[i].host_buf_ctx = host_buf_ctx[i]
+            for k in range(MS_N_CLASSES):
+                cfg[i].gpu_ways[k] = gpu_ways[i, k]
 
 
 cdef dict _mem_results(const ms_mem_result_t *res, Py_ssize_t n):
     """Result arrays of n ms_mem_result_t."""
     by_class = np.empty((n, MS_N_CLASSES, MS_N_TIERS), dtype=np.float64)
     tier = np.empty((n, MS_N_TIERS), dtype=np.float64)
+    gpu_per_gpu = np.empty(n, dtype=np.float64)
     weights = np.empty(n, dtype=np.float64)
     kv = np.empty(n, dtype=np.float64)
     state = np.empty(n, dtype=np.float64)
@@ -71,7 +76,7 @@ cdef dict _mem_results(const ms_mem_result_t *res, Py_ssize_t n):
     max_batch = np.empty(n, dtype=np.int64)
     cdef double[:, :, ::1] bc_v = by_class
     cdef double[:, ::1] tier_v = tier
-    cdef double[::1] w_v = weights, kv_v = kv, st_v = state, sl_v = slope
+    cdef double[::1] g1_v = gpu_per_gpu, w_v = weights, kv_v = kv, st_v = state, sl_v = slope
     cdef int32_t[::1] fits_v = fits
     cdef int64_t[::1] mc_v = max_context, mb_v = max_batch
     cdef Py_ssize_t i
@@ -83,6 +88,7 @@ cdef dict _mem_results(const ms_mem_result_t *res, Py_ssize_t n):
                     bc_v[i, k, t] = res[i].by_class[k][t]
             for t in range(MS_N_TIERS):
                 tier_v[i, t] = res[i].tier[t]
+            g1_v[i] = res[i].gpu_per_gpu
             w_v[i] = res[i].weights
             kv_v[i] = res[i].kv
             st_v[i] = res[i].state
@@ -90,7 +96,7 @@ cdef dict _mem_results(const ms_mem_result_t *res, Py_ssize_t n):
             fits_v[i] = res[i].fits
             mc_v[i] = res[i].max_context
             mb_v[i] = res[i].max_batch
-    return dict(by_class=by_class, tier=tier, weights=weights, kv=kv, state=state, kv_bytes_per_token=slope, fits=fits,
+    return dict(by_class=by_class, tier=tier, gpu_per_gpu=gpu_per_gpu, weights=weights, kv=kv, state=state, kv_bytes_per_token=slope, fits=fits,
                 max_context=max_context, max_batch=max_batch)
 
 

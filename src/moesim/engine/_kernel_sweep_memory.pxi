@@ -28,6 +28,10 @@ cdef void _fill_mem_config(ms_mem_config_t *c, dict cfg):
     c.host_fixed = cfg["host_fixed"]
     c.host_buf0 = cfg["host_buf0"]
     c.host_buf_ctx = cfg["host_buf_ctx"]
+    cdef const double[::1] ways = cfg["gpu_ways"]
+    cdef int k
+    for k in range(MS_N_CLASSES):
+        c.gpu_ways[k] = ways[k]
 
 
 cdef void _fill_places(ms_sweep_place_t *places, dict pl, Py_ssize_t n):
@@ -36,6 +40,7 @@ cdef void _fill_places(ms_sweep_place_t *places, dict pl, Py_ssize_t n):
     cdef const int32_t[::1] label = pl["label"]
     cdef const int64_t[::1] arg = pl["arg"]
     cdef const double[::1] w_gpu = pl["w_gpu"], w_host = pl["w_host"], routed_host = pl["routed_host"]
+    cdef const double[::1] w_gpu_one = pl["w_gpu_one"]
     cdef Py_ssize_t j
     for j in range(n):
         places[j].code = code[j]
@@ -46,6 +51,7 @@ cdef void _fill_places(ms_sweep_place_t *places, dict pl, Py_ssize_t n):
         places[j].label = label[j]
         places[j].w_gpu = w_gpu[j]
         places[j].w_host = w_host[j]
+        places[j].w_gpu_one = w_gpu_one[j]
         places[j].routed_host = routed_host[j]
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import KernelError, MoesimError
-from .codes import MAX_HISTORY, MAX_MOE_LAYERS, MAX_PARTNERS, MAX_TOP_K
+from .codes import MAX_HISTORY, MAX_MOE_LAYERS, MAX_PARTNERS, MAX_TOP_K, N_CLASSES
 
 
 def handle_library_error(code: int, where: str, index: int | None = None) -> None:
@@ -82,11 +82,12 @@ MEM_CONFIG_INT = ("context", "batch", "placement", "placement_arg", "mtp", "n_gp
 MEM_CONFIG_REAL = ("kv_bytes_per_elem", "gpu_capacity", "host_capacity", "storage_capacity", "gpu_fixed", "gpu_buf0",
                    "gpu_buf_ctx", "host_fixed", "host_buf0", "host_buf_ctx")
 _MEM_CONFIG_I64 = ("context", "batch", "placement_arg", "kv_granularity")     # the rest are int32_t
+# gpu_ways [N_CLASSES]: each class's GPU bytes are divided that many ways over the GPUs (memory per GPU)
 MEM_CONFIG_COLUMNS = (tuple(Field(f, I64 if f in _MEM_CONFIG_I64 else I32, ("n",)) for f in MEM_CONFIG_INT)
-                      + _arrays(F64, ("n",), *MEM_CONFIG_REAL))
+                      + _arrays(F64, ("n",), *MEM_CONFIG_REAL) + (Field("gpu_ways", F64, ("n", N_CLASSES)),))
 # one ms_mem_config_t of a sweep group (context, batch and placement are set per configuration)
 MEM_CONFIG = (_scalars(INT, *(f for f in MEM_CONFIG_INT if f not in ("context", "batch", "placement", "placement_arg")))
-              + _scalars(REAL, *MEM_CONFIG_REAL))
+              + _scalars(REAL, *MEM_CONFIG_REAL) + (Field("gpu_ways", F64, (N_CLASSES,)),))
 
 # ms_decode_model_t (engine.lower.decode_model.lower_model); L = its layers.
 DECODE_MODEL = (_arrays(F64, ("n_layers",), "attn_bytes", "attn_flops", "kv_bytes", "score_flops", "shared_bytes",
@@ -128,7 +129,7 @@ DECODE_CONFIG_COLUMNS = (_arrays(I32, ("n",), "batch", "tokens_per_step", "draft
 # Group._memory_tables); K layer kinds.
 SWEEP_PLACES = (_arrays(I32, ("n_places",), "code") + _arrays(I64, ("n_places",), "arg")
                 + _arrays(I32, ("n_places",), "layout", "cfg", "any_gpu", "label")
-                + _arrays(F64, ("n_places",), "w_gpu", "w_host", "routed_host"))
+                + _arrays(F64, ("n_places",), "w_gpu", "w_host", "w_gpu_one", "routed_host"))
 SWEEP_MEMORY = (_arrays(F64, ("n_kinds",), "per_token", "ratio_bytes", "state") + _arrays(I64, ("n_kinds",), "cap", "ratio")
                 + _arrays(I32, ("n_kinds",), "count") + (Field("gpu_count", I32, ("n_layouts", "n_kinds")),)
                 + _scalars(INT, "max_context") + (Field("places", TABLE, SWEEP_PLACES),)

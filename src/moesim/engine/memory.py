@@ -23,6 +23,7 @@ class MemoryResult:
 
     by_class: np.ndarray            # [len(CLASSES), len(TIERS)]
     tier: np.ndarray                # [len(TIERS)]
+    gpu_per_gpu: float              # the busiest GPU's bytes (gpu_ways), what the fit holds to one GPU's capacity
     weights: float
     kv: float
     state: float
@@ -66,7 +67,8 @@ class MemoryResult:
 
 
 def _result_from_arrays(res: dict, i: int) -> MemoryResult:
-    return MemoryResult(by_class=res["by_class"][i].copy(), tier=res["tier"][i].copy(), weights=float(res["weights"][i]),
+    return MemoryResult(by_class=res["by_class"][i].copy(), tier=res["tier"][i].copy(),
+                        gpu_per_gpu=float(res["gpu_per_gpu"][i]), weights=float(res["weights"][i]),
                         kv=float(res["kv"][i]), state=float(res["state"][i]),
                         kv_bytes_per_token=float(res["kv_bytes_per_token"][i]), fits_bits=int(res["fits"][i]),
                         max_context=int(res["max_context"][i]), max_batch=int(res["max_batch"][i]))
@@ -77,7 +79,8 @@ def evaluate(low: LoweredModel, cfgs: dict, n_threads: int = 1, engine: str = "c
     cols = {}
     n = None
     for f in CONFIG_FIELDS:
-        arr = np.atleast_1d(np.asarray(cfgs[f], dtype=np.int64 if f in INT_CONFIG_FIELDS else np.float64))
+        arr = np.asarray(cfgs[f], dtype=np.int64 if f in INT_CONFIG_FIELDS else np.float64)
+        arr = np.atleast_2d(arr) if f == "gpu_ways" else np.atleast_1d(arr)     # [n, N_CLASSES]
         n = len(arr) if n is None else n
         if len(arr) != n:
             raise MoesimError(f"config column {f} has {len(arr)} rows, expected {n}", f)

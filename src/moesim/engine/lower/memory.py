@@ -18,6 +18,7 @@ from ...spec.hardware import Machine
 from ...spec.models import Model
 from ...spec.placement import Placement
 from ...spec.runtimes import MIB, Runtime
+from .parallel import kv_heads, layout_degrees
 
 
 CLASSES = ("attention", "router", "shared_experts", "routed_experts", "dense_ffn", "embeddings", "lm_head",
@@ -28,7 +29,7 @@ TIERS = ("gpu", "host", "storage")
 CONFIG_FIELDS = ("context", "batch", "kv_bytes_per_elem", "placement", "placement_arg", "mtp", "n_gpus",
                  "gpu_capacity", "host_capacity", "storage_capacity", "storage_spill", "embed_on_gpu",
                  "kv_granularity", "gpu_fixed", "gpu_buf0", "gpu_buf_ctx", "host_fixed", "host_buf0",
-                 "host_buf_ctx")
+                 "host_buf_ctx", "gpu_ways")
 INT_CONFIG_FIELDS = {"context", "batch", "placement", "placement_arg", "mtp", "n_gpus", "storage_spill",
                      "embed_on_gpu", "kv_granularity"}
 
@@ -185,7 +186,43 @@ def configure(model: Model, low: LoweredModel, machine: Machine, runtime: Runtim
         host_fixed=runtime.host_fixed_mib * MIB, host_buf0=buf0 if cpu_only else 0.0,
         host_buf_ctx=buf_ctx if cpu_only else 0.0,
     )
+    ways = memory_split_ways(model, runtime, cfg["n_gpus"])
+    cfg["gpu_ways"] = tuple(ways[c] for c in CLASSES)      # memory per GPU: the kernel's fit criterion
     return cfg
+
+
+def config_columns(cfg: dict, n: int) -> dict:
+    """n copies of one configuration (:func:`configure`) as the columns engine.memory.evaluate reads
+    (gpu_ways as [n, len(CLASSES)])."""
+    return {k: np.tile(np.asarray(v, dtype=np.float64), (n, 1)) if k == "gpu_ways"
+            else np.full(n, v, dtype=np.int64 if k in INT_CONFIG_FIELDS else np.float64) for k, v in cfg.items()}
+
+
+def memory_split_ways(m, rt, n_gpus: int) -> dict:
+    """How many ways each memory class's GPU bytes divide over the GPUs of a layout (1 = replicated on each;
+    ms_mem_config_t.gpu_ways): the one split rule of the memory kernel's per-GPU fit and analysis.per_gpu.
+
+    With N GPUs, attention TP Ta = N / D under D attention-DP ranks, EP P, R redundant experts, E experts:
+    attention weights split Ta ways (attention DP replicates them on every rank: SGLang DP attention,
+    TensorRT-LLM ``--enable-attention-dp``, RT §3.2, §4); the router is replicated (vLLM builds the MoE gate
+    as a ``ReplicatedLinear``); the E + R routed expert slots spread over the N GPUs (EP P x MoE TP N / P;
+    vLLM EP size = TP x DP, docs.vllm.ai "Expert Parallel Deployment"), so the entry is N E / (E + R);
+    shared experts, dense FFN, MTP modules, embeddings and LM head split N ways (vLLM's
+    VocabParallelEmbedding / ParallelLMHead); the KV cache and per-sequence state split D ways (each DP rank
+    its own sequences) times at most as many TP ranks as there are KV heads (MLA's single latent head is
+    "duplicated among all TP ranks", RT §3.2); compute buffers (allocated per GPU) N ways. A layer split or
+    pipeline holds a share of the layers on each GPU, every tensor whole: every class N ways. One GPU (or
+    none): every class 1 way. Keys: CLASSES."""
+    if n_gpus <= 1 or not rt.decode.tensor_parallel:
+        return {c: float(max(1, n_gpus)) for c in CLASSES}
+    n, attn_tp, ep, _ = layout_degrees(rt, n_gpus)
+    dp = max(1, n // attn_tp)
+    e = max(1, m.n_experts)
+    red = rt.decode.redundant_experts if ep > 1 else 0
+    kv = dp * min(attn_tp, kv_heads(m))
+    ways = dict(attention=attn_tp, router=1, shared_experts=n, routed_experts=n * e / (e + red), dense_ffn=n,
+                embeddings=n, lm_head=n, mtp=n, kv_cache=kv, state=kv, buffers=n)
+    return {c: float(ways[c]) for c in CLASSES}
 
 
 def _sglang_mem_fraction(machine: Machine) -> float:

@@ -44,7 +44,7 @@ def placement_candidates(m, mach: Machine, rt, spec: str) -> tuple:
 # The ms_sweep_mem_t fields of one configuration (csrc/moesim.h) that do not vary with context or batch.
 MEM_CFG_KEYS = ("kv_bytes_per_elem", "mtp", "n_gpus", "gpu_capacity", "host_capacity", "storage_capacity",
                 "storage_spill", "embed_on_gpu", "kv_granularity", "gpu_fixed", "gpu_buf0", "gpu_buf_ctx",
-                "host_fixed", "host_buf0", "host_buf_ctx")
+                "host_fixed", "host_buf0", "host_buf_ctx", "gpu_ways")
 _WEIGHT_ROWS = tuple(range(CLASS_MTP + 1))   # the weight classes, as ms_memory.c sums them
 
 
@@ -61,7 +61,7 @@ def candidate_weights(low, cands, cfg: dict, mtp: int = 0, engine: str = "c") ->
 
 def _weights(low, cands: tuple, cfg: dict, mtp: int, engine: str = "c") -> dict:
     """:func:`_candidate_weights`' read-only arrays for candidates *cands* under configuration *cfg*."""
-    rest = tuple(sorted((k, v) for k, v in cfg.items() if k not in _PROBE_KEYS))
+    rest = tuple(sorted((k, tuple(v) if k == "gpu_ways" else v) for k, v in cfg.items() if k not in _PROBE_KEYS))
     return _candidate_weights(low, _placed(cands), rest, 1 if mtp else 0, engine)
 
 
@@ -78,14 +78,15 @@ def _candidate_weights(low, placed: tuple, rest: tuple, mtp: int, engine: str) -
     ``placed``, at context 1 and batch 1, MTP modules loaded when
     *mtp* (on the output head's tier, as the kernel counts them).
 
-    ``w_gpu`` / ``w_host``: the weight classes summed per tier in the kernel's class order;
+    ``w_gpu`` / ``w_host``: the weight classes summed per tier in the kernel's class order; ``w_gpu_one``:
+    the busiest GPU's share of them (each class over its ``gpu_ways``, ms_gpu_one's order);
     ``routed_host``: routed experts in host RAM; ``any_gpu``: whether the kernel places anything on the
     GPU, which is exactly when it reserves GPU compute buffers -- read from a probe of one GPU with one
     byte of fixed buffer (weights do not depend on GPU count, buffers or capacities; capacities of 0
     make the kernel's max-context/max-batch searches stop at once)."""
     from ..memory import evaluate
     n = len(placed)
-    cols = {k: np.full(n, v) for k, v in rest}
+    cols = {k: np.tile(np.asarray(v, dtype=np.float64), (n, 1)) if k == "gpu_ways" else np.full(n, v) for k, v in rest}
     cols.update(context=np.ones(n, dtype=np.int64), batch=np.ones(n, dtype=np.int64),
                 mtp=np.full(n, 1 if mtp else 0, dtype=np.int64),
                 placement=np.array([c for c, _ in placed], dtype=np.int64),
@@ -93,11 +94,13 @@ def _candidate_weights(low, placed: tuple, rest: tuple, mtp: int, engine: str) -
                 n_gpus=np.ones(n, dtype=np.int64), gpu_fixed=np.ones(n), gpu_buf0=np.zeros(n), gpu_buf_ctx=np.zeros(n),
                 gpu_capacity=np.zeros(n), host_capacity=np.zeros(n), storage_spill=np.zeros(n, dtype=np.int64))
     bc = np.asarray(evaluate(low, cols, engine=engine)["by_class"], dtype=np.float64)
-    w_gpu, w_host = np.zeros(n), np.zeros(n)
+    ways = cols["gpu_ways"]
+    w_gpu, w_host, w_one = np.zeros(n), np.zeros(n), np.zeros(n)
     for k in _WEIGHT_ROWS:                       # class by class, in the kernel's order (the same sums)
         w_gpu += bc[:, k, TIER_GPU]
         w_host += bc[:, k, TIER_HOST]
-    return {"w_gpu": _frozen(w_gpu), "w_host": _frozen(w_host),
+        w_one += bc[:, k, TIER_GPU] / ways[:, k]
+    return {"w_gpu": _frozen(w_gpu), "w_host": _frozen(w_host), "w_gpu_one": _frozen(w_one),
             "routed_host": _frozen(np.array(bc[:, CLASS_ROUTED, TIER_HOST], dtype=np.float64)),
             "any_gpu": _frozen((bc[:, CLASS_BUFFERS, TIER_GPU] > 0.0).astype(np.int32))}
 
@@ -200,7 +203,7 @@ def memory_tables(m, low, machine: Machine, rt, kv: str, cands: list, rule: int,
     w = _weights(low, cands, full[0], n_mtp)
     skeleton, first = _candidate_columns(cands, None if labels is None else _labels(labels), machine.n_gpus == 0)
     pl = dict(skeleton)
-    pl.update((k, w[k]) for k in ("any_gpu", "w_gpu", "w_host", "routed_host"))
+    pl.update((k, w[k]) for k in ("any_gpu", "w_gpu", "w_host", "w_gpu_one", "routed_host"))
     fits = np.array(fits_label if fits_label is not None else [0] * 8, dtype=np.int32)
     return dict(kv_rows, count=count, gpu_count=gpu_count,
                 max_context=int(low.max_context), cfg=cfgs, places=pl, rule=rule, n_layers=L, n_experts=m.n_experts,

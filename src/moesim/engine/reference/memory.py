@@ -50,15 +50,24 @@ def _cache(low, l, c, kvb):
     return kv, float(low.kv_state[l])
 
 
-def fits_rule(cfg, gpu: float, host: float, host_weights: float, host_buffers: float) -> tuple:
+def gpu_one(cfg, bc) -> float:
+    """ms_gpu_one (csrc/ms_internal.h): the busiest GPU's bytes, each class's GPU bytes over its gpu_ways."""
+    one = 0.0
+    for k in range(N_CLASSES):
+        one += bc[k][TIER_GPU] / float(cfg["gpu_ways"][k])
+    return one
+
+
+def fits_rule(cfg, gpu: float, one: float, host: float, host_weights: float, host_buffers: float) -> tuple:
     """ms_fits_rule (csrc/ms_internal.h), the one fits rule of both twins: (spill, fits bits) from the bytes
-    each tier needs. Weights beyond host RAM page in from storage when the runtime mmaps them (caches and
-    buffers cannot); fits is 0 when something does not fit."""
+    each tier needs (*one*: the busiest GPU's, held to one GPU's capacity). Weights beyond host RAM page in
+    from storage when the runtime mmaps them (caches and buffers cannot); fits is 0 when something does not
+    fit."""
     spill = 0.0
     if host > cfg["host_capacity"] and cfg["storage_spill"]:
         spill = min(host - cfg["host_capacity"], host_weights, cfg["storage_capacity"])
     fits = 0
-    if gpu <= float(cfg["n_gpus"]) * cfg["gpu_capacity"] and host - spill <= cfg["host_capacity"]:
+    if one <= cfg["gpu_capacity"] and host - spill <= cfg["host_capacity"]:
         if gpu > 0.0 and cfg["n_gpus"] > 0:
             fits |= FITS_GPU
         if host - spill - host_buffers > 0.0:
@@ -73,7 +82,7 @@ def fits_rule(cfg, gpu: float, host: float, host_weights: float, host_buffers: f
 
 
 def account(low, cfg, context, batch):
-    """Return (by_class, tier, weights, kv, state, kv_slope, fits_bits) for one context and batch."""
+    """Return (by_class, tier, weights, kv, state, kv_slope, fits_bits, gpu_per_gpu) for one context and batch."""
     L = low.n_layers
     gran = cfg["kv_granularity"]
     c = context if gran <= 1 else -(-context // gran) * gran
@@ -126,10 +135,11 @@ def account(low, cfg, context, batch):
     gpu = sum(bc[k][TIER_GPU] for k in range(N_CLASSES))
     host = sum(bc[k][TIER_HOST] for k in range(N_CLASSES))
     host_weights = sum(bc[k][TIER_HOST] for k in range(CLASS_MTP + 1))
-    spill, fits = fits_rule(cfg, gpu, host, host_weights, bc[CLASS_BUFFERS][TIER_HOST])
+    one = gpu_one(cfg, bc)
+    spill, fits = fits_rule(cfg, gpu, one, host, host_weights, bc[CLASS_BUFFERS][TIER_HOST])
     tier = [gpu, host - spill, spill]
     weights = sum(bc[k][TIER_GPU] + bc[k][TIER_HOST] for k in range(CLASS_MTP + 1))
-    return bc, tier, weights, kv_total, state_total, slope, fits
+    return bc, tier, weights, kv_total, state_total, slope, fits, one
 
 
 def memory_one(low, cfg):
@@ -139,23 +149,25 @@ def memory_one(low, cfg):
     while hi < 2**30 and account(low, cfg, ctx, hi)[6]:
         hi *= 2
     max_b = largest_true(lambda x: account(low, cfg, ctx, x)[6] != 0, 1, min(hi, 2**30)) or 0
-    bc, tier, weights, kv, state, slope, fits = account(low, cfg, ctx, b)
-    return dict(by_class=bc, tier=tier, weights=weights, kv=kv, state=state, kv_bytes_per_token=slope, fits=fits,
+    bc, tier, weights, kv, state, slope, fits, one = account(low, cfg, ctx, b)
+    return dict(by_class=bc, tier=tier, gpu_per_gpu=one, weights=weights, kv=kv, state=state, kv_bytes_per_token=slope, fits=fits,
                 max_context=max(0, max_ctx), max_batch=max(0, max_b))
 
 
 def memory_many(low, cols):
     n = len(cols["context"])
-    out = {k: [] for k in ("by_class", "tier", "weights", "kv", "state", "kv_bytes_per_token", "fits",
+    out = {k: [] for k in ("by_class", "tier", "gpu_per_gpu", "weights", "kv", "state", "kv_bytes_per_token", "fits",
                            "max_context", "max_batch")}
     for i in range(n):
-        cfg = {k: (int(v[i]) if v.dtype.kind == "i" else float(v[i])) for k, v in cols.items()}
+        cfg = {k: (int(v[i]) if v.dtype.kind == "i" else float(v[i]) if v.ndim == 1 else [float(x) for x in v[i]])
+               for k, v in cols.items()}
         r = memory_one(low, cfg)
         for k in out:
             out[k].append(r[k])
     return {
         "by_class": np.array(out["by_class"], dtype=np.float64).reshape(n, N_CLASSES, N_TIERS),
         "tier": np.array(out["tier"], dtype=np.float64).reshape(n, N_TIERS),
+        "gpu_per_gpu": np.array(out["gpu_per_gpu"], dtype=np.float64),
         "weights": np.array(out["weights"], dtype=np.float64),
         "kv": np.array(out["kv"], dtype=np.float64),
         "state": np.array(out["state"], dtype=np.float64),

@@ -172,13 +172,16 @@ def memory(model: Model, quant, p: Placement, cfg: dict, context: int | None = N
     tier = {"gpu": gpu, "host": host - spill, "storage": spill}
     return dict(by_class=bc, tier=tier, weights=sum(bc[(k, t)] for k in WEIGHT_CLASSES for t in ("gpu", "host")),
                 kv=kv_total, state=state_total, kv_bytes_per_token=per_token,
-                fits=fits(tier, bc[("buffers", "host")], n_gpus, cfg["gpu_capacity"], cfg["host_capacity"]))
+                gpu_per_gpu=(one := sum(bc[(k, "gpu")] / float(w) for k, w in zip(CLASSES, cfg["gpu_ways"]))),
+                fits=fits(tier, bc[("buffers", "host")], n_gpus, cfg["gpu_capacity"], cfg["host_capacity"], one))
 
 
-def fits(tier: dict, host_buffers: float, n_gpus: int, gpu_capacity: float, host_capacity: float) -> set:
+def fits(tier: dict, host_buffers: float, n_gpus: int, gpu_capacity: float, host_capacity: float,
+         gpu_one: float) -> set:
     """The fits rule: the tiers that hold the model, or the empty set when it does not fit.
 
-    It fits when the GPU total is within the GPUs' combined capacity and what stays in host RAM within
+    It fits when the busiest GPU's bytes (*gpu_one*: each class's GPU bytes over the ways the layout splits it,
+    ``cfg["gpu_ways"]``) are within one GPU's capacity and what stays in host RAM within
     host RAM (the spill to storage is bounded by the storage size already). A GPU tier with bytes on a
     machine without GPUs never fits. The verdict names every tier holding something: the GPU when it
     holds bytes, the host when it holds more than its buffers, storage when weights spilled there; a
@@ -186,7 +189,7 @@ def fits(tier: dict, host_buffers: float, n_gpus: int, gpu_capacity: float, host
     """
     if tier["gpu"] > 0 and n_gpus == 0:
         return set()
-    if tier["gpu"] > n_gpus * gpu_capacity or tier["host"] > host_capacity:
+    if gpu_one > gpu_capacity or tier["host"] > host_capacity:
         return set()
     out = set()
     if tier["gpu"] > 0:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+from ..codes import CLASS_BUFFERS, CLASS_KV, CLASS_STATE
 from .memory import fits_rule
 
 
@@ -49,10 +50,14 @@ def account(t: dict, j: int, ctx: int, b: int) -> dict:
     cfg = t["cfg"][pl["cfg"][j]]
     kv_g, kv_h, st_g, st_h, buf_g, buf_h = _kv_part(t, pl["layout"][j], cfg, ctx, b)
     w_host = float(pl["w_host"][j])
-    gpu = float(pl["w_gpu"][j]) + kv_g + st_g + (buf_g if pl["any_gpu"][j] else 0.0)
+    bg = buf_g if pl["any_gpu"][j] else 0.0
+    gpu = float(pl["w_gpu"][j]) + kv_g + st_g + bg
+    ways = cfg["gpu_ways"]           # the busiest GPU in ms_gpu_one's class order: weights, KV, state, buffers
+    one = float(pl["w_gpu_one"][j]) + kv_g / float(ways[CLASS_KV]) + st_g / float(ways[CLASS_STATE]) \
+        + bg / float(ways[CLASS_BUFFERS])
     host = w_host + kv_h + st_h + buf_h
-    spill, fits = fits_rule(cfg, gpu, host, w_host, buf_h)
-    return dict(gpu=gpu, host=host, spill=spill, kv=kv_g + kv_h, state=st_g + st_h, fits=fits)
+    spill, fits = fits_rule(cfg, gpu, one, host, w_host, buf_h)
+    return dict(gpu=gpu, gpu_one=one, host=host, spill=spill, kv=kv_g + kv_h, state=st_g + st_h, fits=fits)
 
 
 def _fits(t, j, ctx, b) -> bool:
