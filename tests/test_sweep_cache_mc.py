@@ -3,7 +3,12 @@
 expert-cache sizes and batches (issue 19). Che is an approximation, so this is a tolerance, 0.02: the
 offload-research grid (bench/bench_grids.py) is only as good as this agreement. At batch 1 Che is high by
 0.005-0.012 here (8192 Monte Carlo steps, seeds 1 and 2); at batch 4 (superposed streams) by up to 0.020 at
-16 slots (measured 2026-12-03), at the tolerance's edge, so batch 4 is checked at 0.03."""
+16 slots (measured 2026-12-03), at the tolerance's edge, so batch 4 is checked at 0.03.
+
+The profile is olmoe's v1 (independent reference model + stickiness, what Che assumes). The family default
+is now olmoe:v2, whose memory over tens of tokens Monte Carlo replays and the analytic path does not read
+yet: at 32 slots, batch 1, analytic 0.670 against Monte Carlo 0.713 (the strict xfail below holds that
+gap until the analytic path reads v2's memory, issue 15)."""
 from __future__ import annotations
 
 import pytest
@@ -15,21 +20,34 @@ MODEL = "olmoe-1b-7b"            # 64 experts, top-8: cheap to replay
 SIZES = [4, 8, 16, 32, 48]
 
 
-@pytest.fixture(scope="module")
-def table():
+def _sweep(routing: str):
     return moesim.sweep(models=[MODEL], quants=["Q4_K_M"], machines=[MACHINE], placements=["offload-cache"],
-                        cache_experts=SIZES, policies=["lru"], contexts=[4096], batches=[1, 4],
+                        cache_experts=SIZES, policies=["lru"], contexts=[4096], batches=[1, 4], routing=[routing],
                         filter={"skip_inapplicable": True}, progress=False)
 
 
+@pytest.fixture(scope="module")
+def table():
+    return _sweep("olmoe")
+
+
 def test_sweep_lru_hit_rate_within_002_of_monte_carlo(table):
+    _check_against_monte_carlo(table, "olmoe")
+
+
+@pytest.mark.xfail(strict=True, reason="the analytic path ignores v2's memory over tokens (issue 15)")
+def test_v2_profile_analytic_hit_rate_within_002_of_monte_carlo():
+    _check_against_monte_carlo(_sweep("olmoe:v2"), "olmoe:v2")
+
+
+def _check_against_monte_carlo(table, routing: str):
     machine = moesim.machine(**MACHINE)
     rows = table.to_dicts()
     assert len(rows) == 2 * len(SIZES)
     for row in rows:
         mc = moesim.simulate(MODEL, machine, quant="Q4_K_M", context=4096, batch=int(row["batch"]),
                              cache_experts=int(row["cache_experts"]), policy="lru", mode="montecarlo",
-                             tokens=8192, seed=1)
+                             tokens=8192, seed=1, routing=routing)
         assert 0.0 < mc.expert_hit_rate <= 1.0
         tol = 0.02 if row["batch"] == 1 else 0.03
         assert abs(row["expert_hit_rate"] - mc.expert_hit_rate) <= tol, (row["cache_experts"], row["batch"],
