@@ -91,7 +91,7 @@ typedef struct {
     double host_fixed;           /* host-side runtime overhead */
     double host_buf0, host_buf_ctx;
     /* Per GPU (issue 16): the GPU-tier bytes of class k are divided gpu_ways[k] ways over the GPUs (1 =
-     * replicated on every GPU; engine.lower.parallel.memory_split_ways), so the busiest GPU holds
+     * replicated on every GPU; engine.lower.memory.memory_split_ways), so the busiest GPU holds
      * sum_k by_class[k][GPU] / gpu_ways[k], and the configuration fits the GPUs only when that is within
      * gpu_capacity. Each entry > 0 and finite; all 1 on one GPU (the pooled total). */
     double gpu_ways[MS_N_CLASSES];

@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import moesim
 from moesim import MoesimError
-from moesim.analysis.per_gpu import gpu_bytes_per_gpu, split_ways
+from moesim.analysis.per_gpu import gpu_bytes_per_gpu
+from moesim.engine.lower.memory import memory_split_ways as split_ways
 from moesim.analysis.resolve import with_parallel
 from moesim.engine import decode as KD
 from moesim.engine.lower import routing as LRT

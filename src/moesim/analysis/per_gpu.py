@@ -9,15 +9,10 @@ from __future__ import annotations
 from ..engine.lower.memory import CLASSES, TIERS, memory_split_ways
 
 
-def split_ways(m, rt, n_gpus: int) -> dict:
-    """How many ways each memory class is divided over the GPUs (1 = replicated on each)."""
-    return memory_split_ways(m, rt, n_gpus)
-
-
 def gpu_bytes_per_gpu(m, rt, n_gpus: int, by_class) -> dict:
     """{total, by_class, split_ways}: bytes one GPU holds under the runtime's layout, from the memory
     kernel's [class, tier] bytes (GPU tier), in the kernel's class order (the same sum as ms_gpu_one)."""
-    ways = split_ways(m, rt, n_gpus)
+    ways = memory_split_ways(m, rt, n_gpus)
     g = TIERS.index("gpu")
     per = {c: float(by_class[i][g]) / ways[c] for i, c in enumerate(CLASSES)}
     total = 0.0

@@ -3,19 +3,13 @@ context terms (:func:`.variants.check_separable`): MTP drafts (a verify step of 
 sequence) and next-layer prefetch (prefetch_recall > 0). Each distinct (variant, context) of a group's
 rows runs the way ``simulate(mode="analytic")`` runs one configuration: one analytic kernel step and the
 prefill, at that context. The rows that share a lowered model (candidate, page-cache slots, context and
-lowering key, :meth:`.variants.DecodeVariants._lowered`'s) run in one kernel call and share one prefill
+lowering key, :meth:`.variants.DecodeVariants.lowering_key`) run in one kernel call and share one prefill
 sum; the batch enters those only through its own column and :func:`~moesim.engine.prefill.rate_ttft`."""
 from __future__ import annotations
 
 import numpy as np
 
 from ...engine.codes import MODES
-
-
-def _lowering_key(grp, j: int, tokens: int) -> tuple:
-    """What lower_model's output depends on at ``tokens`` per step besides the candidate (DecodeVariants'
-    key: the op-offload choice, and under expert parallelism the tokens themselves)."""
-    return (grp.variants._op_offload(grp.cands[j], tokens), tokens if grp.rt.decode.expert_parallel > 1 else -1)
 
 
 def _many(grp, j: int, ps: int, context: int, batches: list) -> np.ndarray:
@@ -62,7 +56,7 @@ def evaluate(grp, keys: np.ndarray, context: np.ndarray, batch: np.ndarray, out:
     for u, (key, ctx) in enumerate(uniq.tolist()):
         j, ps, bi = grp.decode_key(key)
         b = int(grp.plan.batches[bi])
-        todo.setdefault((j, ps, ctx, _lowering_key(grp, j, b * (1 + grp.mtp))), []).append((u, b))
+        todo.setdefault((j, ps, ctx, grp.variants.lowering_key(j, b * (1 + grp.mtp))), []).append((u, b))
     for (j, ps, ctx, _), items in todo.items():
         vals[[u for u, _ in items]] = _many(grp, j, ps, ctx, [b for _, b in items])
     tok = vals[inverse, 0]

@@ -101,7 +101,7 @@ class Group:
         self.routing = routing_table(m, None if routing in (None, "auto") else routing, self.opts["prefetch_recall"],
                                      plan.run["seed"])[0]
         # drafts and prefetch break the analytic variants' split (variants.check_separable): those groups
-        # evaluate each (variant, context) whole, as simulate does (variants.DirectDecode)
+        # evaluate each (variant, context) whole, as simulate does (.direct)
         recall = np.asarray(self.routing.get("recall", ()), dtype=np.float64)
         self.direct_hw: dict = {}
         self.direct = plan.mode != "montecarlo" and (self.mtp > 0 or bool(np.any(recall != 0.0)))

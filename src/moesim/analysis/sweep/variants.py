@@ -192,15 +192,20 @@ class DecodeVariants:
         cpu_only = p.kind == "cpu-only" or g.machine.n_gpus == 0
         return not cpu_only and tokens_per_step >= op_offload_threshold(g.rt, g.m)
 
+    def lowering_key(self, j: int, tokens: int) -> tuple:
+        """What candidate j's lowered model depends on at ``tokens`` per step besides j: the op-offload
+        choice, and under expert parallelism the tokens themselves (the busiest EP rank's load,
+        engine.lower.parallel.layer_loads, grows with the tokens per step)."""
+        g = self.group
+        return self._op_offload(g.cands[j], tokens), tokens if g.rt.decode.expert_parallel > 1 else -1
+
     def _lowered(self, j: int, b: int) -> tuple:
-        """(decode model, machine, lowering key) of candidate j at batch b. The key is what the lowered
-        model depends on besides j: the op-offload choice, and under expert parallelism the batch itself
-        (the busiest EP rank's load, engine.lower.parallel.layer_loads, grows with the tokens per step)."""
+        """(decode model, machine, :meth:`lowering_key`) of candidate j at batch b."""
         from ...engine.lower.decode_model import lower_model
         from ...engine.lower.machine import lower_machine
         g = self.group
         p = g.cands[j]
-        lk = (self._op_offload(p, b), b if g.rt.decode.expert_parallel > 1 else -1)
+        lk = self.lowering_key(j, b)
         if (j, lk) not in self._dm:
             self._dm[(j, lk)] = lower_model(g.m, g.low, p, g.machine, g.rt, 1, g.kv, b, routing=g.routing)
         if j not in self._hw:

@@ -85,8 +85,9 @@ def _candidate_weights(low, placed: tuple, rest: tuple, mtp: int, engine: str) -
     byte of fixed buffer (weights do not depend on GPU count, buffers or capacities; capacities of 0
     make the kernel's max-context/max-batch searches stop at once)."""
     from ..memory import evaluate
+    from .memory import config_columns
     n = len(placed)
-    cols = {k: np.tile(np.asarray(v, dtype=np.float64), (n, 1)) if k == "gpu_ways" else np.full(n, v) for k, v in rest}
+    cols = config_columns(dict(rest), n)
     cols.update(context=np.ones(n, dtype=np.int64), batch=np.ones(n, dtype=np.int64),
                 mtp=np.full(n, 1 if mtp else 0, dtype=np.int64),
                 placement=np.array([c for c, _ in placed], dtype=np.int64),
