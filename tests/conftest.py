@@ -1,4 +1,8 @@
-"""Shared test machinery: the fuzzers' counts and tallies.
+"""Shared test machinery: the fuzzers' counts and tallies, and the session's own lowering cache.
+
+The whole session (and every ``python -m moesim`` it starts) keeps its persistent lowering cache
+(moesim._lowering_cache) in a temporary folder of its own, removed at the end: tests never read or
+write the user's real cache.
 
 Every fuzz test (marker ``fuzz``) takes its number of inputs from :func:`fuzz_count`: a modest count in
 the ordinary suite (the whole fuzz set costs about a minute on two cores), the ``--long`` count under
@@ -12,7 +16,9 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import shutil
 import signal
+import tempfile
 import time
 
 import pytest
@@ -28,6 +34,21 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     _STATE["long"] = bool(config.getoption("--long", default=False))
+    # before collection: modules that build catalog models at import time use the cache already
+    _STATE["cache_dir"] = tempfile.mkdtemp(prefix="moesim-test-cache-")
+    os.environ["MOESIM_CACHE_DIR"] = _STATE["cache_dir"]
+
+
+def pytest_unconfigure(config):
+    folder = _STATE.pop("cache_dir", None)
+    if folder is None:
+        return
+    os.environ["MOESIM_CACHE"] = "off"        # nothing is written at exit into the folder removed here
+    import sys
+    lc = sys.modules.get("moesim._lowering_cache")
+    if lc is not None:
+        lc.reset()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def fuzz_count(ci: int, long: int) -> int:

@@ -13,10 +13,10 @@ import sys
 
 from .. import __version__
 from ..errors import MoesimError
-from . import core, plan, plot, routing, serve, site, views
+from . import cache, core, plan, plot, routing, serve, site, views
 from ._args import _Parser
 
-COMMAND_MODULES = (core, plan, plot, routing, serve, site, views)
+COMMAND_MODULES = (core, plan, plot, routing, serve, site, views, cache)
 _COMMANDS = {name: fn for mod in COMMAND_MODULES for name, fn in mod.COMMANDS.items()}
 
 

@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from .. import _catalog
+from .. import _catalog, _lowering_cache
 from .checkpoint import Scheme, scheme_from_config
 from ..errors import MoesimError, unknown_id
 from .layers import KVTerms, Layer, StoredWeights, Tensor
@@ -156,7 +156,8 @@ class Model:
     def param_counts(self) -> tuple:
         """(total, active) parameters, embeddings and head counted, MTP excluded, norms included;
         counted once per model."""
-        return self.cached_view("_cache_param_counts", self._count_params)
+        return self.cached_view("_cache_param_counts",
+                                lambda: _lowering_cache.memo("params", catalog_key(self), self._count_params))
 
     def _count_params(self) -> tuple:
         # each layer's (top-k, experts): the routed experts one token uses, looked up once per layer
@@ -528,12 +529,37 @@ def catalog_model(id: str) -> Model:
     key = _require_id(id)
     if key in _MODEL_CACHE:
         return _MODEL_CACHE[key]
+    m = _lowering_cache.memo("model", key, lambda: _parse_entry(key))
+    object.__setattr__(m, "_catalog_id", key)
+    _MODEL_CACHE[key] = m
+    return m
+
+
+def _parse_entry(key: str) -> Model:
     entries = _catalog.load("models")["models"]
     entry = entries[key]
     meta = {k: v for k, v in entry.items() if k not in ("config", "base", "hf_ids")}
-    m = _parse(_merged_config(entries, key), key, meta)
-    _MODEL_CACHE[key] = m
+    return _shared_specs(_parse(_merged_config(entries, key), key, meta))
+
+
+_SPECS: dict = {}          # layer spec (Attention, FFN) -> the one instance catalog models hold
+
+
+def _shared_specs(m: Model) -> Model:
+    """*m*, just parsed, with equal layer specs (most layers' attention and FFN) one shared instance
+    across the catalog: the same values, a fifth the size pickled (the lowering cache's model file).
+    Specs are frozen values, so sharing one is safe; the layers are set before anything else sees them."""
+    for layer in m.layers + ((m.mtp_layer,) if m.mtp_layer is not None else ()):
+        object.__setattr__(layer, "attention", _SPECS.setdefault(layer.attention, layer.attention))
+        object.__setattr__(layer, "ffn", _SPECS.setdefault(layer.ffn, layer.ffn))
     return m
+
+
+def catalog_key(m: Model) -> "str | None":
+    """The catalog id of a model :func:`catalog_model` returned (a pure function of that catalog entry
+    and moesim's code, so the persistent lowering cache, moesim._lowering_cache, may key on it); None for
+    any other model (read from a file, changed by overrides, unpickled: its views are built, not cached)."""
+    return m.__dict__.get("_catalog_id")
 
 
 def is_catalog_id(text: str) -> bool:

@@ -23,10 +23,10 @@ import math
 import numpy as np
 from dataclasses import dataclass
 
-from .. import _catalog
+from .. import _catalog, _lowering_cache
 from .checkpoint import Scheme, hf_module_path
 from ..errors import MoesimError, unknown_id
-from .models import Model
+from .models import Model, catalog_key
 from .layers import Tensor
 from .gguf_types import gguf_assign, gguf_type_index, use_more_bits
 
@@ -439,6 +439,17 @@ def kernel_mix(model: Model, quant: "str | Quant") -> KernelMix:
 
 @functools.lru_cache(maxsize=4096)
 def _kernel_mix_cached(model: Model, quant: Quant) -> KernelMix:
+    return _lowering_cache.memo("kernel_mix", lowering_key(model, quant), lambda: _kernel_mix(model, quant))
+
+
+def lowering_key(model: Model, q: Quant, *rest) -> "tuple | None":
+    """The persistent lowering cache's key of a catalog model under a quant (and *rest*, plain values
+    whose repr is exact), None for a model that is not the catalog's own (spec.models.catalog_key)."""
+    mid = catalog_key(model)
+    return None if mid is None else (mid, repr(q)) + tuple(repr(r) for r in rest)
+
+
+def _kernel_mix(model: Model, quant: Quant) -> KernelMix:
     types, formats = ggml_types(), _tables()["formats"]
     wt = weight_table(model, quant)
     nt = len(wt.types)

@@ -6,9 +6,10 @@ import math
 
 import numpy as np
 
+from ... import _lowering_cache
 from ...spec import quants as Q
 from ...spec.hardware import Machine
-from ...spec.models import Model
+from ...spec.models import Model, catalog_key
 from ...spec.placement import Placement
 from ...spec.runtimes import Runtime
 from ..codes import EXP_CPU, EXP_FETCH, EXP_GPU, EXP_NONE, EXP_SPLIT
@@ -21,6 +22,10 @@ from .parallel import allreduce_bytes, alltoall_bytes, layer_loads, layout_degre
 @functools.lru_cache(maxsize=1024)
 def _params(model: Model) -> dict:
     """Parameter counts per (class, layer) plus global ones; MTP modules under key 'mtp'."""
+    return _lowering_cache.memo("layer_params", catalog_key(model), lambda: _count_params(model))
+
+
+def _count_params(model: Model) -> dict:
     L = model.n_layers
     per = {c: np.zeros(L) for c in ("attention", "router", "shared_experts", "routed_experts", "dense_ffn")}
     glob = {"embeddings": 0.0, "lm_head": 0.0, "mtp": 0.0, "mtp_routed": 0.0}

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ... import _lowering_cache
 from ...spec import quants as Q
 from ..codes import placement_code
 from ...spec.hardware import Machine
@@ -67,6 +68,37 @@ class LoweredModel:
 
 @functools.lru_cache(maxsize=4096)
 def _lower_cached(model: Model, q: Q.Quant, indexer_bytes: float) -> LoweredModel:
+    key = Q.lowering_key(model, q, float(indexer_bytes))
+    packed = _lowering_cache.get("lowered", key) if key is not None else None
+    if packed is not None:
+        return _unpack(packed)
+    low = _lower(model, q, indexer_bytes)
+    if key is not None:
+        _lowering_cache.put("lowered", key, _pack(low))
+    return low
+
+
+_PACKED_LAYERS = ("attn", "router", "shared", "expert_one", "dense")   # float64 per layer, one [5, L] array
+
+
+def _pack(low: LoweredModel) -> tuple:
+    """A LoweredModel as the lowering cache stores it: its per-layer weight bytes as one array (a few
+    arrays per entry load several times faster than a dataclass of a dozen), the rest as plain values."""
+    return (low.model_id, low.quant, np.stack([getattr(low, f) for f in _PACKED_LAYERS]), low.n_experts,
+            tuple(getattr(low, f) for f in KV_COLUMNS), low.embed, low.head, low.mtp, low.mtp_layers,
+            low.max_context, tuple(low.weights_by_class.items()))
+
+
+def _unpack(packed: tuple) -> LoweredModel:
+    mid, quant, layers, n_exp, kv, embed, head, mtp, mtp_layers, max_context, by_class = packed
+    for a in kv:                                  # read-only, as _kv_columns makes them
+        a.flags.writeable = False
+    return LoweredModel(model_id=mid, quant=quant, **dict(zip(_PACKED_LAYERS, layers)), n_experts=n_exp,
+                        **dict(zip(KV_COLUMNS, kv)), embed=embed, head=head, mtp=mtp, mtp_layers=mtp_layers,
+                        max_context=max_context, weights_by_class=dict(by_class))
+
+
+def _lower(model: Model, q: Q.Quant, indexer_bytes: float) -> LoweredModel:
     n = model.n_layers
     per, glob, by_class = _class_sums(Q.weight_table(model, q, include_mtp=True), n)
     n_exp = np.array([l.ffn.n_experts if l.ffn.kind == "moe" else 0 for l in model.layers], dtype=np.int32)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ... import _lowering_cache
 from ...errors import MoesimError
 from ...spec.routing import N_SCENARIOS, RoutingProfile, per_layer
 
@@ -86,6 +87,12 @@ def lower(dims: RoutingDims, prof: RoutingProfile, seed: int = 0, prefetch: bool
 
 @functools.lru_cache(maxsize=1024)
 def _lower_cached(dims: RoutingDims, prof: RoutingProfile, seed: int, prefetch: bool, scenarios: int) -> dict:
+    # a pure function of its arguments (frozen dataclasses of plain values: their repr is exact)
+    key = (repr(dims), repr(prof), seed, prefetch, scenarios)
+    return _lowering_cache.memo("routing", key, lambda: _lower_tables(dims, prof, seed, prefetch, scenarios))
+
+
+def _lower_tables(dims: RoutingDims, prof: RoutingProfile, seed: int, prefetch: bool, scenarios: int) -> dict:
     L, E, k = dims.n_layers, dims.n_experts, dims.top_k
     rt = dict(n_layers=L, n_experts=E, top_k=k, n_group=dims.n_group, topk_group=dims.topk_group,
               concentration=float(prof.concentration), request_tokens=int(prof.request_tokens))
