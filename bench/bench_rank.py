@@ -108,8 +108,8 @@ def in_process(runs: int, profile: bool) -> None:
 
 
 def _median_line(label: str, wall: list, cpu: list) -> str:
-    return (f"  {label:<24} median of {len(wall)}: {statistics.median(wall):.3f} s wall, {statistics.median(cpu):.3f} s "
-            f"CPU (walls {', '.join(f'{t:.2f}' for t in wall)})")
+    return (f"  {label:<24} median of {len(wall)}: {statistics.median(wall):.3f} s wall, "
+            f"{statistics.median(cpu):.3f} s CPU (walls {', '.join(f'{t:.2f}' for t in wall)})")
 
 
 def whole_process_report(runs: int, pyc: bool) -> None:

@@ -242,3 +242,29 @@ def test_cache_build_refuses_when_off(monkeypatch):
         assert exc.value.field == "MOESIM_CACHE"
     finally:
         LC.reset()
+
+
+def _same_tables(a: dict, b: dict) -> None:
+    import numpy as np
+    assert list(a) == list(b)
+    for k in a:
+        if isinstance(a[k], dict):
+            _same_tables(a[k], b[k])
+        elif isinstance(a[k], np.ndarray):
+            assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape and a[k].tobytes() == b[k].tobytes(), k
+        else:
+            assert type(a[k]) is type(b[k]) and a[k] == b[k], k
+
+
+@pytest.mark.parametrize("mid", ["qwen3-30b-a3b", "deepseek-v3", "gpt-oss-20b", "gemma-2-9b"])
+def test_routing_tables_round_trip(mid, cache):
+    """The routing tables as stored (derived tables left out, computed again) equal the lowering's."""
+    import pickle
+    from moesim.analysis.simulate import routing_profile
+    from moesim.engine.lower import routing as R
+    from moesim.spec.models import catalog_model
+    m = catalog_model(mid)
+    dims, prof = R.RoutingDims.of(m), routing_profile(m)
+    for seed, prefetch in ((0, False), (7, True)):
+        rt = R._lower_tables(dims, prof, seed, prefetch, 4)
+        _same_tables(R._unpack(pickle.loads(pickle.dumps(R._pack(rt), protocol=5)), dims.top_k), rt)

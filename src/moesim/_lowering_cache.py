@@ -1,6 +1,6 @@
 """A persistent cache of moesim's machine-independent lowering, shared by every process of one user.
 
-What it holds: values that are pure functions of a catalog entry, a quantization, a KV or indexer dtype,
+What it holds: values that are pure functions of the catalog's files (their parsed TOML), a catalog entry, a quantization, a KV or indexer dtype,
 a routing profile and seed, and moesim's own code -- parsed catalog models, parameter counts, per-layer
 byte arrays (``engine.lower.memory``), kernel mixes (``spec.quants``) and routing tables
 (``engine.lower.routing``). Never a machine's numbers: those change with every command. A new process
@@ -24,16 +24,14 @@ import hashlib
 import importlib.machinery
 import os
 import pickle
-import shutil
 import sys
-import tempfile
 import threading
 import zlib
 from pathlib import Path
 
 MAGIC = b"moesim-lowering-cache 1\n"
 # namespace -> the most entries one file keeps (user-supplied profiles and seeds cannot grow it unbounded)
-NAMESPACES = {"model": 1024, "params": 1024, "layer_params": 1024, "lowered": 8192, "kernel_mix": 8192, "routing": 512}
+NAMESPACES = {"catalog": 64, "model": 1024, "params": 1024, "layer_params": 1024, "lowered": 8192, "kernel_mix": 8192, "routing": 512}
 KEEP_FINGERPRINTS = 4          # folders of other fingerprints (other versions, edited code) kept beside this one
 _PKG = Path(__file__).resolve().parent
 # the files whose contents make the cached values: the catalog, the spec layer (parsing, quantization
@@ -86,14 +84,14 @@ def _state() -> dict:
     if "on" not in st:
         with _LOCK:
             if "on" not in _STATE:
-                on = not _env_off()
-                fp = ""
+                on, fp, folder = not _env_off(), "", Path(".")
                 if on:
                     try:
+                        folder = cache_dir()
                         fp = compute_fingerprint()
-                    except OSError:
+                    except (OSError, RuntimeError, KeyError):     # no home folder, an unreadable source
                         on = False
-                _STATE.update(on=on, dir=cache_dir(), fp=fp, tables={}, dirty={}, hits={}, misses={})
+                _STATE.update(on=on, dir=folder, fp=fp, tables={}, dirty={}, hits={}, misses={})
                 if on and not _STATE.get("atexit"):
                     atexit.register(flush)
                     _STATE["atexit"] = True
@@ -203,7 +201,7 @@ def flush() -> int:
         try:
             _write(st, ns, new)
             written += 1
-        except (OSError, pickle.PicklingError, TypeError, AttributeError) as exc:
+        except Exception as exc:       # a full or read-only disk, an unpicklable value: never the user's command
             st["error"] = f"{_path(st, ns)}: {type(exc).__name__}: {exc}"
     if written:
         _prune(st)
@@ -219,6 +217,7 @@ def _write(st: dict, ns: str, new: dict) -> None:
             merged[k] = v
     payload = pickle.dumps(merged, protocol=5)
     digest = _digest(payload)
+    import tempfile
     fd, tmp = tempfile.mkstemp(prefix=f".{ns}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -240,6 +239,7 @@ def _prune(st: dict) -> None:
                         key=lambda p: p.stat().st_mtime, reverse=True)
     except OSError:
         return
+    import shutil
     for p in others[KEEP_FINGERPRINTS:]:
         shutil.rmtree(p, ignore_errors=True)
 
@@ -258,8 +258,8 @@ def last_error() -> "str | None":
 def info() -> dict:
     """Where the cache is, this process's fingerprint, and per namespace its entries and bytes on disk."""
     st = _state()
-    out = {"enabled": st["on"], "dir": str(st["dir"]), "fingerprint": st["fp"], "namespaces": {}, "bytes": 0,
-           "other_fingerprints": 0}
+    out = {"enabled": st["on"], "dir": str(st["dir"]) if st["on"] else _dir_or_none(), "fingerprint": st["fp"],
+           "namespaces": {}, "bytes": 0, "other_fingerprints": 0}
     if not st["on"]:
         return out
     for ns in NAMESPACES:
@@ -278,16 +278,27 @@ def info() -> dict:
     return out
 
 
+def _dir_or_none() -> str:
+    try:
+        return str(cache_dir())
+    except (RuntimeError, KeyError):
+        return ""
+
+
 def clear() -> int:
-    """Remove every fingerprint's cache folder and forget this process's entries; the folders removed."""
+    """Remove every fingerprint's cache folder (whether or not the cache is on) and forget this process's
+    entries; the folders removed."""
     st = _state()
     with _LOCK:
         st["tables"], st["dirty"] = {}, {}
-    root = st["dir"] / "lowering"
+    folder = _dir_or_none()
+    if not folder:
+        return 0
     try:
-        folders = [p for p in root.iterdir() if p.is_dir()]
+        folders = [p for p in (Path(folder) / "lowering").iterdir() if p.is_dir()]
     except OSError:
         return 0
+    import shutil
     for p in folders:
         shutil.rmtree(p, ignore_errors=True)
     return len(folders)

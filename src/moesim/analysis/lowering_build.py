@@ -2,8 +2,8 @@
 (:mod:`moesim._lowering_cache`) ahead of time, so that the first ``moesim rank`` -- and fit, simulate or
 sweep of a catalog model -- in a new process loads its lowering instead of computing it.
 
-What is lowered is what those commands ask for by default and depends on no machine: every catalog
-model's parsed spec and parameter counts, its lowering and kernel mix under each quantization of the
+What is lowered is what those commands ask for by default and depends on no machine: the catalog's
+parsed data files, every catalog model's parsed spec and parameter counts, its lowering and kernel mix under each quantization of the
 default ladders (llama.cpp's GGUF ladder, the published checkpoint, fp8 where the checkpoint is 16-bit:
 :func:`moesim.analysis.fit.default_quants` over a consumer and a datacenter machine), and its family's
 routing tables at the default seed.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from .. import _lowering_cache
+from .. import _catalog, _lowering_cache
 from ..errors import MoesimError
 from ..spec import quants as Q
 from ..spec.models import catalog_model, model_ids
@@ -45,6 +45,8 @@ def build(models=None) -> dict:
     if not _lowering_cache.enabled():
         raise MoesimError("the lowering cache is off (MOESIM_CACHE=off): nothing to build", "MOESIM_CACHE")
     t0 = time.perf_counter()
+    for name in _catalog.names():
+        _catalog.load(name)
     ids = model_ids() if models is None else list(models)
     configs = 0
     for mid in ids:

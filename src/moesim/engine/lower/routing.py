@@ -89,7 +89,31 @@ def lower(dims: RoutingDims, prof: RoutingProfile, seed: int = 0, prefetch: bool
 def _lower_cached(dims: RoutingDims, prof: RoutingProfile, seed: int, prefetch: bool, scenarios: int) -> dict:
     # a pure function of its arguments (frozen dataclasses of plain values: their repr is exact)
     key = (repr(dims), repr(prof), seed, prefetch, scenarios)
-    return _lowering_cache.memo("routing", key, lambda: _lower_tables(dims, prof, seed, prefetch, scenarios))
+    packed = _lowering_cache.get("routing", key)
+    if packed is not None:
+        return _unpack(packed, dims.top_k)
+    rt = _lower_tables(dims, prof, seed, prefetch, scenarios)
+    _lowering_cache.put("routing", key, _pack(rt))
+    return rt
+
+
+_DERIVED = ("q_tables", "hot")     # what the lowering cache leaves out and _unpack computes again (a third)
+
+
+def _pack(rt: dict) -> tuple:
+    """(the keys in order, the tables but q_tables and hot): what the lowering cache stores."""
+    return tuple(rt), {k: v for k, v in rt.items() if k not in _DERIVED}
+
+
+def _unpack(packed: tuple, k: int) -> dict:
+    """The tables _lower_tables made, from _pack's: q_tables and hot as _lower_tables computes them."""
+    order, kept = packed
+    if "q" not in kept:
+        return {name: kept[name] for name in order}
+    from .._kernel import q_tables
+    derived = {"q_tables": q_tables(kept["q"], k),
+               "hot": np.argsort(-kept["log_pop"], axis=1, kind="stable").astype(np.int32)}
+    return {name: derived[name] if name in derived else kept[name] for name in order}
 
 
 def _lower_tables(dims: RoutingDims, prof: RoutingProfile, seed: int, prefetch: bool, scenarios: int) -> dict:
