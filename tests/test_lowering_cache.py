@@ -228,6 +228,9 @@ def test_cache_verb(cache, capsys):
     assert main(["cache", "clear"]) == 0 and "removed 1" in capsys.readouterr().out
     assert not _files(cache)
     assert main(["cache", "purge"]) == 2 and "action" in capsys.readouterr().err
+    assert main(["cache"]) == 2 and "action" in capsys.readouterr().err
+    assert main(["cache", "info", "--model", "olmoe-1b-7b"]) == 2 and "--model" in capsys.readouterr().err
+    assert main(["cache", " INFO ", "--json"]) == 0 and json.loads(capsys.readouterr().out)["enabled"] is True
     assert main(["cache", "build", "--model", "no-such-model"]) == 2
     assert "model" in capsys.readouterr().err
 
