@@ -271,3 +271,19 @@ def test_routing_tables_round_trip(mid, cache):
     for seed, prefetch in ((0, False), (7, True)):
         rt = R._lower_tables(dims, prof, seed, prefetch, 4)
         _same_tables(R._unpack(pickle.loads(pickle.dumps(R._pack(rt), protocol=5)), dims.top_k), rt)
+
+
+def test_concurrent_writers_leave_a_whole_file(tmp_path):
+    """Processes writing one namespace at once: the file is always one writer's whole (merged) file,
+    never a torn one, and no temporary file is left behind."""
+    code = ("import sys\nfrom moesim import _lowering_cache as LC\nfor r in range(20):\n"
+            "    LC.put('params', (sys.argv[1], r), list(range(2000)))\n    LC.flush()\n")
+    env = {**os.environ, "PYTHONPATH": SRC, "MOESIM_CACHE_DIR": str(tmp_path)}
+    env.pop("MOESIM_CACHE", None)
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(i)], env=env) for i in range(4)]
+    assert all(p.wait(timeout=300) == 0 for p in procs)
+    path, = tmp_path.glob("lowering/*/params.pkl")
+    entries = LC._read(path, path.read_bytes()[len(LC.MAGIC):len(LC.MAGIC) + 64].decode())
+    assert entries and all(v == list(range(2000)) for v in entries.values())
+    assert {k[0] for k in entries} <= {"0", "1", "2", "3"} and len(entries) >= 20
+    assert not list(tmp_path.glob("lowering/*/.*.tmp"))
