@@ -13,6 +13,7 @@ the group."""
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -182,7 +183,9 @@ class DecodeVariants:
         """Per layer, the KV read factor of candidate j's multi-GPU layout (lower_model's)."""
         from ...engine.lower.decode_model import kv_copies_of
         g = self.group
-        return np.asarray(kv_copies_of(g.m, g.cands[j], g.machine, g.rt), dtype=np.float64)
+        p = g.cands[j]
+        return g.plan.shared(("kv_copies", g.ix["models"], g.ix["machines"], id(g.rt), p),
+                             lambda: _frozen(np.array(kv_copies_of(g.m, p, g.machine, g.rt), dtype=np.float64)))
 
     def _op_offload(self, p: Placement, tokens_per_step: int) -> bool:
         """decode.lower_model's choice to copy CPU experts to the GPU at this step size (the one thing
@@ -209,7 +212,9 @@ class DecodeVariants:
         if (j, lk) not in self._dm:
             self._dm[(j, lk)] = lower_model(g.m, g.low, p, g.machine, g.rt, 1, g.kv, b, routing=g.routing)
         if j not in self._hw:
-            self._hw[j] = lower_machine(g.machine, g.rt, p, g.kernel_mix)
+            # the machine's rates under one runtime, placement and kernel mix: shared by the plan's groups
+            self._hw[j] = g.plan.shared(("hw", g.ix["machines"], id(g.rt), p, g.kernel_mix),
+                                        lambda: lower_machine(g.machine, g.rt, p, g.kernel_mix))
         return self._dm[(j, lk)], self._hw[j], lk
 
     def _prefill_time(self, j: int, lk: tuple, dm: dict, hw: dict) -> float:
@@ -224,14 +229,12 @@ class DecodeVariants:
         if j in self._kinds:
             return self._kinds[j]
         g = self.group
-        # layers alike in (attention on the GPU, bytes, FLOPs, context function), in first-seen order
-        keys = zip((np.asarray(dm["attn_on_gpu"]) != 0).tolist(),
-                   (np.asarray(dm["attn_bytes"], dtype=np.float64) + np.asarray(dm["shared_bytes"])).tolist(),
-                   (np.asarray(dm["attn_flops"], dtype=np.float64) + np.asarray(dm["shared_flops"])).tolist(),
-                   np.asarray(g.layer_fn).tolist(), self._kv_copies(j).tolist())
-        table: dict = {}
-        for key in keys:
-            table[key] = table.get(key, 0) + 1
+        # layers alike in (attention on the GPU, bytes, FLOPs, context function, KV copies), in first-seen
+        # order (Counter counts in C and keeps first-seen order)
+        table = Counter(zip((np.asarray(dm["attn_on_gpu"]) != 0).tolist(),
+                            (np.asarray(dm["attn_bytes"], dtype=np.float64) + np.asarray(dm["shared_bytes"])).tolist(),
+                            (np.asarray(dm["attn_flops"], dtype=np.float64) + np.asarray(dm["shared_flops"])).tolist(),
+                            np.asarray(g.layer_fn).tolist(), self._kv_copies(j).tolist()))
         start = len(self._kind_rows)
         for (on, ab, af, fn, copies), n in table.items():
             self._kind_rows.append(kind_row(n, on, ab, af, int(fn), hw, copies))
@@ -250,11 +253,7 @@ class DecodeVariants:
                  variant_i32=np.array([r[1] for r in rows]).reshape(-1, 3),
                  kind_f64=np.array([r[0] for r in kr]).reshape(-1, 5),
                  kind_i32=np.array([r[1] for r in kr], dtype=np.int32).reshape(-1, 3),
-                 fn_kv_f=np.array([f[0][0] for f in g.fns]).reshape(-1, 5),
-                 fn_kv_c=np.array([f[0][1] for f in g.fns], dtype=np.int64).reshape(-1, 4),
-                 fn_sf_f=np.array([f[1][0] for f in g.fns]).reshape(-1, 5),
-                 fn_sf_c=np.array([f[1][1] for f in g.fns], dtype=np.int64).reshape(-1, 4),
-                 prompt=float(g.plan.run["prompt"]))
+                 **g.fn_tables, prompt=float(g.plan.run["prompt"]))
         if self.mc:
             run_cfg = g.plan.run
             t["mc"] = MappingProxyType(dict(

@@ -74,9 +74,8 @@ def lower_model(m: Model, low, p: Placement, machine: Machine, rt: Runtime, cont
     par = _params(m)
     kvb = Q.kv_dtype_bytes(kv_dtype)
     cpu_only = p.kind == "cpu-only" or machine.n_gpus == 0
-    on_gpu = _attention_on_gpu(p, L, cpu_only)
     op_offload = not cpu_only and tokens_per_step >= op_offload_threshold(rt, m)
-    mode, slots, moe_index = _expert_modes(m, p, on_gpu, cpu_only, op_offload, cache_slots)
+    on_gpu, mode, slots, moe_index = (a.copy() for a in _layer_modes(m, p, cpu_only, op_offload, cache_slots))
     E = m.n_experts
     page_slots = _page_slots(L, E, mem_by_class, mem_tier)
     n_exp = np.maximum(low.n_experts, 1)
@@ -113,6 +112,17 @@ def lower_model(m: Model, low, p: Placement, machine: Machine, rt: Runtime, cont
         ep_load_experts=load_e, ep_load_pairs=load_p,
         a2a_bytes=alltoall_bytes(m.hidden, m.top_k, ep, rt.decode, n // attn_tp),
     )
+
+
+@functools.lru_cache(maxsize=4096)
+def _layer_modes(m: Model, p: Placement, cpu_only: bool, op_offload: bool, cache_slots) -> tuple:
+    """(attention on the GPU, expert mode, GPU slots, MoE index) per layer, read-only: they depend on the
+    model's shape and the placement, not the quant, so every quant of a model shares them."""
+    on_gpu = _attention_on_gpu(p, m.n_layers, cpu_only)
+    out = (on_gpu,) + _expert_modes(m, p, on_gpu, cpu_only, op_offload, cache_slots)
+    for a in out:
+        a.flags.writeable = False
+    return out
 
 
 def _attention_on_gpu(p: Placement, L: int, cpu_only: bool) -> np.ndarray:
