@@ -233,12 +233,60 @@ def _spell(shape: tuple, dims: dict) -> str:
     return "[" + ", ".join(str(d) if isinstance(d, int) else f"{d}={dims[d]}" if d in dims else d for d in shape) + "]"
 
 
+class Sealed(Mapping):
+    """A table the glue checked against its struct once and keeps read-only (:func:`seal`): a private copy
+    of the fields, arrays copied and frozen, and the checked values C reads. check_struct returns those
+    without checking again, so a table many kernel calls share (a sweep plan's machine rates and memory
+    configurations) is validated where it is built, not at every call. Only the glue makes them; any
+    other table is checked at every call."""
+
+    __slots__ = ("struct", "checked", "dims", "_data")
+
+    def __init__(self, struct: str, data: dict, checked: dict, dims: dict):
+        self.struct, self._data, self.checked, self.dims = struct, data, checked, dims
+
+    def __getitem__(self, key):
+        return self._data[key]
+
+    def __iter__(self):
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+def seal(struct: str, table) -> Sealed:
+    """*table* (a dict of a STRUCTS struct, top level) checked once and kept read-only: see :class:`Sealed`."""
+    data = {}
+    for k, v in (table.items() if isinstance(table, Mapping) else vars(table).items()):
+        if isinstance(v, np.ndarray):
+            v = v.copy()
+            v.flags.writeable = False
+        data[k] = v
+    dims: dict = {}
+    checked = check_struct(struct, data, dims)
+    return Sealed(struct, data, checked, dims)
+
+
+def _sealed(struct: str, obj: Sealed, dims: dict) -> dict:
+    """A sealed table's checked values, its dimensions bound into (or checked against) *dims*."""
+    if obj.struct != struct:
+        raise StructError(struct, "*", f"a table sealed as {obj.struct}")
+    for d, size in obj.dims.items():
+        if dims.setdefault(d, size) != size:
+            raise StructError(struct, d, f"dimension {d} is {size}, expected {dims[d]}")
+    return obj.checked
+
+
 def check_struct(struct: str, obj, dims: dict | None = None, fields: tuple | None = None) -> dict:
     """The declared fields of ``struct`` (STRUCTS) from a dict or object, checked and converted: scalars
     to float / int, arrays to contiguous arrays of the C dtype, nested tables recursively. Dimensions
     named in ``dims`` are fixed; the others are bound by the first field that has them (and returned in
-    ``dims``). Raises StructError naming the struct and field; optional fields absent are None."""
+    ``dims``). Raises StructError naming the struct and field; optional fields absent are None. A
+    :class:`Sealed` table of this struct was checked when sealed: its checked values are returned."""
     dims = {} if dims is None else dims
+    if type(obj) is Sealed and fields is None:
+        return _sealed(struct, obj, dims)
     out = {}
     plain = type(obj) is dict
     for f, kind, shape, dtype, fixed_int, wide in _compiled(STRUCTS[struct] if fields is None else fields):
@@ -258,11 +306,17 @@ def check_struct(struct: str, obj, dims: dict | None = None, fields: tuple | Non
                 out[f.name] = v
             else:
                 out[f.name] = _scalar(struct, f, v)
-        elif tv is np.ndarray and v.dtype == dtype and v.flags.c_contiguous and _shape_ok(shape, v.shape, dims):
+        elif tv is np.ndarray and v.dtype == dtype and v.flags.c_contiguous and (
+                _vector_ok(shape[0], v.shape, dims) if len(shape) == 1 else _shape_ok(shape, v.shape, dims)):
             out[f.name] = v                # already what C reads, of the declared shape (_array's fast path)
         else:
             out[f.name] = _array(struct, f, v, dims)   # converts, or names what is wrong
     return out
+
+
+def _vector_ok(d, got: tuple, dims: dict) -> bool:
+    """_shape_ok of a one-dimensional field (most fields)."""
+    return len(got) == 1 and (d if type(d) is int else dims.setdefault(d, got[0])) == got[0]
 
 
 def _shape_ok(shape: tuple, got: tuple, dims: dict) -> bool:

@@ -68,11 +68,28 @@ def kind_row(n: int, on_gpu: bool, ab: float, af: float, fn: int, hw: dict, kv_c
     return f64, [0, 1, fn] if on_gpu else [2, 3, fn]
 
 
-def _zeroed(dm: dict) -> dict:
+def _zeroed(dm: dict, plan=None) -> dict:
+    """The decode model with attention and shared work zeroed (with a plan: its one read-only zero column
+    per size)."""
     z = dict(dm)
     for k in ("attn_bytes", "attn_flops", "kv_bytes", "score_flops", "shared_bytes", "shared_flops"):
-        z[k] = np.zeros_like(np.asarray(dm[k], dtype=np.float64))
+        shape = np.shape(dm[k])
+        z[k] = np.zeros(shape) if plan is None else plan.shared(("zeros", shape), lambda: _frozen(np.zeros(shape)))
     return z
+
+
+def _decode_cols(batches: tuple, policy: int, run_cfg: dict) -> dict:
+    """Analytic decode configurations at these batches, read-only, in the kernel's own column dtypes
+    (ms_decode_config_t), so the glue's checks need no conversion (shared by a plan's groups)."""
+    n = len(batches)
+    cols = dict(batch=np.array(batches, dtype=np.int32), tokens_per_step=np.ones(n, dtype=np.int32),
+                drafts=np.zeros(n, dtype=np.int32), accepted=np.ones(n), steps=np.full(n, run_cfg["tokens"], dtype=np.int64),
+                warmup=np.full(n, run_cfg["warmup"], dtype=np.int64), policy=np.full(n, policy, dtype=np.int32),
+                mode=np.ones(n, dtype=np.int32), seed=np.full(n, int(run_cfg["seed"]) & 0xFFFFFFFFFFFFFFFF, dtype=np.uint64),
+                index=np.zeros(n, dtype=np.uint64))
+    for a in cols.values():
+        _frozen(a)
+    return cols
 
 
 class DecodeVariants:
@@ -157,14 +174,9 @@ class DecodeVariants:
             self._mc_models.append(dm)
             self._mc_machines.append(hw)
         else:
-            n = len(items)
-            # the kernel's own column dtypes (ms_decode_config_t), so the glue's checks need no conversion
-            cols = dict(batch=np.array([b for _, b in items], dtype=np.int32), tokens_per_step=np.ones(n, dtype=np.int32),
-                        drafts=np.zeros(n, dtype=np.int32), accepted=np.ones(n), steps=np.full(n, run_cfg["tokens"], dtype=np.int64),
-                        warmup=np.full(n, run_cfg["warmup"], dtype=np.int64), policy=np.full(n, g.policy, dtype=np.int32),
-                        mode=np.ones(n, dtype=np.int32), seed=np.full(n, int(run_cfg["seed"]) & 0xFFFFFFFFFFFFFFFF, dtype=np.uint64),
-                        index=np.zeros(n, dtype=np.uint64))
-            res = run(_zeroed(dm), hw, g.routing, cols)
+            batches = tuple(b for _, b in items)
+            cols = g.plan.shared(("decode_cols", g.policy, batches), lambda: _decode_cols(batches, g.policy, run_cfg))
+            res = run(_zeroed(dm, g.plan), hw, g.routing, cols)
         for i, (key, _) in enumerate(items):
             f64 = np.zeros(13)
             if res is not None:
@@ -205,6 +217,7 @@ class DecodeVariants:
     def _lowered(self, j: int, b: int) -> tuple:
         """(decode model, machine, :meth:`lowering_key`) of candidate j at batch b."""
         from ...engine.lower.decode_model import lower_model
+        from ...engine.glue import seal
         from ...engine.lower.machine import lower_machine
         g = self.group
         p = g.cands[j]
@@ -214,7 +227,7 @@ class DecodeVariants:
         if j not in self._hw:
             # the machine's rates under one runtime, placement and kernel mix: shared by the plan's groups
             self._hw[j] = g.plan.shared(("hw", g.ix["machines"], id(g.rt), p, g.kernel_mix),
-                                        lambda: lower_machine(g.machine, g.rt, p, g.kernel_mix))
+                                        lambda: seal("ms_machine_t", lower_machine(g.machine, g.rt, p, g.kernel_mix)))
         return self._dm[(j, lk)], self._hw[j], lk
 
     def _prefill_time(self, j: int, lk: tuple, dm: dict, hw: dict) -> float:

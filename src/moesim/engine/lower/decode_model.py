@@ -84,7 +84,7 @@ def lower_model(m: Model, low, p: Placement, machine: Machine, rt: Runtime, cont
     if p.kind not in ("all-gpu", "unified"):
         ep = 1                 # experts held in host memory are not sharded over the GPUs
     load_e, load_p = layer_loads(moe_index, routing, tokens_per_step, ep, rt.decode.redundant_experts if ep > 1 else 0)
-    quant = Q.resolve(low.quant, m)
+    quant = _quant_of(m, low)
     draft_bytes, draft_flops = _draft_cost(m, low, par)
     kv_bytes, score_flops = decode_context_rows(m, low, context, kvb)
     attn_copies, kv_copies = attention_copies(m, on_gpu, n, attn_tp)
@@ -112,6 +112,12 @@ def lower_model(m: Model, low, p: Placement, machine: Machine, rt: Runtime, cont
         ep_load_experts=load_e, ep_load_pairs=load_p,
         a2a_bytes=alltoall_bytes(m.hidden, m.top_k, ep, rt.decode, n // attn_tp),
     )
+
+
+@functools.lru_cache(maxsize=4096)
+def _quant_of(m: Model, low) -> Q.Quant:
+    """The Quant a lowered model was lowered under (it keeps the id)."""
+    return Q.resolve(low.quant, m)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -241,11 +241,13 @@ def memory_tables(m, low, machine: Machine, rt, kv: str, cands: list, rule: int,
 
 
 def memory_configs(m, low, machine: Machine, rt, kv: str, n_mtp: int) -> tuple:
-    """(the all-GPU and CPU-only configurations at context 1 and batch 1, their MEM_CFG_KEYS items):
-    ms_sweep_mem_t's two memory configurations, which do not depend on the quant."""
+    """(the all-GPU and CPU-only configurations at context 1 and batch 1, their MEM_CFG_KEYS items
+    checked and sealed, engine.glue.seal): ms_sweep_mem_t's two memory configurations, which do not
+    depend on the quant."""
+    from ..glue import seal
     from .memory import configure
     full = [configure(m, low, machine, rt, p, 1, 1, kv, 1 if n_mtp else 0) for p in (_ALL_GPU, _CPU_ONLY)]
-    return full, [{k: c[k] for k in MEM_CFG_KEYS} for c in full]
+    return full, [seal("ms_mem_config_t", {k: c[k] for k in MEM_CFG_KEYS}) for c in full]
 
 
 _ALL_GPU, _CPU_ONLY = Placement("all-gpu"), Placement("cpu-only")
