@@ -256,7 +256,8 @@ class Sealed(Mapping):
 
 
 def seal(struct: str, table) -> Sealed:
-    """*table* (a dict of a STRUCTS struct, top level) checked once and kept read-only: see :class:`Sealed`."""
+    """*table* (a dict of a STRUCTS struct, top level; a ``[]`` struct's columns) checked once and kept
+    read-only: see :class:`Sealed`."""
     data = {}
     for k, v in (table.items() if isinstance(table, Mapping) else vars(table).items()):
         if isinstance(v, np.ndarray):
@@ -275,7 +276,7 @@ def _sealed(struct: str, obj: Sealed, dims: dict) -> dict:
     for d, size in obj.dims.items():
         if dims.setdefault(d, size) != size:
             raise StructError(struct, d, f"dimension {d} is {size}, expected {dims[d]}")
-    return obj.checked
+    return dict(obj.checked)                # the caller's to extend (check_columns adds n)
 
 
 def check_struct(struct: str, obj, dims: dict | None = None, fields: tuple | None = None) -> dict:

@@ -79,17 +79,16 @@ def _zeroed(dm: dict, plan=None) -> dict:
 
 
 def _decode_cols(batches: tuple, policy: int, run_cfg: dict) -> dict:
-    """Analytic decode configurations at these batches, read-only, in the kernel's own column dtypes
-    (ms_decode_config_t), so the glue's checks need no conversion (shared by a plan's groups)."""
+    """Analytic decode configurations at these batches in the kernel's own column dtypes
+    (ms_decode_config_t), checked once and sealed (engine.glue.seal): a plan's groups share them."""
     n = len(batches)
     cols = dict(batch=np.array(batches, dtype=np.int32), tokens_per_step=np.ones(n, dtype=np.int32),
                 drafts=np.zeros(n, dtype=np.int32), accepted=np.ones(n), steps=np.full(n, run_cfg["tokens"], dtype=np.int64),
                 warmup=np.full(n, run_cfg["warmup"], dtype=np.int64), policy=np.full(n, policy, dtype=np.int32),
                 mode=np.ones(n, dtype=np.int32), seed=np.full(n, int(run_cfg["seed"]) & 0xFFFFFFFFFFFFFFFF, dtype=np.uint64),
                 index=np.zeros(n, dtype=np.uint64))
-    for a in cols.values():
-        _frozen(a)
-    return cols
+    from ...engine.glue import seal
+    return seal("ms_decode_config_t[]", cols)
 
 
 class DecodeVariants:
