@@ -471,3 +471,39 @@ def test_dense_layer_naming_a_missing_routing_row_is_an_error_not_a_crash():
                moe_index=np.array([7, 1], np.int32))
     with pytest.raises(KernelError, match="routing"):
         KD.run(bad, hw, rt, cols())
+
+
+# ------------------------------------------------------------------------------- sealed tables
+def test_sealed_tables_give_the_same_results_as_plain_ones():
+    dm, hw, rt = tables()
+    c = {k: np.array(v, dtype=f.kind) for k, v in cols(n=3, mode="analytic").items()
+         for f in glue.DECODE_CONFIG_COLUMNS if f.name == k}
+    plain = KD.run(dm, hw, rt, c)
+    sealed = KD.run(dm, glue.seal("ms_machine_t", hw), rt, glue.seal("ms_decode_config_t[]", c))
+    for k in ("step_mean", "by_resource", "hit_rate"):
+        assert np.array_equal(plain[k], sealed[k])
+
+
+def test_a_sealed_table_is_checked_once_and_kept_read_only():
+    dm, hw, rt = tables()
+    bad = dict(hw)
+    del bad["gpu_bw"]
+    raises_struct(lambda: glue.seal("ms_machine_t", bad), "ms_machine_t", "gpu_bw", "missing")   # checked when sealed
+    c = {k: np.asarray(v) for k, v in cols(n=2).items()}
+    s = glue.seal("ms_decode_config_t[]", c)
+    c["batch"][:] = 99                      # the caller's arrays stay the caller's: the seal holds copies
+    assert s["batch"].tolist() == [2, 2]
+    with pytest.raises(ValueError):
+        s["batch"][0] = 5                   # and its own are read-only
+    with pytest.raises(TypeError):
+        s["batch"] = np.ones(2)             # as is the table
+
+
+def test_a_sealed_table_is_read_as_its_own_struct_only():
+    dm, hw, rt = tables()
+    s = glue.seal("ms_machine_t", hw)
+    raises_struct(lambda: glue.check_columns("ms_decode_config_t[]", s), "ms_decode_config_t[]", "*",
+                  "sealed as ms_machine_t")
+    c = glue.seal("ms_decode_config_t[]", {k: np.asarray(v) for k, v in cols(n=2).items()})
+    raises_struct(lambda: glue.check_columns("ms_decode_config_t[]", c, n=3), "ms_decode_config_t[]", "n",
+                  "is 2, expected 3")

@@ -259,18 +259,34 @@ def fill_sweep(cols: dict, s0: int, s1: int, machine, runtime, placement_labels)
     The regime varies only with the placement (the group fixes machine and runtime): one multiplier
     per placement code the rows hold (labels *placement_labels*), indexed by each row's code."""
     place = cols["placement"][s0:s1]
-    codes = np.unique(place)
-    n = int(codes[-1]) + 1 if codes.size else 1
-    lut = {f: np.full(n, np.nan) for f in FIELDS}
-    table = _catalog_table()
-    for code in codes:
-        mult = _regime_columns(regime(machine, placement_labels[int(code)], runtime), table)
-        for f in FIELDS:
-            lut[f][int(code)] = mult[f]
+    lut = _multipliers(machine, runtime, placement_labels, np.unique(place).tolist())
     for f in FIELDS:
         cols[f][s0:s1] = cols[f.rsplit("_", 1)[0]][s0:s1] * lut[f][place]
 
 
+def _multipliers(machine, runtime, placement_labels, codes: list) -> dict:
+    """Per interval column, the multiplier of each placement code in *codes* (NaN elsewhere), memoised on
+    the machine and runtime objects and the codes' labels: a sweep's groups share a few."""
+    table = _catalog_table()
+    key = (id(machine), id(runtime), id(table), tuple((c, placement_labels[c]) for c in codes))
+    hit = _MULTIPLIERS.get(key)
+    if hit is not None and hit[0] is machine and hit[1] is runtime and hit[2] is table:
+        return hit[3]
+    n = codes[-1] + 1 if codes else 1
+    lut = {f: np.full(n, np.nan) for f in FIELDS}
+    for code in codes:
+        mult = _regime_columns(regime(machine, placement_labels[code], runtime), table)
+        for f in FIELDS:
+            lut[f][code] = mult[f]
+    for a in lut.values():
+        a.flags.writeable = False
+    if len(_MULTIPLIERS) > 1024:
+        _MULTIPLIERS.clear()
+    _MULTIPLIERS[key] = (machine, runtime, table, lut)      # holds them, so their ids stay theirs
+    return lut
+
+
+_MULTIPLIERS: dict = {}
 _COLUMNS_CACHE: dict = {}
 
 

@@ -118,6 +118,7 @@ ROUTING_LAYERS = (Field("log_pop", F64, ("n_layers", "n_experts")), Field("stick
                   Field("trace", I32, ("trace_tokens", "trace_layers", "top_k"), optional=True,
                         note="a recorded trace replays instead of sampling"))
 ROUTING = ROUTING_DIMS + _scalars(REAL, "concentration") + _scalars(INT, "request_tokens") + ROUTING_LAYERS
+_ROUTING_DENSE = ROUTING[:len(ROUTING) - len(ROUTING_LAYERS)]        # a dense model's: no per-layer tables
 
 # ms_decode_config_t as columns of n configurations (engine.decode.CONFIG_FIELDS); seed and index are
 # taken modulo 2**64.
@@ -232,34 +233,116 @@ def _spell(shape: tuple, dims: dict) -> str:
     return "[" + ", ".join(str(d) if isinstance(d, int) else f"{d}={dims[d]}" if d in dims else d for d in shape) + "]"
 
 
+class Sealed(Mapping):
+    """A table the glue checked against its struct once and keeps read-only (:func:`seal`): a private copy
+    of the fields, arrays copied and frozen, and the checked values C reads. check_struct returns those
+    without checking again, so a table many kernel calls share (a sweep plan's machine rates and memory
+    configurations) is validated where it is built, not at every call. Only the glue makes them; any
+    other table is checked at every call."""
+
+    __slots__ = ("struct", "checked", "dims", "_data")
+
+    def __init__(self, struct: str, data: dict, checked: dict, dims: dict):
+        self.struct, self._data, self.checked, self.dims = struct, data, checked, dims
+
+    def __getitem__(self, key):
+        return self._data[key]
+
+    def __iter__(self):
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
+def seal(struct: str, table) -> Sealed:
+    """*table* (a dict of a STRUCTS struct, top level; a ``[]`` struct's columns) checked once and kept
+    read-only: see :class:`Sealed`."""
+    data = {}
+    for k, v in (table.items() if isinstance(table, Mapping) else vars(table).items()):
+        if isinstance(v, np.ndarray):
+            v = v.copy()
+            v.flags.writeable = False
+        data[k] = v
+    dims: dict = {}
+    checked = check_struct(struct, data, dims)
+    return Sealed(struct, data, checked, dims)
+
+
+def _sealed(struct: str, obj: Sealed, dims: dict) -> dict:
+    """A sealed table's checked values, its dimensions bound into (or checked against) *dims*."""
+    if obj.struct != struct:
+        raise StructError(struct, "*", f"a table sealed as {obj.struct}")
+    for d, size in obj.dims.items():
+        if dims.setdefault(d, size) != size:
+            raise StructError(struct, d, f"dimension {d} is {size}, expected {dims[d]}")
+    return dict(obj.checked)                # the caller's to extend (check_columns adds n)
+
+
 def check_struct(struct: str, obj, dims: dict | None = None, fields: tuple | None = None) -> dict:
     """The declared fields of ``struct`` (STRUCTS) from a dict or object, checked and converted: scalars
     to float / int, arrays to contiguous arrays of the C dtype, nested tables recursively. Dimensions
     named in ``dims`` are fixed; the others are bound by the first field that has them (and returned in
-    ``dims``). Raises StructError naming the struct and field; optional fields absent are None."""
+    ``dims``). Raises StructError naming the struct and field; optional fields absent are None. A
+    :class:`Sealed` table of this struct was checked when sealed: its checked values are returned."""
     dims = {} if dims is None else dims
+    if type(obj) is Sealed and fields is None:
+        return _sealed(struct, obj, dims)
     out = {}
     plain = type(obj) is dict
-    for f in STRUCTS[struct] if fields is None else fields:
+    for f, kind, shape, dtype, fixed_int, wide in _compiled(STRUCTS[struct] if fields is None else fields):
         v = obj.get(f.name) if plain else _get(obj, f.name)
         if v is None:
             if f.optional:
                 out[f.name] = None
                 continue
             raise StructError(struct, f.name, "missing" + (f" ({f.note})" if f.note else ""))
-        shape = f.shape
-        if f.kind == TABLE:
+        tv = type(v)
+        if kind == TABLE:
             out[f.name] = check_struct(f"{struct}.{f.name}", v, dims, shape)
         elif shape is None:
-            out[f.name] = _scalar(struct, f, v)
-        elif type(v) is np.ndarray and v.dtype == _DTYPES.get(f.kind) and v.flags.c_contiguous and v.ndim == len(shape) \
-                and all((d if type(d) is int else dims.setdefault(d, size)) == size for d, size in zip(shape, v.shape)):
+            if tv is float and kind == REAL:
+                out[f.name] = v
+            elif tv is int and fixed_int and (wide or _INT32[0] <= v <= _INT32[1]):
+                out[f.name] = v
+            else:
+                out[f.name] = _scalar(struct, f, v)
+        elif tv is np.ndarray and v.dtype == dtype and v.flags.c_contiguous and (
+                _vector_ok(shape[0], v.shape, dims) if len(shape) == 1 else _shape_ok(shape, v.shape, dims)):
             out[f.name] = v                # already what C reads, of the declared shape (_array's fast path)
         else:
             out[f.name] = _array(struct, f, v, dims)   # converts, or names what is wrong
     return out
 
 
+def _vector_ok(d, got: tuple, dims: dict) -> bool:
+    """_shape_ok of a one-dimensional field (most fields)."""
+    return len(got) == 1 and (d if type(d) is int else dims.setdefault(d, got[0])) == got[0]
+
+
+def _shape_ok(shape: tuple, got: tuple, dims: dict) -> bool:
+    """Whether an array's shape is the field's (binding unbound dimension names, as _array does)."""
+    if len(got) != len(shape):
+        return False
+    for d, size in zip(shape, got):
+        if type(d) is not int:
+            d = dims.setdefault(d, size)
+        if d != size:
+            return False
+    return True
+
+
+def _compiled(fields: tuple) -> tuple:
+    """(field, kind, shape, C dtype, integer scalar, 64-bit scalar) per field, built once per field tuple."""
+    hit = _COMPILED.get(id(fields))
+    if hit is None or hit[0] is not fields:
+        rows = tuple((f, f.kind, f.shape, _DTYPES.get(f.kind), f.shape is None and f.kind == INT,
+                      f.name in _WIDE_SCALARS) for f in fields)
+        hit = _COMPILED[id(fields)] = (fields, rows)   # holds the tuple: its id stays its own
+    return hit[1]
+
+
+_COMPILED: dict = {}
 _DTYPES = {k: np.dtype(k) for k in (F64, I32, I64, U64)}
 
 
@@ -281,7 +364,7 @@ def check_routing(rt) -> dict:
     if head["top_k"] > MAX_TOP_K:
         raise MoesimError(f"top-{head['top_k']} routing exceeds the kernel limit MAX_TOP_K = {MAX_TOP_K} "
                           "(csrc/moesim.h MS_MAX_TOP_K)", "ms_routing_t.top_k")
-    fields = ROUTING if head["n_layers"] > 0 else ROUTING[:len(ROUTING) - len(ROUTING_LAYERS)]
+    fields = ROUTING if head["n_layers"] > 0 else _ROUTING_DENSE
     dims = {"n_layers": head["n_layers"], "n_experts": head["n_experts"], "top_k": head["top_k"]}
     out = check_struct("ms_routing_t", rt, dims, fields)
     if head["n_layers"] > 0 and dims["n_scenarios"] < 1:

@@ -46,7 +46,8 @@ def prefill_seconds(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, promp
     moe_idx = np.asarray(dm["moe_index"])
     k = rtab.get("top_k", 0)
     # prompt tokens route by the profile's prefill regime (or a trace's recorded prompts) where it has one
-    qbar = np.asarray(rtab.get("prefill_q", rtab.get("q"))).mean(axis=0) if rtab.get("n_layers") else None
+    terms = _routing_terms(rtab.get("prefill_q", rtab.get("q"))) if rtab.get("n_layers") else None
+    qbar = terms["qbar"] if terms is not None else None
     bw = np.where(on_gpu, hw["gpu_bw"], hw["host_bw"])
     fl = np.where(on_gpu, gemm, cflops)
     score = prefill_score_flops(m, prompt, depth) / np.where(on_gpu, hw["prefill_attn_flops"], cflops)
@@ -61,7 +62,7 @@ def prefill_seconds(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, promp
         t = weights / bw + n_tok * per_tok + np.where(on_gpu, hw["launch_s"], 0.0)
         if experts is not None:
             # KT switches per forward: a chunk of num_tokens >= the threshold streams (KTSGL kt_ep_wrapper.py)
-            t[experts["layers"]] += _expert_times(experts, dm, hw, n_tok, k, gemm, cflops,
+            t[experts["layers"]] += _expert_times(experts, dm, hw, n_tok, k, gemm, cflops, terms,
                                                   layerwise=0 < threshold <= n_tok, offload=offload)
         t_ub = float(t.sum()) + dm["head_bytes"] / hw["gpu_bw"] + dm["head_flops"] / gflops
         total += count * t_ub
@@ -77,7 +78,8 @@ def _expert_layers(dm: dict, rtab: dict, mode: np.ndarray, moe_idx: np.ndarray, 
     layers = np.nonzero(mode != EXP_NONE)[0]
     if layers.size == 0:
         return None
-    q = qbar[moe_idx[layers]]
+    rows = moe_idx[layers]
+    q = qbar[rows]
     lmode = mode[layers]
     gpu_share = (lmode == EXP_GPU).astype(float)
     split = np.nonzero(lmode == EXP_SPLIT)[0]
@@ -88,15 +90,48 @@ def _expert_layers(dm: dict, rtab: dict, mode: np.ndarray, moe_idx: np.ndarray, 
         hot_q = np.take_along_axis(q[split], hot, axis=1)
         gpu_share[split] = np.where(pinned, hot_q, 0.0).sum(axis=1) / np.maximum(q[split].sum(axis=1), 1e-300)
     take = lambda key: np.asarray(dm[key], dtype=float)[layers]   # noqa: E731
-    return dict(layers=layers, q=q, mode=lmode, gpu_share=gpu_share, eb=take("expert_bytes"),
+    return dict(layers=layers, moe_rows=rows, q=q, mode=lmode, gpu_share=gpu_share, eb=take("expert_bytes"),
                 ef=take("expert_flops"), layer_experts=take("layer_experts"))
 
 
-def _expert_times(x: dict, dm: dict, hw: dict, n_tok: int, k: int, gemm: float, cflops: float,
+def _routing_terms(q) -> dict:
+    """What prefill reads of a routing's inclusion probabilities q [scenarios, layers, experts] that depends
+    on q alone, kept per q array (the routing lowering's cached tables; every quant, placement and machine
+    of a model shares them): ``qbar``, the mean over scenarios, and the distinct experts per ubatch size
+    (:func:`_distinct`)."""
+    if not isinstance(q, np.ndarray):
+        return {"qbar": np.asarray(q).mean(axis=0)}
+    hit = _TERMS.get(id(q))
+    if hit is None or hit[0] is not q:
+        if len(_TERMS) > 256:
+            _TERMS.clear()
+        qbar = q.mean(axis=0)
+        qbar.flags.writeable = False
+        hit = _TERMS[id(q)] = (q, {"qbar": qbar})       # holds q, so its id stays its own
+    return hit[1]
+
+
+_TERMS: dict = {}
+
+
+def _distinct(x: dict, n_tok: int, terms: "dict | None") -> np.ndarray:
+    """Expected distinct experts a ubatch of ``n_tok`` tokens uses in each layer of :func:`_expert_layers`:
+    sum_e 1 - (1 - q_e)^n (routing alone: kept in *terms* per layer set and size)."""
+    key = ("distinct", x["moe_rows"].tobytes(), n_tok)
+    hit = terms.get(key) if terms is not None else None
+    if hit is None:
+        hit = (1.0 - (1.0 - x["q"]) ** n_tok).sum(axis=1)
+        if terms is not None:
+            hit.flags.writeable = False
+            terms[key] = hit
+    return hit
+
+
+def _expert_times(x: dict, dm: dict, hw: dict, n_tok: int, k: int, gemm: float, cflops: float, terms,
                   layerwise: bool, offload: bool) -> np.ndarray:
     """Routed-expert seconds of one ubatch of ``n_tok`` tokens, per layer of :func:`_expert_layers`."""
     share, eb, ef = x["gpu_share"], x["eb"], x["ef"]
-    distinct = (1.0 - (1.0 - x["q"]) ** n_tok).sum(axis=1)
+    distinct = _distinct(x, n_tok, terms)
     pairs = float(n_tok * k)
     # as for the dense GEMMs, each used expert's weights are read once per ubatch on top of its
     # multiply-adds (it serves only pairs / distinct tokens of the ubatch)

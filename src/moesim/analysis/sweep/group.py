@@ -10,7 +10,7 @@ import numpy as np
 
 from ...engine.codes import POLICIES
 from ...engine.lower.attention import kv_read_fn, score_fn
-from ...engine.lower.placement import memory_tables
+from ...engine.lower.placement import memory_configs, memory_tables
 from ...engine.lower.memory import configure, lower
 from ...engine.memory import evaluate
 from ...spec import quants as Q
@@ -45,8 +45,15 @@ def _build_layer_functions(m, low, kvb: float) -> tuple:
     fns: dict = {}
     layer_fn = np.array([fns.setdefault((kv_read_fn(m, low, l, kvb), score_fn(layer)), len(fns))
                          for l, layer in enumerate(m.layers)], dtype=np.int32)
-    layer_fn.flags.writeable = False
-    return layer_fn, tuple(fns)
+    fns = tuple(fns)
+    # the function table as ms_sweep_decode_t's columns (5 coefficients, 4 caps each)
+    tables = dict(fn_kv_f=np.array([f[0][0] for f in fns]).reshape(-1, 5),
+                  fn_kv_c=np.array([f[0][1] for f in fns], dtype=np.int64).reshape(-1, 4),
+                  fn_sf_f=np.array([f[1][0] for f in fns]).reshape(-1, 5),
+                  fn_sf_c=np.array([f[1][1] for f in fns], dtype=np.int64).reshape(-1, 4))
+    for a in (layer_fn, *tables.values()):
+        a.flags.writeable = False
+    return layer_fn, fns, tables
 
 
 class Group:
@@ -91,27 +98,34 @@ class Group:
         self.accepted = plan.resolved[("acc", ix["models"], ix["mtp"], ix["mtp_acceptance"])]
         self.place_codes = plan.resolved[("pc",) + pkey]
         self.E = m.n_experts
-        self.mem_tables = self._memory_tables()
+        # what does not depend on the quant is shared by the plan's groups of this model (plan.shared)
+        mkey = (ix["models"], ix["machines"], id(self.rt), self.kv)
+        self.mem_tables = self._memory_tables(mkey)
         from ...engine import _kernel
         self.mem = _kernel.SweepMemory(self.mem_tables)
-        cfg = configure(m, self.low, self.machine, self.rt, self.cands[0], 1, 1, self.kv, self.mtp)
-        self.kv_bytes_per_token = _kv_bytes_per_token(self.low, tuple(sorted(cfg.items())))
+        cfg = plan.shared(("cfg0",) + mkey + (self.cands[0], self.mtp), lambda: tuple(sorted(
+            configure(m, self.low, self.machine, self.rt, self.cands[0], 1, 1, self.kv, self.mtp).items())))
+        self.kv_bytes_per_token = _kv_bytes_per_token(self.low, cfg)
         # simulate's routing tables (seed = run.seed); prefetch is on only where prefetch_recall > 0
-        routing = self.opts["routing"]
-        self.routing = routing_table(m, None if routing in (None, "auto") else routing, self.opts["prefetch_recall"],
-                                     plan.run["seed"])[0]
+        routing, recall = self.opts["routing"], self.opts["prefetch_recall"]
+        self.routing = plan.shared(("routing", ix["models"], routing, recall), lambda: routing_table(
+            m, None if routing in (None, "auto") else routing, recall, plan.run["seed"])[0])
         # drafts and prefetch break the analytic variants' split (variants.check_separable): those groups
         # evaluate each (variant, context) whole, as simulate does (.direct)
         recall = np.asarray(self.routing.get("recall", ()), dtype=np.float64)
         self.direct_hw: dict = {}
         self.direct = plan.mode != "montecarlo" and (self.mtp > 0 or bool(np.any(recall != 0.0)))
-        self.layer_fn, self.fns = _layer_functions(m, self.low, self.kvb)
+        self.layer_fn, self.fns, self.fn_tables = _layer_functions(m, self.low, self.kvb)
         self.variants = DecodeVariants(self)
 
     # ---------------------------------------------------------------- memory
-    def _memory_tables(self) -> dict:
+    def _memory_tables(self, mkey: tuple) -> dict:
+        n_mtp = int(self.low.mtp_layers) if self.mtp else 0
+        configs = self.plan.shared(("mem_cfg",) + mkey + (n_mtp,), lambda: memory_configs(
+            self.m, self.low, self.machine, self.rt, self.kv, n_mtp))
         return memory_tables(self.m, self.low, self.machine, self.rt, self.kv, self.cands, self.rule,
-                             mtp=1 if self.mtp else 0, labels=self.place_codes, fits_label=self.plan.fits_codes[1 if self.machine.unified else 0])
+                             mtp=1 if self.mtp else 0, labels=self.place_codes,
+                             fits_label=self.plan.fits_codes[1 if self.machine.unified else 0], configs=configs)
 
     # ---------------------------------------------------------------- decode variants
     @property

@@ -110,6 +110,7 @@ class Plan:
         self.n_chunks = max(1, -(-self.total // self.chunk_size))
         self.columns = column_names(self.mode, self.options)
         self._groups = OnceCache(8)
+        self._shared: dict = {}
         self._check_combinations()
 
     # ---------------------------------------------------------------- indices
@@ -142,6 +143,7 @@ class Plan:
         self.dicts = {k: [] for k in CATEGORICAL}
         self._codes = {k: {} for k in CATEGORICAL}
         self.resolved: dict = {}
+        self._runtimes: dict = {}
         self.models = [get_model(mid) for mid in v["models"]]
         for mi, m in enumerate(self.models):
             self._code("model", m.id)
@@ -197,7 +199,7 @@ class Plan:
         v = self.values
         mach = self.machines[hi]
         for ri, rname in enumerate(v["runtimes"]):
-            base = default_runtime(q, mach) if rname == "auto" else get_runtime(rname, model=m.id)
+            base = self._runtime(rname, q, m, mach)
             for ai, par in enumerate(v["parallel"]):
                 try:
                     rt = with_parallel(base, None if par in (None, "auto") else par, mach)
@@ -207,6 +209,18 @@ class Plan:
                               f"{par!r} on {m.id} / {machine_label(hv)}: {exc}")
                     continue
                 self._check_runtime(m, mi, q, qi, hi, hv, ri, ai, rt, skip)
+
+    def _runtime(self, rname: str, q, m, mach):
+        """The runtime profile of a runtimes-axis value for quant q of model m on machine mach, built once
+        per plan (auto's depends on the quant and machine, a named one on the model's launch settings):
+        the groups of one profile share one object."""
+        key = (rname, q.id, id(mach)) if rname == "auto" else (rname, m.id)   # the plan holds its machines
+        hit = self._runtimes.get(key)
+        if hit is None:
+            rt = default_runtime(q, mach) if rname == "auto" else get_runtime(rname, model=m.id)
+            # equal profiles (auto's for every GGUF quant) as one object, so groups can key on its identity
+            hit = self._runtimes[key] = next((x for x in self._runtimes.values() if x == rt), rt)
+        return hit
 
     def _check_runtime(self, m, mi: int, q, qi: int, hi: int, hv, ri: int, ai: int, rt, skip: bool) -> None:
         v = self.values
@@ -275,6 +289,15 @@ class Plan:
                 or ("rhp",) + r + (ix["placements"],) in self.bad)
 
     # ---------------------------------------------------------------- groups
+    def shared(self, key: tuple, build):
+        """A lowered piece several groups of this plan share (keyed by axis indices and the values it
+        depends on), built by the first group that asks: what does not depend on the quant is lowered
+        once per model instead of once per group. A race builds equal values twice; one is kept."""
+        hit = self._shared.get(key)
+        if hit is None:
+            hit = self._shared.setdefault(key, build())
+        return hit
+
     def group(self, g: int):
         """Group g's lowered tables, built once (by one thread) and shared; the eight most recent are kept."""
         return self._groups.get(g, lambda: Group(self, g))

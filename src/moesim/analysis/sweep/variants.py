@@ -13,6 +13,7 @@ the group."""
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -67,11 +68,27 @@ def kind_row(n: int, on_gpu: bool, ab: float, af: float, fn: int, hw: dict, kv_c
     return f64, [0, 1, fn] if on_gpu else [2, 3, fn]
 
 
-def _zeroed(dm: dict) -> dict:
+def _zeroed(dm: dict, plan=None) -> dict:
+    """The decode model with attention and shared work zeroed (with a plan: its one read-only zero column
+    per size)."""
     z = dict(dm)
     for k in ("attn_bytes", "attn_flops", "kv_bytes", "score_flops", "shared_bytes", "shared_flops"):
-        z[k] = np.zeros_like(np.asarray(dm[k], dtype=np.float64))
+        shape = np.shape(dm[k])
+        z[k] = np.zeros(shape) if plan is None else plan.shared(("zeros", shape), lambda: _frozen(np.zeros(shape)))
     return z
+
+
+def _decode_cols(batches: tuple, policy: int, run_cfg: dict) -> dict:
+    """Analytic decode configurations at these batches in the kernel's own column dtypes
+    (ms_decode_config_t), checked once and sealed (engine.glue.seal): a plan's groups share them."""
+    n = len(batches)
+    cols = dict(batch=np.array(batches, dtype=np.int32), tokens_per_step=np.ones(n, dtype=np.int32),
+                drafts=np.zeros(n, dtype=np.int32), accepted=np.ones(n), steps=np.full(n, run_cfg["tokens"], dtype=np.int64),
+                warmup=np.full(n, run_cfg["warmup"], dtype=np.int64), policy=np.full(n, policy, dtype=np.int32),
+                mode=np.ones(n, dtype=np.int32), seed=np.full(n, int(run_cfg["seed"]) & 0xFFFFFFFFFFFFFFFF, dtype=np.uint64),
+                index=np.zeros(n, dtype=np.uint64))
+    from ...engine.glue import seal
+    return seal("ms_decode_config_t[]", cols)
 
 
 class DecodeVariants:
@@ -156,14 +173,9 @@ class DecodeVariants:
             self._mc_models.append(dm)
             self._mc_machines.append(hw)
         else:
-            n = len(items)
-            # the kernel's own column dtypes (ms_decode_config_t), so the glue's checks need no conversion
-            cols = dict(batch=np.array([b for _, b in items], dtype=np.int32), tokens_per_step=np.ones(n, dtype=np.int32),
-                        drafts=np.zeros(n, dtype=np.int32), accepted=np.ones(n), steps=np.full(n, run_cfg["tokens"], dtype=np.int64),
-                        warmup=np.full(n, run_cfg["warmup"], dtype=np.int64), policy=np.full(n, g.policy, dtype=np.int32),
-                        mode=np.ones(n, dtype=np.int32), seed=np.full(n, int(run_cfg["seed"]) & 0xFFFFFFFFFFFFFFFF, dtype=np.uint64),
-                        index=np.zeros(n, dtype=np.uint64))
-            res = run(_zeroed(dm), hw, g.routing, cols)
+            batches = tuple(b for _, b in items)
+            cols = g.plan.shared(("decode_cols", g.policy, batches), lambda: _decode_cols(batches, g.policy, run_cfg))
+            res = run(_zeroed(dm, g.plan), hw, g.routing, cols)
         for i, (key, _) in enumerate(items):
             f64 = np.zeros(13)
             if res is not None:
@@ -182,7 +194,9 @@ class DecodeVariants:
         """Per layer, the KV read factor of candidate j's multi-GPU layout (lower_model's)."""
         from ...engine.lower.decode_model import kv_copies_of
         g = self.group
-        return np.asarray(kv_copies_of(g.m, g.cands[j], g.machine, g.rt), dtype=np.float64)
+        p = g.cands[j]
+        return g.plan.shared(("kv_copies", g.ix["models"], g.ix["machines"], id(g.rt), p),
+                             lambda: _frozen(np.array(kv_copies_of(g.m, p, g.machine, g.rt), dtype=np.float64)))
 
     def _op_offload(self, p: Placement, tokens_per_step: int) -> bool:
         """decode.lower_model's choice to copy CPU experts to the GPU at this step size (the one thing
@@ -202,6 +216,7 @@ class DecodeVariants:
     def _lowered(self, j: int, b: int) -> tuple:
         """(decode model, machine, :meth:`lowering_key`) of candidate j at batch b."""
         from ...engine.lower.decode_model import lower_model
+        from ...engine.glue import seal
         from ...engine.lower.machine import lower_machine
         g = self.group
         p = g.cands[j]
@@ -209,7 +224,9 @@ class DecodeVariants:
         if (j, lk) not in self._dm:
             self._dm[(j, lk)] = lower_model(g.m, g.low, p, g.machine, g.rt, 1, g.kv, b, routing=g.routing)
         if j not in self._hw:
-            self._hw[j] = lower_machine(g.machine, g.rt, p, g.kernel_mix)
+            # the machine's rates under one runtime, placement and kernel mix: shared by the plan's groups
+            self._hw[j] = g.plan.shared(("hw", g.ix["machines"], id(g.rt), p, g.kernel_mix),
+                                        lambda: seal("ms_machine_t", lower_machine(g.machine, g.rt, p, g.kernel_mix)))
         return self._dm[(j, lk)], self._hw[j], lk
 
     def _prefill_time(self, j: int, lk: tuple, dm: dict, hw: dict) -> float:
@@ -224,14 +241,12 @@ class DecodeVariants:
         if j in self._kinds:
             return self._kinds[j]
         g = self.group
-        # layers alike in (attention on the GPU, bytes, FLOPs, context function), in first-seen order
-        keys = zip((np.asarray(dm["attn_on_gpu"]) != 0).tolist(),
-                   (np.asarray(dm["attn_bytes"], dtype=np.float64) + np.asarray(dm["shared_bytes"])).tolist(),
-                   (np.asarray(dm["attn_flops"], dtype=np.float64) + np.asarray(dm["shared_flops"])).tolist(),
-                   np.asarray(g.layer_fn).tolist(), self._kv_copies(j).tolist())
-        table: dict = {}
-        for key in keys:
-            table[key] = table.get(key, 0) + 1
+        # layers alike in (attention on the GPU, bytes, FLOPs, context function, KV copies), in first-seen
+        # order (Counter counts in C and keeps first-seen order)
+        table = Counter(zip((np.asarray(dm["attn_on_gpu"]) != 0).tolist(),
+                            (np.asarray(dm["attn_bytes"], dtype=np.float64) + np.asarray(dm["shared_bytes"])).tolist(),
+                            (np.asarray(dm["attn_flops"], dtype=np.float64) + np.asarray(dm["shared_flops"])).tolist(),
+                            np.asarray(g.layer_fn).tolist(), self._kv_copies(j).tolist()))
         start = len(self._kind_rows)
         for (on, ab, af, fn, copies), n in table.items():
             self._kind_rows.append(kind_row(n, on, ab, af, int(fn), hw, copies))
@@ -250,11 +265,7 @@ class DecodeVariants:
                  variant_i32=np.array([r[1] for r in rows]).reshape(-1, 3),
                  kind_f64=np.array([r[0] for r in kr]).reshape(-1, 5),
                  kind_i32=np.array([r[1] for r in kr], dtype=np.int32).reshape(-1, 3),
-                 fn_kv_f=np.array([f[0][0] for f in g.fns]).reshape(-1, 5),
-                 fn_kv_c=np.array([f[0][1] for f in g.fns], dtype=np.int64).reshape(-1, 4),
-                 fn_sf_f=np.array([f[1][0] for f in g.fns]).reshape(-1, 5),
-                 fn_sf_c=np.array([f[1][1] for f in g.fns], dtype=np.int64).reshape(-1, 4),
-                 prompt=float(g.plan.run["prompt"]))
+                 **g.fn_tables, prompt=float(g.plan.run["prompt"]))
         if self.mc:
             run_cfg = g.plan.run
             t["mc"] = MappingProxyType(dict(

@@ -79,9 +79,8 @@ def lower_model(m: Model, low, p: Placement, machine: Machine, rt: Runtime, cont
     par = _params(m)
     kvb = Q.kv_dtype_bytes(kv_dtype)
     cpu_only = p.kind == "cpu-only" or machine.n_gpus == 0
-    on_gpu = _attention_on_gpu(p, L, cpu_only)
     op_offload = not cpu_only and tokens_per_step >= op_offload_threshold(rt, m)
-    mode, slots, moe_index = _expert_modes(m, p, on_gpu, cpu_only, op_offload, cache_slots)
+    on_gpu, mode, slots, moe_index = (a.copy() for a in _layer_modes(m, p, cpu_only, op_offload, cache_slots))
     E = m.n_experts
     page_slots = _page_slots(L, E, mem_by_class, mem_tier)
     n_exp = np.maximum(low.n_experts, 1)
@@ -90,7 +89,7 @@ def lower_model(m: Model, low, p: Placement, machine: Machine, rt: Runtime, cont
     if p.kind not in ("all-gpu", "unified"):
         ep = 1                 # experts held in host memory are not sharded over the GPUs
     load_e, load_p = layer_loads(moe_index, routing, tokens_per_step, ep, rt.decode.redundant_experts if ep > 1 else 0)
-    quant = Q.resolve(low.quant, m)
+    quant = _quant_of(m, low)
     draft_bytes, draft_flops = _draft_cost(m, low, par)
     kv_bytes, score_flops = decode_context_rows(m, low, context, kvb)
     attn_copies, kv_copies = attention_copies(m, on_gpu, n, attn_tp)
@@ -118,6 +117,23 @@ def lower_model(m: Model, low, p: Placement, machine: Machine, rt: Runtime, cont
         ep_load_experts=load_e, ep_load_pairs=load_p,
         a2a_bytes=alltoall_bytes(m.hidden, m.top_k, ep, rt.decode, n // attn_tp),
     )
+
+
+@functools.lru_cache(maxsize=4096)
+def _quant_of(m: Model, low) -> Q.Quant:
+    """The Quant a lowered model was lowered under (it keeps the id)."""
+    return Q.resolve(low.quant, m)
+
+
+@functools.lru_cache(maxsize=4096)
+def _layer_modes(m: Model, p: Placement, cpu_only: bool, op_offload: bool, cache_slots) -> tuple:
+    """(attention on the GPU, expert mode, GPU slots, MoE index) per layer, read-only: they depend on the
+    model's shape and the placement, not the quant, so every quant of a model shares them."""
+    on_gpu = _attention_on_gpu(p, m.n_layers, cpu_only)
+    out = (on_gpu,) + _expert_modes(m, p, on_gpu, cpu_only, op_offload, cache_slots)
+    for a in out:
+        a.flags.writeable = False
+    return out
 
 
 def _attention_on_gpu(p: Placement, L: int, cpu_only: bool) -> np.ndarray:

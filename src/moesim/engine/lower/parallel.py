@@ -45,7 +45,12 @@ def allreduce_bytes(hidden: int, n: int, attn_tp: int, ep: int) -> float:
 
 
 def kv_heads(m) -> int:
-    """The fewest KV heads any attention layer keeps (MLA: one latent head; linear attention: its heads)."""
+    """The fewest KV heads any attention layer keeps (MLA: one latent head; linear attention: its heads),
+    computed once per model."""
+    return m.cached_view("_cache_kv_heads", lambda: _kv_heads(m))
+
+
+def _kv_heads(m) -> int:
     heads = []
     for layer in m.layers:
         a = layer.attention

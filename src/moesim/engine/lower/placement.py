@@ -28,16 +28,25 @@ def placement_candidates(m, mach: Machine, rt, spec: str) -> tuple:
         return [Placement("cpu-only")], SWEEP_FIXED
     L, E = m.n_layers, m.n_experts
     if rt.family == "ktransformers" and E:
-        return [Placement("gpu-experts", k) for k in range(E + 1)] + [Placement("experts-cpu")], SWEEP_AUTO_KT
+        return _auto_candidates("ktransformers", L, E), SWEEP_AUTO_KT
     if not rt.llama_cpp_family:
         return [Placement("all-gpu")], SWEEP_FIXED
+    return _auto_candidates("llama.cpp", L, E), SWEEP_AUTO_LLAMA
+
+
+@functools.lru_cache(maxsize=256)
+def _auto_candidates(family: str, L: int, E: int) -> tuple:
+    """An automatic rule's candidates for L layers of E experts, one tuple per shape: the groups of every
+    model of that shape share one object, so the tables keyed on it (:func:`_placed`) find it by identity."""
+    if family == "ktransformers":
+        return tuple([Placement("gpu-experts", k) for k in range(E + 1)] + [Placement("experts-cpu")])
     cands = [Placement("all-gpu")]
     if E:
         cands += [Placement("n-cpu-moe", n) for n in range(L + 1)]
     cands += [Placement("layers-gpu", k) for k in range(L + 1)] + [Placement("cpu-only")]
     if E:
         cands.append(Placement("experts-cpu"))
-    return cands, SWEEP_AUTO_LLAMA
+    return tuple(cands)
 
 
 # =============================================================================== the C choose()'s tables
@@ -65,9 +74,27 @@ def _weights(low, cands: tuple, cfg: dict, mtp: int, engine: str = "c") -> dict:
     return _candidate_weights(low, _placed(cands), rest, 1 if mtp else 0, engine)
 
 
-@functools.lru_cache(maxsize=1024)
 def _placed(cands: tuple) -> tuple:
-    return tuple((placement_code(p), max(0, p.arg)) for p in cands)
+    """((placement code, argument) of each candidate)."""
+    return _by_identity(cands, (), lambda: tuple((placement_code(p), max(0, p.arg)) for p in cands))
+
+
+def _by_identity(cands: tuple, extra: tuple, build):
+    """A table of the candidate tuple *cands* (and the hashable *extra*), cached on the tuple's identity:
+    hashing and comparing a hundred placements costs more than the tables keyed on them (automatic
+    rules share one tuple per model shape, placement_candidates)."""
+    key = (id(cands),) + extra
+    hit = _BY_CANDS.get(key)
+    if hit is not None and hit[0] is cands:
+        return hit[1]
+    value = build()
+    if len(_BY_CANDS) > 4096:
+        _BY_CANDS.clear()
+    _BY_CANDS[key] = (cands, value)             # holds the tuple, so its id stays its own
+    return value
+
+
+_BY_CANDS: dict = {}
 
 
 @functools.lru_cache(maxsize=4096)
@@ -169,7 +196,6 @@ _KV_ROW_COLUMNS = (("per_token", np.float64), ("cap", np.int64), ("ratio", np.in
                    ("state", np.float64))
 
 
-@functools.lru_cache(maxsize=1024)
 def _candidate_columns(cands: tuple, labels: "tuple | None", cpu_machine: bool) -> tuple:
     """The machine-independent columns of the candidate placements (code, argument, KV layout, memory
     configuration row, output label) and the first index of each placement kind."""
@@ -188,21 +214,22 @@ def _candidate_columns(cands: tuple, labels: "tuple | None", cpu_machine: bool) 
 
 
 def memory_tables(m, low, machine: Machine, rt, kv: str, cands: list, rule: int, mtp: int = 0,
-                  labels=None, fits_label=None) -> dict:
+                  labels=None, fits_label=None, configs=None) -> dict:
     """The group table of ms_sweep_mem_t (what the C ``choose()`` and the sweep memory loop read) for one
     model, quant, machine, runtime and KV dtype over candidate placements, MTP modules loaded when
     *mtp*. *labels*: each candidate's output code (default its index); *fits_label*: the fits-bits ->
-    output code map (default all 0). Used by sweeps (analysis.sweep.group) and fit's auto placement."""
+    output code map (default all 0); *configs*: :func:`memory_configs` of these arguments where the caller
+    keeps them (a sweep's quants of one model share them). Used by sweeps (analysis.sweep.group) and fit's
+    auto placement."""
     from ...spec import quants as Q
-    from .memory import configure
     L = m.n_layers
     n_mtp = int(low.mtp_layers) if mtp else 0
     kv_rows, count, gpu_count = _kv_layout(low, Q.kv_dtype_bytes(kv), n_mtp)
-    full = [configure(m, low, machine, rt, p, 1, 1, kv, 1 if n_mtp else 0) for p in (_ALL_GPU, _CPU_ONLY)]
-    cfgs = [{k: c[k] for k in MEM_CFG_KEYS} for c in full]
+    full, cfgs = configs if configs is not None else memory_configs(m, low, machine, rt, kv, n_mtp)
     cands = tuple(cands)
     w = _weights(low, cands, full[0], n_mtp)
-    skeleton, first = _candidate_columns(cands, None if labels is None else _labels(labels), machine.n_gpus == 0)
+    key = (None if labels is None else _labels(labels), machine.n_gpus == 0)
+    skeleton, first = _by_identity(cands, key, lambda: _candidate_columns(cands, *key))
     pl = dict(skeleton)
     pl.update((k, w[k]) for k in ("any_gpu", "w_gpu", "w_host", "w_gpu_one", "routed_host"))
     fits = np.array(fits_label if fits_label is not None else [0] * 8, dtype=np.int32)
@@ -211,6 +238,16 @@ def memory_tables(m, low, machine: Machine, rt, kv: str, cands: list, rule: int,
                 i_all_gpu=first["all-gpu"], i_n_cpu_moe=first["n-cpu-moe"], i_layers_gpu=first["layers-gpu"],
                 i_cpu_only=first["cpu-only"], i_experts_cpu=first["experts-cpu"], i_gpu_experts=first["gpu-experts"],
                 fits_label=fits)
+
+
+def memory_configs(m, low, machine: Machine, rt, kv: str, n_mtp: int) -> tuple:
+    """(the all-GPU and CPU-only configurations at context 1 and batch 1, their MEM_CFG_KEYS items
+    checked and sealed, engine.glue.seal): ms_sweep_mem_t's two memory configurations, which do not
+    depend on the quant."""
+    from ..glue import seal
+    from .memory import configure
+    full = [configure(m, low, machine, rt, p, 1, 1, kv, 1 if n_mtp else 0) for p in (_ALL_GPU, _CPU_ONLY)]
+    return full, [seal("ms_mem_config_t", {k: c[k] for k in MEM_CFG_KEYS}) for c in full]
 
 
 _ALL_GPU, _CPU_ONLY = Placement("all-gpu"), Placement("cpu-only")
