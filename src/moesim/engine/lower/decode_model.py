@@ -13,7 +13,7 @@ from ...spec.placement import Placement
 from ...spec.runtimes import Runtime
 from ..codes import EXP_CPU, EXP_FETCH, EXP_GPU, EXP_NONE, EXP_SPLIT
 from .machine import _AMX_FLOPS_PER_CYCLE
-from .attention import decode_context_rows
+from .attention import decode_context_rows, prefill_kv_read
 from .parallel import allreduce_bytes, alltoall_bytes, layer_loads, layout_degrees, replication
 
 
@@ -106,6 +106,9 @@ def lower_model(m: Model, low, p: Placement, machine: Machine, rt: Runtime, cont
         layerwise_prefill=(rt.decode.layerwise_prefill_tokens
                            if rt.decode.layerwise_prefill_tokens > 0 and not quant.is_gguf else 0),
         layer_experts=np.asarray(low.n_experts, dtype=np.float64),
+        # CPU prefill attention's KV reads (engine.prefill): the layers' cache functions, query heads per KV
+        # head, and the query rows that share one read (ggml-cpu's tiled path needs F16/F32 K and V)
+        **_cpu_fa(m, low, rt, kvb, kv_dtype),
         amx_flops_per_cycle=_AMX_FLOPS_PER_CYCLE.get(quant.id, 0.0),
         # f32 hidden state each way plus k ids and weights (RT §1.3)
         act_bytes=0.0 if cpu_only else float(2 * m.hidden * 4 + 8 * max(1, m.top_k)),
@@ -113,6 +116,16 @@ def lower_model(m: Model, low, p: Placement, machine: Machine, rt: Runtime, cont
         ep_load_experts=load_e, ep_load_pairs=load_p,
         a2a_bytes=alltoall_bytes(m.hidden, m.top_k, ep, rt.decode, n // attn_tp),
     )
+
+
+_FA_TILE_Q = 64                 # GGML_FA_TILE_Q: query rows of ggml-cpu's tiled flash attention (ggml-cpu common.h)
+
+
+def _cpu_fa(m: Model, low, rt: Runtime, kvb: float, kv_dtype: str) -> dict:
+    fns, heads = prefill_kv_read(m, low, kvb)
+    rows = float(rt.decode.cpu_fa_query_rows)
+    tile = float(_FA_TILE_Q) if rows > 0 and str(kv_dtype).lower() in ("f16", "f32") else rows
+    return dict(prefill_kv_fns=fns, prefill_kv_heads=heads, cpu_fa_rows=rows, cpu_fa_tile=tile)
 
 
 def _attention_on_gpu(p: Placement, L: int, cpu_only: bool) -> np.ndarray:
