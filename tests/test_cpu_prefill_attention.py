@@ -99,3 +99,38 @@ def test_recurrent_layers_read_their_state_once():
     kinds = np.array([layer.attention.kind for layer in m.layers])
     assert (heads[kinds == "gdn"] == 0).all() and (heads[kinds == "gqa"] > 1).all()
     assert len(fns) == m.n_layers
+
+
+def _row(**kw):
+    base = dict(id="T-1", quality="B", model="qwen3-30b-a3b", quant="Q4_K_M", kv_dtype="q8_0", runtime="llama.cpp",
+                gpu="none", gpus="0", host_cpu="Ryzen 9 7950X", host_mem="ddr5", host_channels="2", host_cores="16",
+                placement="cpu-only", prompt_tokens="512", depth_tokens="8192", batch="1", mtp="0",
+                decode_tok_s="10", prefill_tok_s="50", source="test", notes="")
+    base.update(kw)
+    return base
+
+
+@pytest.mark.parametrize("notes,date,off", [
+    ("sweep-bench; -fa", "2025-04-29", False),          # turned on explicitly
+    ("sweep-bench; no FA", "2025-09-04", True),         # turned off explicitly
+    ("llama-bench fa 0", "", True),
+    ("sweep-bench", "2025-04-29", True),                # before the auto default, not turned on
+    ("sweep-bench", "2025-09-04", False),               # auto default: on
+    ("Jan 2025 layer split", "", True),                 # dated by the notes
+    ("", "", False),                                    # undated: today's default
+])
+def test_flash_attention_from_notes_and_date(notes, date, off):
+    from moesim.analysis import validate as V
+    cfg = V.build(_row(notes=notes, date=date))
+    assert cfg.no_flash is off
+    prep = V.prepare(cfg)
+    assert (prep.rt.decode.cpu_fa_query_rows == 0.0) is off
+
+
+def test_decode_reads_the_kv_once_per_query_head_under_per_row_flash_attention():
+    """qwen3-30b-a3b: 32 query heads over 4 KV heads; a one-token decode step under mainline's CPU flash
+    attention walks each KV head's rows once per query head of its group: 8x the cache bytes."""
+    from moesim.analysis import validate as V
+    on, off = (V.prepare(V.build(_row(notes=n, date="2025-09-04"))) for n in ("", "no FA"))
+    assert np.allclose(on.dm["kv_bytes"], 8.0 * off.dm["kv_bytes"])
+    assert on.predict()[0] < off.predict()[0]

@@ -248,9 +248,9 @@ def test_notes_set_chunked_prefill_and_an_avx2_build():
     assert C.Model([chunked]).runtime_for(0, C.prior_vector()).decode.layerwise_chunk_tokens == 4096
     cpu = dict(gpu="none", gpus="0", host_cpu="Ryzen 9 7950X", host_mem="ddr5", host_channels="2", host_cores="16",
                placement="cpu-only", quant="Q4_K_S", model="mixtral-8x7b", prompt_tokens="512")
-    avx2, native = (V.build(row(**cpu, notes=n)) for n in ("July 2024; AVX2; pp512 16 threads", "pp512 16 threads"))
+    avx2, native = (V.build(row(**cpu, notes=n)) for n in ("July 2024; AVX2; pp512 16 threads", "July 2024; pp512 16 threads"))
     assert avx2.machine.cpu_isa == ("avx2",) and "avx512" in native.machine.cpu_isa
     assert V.prepare(avx2).predict()[1] == pytest.approx(V.prepare(native).predict()[1], rel=1e-12)
     zen5 = dict(cpu, host_cpu="EPYC 9355", host_mem="ddr5-6400", host_channels="12", host_cores="32")
-    avx2, native = (V.build(row(**zen5, notes=n)) for n in ("July 2024; AVX2; pp512 32 threads", "pp512 32 threads"))
+    avx2, native = (V.build(row(**zen5, notes=n)) for n in ("July 2024; AVX2; pp512 32 threads", "July 2024; pp512 32 threads"))
     assert V.prepare(avx2).predict()[1] < 0.6 * V.prepare(native).predict()[1]

@@ -62,11 +62,16 @@ def _score_row(m: Model, context: int) -> np.ndarray:
 
 @functools.lru_cache(maxsize=1024)
 def prefill_kv_read(m: Model, low, kvb: float) -> tuple:
-    """(per-layer context functions of the KV bytes one sequence reads, per-layer query heads that each
-    read their KV head's share): a prefill kernel that reads the cache once per query row and head reads
-    ``heads x`` the layer's cache per row (GQA: n_heads / n_kv_heads; MLA and DeepSeek-V4 share one latent
-    cache across all heads); recurrent layers (0) read their state once per ubatch."""
-    fns = tuple(kv_read_fn(m, low, l, kvb) for l in range(m.n_layers))
+    """(per-layer context functions of the KV bytes one sequence reads, :func:`query_heads_per_kv`)."""
+    return tuple(kv_read_fn(m, low, l, kvb) for l in range(m.n_layers)), query_heads_per_kv(m)
+
+
+@functools.lru_cache(maxsize=1024)
+def query_heads_per_kv(m: Model) -> np.ndarray:
+    """Per layer, the query heads that each read their KV head's share of the cache (read-only): a kernel
+    that walks the cache once per query row and head reads ``heads x`` the layer's cache per row (GQA:
+    n_heads / n_kv_heads; MLA and DeepSeek-V4 share one latent cache across all heads); recurrent layers
+    (0) carry a state, not a cache to walk."""
     heads = np.zeros(m.n_layers)
     for l, layer in enumerate(m.layers):
         a = layer.attention
@@ -75,7 +80,7 @@ def prefill_kv_read(m: Model, low, kvb: float) -> tuple:
         elif a.kind in ("mla", "dsv4"):
             heads[l] = float(a.n_heads)
     heads.flags.writeable = False
-    return fns, heads
+    return heads
 
 
 # =============================================================================== context functions
