@@ -239,7 +239,8 @@ def test_notes_and_depth_shape_the_configuration():
 
 def test_notes_set_chunked_prefill_and_an_avx2_build():
     """"chunked prefill N" sets SGLang's chunk under ktransformers (kept by the calibration model);
-    "AVX2" says the CPU build had no AVX-512 / AMX kernels, which halves a Zen 4's SIMD rate."""
+    "AVX2" says the CPU build had no AVX-512 / AMX kernels: on Zen 4 (AVX-512 double-pumped on 256-bit FMA
+    pipes) that costs no FMA throughput, on Zen 5's 512-bit pipes it halves the SIMD rate."""
     kt = dict(runtime="ktransformers", model="deepseek-v3", quant="int8", gpu="rtx-4090", placement="experts-cpu",
               host_cpu="Xeon Gold 6454S", host_mem="ddr5-4800", host_sockets="2", prompt_tokens="1024")
     chunked = V.prepare(V.build(row(**kt, notes="SGLang + kt-kernel; chunked prefill 4096")))
@@ -247,6 +248,9 @@ def test_notes_set_chunked_prefill_and_an_avx2_build():
     assert C.Model([chunked]).runtime_for(0, C.prior_vector()).decode.layerwise_chunk_tokens == 4096
     cpu = dict(gpu="none", gpus="0", host_cpu="Ryzen 9 7950X", host_mem="ddr5", host_channels="2", host_cores="16",
                placement="cpu-only", quant="Q4_K_S", model="mixtral-8x7b", prompt_tokens="512")
-    avx2, native = (V.build(row(**cpu, notes=n)) for n in ("July 2024; AVX2; pp512 16 threads", "pp512 16 threads"))
+    avx2, native = (V.build(row(**cpu, notes=n)) for n in ("July 2024; AVX2; pp512 16 threads", "July 2024; pp512 16 threads"))
     assert avx2.machine.cpu_isa == ("avx2",) and "avx512" in native.machine.cpu_isa
+    assert V.prepare(avx2).predict()[1] == pytest.approx(V.prepare(native).predict()[1], rel=1e-12)
+    zen5 = dict(cpu, host_cpu="EPYC 9355", host_mem="ddr5-6400", host_channels="12", host_cores="32")
+    avx2, native = (V.build(row(**zen5, notes=n)) for n in ("July 2024; AVX2; pp512 32 threads", "July 2024; pp512 32 threads"))
     assert V.prepare(avx2).predict()[1] < 0.6 * V.prepare(native).predict()[1]

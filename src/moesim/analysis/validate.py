@@ -71,6 +71,14 @@ _KT_CHUNK_NOTE = re.compile(r"chunked prefill\s+(\d+)")
 # a CPU build limited to AVX2 ("July 2024; AVX2"): no AVX-512 / AMX kernels whatever the CPU has
 _AVX2_BUILD_NOTE = re.compile(r"\bAVX2\b")
 # llama-bench's decode test with its own thread count: "tg128 4 threads"
+_NO_FA_NOTE = re.compile(r"\bno FA\b|\bfa 0\b|-fa (?:0|off)\b", re.I)   # flash attention off (llama-bench fa 0)
+_FA_ON_NOTE = re.compile(r"(?<![\w-])-fa\b|\bfa 1\b|flash attention", re.I)
+# llama.cpp's flash attention became default-on ("auto") at the end of August 2025 (LocalAI switched its
+# llama.cpp backend to the new auto value on 2025-08-31, mudler/LocalAI PR #6168); before, -fa was opt-in
+_FA_AUTO_SINCE = (2025, 9)
+_MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+_MONTH_YEAR = re.compile(r"\b(" + "|".join(_MONTHS) + r")[a-z]*\.? (20\d\d)\b", re.I)
+_ISO_MONTH = re.compile(r"\b(20\d\d)[-/](\d\d)\b")
 _DECODE_THREADS_NOTE = re.compile(r"\btg\d*\s+(\d+)\s+threads?\b")
 
 
@@ -100,6 +108,7 @@ class RowConfig:
     kt_threshold: int = 0           # ktransformers' GPU prefill threshold the notes state; 0: the profile's
     kt_chunk: int = 0               # ktransformers' chunked-prefill size the notes state; 0: the profile's
     decode_threads: int = 0         # threads of the decode run when the notes give it apart from the prompt's
+    no_flash: bool = False          # the notes say flash attention was off: CPU attention runs as mul_mat
 
 
 def load_rows(path) -> list:
@@ -253,7 +262,7 @@ def _machine_for(row: dict, notes: str, assumed: list) -> Machine:
     return mach
 
 
-def _note_settings(notes: str, runtime: str, assumed: list) -> dict:
+def _note_settings(notes: str, runtime: str, assumed: list, when: tuple | None = None) -> dict:
     """RowConfig fields the notes state: llama.cpp ubatch, KT threshold and chunk, decode threads."""
     def stated(pattern, what, applies=True):
         match = pattern.search(notes) if applies else None
@@ -264,7 +273,44 @@ def _note_settings(notes: str, runtime: str, assumed: list) -> dict:
     return {"ubatch": stated(_UBATCH_NOTE, "ubatch {} from the notes"),
             "kt_threshold": stated(_KT_THRESHOLD_NOTE, "GPU prefill threshold {} (notes)", kt),
             "kt_chunk": stated(_KT_CHUNK_NOTE, "chunked prefill {} (notes)", kt),
-            "decode_threads": stated(_DECODE_THREADS_NOTE, "decode on {} threads (notes)")}
+            "decode_threads": stated(_DECODE_THREADS_NOTE, "decode on {} threads (notes)"),
+            "no_flash": _no_flash(notes, when, assumed)}
+
+
+def _no_flash(notes: str, when: tuple | None, assumed: list) -> bool:
+    """Flash attention off: the notes say so ("no FA", "fa 0"), or a run dated before llama.cpp's auto
+    default whose notes do not turn it on. ggml then computes CPU attention as mul_mat over the whole
+    ubatch, with no per-row walk of the KV cache (runtimes.toml cpu_fa_query_rows 0)."""
+    if _NO_FA_NOTE.search(notes):
+        assumed.append("flash attention off (notes): CPU attention as mul_mat, one KV read per ubatch")
+        return True
+    if when is not None and when < _FA_AUTO_SINCE and not _FA_ON_NOTE.search(notes):
+        assumed.append(f"flash attention off: dated {when[0]}-{when[1]:02d}, before llama.cpp's -fa auto "
+                       "default (2025-09) and not turned on in the notes")
+        return True
+    return False
+
+
+def _flash_month(row: dict, notes: str, runtime: str | None) -> tuple | None:
+    """The run's month where its date decides flash attention: mainline llama.cpp and Ollama (whose CPU
+    flash attention walks the KV per query row) with attention on the CPU; None elsewhere."""
+    mainline = (runtime or "llama.cpp") in ("llama.cpp", "llama.cpp-2024h1", "ollama")
+    place = (row.get("placement") or "").strip()
+    cpu_attention = place.startswith(("cpu-only", "layers-gpu")) or (row.get("gpus") or "").strip() == "0"
+    return _row_month(row, notes) if mainline and cpu_attention else None
+
+
+def _row_month(row: dict, notes: str) -> tuple | None:
+    """(year, month) of a run: the row's date column, else a month and year in the notes, else a dated
+    source address; None when nothing dates it."""
+    for text in (row.get("date") or "", notes, row.get("source_url") or "", row.get("source") or ""):
+        iso = _ISO_MONTH.search(text)
+        if iso and 1 <= int(iso.group(2)) <= 12:
+            return int(iso.group(1)), int(iso.group(2))
+        named = _MONTH_YEAR.search(text)
+        if named:
+            return int(named.group(2)), _MONTHS.index(named.group(1)[:3].lower()) + 1
+    return None
 
 
 def build(row: dict) -> RowConfig:
@@ -303,7 +349,7 @@ def build(row: dict) -> RowConfig:
     return RowConfig(row=row, model=m.id, quant=row["quant"], machine=mach, runtime=runtime, placement=placement,
                      parallel=par, context=max(1, context), prompt=max(1, prompt or context or 512), batch=batch,
                      mtp=mtp, kv_dtype=kv, assumed=assumed, prompt_depth=prompt_depth,
-                     **_note_settings(notes, runtime, assumed))
+                     **_note_settings(notes, runtime, assumed, _flash_month(row, notes, runtime)))
 
 
 # ------------------------------------------------------------------------------- prediction
@@ -348,6 +394,8 @@ def prepare(cfg: RowConfig, calibrated: bool = True) -> Prepared:
         rt = get_runtime(cfg.runtime, calibrated=calibrated, model=cfg.model) if cfg.runtime else None
         if rt is not None and cfg.ubatch:
             rt = dataclasses.replace(rt, ubatch=cfg.ubatch)
+        if rt is not None and cfg.no_flash:
+            rt = dataclasses.replace(rt, decode=dataclasses.replace(rt.decode, cpu_fa_query_rows=0.0))
         if rt is not None and (cfg.kt_threshold or cfg.kt_chunk):
             rt = dataclasses.replace(rt, decode=dataclasses.replace(
                 rt.decode, layerwise_prefill_tokens=cfg.kt_threshold or rt.decode.layerwise_prefill_tokens,

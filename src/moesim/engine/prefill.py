@@ -1,13 +1,15 @@
 """The prefill (prompt processing) model: per-ubatch GEMMs, weight streaming, attention at depth."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..spec.models import Model
 from ..spec.runtimes import Runtime
 from .codes import EXP_FETCH, EXP_GPU, EXP_NONE, EXP_SPLIT
 from .lower.decode_model import op_offload_threshold
-from .lower.attention import prefill_score_flops
+from .lower.attention import ctx_eval, prefill_score_flops
 
 
 def prefill(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, prompt: int, batch: int = 1,
@@ -54,12 +56,15 @@ def prefill_seconds(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, promp
     weights = np.asarray(dm["attn_bytes"]) + np.asarray(dm["shared_bytes"])
     per_tok = (np.asarray(dm["attn_flops"]) + np.asarray(dm["shared_flops"])) / fl + score
     experts = _expert_layers(dm, rtab, mode, moe_idx, qbar)
+    kv = _cpu_kv_reads(dm, on_gpu, depth + max(1, prompt // 2))
     total = 0.0
     for n_tok, count in sizes:
         # a ubatch streams each weight matrix once and its tiles' loads are not hidden behind the
         # multiply-adds (llama.cpp PR #8495: LLaMA-8B Q5_K_S on a 4090 takes 9.1 ms per 16-token and
         # 48 ms per 512-token ubatch, weight reads + per-token work, not their max)
         t = weights / bw + n_tok * per_tok + np.where(on_gpu, hw["launch_s"], 0.0)
+        if kv is not None:
+            t += _kv_reads(dm, kv, n_tok) / hw["host_bw"]
         if experts is not None:
             # KT switches per forward: a chunk of num_tokens >= the threshold streams (KTSGL kt_ep_wrapper.py)
             t[experts["layers"]] += _expert_times(experts, dm, hw, n_tok, k, gemm, cflops, terms,
@@ -67,6 +72,28 @@ def prefill_seconds(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, promp
         t_ub = float(t.sum()) + dm["head_bytes"] / hw["gpu_bw"] + dm["head_flops"] / gflops
         total += count * t_ub
     return total
+
+
+def _cpu_kv_reads(dm: dict, on_gpu: np.ndarray, context: int):
+    """(KV bytes of one read at the prompt's mean context, query heads per KV head) of the layers whose
+    attention runs on the CPU, zero elsewhere; None when no layer does or the model was lowered without
+    them."""
+    if "prefill_kv_fns" not in dm or on_gpu.all():
+        return None
+    one = np.array([0.0 if g else ctx_eval(fn, context) for fn, g in zip(dm["prefill_kv_fns"], on_gpu)])
+    return one, np.asarray(dm["prefill_kv_heads"])
+
+
+def _kv_reads(dm: dict, kv: tuple, n_tok: int) -> np.ndarray:
+    """KV bytes a ``n_tok``-token ubatch reads per layer in CPU attention: once per ubatch for tiled
+    kernels (cpu_fa_query_rows 0) and recurrent layers, else once per group of cpu_fa_query_rows query rows
+    per query head (ggml-cpu's one_chunk path walks the KV for every row; its tiled path for every
+    GGML_FA_TILE_Q rows, from 64 rows on)."""
+    one, heads = kv
+    rows = dm["cpu_fa_tile"] if n_tok >= 64 else dm["cpu_fa_rows"]
+    if rows <= 0:
+        return one
+    return one * np.where(heads > 0, math.ceil(n_tok / rows) * heads, 1.0)
 
 
 def _expert_layers(dm: dict, rtab: dict, mode: np.ndarray, moe_idx: np.ndarray, qbar) -> "dict | None":

@@ -274,7 +274,7 @@ def _unified_machine(h: dict, id, gpu_id: str, base: dict, *, gpus, gpu_mem_gb, 
         unified=True,
         gpu_working_set_fraction=float(chip.get("gpu_working_set_fraction", 0.75)),
         host_memory="unified", channels=0, sockets=1, cores=cores or chip.get("cpu_cores", 0),
-        cpu=gpu_id, cpu_isa=("neon",) if chip.get("vendor") == "apple" else (),
+        cpu=gpu_id, cpu_isa=("neon",) if chip.get("vendor") == "apple" else tuple(chip.get("cpu_isa", ())),
         host_mem_bytes=pool_gb * GB, host_bw_gbs=float(chip["mem_bw_gbs"]),
         storage=st, storage_read_gbs=st_info[0], storage_bytes=st_info[1],
         assumptions=tuple(assumptions))

@@ -62,6 +62,7 @@ class DecodeParams:
     core_bw_gbs_server: float
     cpu_flops_eff: float
     cpu_kernel_speedup: float
+    cpu_fa_query_rows: float
     cpu_iquant_rel: float
     cpu_fp8_rel: float
     pcie_pageable: float

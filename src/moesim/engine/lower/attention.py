@@ -60,6 +60,29 @@ def _score_row(m: Model, context: int) -> np.ndarray:
     return np.array([_score_flops(layer, context) for layer in m.layers])
 
 
+@functools.lru_cache(maxsize=1024)
+def prefill_kv_read(m: Model, low, kvb: float) -> tuple:
+    """(per-layer context functions of the KV bytes one sequence reads, :func:`query_heads_per_kv`)."""
+    return tuple(kv_read_fn(m, low, l, kvb) for l in range(m.n_layers)), query_heads_per_kv(m)
+
+
+@functools.lru_cache(maxsize=1024)
+def query_heads_per_kv(m: Model) -> np.ndarray:
+    """Per layer, the query heads that each read their KV head's share of the cache (read-only): a kernel
+    that walks the cache once per query row and head reads ``heads x`` the layer's cache per row (GQA:
+    n_heads / n_kv_heads; MLA and DeepSeek-V4 share one latent cache across all heads); recurrent layers
+    (0) carry a state, not a cache to walk."""
+    heads = np.zeros(m.n_layers)
+    for l, layer in enumerate(m.layers):
+        a = layer.attention
+        if a.kind == "gqa":
+            heads[l] = a.n_heads / max(1, a.n_kv_heads or a.n_heads)
+        elif a.kind in ("mla", "dsv4"):
+            heads[l] = float(a.n_heads)
+    heads.flags.writeable = False
+    return heads
+
+
 # =============================================================================== context functions
 # A layer's context dependence as coefficients and caps ((a1, a2, b1, b2, s), (c1, c2, r, k1)):
 #   a1*min(C, c1) + a2*min(C, c2) + b1*min(C // r, k1) + b2*(C // r) + s      (a cap of -1: none)

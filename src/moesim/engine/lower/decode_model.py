@@ -14,7 +14,7 @@ from ...spec.placement import Placement
 from ...spec.runtimes import Runtime
 from ..codes import EXP_CPU, EXP_FETCH, EXP_GPU, EXP_NONE, EXP_SPLIT
 from .machine import _AMX_FLOPS_PER_CYCLE
-from .attention import decode_context_rows
+from .attention import decode_context_rows, prefill_kv_read, query_heads_per_kv
 from .parallel import allreduce_bytes, alltoall_bytes, layer_loads, layout_degrees, replication
 
 
@@ -54,6 +54,15 @@ def op_offload_threshold(rt: Runtime, m: Model) -> float:
     return n
 
 
+def cpu_fa_reads(m: Model, rt: Runtime, on_gpu: np.ndarray) -> np.ndarray:
+    """Per layer, the times a decode step reads each sequence's KV: on the CPU under a per-row flash-attention
+    kernel (cpu_fa_query_rows > 0: ggml-cpu's one_chunk path, which a one-token step always takes) once per
+    query head, as its KV head's rows are walked for each head of the group; else once."""
+    if rt.decode.cpu_fa_query_rows <= 0:
+        return np.ones(m.n_layers)
+    return np.where(np.asarray(on_gpu, dtype=bool), 1.0, np.maximum(query_heads_per_kv(m), 1.0))
+
+
 def attention_copies(m: Model, on_gpu: np.ndarray, n: int, attn_tp: int) -> tuple:
     """Per layer, (attention weights, KV) read factors over the bytes counted once: the GPUs' replication
     (engine.lower.parallel.replication) where a layer's attention runs on the GPUs, 1 where the CPU runs it
@@ -67,7 +76,8 @@ def kv_copies_of(m: Model, p: Placement, machine: Machine, rt: Runtime) -> np.nd
     """The per-layer KV read factor lower_model applies (what a sweep's context terms must carry too)."""
     cpu_only = p.kind == "cpu-only" or machine.n_gpus == 0
     n, attn_tp, _, _ = layout_degrees(rt, 0 if cpu_only else machine.n_gpus)
-    return attention_copies(m, _attention_on_gpu(p, m.n_layers, cpu_only), n, attn_tp)[1]
+    on_gpu = _attention_on_gpu(p, m.n_layers, cpu_only)
+    return attention_copies(m, on_gpu, n, attn_tp)[1] * cpu_fa_reads(m, rt, on_gpu)
 
 
 def lower_model(m: Model, low, p: Placement, machine: Machine, rt: Runtime, context: int, kv_dtype: str,
@@ -96,7 +106,7 @@ def lower_model(m: Model, low, p: Placement, machine: Machine, rt: Runtime, cont
     return dict(
         attn_bytes=(low.attn + low.router) * attn_copies,
         attn_flops=2.0 * (par["attention"] + par["router"]),
-        kv_bytes=kv_bytes * kv_copies, score_flops=score_flops,
+        kv_bytes=kv_bytes * kv_copies * cpu_fa_reads(m, rt, on_gpu), score_flops=score_flops,
         shared_bytes=low.shared + low.dense,
         shared_flops=2.0 * (par["shared_experts"] + par["dense_ffn"]),
         expert_bytes=np.array(low.expert_one, dtype=np.float64),
@@ -110,6 +120,9 @@ def lower_model(m: Model, low, p: Placement, machine: Machine, rt: Runtime, cont
         layerwise_prefill=(rt.decode.layerwise_prefill_tokens
                            if rt.decode.layerwise_prefill_tokens > 0 and not quant.is_gguf else 0),
         layer_experts=np.asarray(low.n_experts, dtype=np.float64),
+        # CPU prefill attention's KV reads (engine.prefill): the layers' cache functions, query heads per KV
+        # head, and the query rows that share one read (ggml-cpu's tiled path needs F16/F32 K and V)
+        **_cpu_fa(m, low, rt, kvb, kv_dtype),
         amx_flops_per_cycle=_AMX_FLOPS_PER_CYCLE.get(quant.id, 0.0),
         # f32 hidden state each way plus k ids and weights (RT §1.3)
         act_bytes=0.0 if cpu_only else float(2 * m.hidden * 4 + 8 * max(1, m.top_k)),
@@ -134,6 +147,16 @@ def _layer_modes(m: Model, p: Placement, cpu_only: bool, op_offload: bool, cache
     for a in out:
         a.flags.writeable = False
     return out
+
+
+_FA_TILE_Q = 64                 # GGML_FA_TILE_Q: query rows of ggml-cpu's tiled flash attention (ggml-cpu common.h)
+
+
+def _cpu_fa(m: Model, low, rt: Runtime, kvb: float, kv_dtype: str) -> dict:
+    fns, heads = prefill_kv_read(m, low, kvb)
+    rows = float(rt.decode.cpu_fa_query_rows)
+    tile = float(_FA_TILE_Q) if rows > 0 and str(kv_dtype).lower() in ("f16", "f32") else rows
+    return dict(prefill_kv_fns=fns, prefill_kv_heads=heads, cpu_fa_rows=rows, cpu_fa_tile=tile)
 
 
 def _attention_on_gpu(p: Placement, L: int, cpu_only: bool) -> np.ndarray:

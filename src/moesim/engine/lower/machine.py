@@ -9,8 +9,6 @@ from ...spec.runtimes import Runtime
 from .parallel import allreduce_count, layout_degrees
 
 
-# SIMD FLOPs per cycle per core (fp32 FMA lanes x 2 x FMA units) by the widest ISA the catalog lists.
-_FLOPS_PER_CYCLE = (("amx", 64.0), ("avx512", 64.0), ("avx2", 32.0), ("neon", 32.0))
 _DEFAULT_CORES, _DEFAULT_GHZ = 8, 3.5   # when the catalog has no CPU part (assumed desktop)
 
 
@@ -36,6 +34,27 @@ def _core_cycles(machine: Machine) -> float:
     return busy * (base + (boost - base) * idle) * 1e9
 
 
+# the widest vector an ISA list lets a kernel use, bits, and the catalog core of a part that names none
+_ISA_BITS = (("avx512", 512, "isa-avx512"), ("avx2", 256, "isa-avx2"), ("neon", 128, "isa-neon"))
+
+
+def flops_per_cycle(machine: Machine) -> float:
+    """fp32 SIMD FLOP per cycle per core: the catalog's core microarchitecture (hardware.toml [cpu_core],
+    named by the CPU part's ``core`` or the unified chip's ``cpu_core``) as fma_units x lanes x 2, its
+    FMA width capped by the ISA the run may use (an AVX2-only build on a 512-bit core runs 256-bit FMAs).
+    A part that names no core takes the isa-* entry of its widest ISA."""
+    hw = _load_catalog("hardware")
+    isa = tuple(machine.cpu_isa) or ("avx2",)
+    isa_bits, isa_core = next(((b, c) for key, b, c in _ISA_BITS if any(i.startswith(key) for i in isa)),
+                              (256, "isa-other"))
+    if machine.unified:
+        part = hw["unified"].get(machine.gpu or "", {}).get("cpu_core")
+    else:
+        part = _cpu_part(machine).get("core")
+    core = hw["cpu_core"][part or isa_core]
+    return float(core["fma_units"]) * min(int(core["vector_bits"]), isa_bits) / 32.0 * 2.0
+
+
 def _rate_mix(share: float, rel: float) -> float:
     """Rate factor when ``share`` of the bytes run at ``rel`` of the rate and the rest at 1: the
     times per FLOP mix."""
@@ -45,9 +64,7 @@ def _rate_mix(share: float, rel: float) -> float:
 def _cpu_flops(machine: Machine, d, mix: Q.KernelMix) -> float:
     """CPU matmul FLOP/s of runtime parameters ``d``: codebook-grid i-quants run at cpu_iquant_rel, fp8
     weights (no fp8 arithmetic on CPUs: converted to bf16 before the dot products) at cpu_fp8_rel."""
-    isa = tuple(machine.cpu_isa) or ("avx2",)
-    per_cycle = next((v for key, v in _FLOPS_PER_CYCLE if key in isa), 16.0)
-    return (_core_cycles(machine) * per_cycle * d.cpu_flops_eff * d.cpu_kernel_speedup
+    return (_core_cycles(machine) * flops_per_cycle(machine) * d.cpu_flops_eff * d.cpu_kernel_speedup
             * _rate_mix(mix.cpu_grid, d.cpu_iquant_rel) * _rate_mix(mix.cpu_fp8, d.cpu_fp8_rel))
 
 
