@@ -225,6 +225,14 @@ typedef struct {
     const double *qbar;          /* [n_layers][n_experts] mean of q over scenarios */
     const double *lqbar;         /* [n_layers][n_experts] log(1 - qbar) (qbar capped below 1) */
     const double *qsq;           /* [n_layers] sum of q^2 over scenarios and experts */
+    /* Analytic path under token memory (NULL = tokens pick independently from q): the stationary window
+     * statistics of one sequence (engine/lower/routing_window.py). win_lq[l][e][j] = log P(expert e is
+     * absent from win_n[j] consecutive tokens), <= 0 and non-increasing in j; win_n increasing from 1,
+     * n_window >= 2 nodes, read linearly in n between them and beyond the last. With them distinct
+     * experts, LRU and page-cache hits (Che's approximation on the windows) and reuse read the windows. */
+    int32_t n_window;
+    const double *win_n;         /* [n_window] window lengths in tokens */
+    const double *win_lq;        /* [n_layers][n_experts][n_window] */
     /* Multi-lag memory (Monte Carlo only; NULL = off): each token draws one lag d from recency_lag
      * (entry i: lag i + 2) for all its layers, and at layer l each slot not kept from the previous token
      * copies, with probability recency[l], a uniformly chosen expert of the token d back in the request

@@ -128,6 +128,9 @@ cdef extern from "moesim.h" nogil:
         const double *qbar
         const double *lqbar
         const double *qsq
+        int32_t n_window
+        const double *win_n
+        const double *win_lq
         const double *recency
         const double *recency_lag
         int32_t history

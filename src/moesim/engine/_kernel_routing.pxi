@@ -30,6 +30,9 @@ cdef void _fill_routing(ms_routing_t *r, dict t, dict keep):
     r.qbar = <double *> _data(keep, "qbar", tabs["qbar"])
     r.lqbar = <double *> _data(keep, "lqbar", tabs["lqbar"])
     r.qsq = <double *> _data(keep, "qsq", tabs["qsq"])
+    r.win_n = <double *> _data(keep, "win_n", t["win_n"])
+    r.win_lq = <double *> _data(keep, "win_lq", t["win_lq"])
+    r.n_window = t["win_n"].shape[0] if t["win_n"] is not None else 0
     r.recency = <double *> _data(keep, "recency", t["recency"])
     r.recency_lag = <double *> _data(keep, "recency_lag", t["recency_lag"])
     r.history = t["recency_lag"].shape[0] if t["recency_lag"] is not None else 0
