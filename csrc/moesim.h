@@ -295,6 +295,14 @@ int ms_decode_many(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_
 int ms_route_sample(const ms_routing_t *r, const ms_decode_config_t *c, int32_t *tokens_out, void *workspace,
                     int64_t workspace_bytes);
 
+/* The analytic path's window tables (ms_window.c): out[l][e][j] = how many of the n_tokens - n + 1
+ * windows of n = nodes[j] consecutive tokens of the stream tokens [n_tokens][n_layers][top_k] hold expert e
+ * in layer l. nodes increasing from >= 1 to <= n_tokens (else MS_ERR_BAD_SIZE), ids in [0, n_experts)
+ * (else MS_ERR_BAD_ROUTING). Workspace: ms_window_workspace_size(n_experts, nodes[n_nodes - 1]) bytes. */
+int64_t ms_window_workspace_size(int32_t n_experts, int32_t max_window);
+int ms_window_count(const int32_t *tokens, int64_t n_tokens, int32_t n_layers, int32_t top_k, int32_t n_experts,
+                    const int32_t *nodes, int32_t n_nodes, void *workspace, int64_t workspace_bytes, int64_t *out);
+
 /* Replay a routing sequence through one per-layer cache: hits / accesses per layer. `sel` is
  * [n_steps][n_layers][width] with `nsel` [n_steps][n_layers] valid entries (a step's distinct experts).
  * Workspace: ms_cache_workspace_size(...) bytes. */

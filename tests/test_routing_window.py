@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from moesim.engine import decode as KD
+from moesim.engine import _kernel, codes, decode as KD
+from moesim.engine.reference import window as RW
 from moesim.engine.lower import routing as LRT
 from moesim.engine.lower import routing_window as W
 from moesim.errors import KernelError
@@ -18,19 +19,35 @@ from moesim.spec import routing as R
 from test_decode import cols, independent, synthetic
 
 
-@settings(max_examples=40, deadline=None)
-@given(st.integers(2, 10), st.integers(0, 2**32), st.integers(20, 120))
-def test_window_counts_equal_a_brute_force_count(E, seed, M):
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 10), st.integers(1, 3), st.integers(1, 70), st.integers(0, 2**32))
+def test_window_count_kernel_equals_twin_and_a_brute_force_count(E, L, N, seed):
+    """ms_window_count == its Python twin == counting every window of the stream directly."""
     rng = np.random.default_rng(seed)
     k = int(rng.integers(1, E + 1))
-    nodes = np.array([1, 2, 3, 5, 8, 13, 21, 40])
-    N = M + int(nodes[-1])
-    tok = np.stack([rng.choice(E, k, replace=False) for _ in range(N)])
-    got = W._window_counts(tok, E, nodes, M)
-    x = np.zeros((N, E), dtype=bool)
-    np.put_along_axis(x, tok, True, axis=1)
-    want = np.array([[sum(x[t:t + n, e].any() for t in range(M)) for n in nodes] for e in range(E)])
-    np.testing.assert_array_equal(got, want)
+    tok = np.array([[rng.choice(E, k, replace=False) for _ in range(L)] for _ in range(N)], dtype=np.int32)
+    if rng.random() < 0.2:
+        tok[:, :, -1] = tok[:, :, 0]                   # a repeated pick within a token counts once
+    nodes = np.sort(rng.choice(np.arange(1, N + 1), int(rng.integers(1, min(N, 9) + 1)), replace=False))
+    code, got = _kernel.window_count(tok, E, nodes)
+    assert code == 0
+    assert got.tolist() == RW.window_count(tok.tolist(), E, nodes.tolist())
+    x = np.zeros((N, L, E), dtype=bool)
+    np.put_along_axis(x, tok.astype(np.int64), True, axis=2)
+    want = [[[int(sum(x[t:t + n, l, e].any() for t in range(N - n + 1))) for n in nodes] for e in range(E)]
+            for l in range(L)]
+    assert got.tolist() == want
+
+
+@pytest.mark.parametrize("nodes,bad,code", [([0, 2], None, "size"), ([2, 2], None, "size"), ([3, 99], None, "size"),
+                                            ([1, 2], 8, "routing"), ([1, 2], -1, "routing")])
+def test_window_count_kernel_refuses_bad_input(nodes, bad, code):
+    tok = np.zeros((10, 2, 2), dtype=np.int32)
+    tok[:, :, 1] = 1
+    if bad is not None:
+        tok[4, 1, 0] = bad
+    rc, _ = _kernel.window_count(tok, 8, np.array(nodes))
+    assert rc == {"size": codes.ERR_BAD_SIZE, "routing": codes.ERR_BAD_ROUTING}[code]
 
 
 def _memory_profile(**kw):

@@ -17,13 +17,15 @@ probability pi_e(n) that e appears among n consecutive tokens of one sequence:
 * the marginal pi_e(1) (the q every other consumer reads: pinned mass, expert-parallel loads, prefill).
 
 pi_e(n) has no closed form under the v2 model (partners, memory and the Gumbel race interact), so it is
-counted on WINDOW_STREAMS sampled sequences of WINDOW_TOKENS counted window starts each (the profile's own
-request length: requests restart as in Monte Carlo), drawn by the C sampler from streams
-(seed, WINDOW_INDEX + i) — ``seed`` the lowering's seed, so the tables describe the same popularity
-permutation and partner table the sampler uses. Deterministic; cached per (dims, profile, seed).
-Counting: with an expert's occurrences at t_1 < t_2 < ..., the window starts t in (t_{i-1}, t_i] see e
-within n tokens iff t_i - t < n, so they contribute min(t_i - t_{i-1}, n) (t_0 = -1); window starts are
-counted on [0, WINDOW_TOKENS), the stream running WINDOW_NODES[-1] tokens beyond so every window is whole.
+counted on WINDOW_STREAMS sampled streams of WINDOW_TOKENS tokens each (requests restart at the profile's
+own request length, as in Monte Carlo), drawn by the C sampler from streams (seed, WINDOW_INDEX + i) —
+``seed`` the lowering's seed, so the tables describe the same popularity permutation and partner table the
+sampler uses. Deterministic: a pure function of (dims, profile, seed) (cached per process by
+lower/routing.py; plain numpy arrays, so a persistent cache may store them).
+Counting (csrc/ms_window.c, twin reference/window.py window_count): every window of n tokens inside a
+stream (N - n + 1 of them) counts, for all n in one pass over the picks: a window misses e iff it lies in
+one of e's absence runs, and a run of g tokens holds max(0, g - n + 1) windows of n. pi_e(n) = windows
+holding e / windows, summed over the streams.
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ import numpy as np
 # window lengths (tokens) the tables hold: every length to 32, then steps of 2^(1/4) to 4096; the kernel
 # interpolates log(1 - pi) linearly between them and extrapolates the last segment
 WINDOW_NODES = np.unique(np.concatenate([np.arange(1, 33), np.round(32 * 2.0 ** (np.arange(1, 29) / 4))]))
-WINDOW_TOKENS = 16384      # counted window starts per stream
+WINDOW_TOKENS = 16384      # tokens per sampled stream
 WINDOW_STREAMS = 2
 WINDOW_INDEX = 1 << 40     # stream index base, apart from sample_requests' indices 0, 1, ...
 LOG_ABSENT_FLOOR = -700.0  # log(1 - pi) where pi rounds to 1 (exp of it underflows to 0)
@@ -43,52 +45,24 @@ def has_memory(rt: dict) -> bool:
     return rt.get("recency") is not None or rt.get("coupling") is not None
 
 
-def window_tables(rt: dict, seed: int) -> dict:
+def window_tables(rt: dict, seed: int, tokens: int | None = None, streams: int | None = None) -> dict:
     """{"q": [1, L, E] marginals pi_e(1), "win_n": WINDOW_NODES, "win_lq": [L, E, nodes] log(1 - pi_e(n))}
-    counted on the sampler's own streams (module docstring)."""
+    counted on the sampler's own streams (module docstring): a pure function of (rt's sampler tables, seed)."""
     from .. import _kernel
     from ..glue import handle_library_error
     L, E = rt["n_layers"], rt["n_experts"]
+    N = int(tokens or WINDOW_TOKENS)
     nodes = WINDOW_NODES.astype(np.int64)
-    steps = WINDOW_TOKENS + int(nodes[-1])
     seen = np.zeros((L, E, len(nodes)))
-    for i in range(WINDOW_STREAMS):
-        cols = dict(batch=[1], tokens_per_step=[1], drafts=[0], accepted=[1.0], steps=[steps], warmup=[0],
+    for i in range(int(streams or WINDOW_STREAMS)):
+        cols = dict(batch=[1], tokens_per_step=[1], drafts=[0], accepted=[1.0], steps=[N], warmup=[0],
                     policy=[0], mode=[0], seed=[int(seed)], index=[WINDOW_INDEX + i])
         code, picks = _kernel.route_sample(rt, cols)
         handle_library_error(code, "ms_route_sample", i)
-        tokens = picks[:, 0, 0]                        # [steps, L, k]
-        for l in range(L):
-            seen[l] += _window_counts(tokens[:, l, :], E, nodes, WINDOW_TOKENS)
-    pi = np.minimum(seen / (WINDOW_STREAMS * WINDOW_TOKENS), 1.0)
+        code, counts = _kernel.window_count(picks[:, 0, 0], E, nodes)
+        handle_library_error(code, "ms_window_count", i)
+        seen += counts
+    pi = np.minimum(seen / (int(streams or WINDOW_STREAMS) * (N - nodes + 1.0)), 1.0)
     lq = np.maximum(np.log(np.maximum(1.0 - pi, 1e-300)), LOG_ABSENT_FLOOR)
     lq = np.minimum.accumulate(lq, axis=2)             # non-increasing in n (rounding)
     return {"q": pi[None, :, :, 0].copy(), "win_n": nodes.astype(np.float64), "win_lq": np.ascontiguousarray(lq)}
-
-
-def _window_counts(tok: np.ndarray, E: int, nodes: np.ndarray, M: int) -> np.ndarray:
-    """[E, nodes]: how many window starts t in [0, M) see each expert within n tokens (module docstring)."""
-    N, k = tok.shape
-    e = tok.ravel().astype(np.int64)
-    t = np.repeat(np.arange(N, dtype=np.int64), k)
-    order = np.lexsort((t, e))
-    e, t = e[order], t[order]
-    prev = np.empty_like(t)
-    prev[0] = -1
-    prev[1:] = t[:-1]
-    first = np.ones(len(e), dtype=bool)
-    first[1:] = e[1:] != e[:-1]
-    prev[first] = -1
-    d = t - prev
-    nmax = int(nodes[-1])
-    full = t < M
-    h = np.bincount(e[full] * (nmax + 2) + np.minimum(d[full], nmax + 1), minlength=E * (nmax + 2)).reshape(E, nmax + 2)
-    below = np.cumsum(h, axis=1)                       # below[:, n - 1] = #{d < n}
-    dsum = np.cumsum(h * np.arange(nmax + 2), axis=1)  # sum of d over d < n
-    total = h.sum(axis=1, keepdims=True)
-    out = dsum[:, nodes - 1] + nodes[None, :] * (total - below[:, nodes - 1])
-    part = ~full & (prev < M - 1)                      # the occurrence after the last counted start
-    if np.any(part):
-        pe, pd, po = e[part], d[part], t[part] - M + 1
-        np.add.at(out, pe, np.maximum(0, np.minimum(nodes[None, :], pd[:, None]) - po[:, None]))
-    return out.astype(np.float64)

@@ -63,3 +63,27 @@ def window_reuse(rt, l, K):
     """sum_e P(e in two consecutive tokens of one sequence) / k."""
     E = len(rt["win_lq"][l])
     return (E - 2.0 * window_absent(rt, l, 1.0, 1.0) + window_absent(rt, l, 1.0, 2.0)) / K
+
+
+def window_count(tokens, n_experts, nodes):
+    """Twin of ms_window_count (csrc/ms_window.c): out[l][e][j] = how many of the N - n + 1 windows of
+    n = nodes[j] consecutive tokens of the stream tokens[t][l][k] hold expert e, from e's absence runs
+    (a run of g tokens without e holds max(0, g - n + 1) windows that miss it)."""
+    N, L = len(tokens), len(tokens[0])
+    out = []
+    for l in range(L):
+        runs = [[] for _ in range(n_experts)]
+        last = [-1] * n_experts
+        for t in range(N):
+            for e in tokens[t][l]:
+                if last[e] == t:
+                    continue
+                if t - last[e] - 1 > 0:
+                    runs[e].append(t - last[e] - 1)
+                last[e] = t
+        for e in range(n_experts):
+            if N - 1 - last[e] > 0:
+                runs[e].append(N - 1 - last[e])
+        out.append([[(N - n + 1) - sum(max(0, g - n + 1) for g in runs[e]) for n in nodes]
+                    for e in range(n_experts)])
+    return out
