@@ -38,6 +38,8 @@ WINDOW_TOKENS = 16384      # tokens per sampled stream
 WINDOW_STREAMS = 2
 WINDOW_INDEX = 1 << 40     # stream index base, apart from sample_requests' indices 0, 1, ...
 LOG_ABSENT_FLOOR = -700.0  # log(1 - pi) where pi rounds to 1 (exp of it underflows to 0)
+# what a persistent cache of the tables must add to its key (dims, profile, seed): the counting scheme
+SCHEME = ("windows-v2", WINDOW_TOKENS, WINDOW_STREAMS, WINDOW_INDEX, tuple(int(n) for n in WINDOW_NODES))
 
 
 def has_memory(rt: dict) -> bool:
