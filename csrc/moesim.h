@@ -225,6 +225,14 @@ typedef struct {
     const double *qbar;          /* [n_layers][n_experts] mean of q over scenarios */
     const double *lqbar;         /* [n_layers][n_experts] log(1 - qbar) (qbar capped below 1) */
     const double *qsq;           /* [n_layers] sum of q^2 over scenarios and experts */
+    /* Analytic path under token memory (NULL = tokens pick independently from q): the stationary window
+     * statistics of one sequence (engine/lower/routing_window.py). win_lq[l][e][j] = log P(expert e is
+     * absent from win_n[j] consecutive tokens), <= 0 and non-increasing in j; win_n increasing from 1,
+     * n_window >= 2 nodes, read linearly in n between them and beyond the last. With them distinct
+     * experts, LRU and page-cache hits (Che's approximation on the windows) and reuse read the windows. */
+    int32_t n_window;
+    const double *win_n;         /* [n_window] window lengths in tokens */
+    const double *win_lq;        /* [n_layers][n_experts][n_window] */
     /* Multi-lag memory (Monte Carlo only; NULL = off): each token draws one lag d from recency_lag
      * (entry i: lag i + 2) for all its layers, and at layer l each slot not kept from the previous token
      * copies, with probability recency[l], a uniformly chosen expert of the token d back in the request
@@ -286,6 +294,14 @@ int ms_decode_many(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_
  * Workspace as ms_decode_workspace_size. */
 int ms_route_sample(const ms_routing_t *r, const ms_decode_config_t *c, int32_t *tokens_out, void *workspace,
                     int64_t workspace_bytes);
+
+/* The analytic path's window tables (ms_window.c): out[l][e][j] = how many of the n_tokens - n + 1
+ * windows of n = nodes[j] consecutive tokens of the stream tokens [n_tokens][n_layers][top_k] hold expert e
+ * in layer l. nodes increasing from >= 1 to <= n_tokens (else MS_ERR_BAD_SIZE), ids in [0, n_experts)
+ * (else MS_ERR_BAD_ROUTING). Workspace: ms_window_workspace_size(n_experts, nodes[n_nodes - 1]) bytes. */
+int64_t ms_window_workspace_size(int32_t n_experts, int32_t max_window);
+int ms_window_count(const int32_t *tokens, int64_t n_tokens, int32_t n_layers, int32_t top_k, int32_t n_experts,
+                    const int32_t *nodes, int32_t n_nodes, void *workspace, int64_t workspace_bytes, int64_t *out);
 
 /* Replay a routing sequence through one per-layer cache: hits / accesses per layer. `sel` is
  * [n_steps][n_layers][width] with `nsel` [n_steps][n_layers] valid entries (a step's distinct experts).

@@ -1,8 +1,8 @@
 /*
  * The analytic decode path: the cost model of ms_decode.c on expected counts (distinct experts per
  * step from inclusion probabilities, static-cache hits from the pinned popularity mass, LRU hits by
- * Che's approximation). Orders of magnitude faster than Monte Carlo; under independent routing the
- * two agree closely (tests hold them together).
+ * Che's approximation; under token memory Che's approximation on the routing's window tables). Orders
+ * of magnitude faster than Monte Carlo; the two agree closely (tests hold them together).
  */
 #include <math.h>
 #include <string.h>
@@ -50,6 +50,79 @@ static double che_hits(const double *p, int32_t E, double capacity, double *a)
     }
     for (int32_t e = 0; e < E; e++) hits += p[e] * (1.0 - exp(-a[e] * tau));
     return hits;
+}
+
+/* ------------------------------------------------------------------------- token memory (windows) */
+
+/* log P(an expert is absent from n consecutive tokens of one sequence) from its window row lq
+ * (r->win_n nodes): linear in n between the nodes, the end segments extended beyond them. */
+static double window_lq(const ms_routing_t *r, const double *lq, double n)
+{
+    const double *x = r->win_n;
+    int32_t lo = 0, hi = r->n_window - 1;
+    while (hi - lo > 1) {               /* the segment [x[lo], x[hi]] holding n (or the end one) */
+        int32_t mid = (lo + hi) / 2;
+        if (x[mid] < n) lo = mid; else hi = mid;
+    }
+    return lq[lo] + (lq[hi] - lq[lo]) * (n - x[lo]) / (x[hi] - x[lo]);
+}
+
+/* Expected experts of routing layer l absent from B sequences' n tokens each, summed: sum_e a_e(n) with
+ * a_e(n) = exp(B lq_e(n)) (sequences are independent requests). */
+static double window_absent(const ms_routing_t *r, int32_t l, double B, double n)
+{
+    int32_t E = r->n_experts, W = r->n_window;
+    const double *row = r->win_lq + (int64_t) l * E * W;
+    double s = 0.0;
+    for (int32_t e = 0; e < E; e++) s += exp(B * window_lq(r, row + (int64_t) e * W, n));
+    return s;
+}
+
+/* Step inclusion p_e = 1 - a_e(tps) of routing layer l into p; returns their sum D. */
+static double window_inclusion(const ms_routing_t *r, int32_t l, double B, double tps, double *p)
+{
+    int32_t E = r->n_experts, W = r->n_window;
+    const double *row = r->win_lq + (int64_t) l * E * W;
+    double D = 0.0;
+    for (int32_t e = 0; e < E; e++) {
+        p[e] = 1.0 - exp(B * window_lq(r, row + (int64_t) e * W, tps));
+        D += p[e];
+    }
+    return D;
+}
+
+/* Che's approximation on the windows (routing_window.py): an expert is resident iff used in the last T
+ * steps, T >= 1 solving E - sum_e a_e(T tps) = C by bisection (the left side rises with T); hits per
+ * step = sum_e 1 - a_e(tps) - a_e(T tps) + a_e((T + 1) tps). All experts ever used fit: hits = D. A
+ * step's D >= C: the cache holds C of the previous step's D (id order, popularity-blind), so
+ * hits = (C / D) sum_e P(e in both steps) = (C / D) sum_e 1 - 2 a_e(tps) + a_e(2 tps). */
+static double window_hits(const ms_routing_t *r, int32_t l, double B, double tps, double C, double D)
+{
+    int32_t E = r->n_experts, W = r->n_window, support = 0;
+    const double *row = r->win_lq + (int64_t) l * E * W;
+    double a1, lo = 1.0, hi = 2.0;
+    for (int32_t e = 0; e < E; e++) support += row[(int64_t) e * W + W - 1] < 0.0;
+    if ((double) support <= C) return D;
+    if (C <= 0.0) return 0.0;
+    a1 = (double) E - D;
+    if (D >= C) return C / D * ((double) E - 2.0 * a1 + window_absent(r, l, B, 2.0 * tps));
+    while ((double) E - window_absent(r, l, B, hi * tps) < C && hi < 0x1p50) {
+        lo = hi;
+        hi *= 2.0;
+    }
+    for (int it = 0; it < 200 && hi - lo > 1e-12 * hi; it++) {
+        double mid = 0.5 * (lo + hi);
+        if ((double) E - window_absent(r, l, B, mid * tps) < C) lo = mid; else hi = mid;
+    }
+    return (double) E - a1 - window_absent(r, l, B, hi * tps) + window_absent(r, l, B, (hi + 1.0) * tps);
+}
+
+/* The reuse statistic on the windows: sum_e P(e in two consecutive tokens) / k of one sequence,
+ * P = 1 - 2 a_e(1) + a_e(2) with B = 1. */
+static double window_reuse(const ms_routing_t *r, int32_t l)
+{
+    return ((double) r->n_experts - 2.0 * window_absent(r, l, 1.0, 1.0) + window_absent(r, l, 1.0, 2.0))
+           / (double) r->top_k;
 }
 
 /* Sums of the analytic path over MoE layers. */
@@ -112,7 +185,11 @@ static double fetch_layer(const ms_decode_model_t *m, const ms_routing_t *r, con
                           int32_t i, int32_t l, double D, double pinned_p, double free_p, layer_work_t *w)
 {
     double C = (double) m->slots[i], h, toks = (double) c->batch * c->tokens_per_step;
-    if (c->policy == MS_POLICY_LRU) {
+    if (c->policy == MS_POLICY_LRU && r->win_lq) {
+        /* the windows hold the stickiness and memory: no separate sticky term */
+        h = D > 0.0 ? window_hits(r, l, (double) c->batch, (double) c->tokens_per_step, C, D) / D : 0.0;
+        w->n_fetch = D * (1.0 - h);
+    } else if (c->policy == MS_POLICY_LRU) {
         double sigma;
         h = lru_hit_rate(m, r, c, ws, l, C);
         /* a sticky expert was used by the previous token: resident while C covers a step's set */
@@ -143,7 +220,8 @@ static void analytic_layer(const ms_decode_model_t *m, const ms_routing_t *r, co
     double D, pinned_q = 0.0, pinned_p = 0.0, free_q = 0.0, free_p = 0.0;
     double *p = ws->times;   /* >= E doubles (ws_layout) */
     const double *qbar = r->qbar + (int64_t) l * E;
-    D = step_inclusion(r, l, toks, p);
+    D = r->win_lq ? window_inclusion(r, l, (double) c->batch, (double) c->tokens_per_step, p)
+                  : step_inclusion(r, l, toks, p);
     /* pinned = the `slots` most popular experts; sum both sides so "all pinned" is exact
      * (only SPLIT and FETCH layers use them) */
     if (mode == MS_EXP_SPLIT || mode == MS_EXP_FETCH) {
@@ -160,7 +238,7 @@ static void analytic_layer(const ms_decode_model_t *m, const ms_routing_t *r, co
         }
     }
     n->distinct += D;
-    n->reuse += r->stickiness[l] + (1.0 - r->stickiness[l]) * r->qsq[l] / ((double) S * K);
+    n->reuse += r->win_lq ? window_reuse(r, l) : r->stickiness[l] + (1.0 - r->stickiness[l]) * r->qsq[l] / ((double) S * K);
     if (mode == MS_EXP_GPU) {
         w->n_res = D;
         w->pairs_gpu = toks * K;
@@ -181,7 +259,10 @@ static void analytic_layer(const ms_decode_model_t *m, const ms_routing_t *r, co
     }
     if (m->page_slots[i] < E && (mode == MS_EXP_CPU || mode == MS_EXP_SPLIT || mode == MS_EXP_FETCH)) {
         double host = mode == MS_EXP_FETCH ? w->n_fetch : w->n_cpu;
-        double ph = D > 0.0 ? che_hits(p, E, (double) m->page_slots[i], ws->che) / D : 0.0;
+        double ps = (double) m->page_slots[i];
+        double ph = D <= 0.0 ? 0.0
+                  : (r->win_lq ? window_hits(r, l, (double) c->batch, (double) c->tokens_per_step, ps, D)
+                               : che_hits(p, E, ps, ws->che)) / D;
         w->n_disk = host * (1.0 - ph);
         n->phits += host * ph;
         n->ploads += host;

@@ -398,6 +398,24 @@ static int montecarlo(const ms_decode_model_t *m, const ms_machine_t *hw, const 
 
 /* ------------------------------------------------------------------------- entry points */
 
+/* 0, or 1 when the token-memory window tables are malformed (nodes not increasing from 1, log
+ * probabilities above 0, not finite or rising with the window). */
+static int check_windows(const ms_routing_t *r)
+{
+    int64_t rows = (int64_t) r->n_layers * r->n_experts;
+    int32_t W = r->n_window;
+    if (r->win_lq == NULL) return 0;
+    if (r->win_n == NULL || W < 2 || !(r->win_n[0] == 1.0)) return 1;
+    for (int32_t j = 1; j < W; j++)
+        if (!(r->win_n[j] > r->win_n[j - 1]) || !isfinite(r->win_n[j])) return 1;
+    for (int64_t i = 0; i < rows; i++) {
+        const double *lq = r->win_lq + i * W;
+        for (int32_t j = 0; j < W; j++)
+            if (!(lq[j] <= 0.0 && isfinite(lq[j])) || (j > 0 && lq[j] > lq[j - 1])) return 1;
+    }
+    return 0;
+}
+
 static int check(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_routing_t *r,
                  const ms_decode_config_t *c)
 {
@@ -420,6 +438,7 @@ static int check(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_ro
         if (c->mode == MS_MODE_ANALYTIC && (r->n_scenarios <= 0 || r->q == NULL || r->qbar == NULL
                                             || r->lqbar == NULL || r->qsq == NULL)) return MS_ERR_BAD_ROUTING;
         if (c->mode == MS_MODE_MONTECARLO && r->trace == NULL && r->log_pop == NULL) return MS_ERR_BAD_ROUTING;
+        if (c->mode == MS_MODE_ANALYTIC && check_windows(r)) return MS_ERR_BAD_ROUTING;
         if (r->trace && (r->trace_tokens <= 0 || r->trace_layers <= 0)) return MS_ERR_BAD_TRACE;
     }
     for (int32_t i = 0; i < m->n_layers; i++) {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -84,6 +85,10 @@ def decode_case(draw, mode=None, policy=None):
         concentration=draw(st.sampled_from([0.0, 0.5, 2.0])), stickiness=draw(st.floats(0.0, 0.6)),
         first_stickiness=draw(st.floats(0.0, 0.6)), last_stickiness=draw(st.floats(0.0, 0.6)),
         request_tokens=draw(st.sampled_from([0, 3, 7])), recall=draw(st.floats(0.0, 1.0)))
+    if draw(st.booleans()):   # token memory: the analytic path reads the window tables (routing_window)
+        prof = replace(prof, layer_recency=(draw(st.floats(0.0, 0.9)),), layer_coupling=(draw(st.floats(0.0, 0.9)),),
+                       recency_decay=draw(st.sampled_from([0.5, 0.9])), history=draw(st.integers(1, 8)),
+                       n_partners=draw(st.integers(0, 2)))
     dims = LRT.RoutingDims(L, E, k, 4 if grouped else 0, draw(st.integers(max(1, -(-k // (E // 4))), 3)) if grouped else 0)
     seed = draw(st.integers(0, 2**32))
     rt = LRT.lower(dims, prof, seed, prefetch=draw(st.booleans()), scenarios=draw(st.integers(1, 3)))

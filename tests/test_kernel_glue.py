@@ -105,7 +105,8 @@ def header_structs() -> dict:
 DERIVED = {
     "ms_model_t": {"n_layers"},
     "ms_decode_model_t": {"n_layers"},
-    "ms_routing_t": {"n_scenarios", "trace_tokens", "trace_layers", "qbar", "lqbar", "qsq", "history", "n_partners"},
+    "ms_routing_t": {"n_scenarios", "trace_tokens", "trace_layers", "qbar", "lqbar", "qsq", "history", "n_partners",
+                     "n_window"},
     "ms_decode_config_t": set(),
     "ms_machine_t": set(),
     "ms_sweep_place_t": set(),

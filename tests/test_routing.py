@@ -244,26 +244,29 @@ def test_inclusion_probabilities_solve_the_rosen_equation_like_bisection():
 
 
 # ------------------------------------------------------------------------------- (e) analytic vs sampled union
-# model -> (its family's default profile, the v2 profile kept off the default because of this check)
-UNION_CASES = [("gpt-oss-20b", "gpt-oss", False), ("gpt-oss-20b", "gpt-oss:pooled", True),
-               ("deepseek-v2-lite", "deepseek-v2", False), ("deepseek-v2-lite", "deepseek-v2:v2", True),
-               ("olmoe-1b-7b", "olmoe:v2", False)]
+# model -> its v1 and v2 profiles (the v2 ones are the family defaults, catalog/routing.toml [families])
+UNION_CASES = [("gpt-oss-20b", "gpt-oss"), ("gpt-oss-20b", "gpt-oss:pooled"), ("deepseek-v2-lite", "deepseek-v2"),
+               ("deepseek-v2-lite", "deepseek-v2:v2"), ("olmoe-1b-7b", "olmoe"), ("olmoe-1b-7b", "olmoe:v2")]
+FAMILY = {"gpt-oss-20b": "gpt_oss", "deepseek-v2-lite": "deepseek_v2", "olmoe-1b-7b": "olmoe"}
 
 
-@pytest.mark.parametrize("mid,pid,blocked", UNION_CASES, ids=[f"{m}-{p}" for m, p, _ in UNION_CASES])
-def test_analytic_union_agrees_with_sampled_union(mid, pid, blocked):
-    """The analytic path's distinct experts per step at batch 32 is within 10 % of the Monte Carlo
-    sampler's for a family's default profile. The v2 profiles gpt-oss:pooled and deepseek-v2:v2 miss
-    it (the analytic path reads their per-layer Zipf exponents without the coupling and memory fitted
-    with them), which is why their families keep v1 (catalog/routing.toml [families], issue 15): when
-    that is fixed this test fails for them and they can become defaults."""
+@pytest.mark.parametrize("batch", [1, 8, 32])
+@pytest.mark.parametrize("mid,pid", UNION_CASES, ids=[f"{m}-{p}" for m, p in UNION_CASES])
+def test_analytic_union_agrees_with_sampled_union(mid, pid, batch):
+    """The analytic path's distinct experts per step is within 5 % of the Monte Carlo sampler's for the v2
+    profiles, read through their window tables (issue 15: before them, gpt-oss:pooled read 14.2 against
+    the sampler's 30.0 at batch 32, deepseek-v2:v2 53.0 against 60.1), and within 10 % for the v1 ones
+    (Rosen inclusion of N_SCENARIOS Dirichlet draws: gpt-oss at batch 8 is 8 % low)."""
     from moesim.analysis.simulate import simulate
     from moesim.spec import hardware
     mach = hardware.machine(gpu="h100-sxm")
-    an, mc = (simulate(mid, mach, batch=32, tokens=96, mode=mode, routing=pid).distinct_experts_per_step
+    an, mc = (simulate(mid, mach, batch=batch, tokens=96, mode=mode, routing=pid).distinct_experts_per_step
               for mode in ("analytic", "montecarlo"))
     gap = abs(an - mc) / mc
-    assert (gap > 0.10) == blocked, f"{pid}: analytic {an:.1f} vs sampled {mc:.1f} distinct experts ({gap:+.0%})"
-    if not blocked:
-        assert routing.profile(family={"gpt-oss-20b": "gpt_oss", "deepseek-v2-lite": "deepseek_v2",
-                                       "olmoe-1b-7b": "olmoe"}[mid]).id == pid
+    assert gap <= (0.05 if ":" in pid else 0.10), f"{pid} batch {batch}: analytic {an:.2f} vs sampled {mc:.2f} distinct experts ({gap:+.1%})"
+
+
+@pytest.mark.parametrize("mid", sorted(FAMILY))
+def test_family_defaults_are_checked_against_the_sampler(mid):
+    """Each fitted family's default profile is one the union check above covers."""
+    assert (mid, routing.profile(family=FAMILY[mid]).id) in UNION_CASES

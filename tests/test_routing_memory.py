@@ -34,7 +34,7 @@ def sampler_case(draw):
     L = draw(st.integers(1, 4))
     grouped = draw(st.booleans()) and E % 4 == 0 and E >= 8
     dims = LRT.RoutingDims(L, E, k, 4 if grouped else 0, draw(st.integers(max(1, -(-k // (E // 4))), 3)) if grouped else 0)
-    rt = LRT.lower(dims, memory_profile(draw, L), draw(st.integers(0, 2**32)))
+    rt = LRT.lower(dims, memory_profile(draw, L), draw(st.integers(0, 2**32)), window=False)
     steps = draw(st.integers(1, 14))
     cols = dict(batch=[draw(st.integers(1, 3))], tokens_per_step=[draw(st.integers(1, 2))], drafts=[0],
                 accepted=[1.0], steps=[steps], warmup=[0], policy=[0], mode=[0], seed=[draw(st.integers(0, 2**40))],

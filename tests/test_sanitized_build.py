@@ -46,6 +46,7 @@ SUBSET = [
     "tests/test_memory.py::test_threads_match_serial_bit_for_bit",
     "tests/test_memory.py::test_max_batch_brute_force",
     "tests/test_routing.py::test_belady_is_the_offline_optimum",
+    "tests/test_routing_window.py",
     "tests/test_sweep.py::test_kernel_equals_python_twin",
     "tests/test_sweep.py::test_context_functions_match_decode",
     "tests/test_sweep.py::test_montecarlo_rows_equal_kernel_runs_and_threads",

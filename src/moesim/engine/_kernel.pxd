@@ -128,6 +128,9 @@ cdef extern from "moesim.h" nogil:
         const double *qbar
         const double *lqbar
         const double *qsq
+        int32_t n_window
+        const double *win_n
+        const double *win_lq
         const double *recency
         const double *recency_lag
         int32_t history
@@ -171,6 +174,9 @@ cdef extern from "moesim.h" nogil:
                         void *workspace, int64_t workspace_bytes, double *hits, double *accesses)
     int ms_route_sample(const ms_routing_t *r, const ms_decode_config_t *c, int32_t *tokens_out, void *workspace,
                         int64_t workspace_bytes)
+    int64_t ms_window_workspace_size(int32_t n_experts, int32_t max_window)
+    int ms_window_count(const int32_t *tokens, int64_t n_tokens, int32_t n_layers, int32_t top_k, int32_t n_experts,
+                        const int32_t *nodes, int32_t n_nodes, void *workspace, int64_t workspace_bytes, int64_t *out)
 
     # ---------------------------------------------------------------- sweeps (ms_sweep.c)
     ctypedef struct ms_ctx_fn_t:

@@ -30,6 +30,9 @@ cdef void _fill_routing(ms_routing_t *r, dict t, dict keep):
     r.qbar = <double *> _data(keep, "qbar", tabs["qbar"])
     r.lqbar = <double *> _data(keep, "lqbar", tabs["lqbar"])
     r.qsq = <double *> _data(keep, "qsq", tabs["qsq"])
+    r.win_n = <double *> _data(keep, "win_n", t["win_n"])
+    r.win_lq = <double *> _data(keep, "win_lq", t["win_lq"])
+    r.n_window = t["win_n"].shape[0] if t["win_n"] is not None else 0
     r.recency = <double *> _data(keep, "recency", t["recency"])
     r.recency_lag = <double *> _data(keep, "recency_lag", t["recency_lag"])
     r.history = t["recency_lag"].shape[0] if t["recency_lag"] is not None else 0
@@ -71,6 +74,32 @@ def route_sample(dict rt, dict cols):
     try:
         with nogil:
             code = ms_route_sample(&r, &c, &v_out[0], ws, wsb)
+    finally:
+        free(ws)
+    return code, out
+
+
+def window_count(tokens, int n_experts, nodes):
+    """(code, [L, E, W] int64): how many windows of nodes[j] consecutive tokens of the stream tokens
+    [N, L, k] (int32) hold each expert (ms_window_count)."""
+    tok = np.ascontiguousarray(tokens, dtype=np.int32)
+    nd = np.ascontiguousarray(nodes, dtype=np.int32)
+    if tok.ndim != 3 or nd.ndim != 1 or tok.size == 0 or nd.size == 0:
+        raise StructError("ms_window_count()", "tokens", "a [tokens, layers, k] stream and 1-D nodes")
+    cdef int64_t N = tok.shape[0]
+    cdef int32_t L = tok.shape[1], K = tok.shape[2], W = nd.shape[0]
+    out = np.zeros((L, max(n_experts, 1), W), dtype=np.int64)
+    cdef const int32_t[::1] v_tok = tok.reshape(-1)
+    cdef const int32_t[::1] v_nd = nd
+    cdef int64_t[::1] v_out = out.reshape(-1)
+    cdef int64_t wsb = ms_window_workspace_size(n_experts, max(int(nd.max()), 1))
+    cdef char *ws = <char *> malloc(max(wsb, 64))
+    cdef int code
+    if ws == NULL:
+        raise MemoryError()
+    try:
+        with nogil:
+            code = ms_window_count(&v_tok[0], N, L, K, n_experts, &v_nd[0], W, ws, wsb, &v_out[0])
     finally:
         free(ws)
     return code, out

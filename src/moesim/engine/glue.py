@@ -115,6 +115,10 @@ ROUTING_LAYERS = (Field("log_pop", F64, ("n_layers", "n_experts")), Field("stick
                   Field("coupling", F64, ("n_layers",), optional=True, note="cross-layer coupling strength"),
                   Field("partners", I32, ("n_layers", "n_experts", "n_partners"), optional=True,
                         note="each expert's next-layer partners (with coupling)"),
+                  Field("win_n", F64, ("n_window",), optional=True,
+                        note="window lengths of the token-memory tables (analytic path)"),
+                  Field("win_lq", F64, ("n_layers", "n_experts", "n_window"), optional=True,
+                        note="log P(expert absent from a window) per layer, expert, window length"),
                   Field("trace", I32, ("trace_tokens", "trace_layers", "top_k"), optional=True,
                         note="a recorded trace replays instead of sampling"))
 ROUTING = ROUTING_DIMS + _scalars(REAL, "concentration") + _scalars(INT, "request_tokens") + ROUTING_LAYERS
@@ -374,6 +378,8 @@ def check_routing(rt) -> dict:
         raise MoesimError(f"{dims['history']} recency lags exceed MAX_HISTORY = {MAX_HISTORY}", "ms_routing_t.recency")
     if (rt.get("coupling") is None) != (rt.get("partners") is None):
         raise StructError("ms_routing_t", "partners", "coupling and partners come together")
+    if (rt.get("win_n") is None) != (rt.get("win_lq") is None):
+        raise StructError("ms_routing_t", "win_lq", "win_n and win_lq come together")
     if dims.get("n_partners", 1) > MAX_PARTNERS:
         raise MoesimError(f"{dims['n_partners']} partners exceed MAX_PARTNERS = {MAX_PARTNERS}", "ms_routing_t.partners")
     _check_memory_tables(out, head["n_experts"])

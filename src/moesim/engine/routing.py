@@ -63,7 +63,7 @@ def sample_requests(dims: RoutingDims, prof: RoutingProfile, n_requests: int, to
     """``n_requests`` independent requests of ``tokens`` decode tokens each ([tokens, layers, k]
     arrays) drawn by the C kernel's sampler; request i uses stream (seed, i)."""
     from . import _kernel
-    rt = lower(dims, profile(prof, request_tokens=0), seed)
+    rt = lower(dims, profile(prof, request_tokens=0), seed, window=False)
     out = []
     for i in range(n_requests):
         cols = dict(batch=[1], tokens_per_step=[1], drafts=[0], accepted=[1.0], steps=[tokens], warmup=[0],

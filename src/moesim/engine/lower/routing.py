@@ -9,6 +9,7 @@ import numpy as np
 from ... import _lowering_cache
 from ...errors import MoesimError
 from ...spec.routing import N_SCENARIOS, RoutingProfile, per_layer
+from . import routing_window as W
 
 
 # ------------------------------------------------------------------------------- inclusion probabilities
@@ -74,15 +75,30 @@ class RoutingDims:
 
 
 def lower(dims: RoutingDims, prof: RoutingProfile, seed: int = 0, prefetch: bool = False,
-          scenarios: int = N_SCENARIOS) -> dict:
+          scenarios: int = N_SCENARIOS, window: bool = True) -> dict:
     """Kernel routing tables for a profile. The popularity permutation is drawn from ``seed``. A profile
     with a prefill regime adds ``prefill_q``, that regime's inclusion probabilities (the same seed, so the
-    same popularity ranks, with the prompt's own skew), which prefill costing reads instead of ``q``."""
+    same popularity ranks, with the prompt's own skew), which prefill costing reads instead of ``q``.
+    A profile with token memory (multi-lag recency, cross-layer partners) gets the window tables the
+    analytic path reads instead of independent picks, and its sampled marginals as ``q`` (routing_window;
+    ``window=False``: the sampler's tables only, for callers that only sample)."""
     seed = int(seed) & (2**63 - 1)
     rt = dict(_lower_cached(dims, prof, seed, bool(prefetch), int(scenarios)))
+    if window and dims.n_layers and W.has_memory(rt):
+        rt.update(_window_cached(dims, prof, seed, int(scenarios)))
     if prof.prefill and dims.n_layers:
-        rt["prefill_q"] = _lower_cached(dims, prof.regime("prefill"), seed, False, int(scenarios))["q"]
+        rt["prefill_q"] = lower(dims, prof.regime("prefill"), seed, False, scenarios, window)["q"]
     return rt
+
+
+@functools.lru_cache(maxsize=64)
+def _window_cached(dims: RoutingDims, prof: RoutingProfile, seed: int, scenarios: int) -> dict:
+    """The window tables of a memory profile and the q tables of its sampled marginals (one scenario:
+    per-request skew is inside the windows), counted once per (dims, profile, seed)."""
+    tabs = W.window_tables(_lower_cached(dims, prof, seed, False, scenarios), seed)
+    from .._kernel import q_tables
+    tabs["q_tables"] = q_tables(tabs["q"], dims.top_k)
+    return tabs
 
 
 @functools.lru_cache(maxsize=1024)

@@ -16,6 +16,7 @@ from ..codes import (BYTES_GPU_MEM, BYTES_HOST_MEM, BYTES_PCIE, BYTES_STORAGE, E
 from .cache import Cache, next_use
 from .rng import M64, Rng
 from .route import route
+from . import window as W
 
 
 def _layer_time(dm, hw, l, w, seqs, toks, acc):
@@ -327,12 +328,15 @@ def _analytic_layer_work(dm, rt, c, i, q, E, K, tally):
     S = len(q)
     tally["n_moe"] += 1
     qbar, sq = _mean_selection(q, l, E)
-    p = _step_inclusion(qbar, toks)
-    D = sum(p)
+    memory = rt.get("win_lq") is not None
+    p = W.window_inclusion(rt, l, c["batch"], c["tokens_per_step"]) if memory else _step_inclusion(qbar, toks)
+    D = 0.0
+    for x in p:
+        D += x
     pinned_q, pinned_p, free_q, free_p = _pinned_sums(rt["hot"][l], int(dm["slots"][i]), E, qbar, p)
     tally["distinct"] += D
     stick = float(rt["stickiness"][l])
-    tally["reuse"] += stick + (1.0 - stick) * sq / (S * K)
+    tally["reuse"] += W.window_reuse(rt, l, K) if memory else stick + (1.0 - stick) * sq / (S * K)
     if mode == EXP_GPU:
         w["n_res"], w["pairs_gpu"] = D, toks * K
     elif mode == EXP_CPU:
@@ -349,7 +353,7 @@ def _analytic_layer_work(dm, rt, c, i, q, E, K, tally):
         tally["hits"] += D * h
         tally["loads"] += D
     if dm["page_slots"][i] < E and mode in (EXP_CPU, EXP_SPLIT, EXP_FETCH):
-        _page_work(dm, i, mode, p, D, w, tally)
+        _page_work(dm, rt, c, i, l, mode, p, D, w, tally)
     return w
 
 
@@ -390,7 +394,10 @@ def _fetch_work(dm, rt, c, i, l, q, D, stick, pinned_p, free_p, w):
     """A fetching layer's expected misses (``w["n_fetch"]``) and prefetches; returns its hit rate: for
     LRU Che's approximation raised by the routing's stickiness, otherwise the pinned share."""
     C = float(dm["slots"][i])
-    if c["policy"] == POLICY_LRU:
+    if c["policy"] == POLICY_LRU and rt.get("win_lq") is not None:
+        h = W.window_hits(rt, l, c["batch"], c["tokens_per_step"], C, D) / D if D > 0 else 0.0
+        w["n_fetch"] = D * (1.0 - h)
+    elif c["policy"] == POLICY_LRU:
         h = _lru_hit_rate(q, l, rt["n_experts"], c["batch"], c["tokens_per_step"], C)
         sigma = stick * min(1.0, C / max(D, 1e-300))
         h = sigma + (1.0 - sigma) * h
@@ -424,10 +431,16 @@ def _lru_hit_rate(q, l, E, B, tps, C):
     return hsum / dsum if dsum > 0 else 0.0
 
 
-def _page_work(dm, i, mode, p, D, w, tally):
+def _page_work(dm, rt, c, i, l, mode, p, D, w, tally):
     """Host reads that miss the page cache are read from storage (``w["n_disk"]``)."""
     host = w["n_fetch"] if mode == EXP_FETCH else w["n_cpu"]
-    ph = che_hits(p, float(dm["page_slots"][i])) / D if D > 0 else 0.0
+    ps = float(dm["page_slots"][i])
+    if D <= 0:
+        ph = 0.0
+    elif rt.get("win_lq") is not None:
+        ph = W.window_hits(rt, l, c["batch"], c["tokens_per_step"], ps, D) / D
+    else:
+        ph = che_hits(p, ps) / D
     w["n_disk"] = host * (1.0 - ph)
     tally["phits"] += host * ph
     tally["ploads"] += host

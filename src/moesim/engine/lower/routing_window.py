@@ -1,0 +1,70 @@
+"""The analytic path's reading of a routing model with token memory (issue 15): window statistics of one
+sequence, tabulated once per lowered profile from the routing model itself (its own sampler).
+
+A profile with multi-lag memory (``layer_recency``) or cross-layer partners (``layer_coupling``) makes a
+sequence's tokens depend on each other and on the layer above, so the per-token inclusion probabilities of
+its Zipf popularity (what ``inclusion_probabilities`` gives) are neither the experts' real marginals nor
+independent from token to token. What the analytic path needs is, per layer and expert e, the stationary
+probability pi_e(n) that e appears among n consecutive tokens of one sequence:
+
+* distinct experts per step of B sequences x tps tokens: sum_e 1 - (1 - pi_e(tps))^B (sequences are
+  independent requests, so absence multiplies);
+* Che's approximation for a step-level LRU cache of C slots, generalised to a stationary correlated
+  stream: an expert is resident iff it was used in the last T steps, T solving
+  sum_e 1 - (1 - pi_e(T tps))^B = C; a step's expected hits are
+  sum_e P(e in step and in the T steps before) = sum_e 1 - a_e(tps) - a_e(T tps) + a_e((T + 1) tps)
+  with a_e(n) = (1 - pi_e(n))^B (independent picks reduce this to Che's sum_e p_e (1 - (1 - p_e)^T));
+* the marginal pi_e(1) (the q every other consumer reads: pinned mass, expert-parallel loads, prefill).
+
+pi_e(n) has no closed form under the v2 model (partners, memory and the Gumbel race interact), so it is
+counted on WINDOW_STREAMS sampled streams of WINDOW_TOKENS tokens each (requests restart at the profile's
+own request length, as in Monte Carlo), drawn by the C sampler from streams (seed, WINDOW_INDEX + i) —
+``seed`` the lowering's seed, so the tables describe the same popularity permutation and partner table the
+sampler uses. Deterministic: a pure function of (dims, profile, seed) (cached per process by
+lower/routing.py; plain numpy arrays, so a persistent cache may store them).
+Counting (csrc/ms_window.c, twin reference/window.py window_count): every window of n tokens inside a
+stream (N - n + 1 of them) counts, for all n in one pass over the picks: a window misses e iff it lies in
+one of e's absence runs, and a run of g tokens holds max(0, g - n + 1) windows of n. pi_e(n) = windows
+holding e / windows, summed over the streams.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+# window lengths (tokens) the tables hold: every length to 32, then steps of 2^(1/4) to 4096; the kernel
+# interpolates log(1 - pi) linearly between them and extrapolates the last segment
+WINDOW_NODES = np.unique(np.concatenate([np.arange(1, 33), np.round(32 * 2.0 ** (np.arange(1, 29) / 4))]))
+WINDOW_TOKENS = 16384      # tokens per sampled stream
+WINDOW_STREAMS = 2
+WINDOW_INDEX = 1 << 40     # stream index base, apart from sample_requests' indices 0, 1, ...
+LOG_ABSENT_FLOOR = -700.0  # log(1 - pi) where pi rounds to 1 (exp of it underflows to 0)
+# what a persistent cache of the tables must add to its key (dims, profile, seed): the counting scheme
+SCHEME = ("windows-v2", WINDOW_TOKENS, WINDOW_STREAMS, WINDOW_INDEX, tuple(int(n) for n in WINDOW_NODES))
+
+
+def has_memory(rt: dict) -> bool:
+    """Whether lowered sampler tables make tokens depend on each other beyond stickiness."""
+    return rt.get("recency") is not None or rt.get("coupling") is not None
+
+
+def window_tables(rt: dict, seed: int, tokens: int | None = None, streams: int | None = None) -> dict:
+    """{"q": [1, L, E] marginals pi_e(1), "win_n": WINDOW_NODES, "win_lq": [L, E, nodes] log(1 - pi_e(n))}
+    counted on the sampler's own streams (module docstring): a pure function of (rt's sampler tables, seed)."""
+    from .. import _kernel
+    from ..glue import handle_library_error
+    L, E = rt["n_layers"], rt["n_experts"]
+    N = int(tokens or WINDOW_TOKENS)
+    nodes = WINDOW_NODES.astype(np.int64)
+    seen = np.zeros((L, E, len(nodes)))
+    for i in range(int(streams or WINDOW_STREAMS)):
+        cols = dict(batch=[1], tokens_per_step=[1], drafts=[0], accepted=[1.0], steps=[N], warmup=[0],
+                    policy=[0], mode=[0], seed=[int(seed)], index=[WINDOW_INDEX + i])
+        code, picks = _kernel.route_sample(rt, cols)
+        handle_library_error(code, "ms_route_sample", i)
+        code, counts = _kernel.window_count(picks[:, 0, 0], E, nodes)
+        handle_library_error(code, "ms_window_count", i)
+        seen += counts
+    pi = np.minimum(seen / (int(streams or WINDOW_STREAMS) * (N - nodes + 1.0)), 1.0)
+    lq = np.maximum(np.log(np.maximum(1.0 - pi, 1e-300)), LOG_ABSENT_FLOOR)
+    lq = np.minimum.accumulate(lq, axis=2)             # non-increasing in n (rounding)
+    return {"q": pi[None, :, :, 0].copy(), "win_n": nodes.astype(np.float64), "win_lq": np.ascontiguousarray(lq)}

@@ -1,0 +1,89 @@
+"""Pure-Python twin of the analytic path's token-memory reading (csrc/ms_analytic.c, "token memory"):
+Che's approximation on a routing's window tables (engine/lower/routing_window.py). Same operations in
+the same order as the C, so the two agree to rounding."""
+from __future__ import annotations
+
+import math
+
+
+def window_lq(nodes, lq, n):
+    """log P(absent from n tokens): linear in n between the nodes, the end segments extended."""
+    lo, hi = 0, len(nodes) - 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if nodes[mid] < n:
+            lo = mid
+        else:
+            hi = mid
+    return lq[lo] + (lq[hi] - lq[lo]) * (n - nodes[lo]) / (nodes[hi] - nodes[lo])
+
+
+def window_absent(rt, l, B, n):
+    """sum_e exp(B log P(e absent from n tokens)) of routing layer l."""
+    nodes, rows = rt["win_n"], rt["win_lq"][l]
+    s = 0.0
+    for e in range(len(rows)):
+        s += math.exp(B * window_lq(nodes, rows[e], n))
+    return s
+
+
+def window_inclusion(rt, l, B, tps):
+    """Each expert's probability of being in a step of B sequences x tps tokens."""
+    nodes, rows = rt["win_n"], rt["win_lq"][l]
+    return [1.0 - math.exp(B * window_lq(nodes, rows[e], tps)) for e in range(len(rows))]
+
+
+def window_hits(rt, l, B, tps, C, D):
+    """Expected LRU hits per step of a C-slot step-level cache (ms_analytic.c window_hits)."""
+    rows = rt["win_lq"][l]
+    E = len(rows)
+    support = sum(1 for e in range(E) if rows[e][-1] < 0.0)
+    if support <= C:
+        return D
+    if C <= 0:
+        return 0.0
+    a1 = E - D
+    if D >= C:
+        return C / D * (E - 2.0 * a1 + window_absent(rt, l, B, 2.0 * tps))
+    lo, hi = 1.0, 2.0
+    while E - window_absent(rt, l, B, hi * tps) < C and hi < 2.0 ** 50:
+        lo, hi = hi, hi * 2.0
+    for _ in range(200):
+        if not hi - lo > 1e-12 * hi:
+            break
+        mid = 0.5 * (lo + hi)
+        if E - window_absent(rt, l, B, mid * tps) < C:
+            lo = mid
+        else:
+            hi = mid
+    return E - a1 - window_absent(rt, l, B, hi * tps) + window_absent(rt, l, B, (hi + 1.0) * tps)
+
+
+def window_reuse(rt, l, K):
+    """sum_e P(e in two consecutive tokens of one sequence) / k."""
+    E = len(rt["win_lq"][l])
+    return (E - 2.0 * window_absent(rt, l, 1.0, 1.0) + window_absent(rt, l, 1.0, 2.0)) / K
+
+
+def window_count(tokens, n_experts, nodes):
+    """Twin of ms_window_count (csrc/ms_window.c): out[l][e][j] = how many of the N - n + 1 windows of
+    n = nodes[j] consecutive tokens of the stream tokens[t][l][k] hold expert e, from e's absence runs
+    (a run of g tokens without e holds max(0, g - n + 1) windows that miss it)."""
+    N, L = len(tokens), len(tokens[0])
+    out = []
+    for l in range(L):
+        runs = [[] for _ in range(n_experts)]
+        last = [-1] * n_experts
+        for t in range(N):
+            for e in tokens[t][l]:
+                if last[e] == t:
+                    continue
+                if t - last[e] - 1 > 0:
+                    runs[e].append(t - last[e] - 1)
+                last[e] = t
+        for e in range(n_experts):
+            if N - 1 - last[e] > 0:
+                runs[e].append(N - 1 - last[e])
+        out.append([[(N - n + 1) - sum(max(0, g - n + 1) for g in runs[e]) for n in nodes]
+                    for e in range(n_experts)])
+    return out
