@@ -13,10 +13,13 @@ from pathlib import Path
 
 import pytest
 
+import moesim
 from moesim import MoesimError
 from moesim import _lowering_cache as LC
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+# The subprocesses import the moesim this test process imported (the tree or the installed copy: CI
+# installs it, and only the installed copy carries the built kernel there).
+SRC = str(Path(moesim.__file__).resolve().parents[1])
 
 # One process's results, printed as JSON (floats as repr: exact): rank over the whole catalog, simulate
 # and fit of a few configurations, a sweep table; and the cache's hits and misses.
