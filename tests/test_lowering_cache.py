@@ -57,6 +57,8 @@ def test_populated_cache_gives_identical_results(tmp_path):
     assert not cold["stats"]["hits"] and cold["stats"]["misses"]["lowered"] > 100
     assert warm["stats"]["hits"]["lowered"] > 100 and warm["stats"]["hits"]["model"] > 100
     assert not any(warm["stats"]["misses"].values()), warm["stats"]["misses"]
+    # the window tables of the token-memory profiles (seconds of sampling each) are kept too
+    assert cold["stats"]["misses"]["window"] >= 2 and warm["stats"]["hits"]["window"] >= 2
     assert len(off["rank"]) > 100 and off["sweep"]["decode_tok_s"]
     for part in ("rank", "simulate", "fit", "sweep"):
         assert json.dumps(cold[part], sort_keys=True) == json.dumps(off[part], sort_keys=True), part
