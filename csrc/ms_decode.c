@@ -221,6 +221,8 @@ static int64_t ws_layout(const ms_decode_model_t *m, const ms_routing_t *r, cons
     TAKE(times, double, T > E ? T : E);
     TAKE(w, double, mc ? B * L * E : 0);
     TAKE(score, double, E);
+    TAKE(unif, double, E);
+    TAKE(keyed, int32_t, E);
     TAKE(gscore, double, G);
     TAKE(tok_in_req, int64_t, B);
     TAKE(trace_pos, int64_t, B);

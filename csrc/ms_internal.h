@@ -169,6 +169,30 @@ typedef struct {
     double pairs_cpu;   /* ... on the CPU */
 } layer_work_t;
 
+/* xoshiro256** one step and its uniform, inline for the sampler's per-expert loops (a call each was a
+ * third of the race); ms_rng_next / ms_rng_uniform (ms_rng.c) are these, exported. */
+static inline uint64_t ms_rng_rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static inline uint64_t ms_rng_next_inline(ms_rng_t *rng)
+{
+    uint64_t *s = rng->s;
+    uint64_t result = ms_rng_rotl(s[1] * 5, 7) * 9;
+    uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = ms_rng_rotl(s[3], 45);
+    return result;
+}
+
+static inline double ms_rng_uniform_inline(ms_rng_t *rng)
+{
+    /* 53 random bits, offset by half a step: strictly inside (0, 1), so logs stay finite */
+    return ((double) (ms_rng_next_inline(rng) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+}
+
 /* The workspace of one configuration, carved by ws_layout (ms_decode.c). */
 typedef struct {
     int32_t E, K, L, B, W;      /* experts, top-k, routing layers, batch, union width */
@@ -179,7 +203,9 @@ typedef struct {
     int32_t *prev, *nprev;      /* [B][L][K], [B] */
     int32_t *hist, *nhist, *hhead;  /* [B][L][history][K] ring of older tokens' picks, [B][L] count, [B][L] next slot */
     int64_t *tok_in_req, *trace_pos;  /* [B] */
-    double *score;              /* [E] */
+    double *score;              /* [E] race keys (valid where keyed holds the token's stamp) */
+    double *unif;               /* [E] the race's uniforms */
+    int32_t *keyed;             /* [E] stamp of the token whose key score holds */
     int32_t *mark;              /* [L][E] union stamp */
     int32_t *pos;               /* [L][E] position in the step's union */
     int32_t *chosen;            /* [E] stamp of the current token's picks */

@@ -6,7 +6,7 @@
  */
 #include <math.h>
 
-#include "moesim.h"
+#include "ms_internal.h"
 
 uint64_t ms_splitmix64_next(uint64_t *x)
 {
@@ -16,8 +16,6 @@ uint64_t ms_splitmix64_next(uint64_t *x)
     return z ^ (z >> 31);
 }
 
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
 void ms_rng_init(ms_rng_t *rng, uint64_t seed, uint64_t a, uint64_t b)
 {
     uint64_t x = seed;
@@ -26,25 +24,10 @@ void ms_rng_init(ms_rng_t *rng, uint64_t seed, uint64_t a, uint64_t b)
     for (int i = 0; i < 4; i++) rng->s[i] = ms_splitmix64_next(&x);
 }
 
-uint64_t ms_rng_next(ms_rng_t *rng)
-{
-    uint64_t *s = rng->s;
-    uint64_t result = rotl(s[1] * 5, 7) * 9;
-    uint64_t t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return result;
-}
+/* the step and the uniform are ms_internal.h's inline ones, so that the sampler's loops inline them */
+uint64_t ms_rng_next(ms_rng_t *rng) { return ms_rng_next_inline(rng); }
 
-double ms_rng_uniform(ms_rng_t *rng)
-{
-    /* 53 random bits, offset by half a step: strictly inside (0, 1), so logs stay finite */
-    return ((double) (ms_rng_next(rng) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
-}
+double ms_rng_uniform(ms_rng_t *rng) { return ms_rng_uniform_inline(rng); }
 
 double ms_rng_gumbel(ms_rng_t *rng)
 {

@@ -42,8 +42,8 @@ static int32_t recall_older(const ms_routing_t *r, ws_t *ws, int32_t b, int32_t 
     int32_t K = ws->K, H = r->history, bl = b * ws->L + l, free = K - n;
     for (int32_t a = 0; a < free; a++) {
         int32_t e;
-        if (!(ms_rng_uniform(rng) < r->recency[l]) || lag >= ws->nhist[bl]) continue;
-        e = ws->hist[((int64_t) bl * H + (ws->hhead[bl] - 1 - lag + H) % H) * K + (int32_t) (ms_rng_uniform(rng) * K)];
+        if (!(ms_rng_uniform_inline(rng) < r->recency[l]) || lag >= ws->nhist[bl]) continue;
+        e = ws->hist[((int64_t) bl * H + (ws->hhead[bl] - 1 - lag + H) % H) * K + (int32_t) (ms_rng_uniform_inline(rng) * K)];
         if (ws->chosen[e] == stamp) continue;
         out[n++] = e;
         ws->chosen[e] = stamp;
@@ -63,9 +63,9 @@ static int32_t follow_partners(const ms_routing_t *r, ws_t *ws, int32_t l, ms_rn
         const int32_t *cand = pt + (int64_t) up[a] * P;
         double tot = 0.0, u, cum = 0.0;
         int32_t e = cand[P - 1];
-        if (!(ms_rng_uniform(rng) < r->coupling[l])) continue;
+        if (!(ms_rng_uniform_inline(rng) < r->coupling[l])) continue;
         for (int32_t i = 0; i < P; i++) tot += w[cand[i]];
-        u = ms_rng_uniform(rng) * tot;
+        u = ms_rng_uniform_inline(rng) * tot;
         for (int32_t i = 0; i < P - 1; i++) {
             cum += w[cand[i]];
             if (u < cum) { e = cand[i]; break; }
@@ -80,7 +80,7 @@ static int32_t follow_partners(const ms_routing_t *r, ws_t *ws, int32_t l, ms_rn
 /* The token's memory lag (index into recency_lag) for all its layers. */
 static int32_t draw_lag(const ms_routing_t *r, ms_rng_t *rng)
 {
-    double u = ms_rng_uniform(rng), cum = 0.0;
+    double u = ms_rng_uniform_inline(rng), cum = 0.0;
     for (int32_t i = 0; i < r->history - 1; i++) {
         cum += r->recency_lag[i];
         if (u < cum) return i;
@@ -88,10 +88,30 @@ static int32_t draw_lag(const ms_routing_t *r, ms_rng_t *rng)
     return r->history - 1;
 }
 
+/* Whether expert e's race key -log(u) / w cannot beat `bound` (key >= bound), decided without the log:
+ * -log(u) >= 1 - u, so (1 - u) >= bound w means key >= bound. The 1e-12 margin covers the roundings of
+ * both sides (1 - u >= 2^-54, so the product is never subnormal near the edge): the verdict is always
+ * the one the key itself gives, and the sampler's picks are those of taking every log. */
+static inline int key_cannot_beat(double u, double w, double bound)
+{
+    return 1.0 - u >= bound * w * (1.0 + 1e-12);
+}
+
+/* Expert e's race key Exp(1) / w_e = -log(u_e) / w_e, taken once per token (keyed marks it). */
+static inline double race_key(ws_t *ws, const double *w, int32_t e, int32_t stamp)
+{
+    if (ws->keyed[e] != stamp) {
+        ws->score[e] = -log(ws->unif[e]) / w[e];
+        ws->keyed[e] = stamp;
+    }
+    return ws->score[e];
+}
+
 /* One token's top-k in routing layer l for sequence b; writes `out` (k ids), returns overlap with
  * the previous token's picks (-1 for a request's first token). Each kept expert of the previous
  * token stays with probability p; the other slots go to the smallest race keys Exp(1) / w_e, which
- * is Gumbel-top-k on log w (Plackett-Luce sampling without replacement) at one log per expert.
+ * is Gumbel-top-k on log w (Plackett-Luce sampling without replacement) at one uniform per expert, the
+ * log only where the key can still win (key_cannot_beat).
  * Group-limited routing ranks groups by their two best keys (sum of the two best Gumbel scores). */
 static int32_t route_token(const ms_routing_t *r, ws_t *ws, int32_t b, int32_t l, ms_rng_t *rng, int32_t stamp,
                            int32_t lag, const int32_t *up, int32_t *out)
@@ -101,24 +121,31 @@ static int32_t route_token(const ms_routing_t *r, ws_t *ws, int32_t b, int32_t l
     int32_t np = ws->nprev[b * ws->L + l];
     const double *w = ws->w + ((int64_t) b * ws->L + l) * E;
     double *key = ws->score, p = r->stickiness[l];
+    int grouped = r->n_group > 1 && r->topk_group < r->n_group;
     /* the path through the layers first, so the memory below re-picks what the partners leave free */
     if (r->coupling && up && r->coupling[l] > 0.0) n = follow_partners(r, ws, l, rng, stamp, w, up, n, out);
     for (int32_t j = 0; j < np; j++) {
         /* one draw per previous expert whatever happens (the stream does not depend on the coupling) */
-        if (ms_rng_uniform(rng) < p && n < K && ws->chosen[prev[j]] != stamp) {
+        if (ms_rng_uniform_inline(rng) < p && n < K && ws->chosen[prev[j]] != stamp) {
             out[n++] = prev[j];
             ws->chosen[prev[j]] = stamp;
         }
     }
     if (r->recency && np > 0) n = recall_older(r, ws, b, l, rng, stamp, lag, n, out);
-    for (int32_t e = 0; e < E; e++) key[e] = -log(ms_rng_uniform(rng)) / w[e];
-    if (r->n_group > 1 && r->topk_group < r->n_group) {
+    /* one uniform per expert, drawn in expert order whatever is picked (the stream is the race's): all
+     * first where groups are ranked, else in the pass below */
+    if (grouped) {
         /* group-limited: groups holding kept experts first, then the best by their two best keys */
         int32_t G = r->n_group, per = E / G, picked = 0;
+        ms_rng_t lr = *rng;          /* a local copy stays in registers */
+        for (int32_t e = 0; e < E; e++) ws->unif[e] = ms_rng_uniform_inline(&lr);
+        *rng = lr;
         for (int32_t g = 0; g < G; g++) {
             double a = HUGE_VAL, bb = HUGE_VAL;
             for (int32_t e = g * per; e < (g + 1) * per; e++) {
-                double k = key[e];
+                double k;
+                if (key_cannot_beat(ws->unif[e], w[e], bb)) continue;
+                k = race_key(ws, w, e, stamp);
                 if (k < a) { bb = a; a = k; } else if (k < bb) bb = k;
             }
             ws->gscore[g] = log(a) + (per > 1 ? log(bb) : 0.0);
@@ -136,22 +163,29 @@ static int32_t route_token(const ms_routing_t *r, ws_t *ws, int32_t b, int32_t l
             picked++;
         }
         for (int32_t e = 0; e < E; e++) ws->allowed[e] = ws->gpick[e / per] ? stamp : 0;
-    } else {
-        for (int32_t e = 0; e < E; e++) ws->allowed[e] = stamp;
     }
     {   /* the K - n smallest keys in one pass (insertion into a short sorted list) */
         int32_t need = K - n, have = 0, *top = out + n;
-        for (int32_t e = 0; e < E && need > 0; e++) {
+        ms_rng_t lr = *rng;          /* a local copy stays in registers */
+        for (int32_t e = 0; e < E; e++) {
             int32_t i;
-            if (ws->allowed[e] != stamp || ws->chosen[e] == stamp) continue;
-            if (have == need && !(key[e] < key[top[have - 1]])) continue;
+            double k, u = grouped ? ws->unif[e] : ms_rng_uniform_inline(&lr);
+            if (need == 0 || (grouped && ws->allowed[e] != stamp) || ws->chosen[e] == stamp) continue;
+            if (have == need && key_cannot_beat(u, w[e], key[top[have - 1]])) continue;
+            if (grouped) {
+                k = race_key(ws, w, e, stamp);
+            } else {
+                k = key[e] = -log(u) / w[e];     /* each expert met once: no memo */
+            }
+            if (have == need && !(k < key[top[have - 1]])) continue;
             i = have < need ? have++ : have - 1;
-            while (i > 0 && key[e] < key[top[i - 1]]) {
+            while (i > 0 && k < key[top[i - 1]]) {
                 top[i] = top[i - 1];
                 i--;
             }
             top[i] = e;
         }
+        *rng = lr;
         for (int32_t j = 0; j < need; j++) ws->chosen[top[j]] = stamp;
         n = K;
     }
@@ -216,11 +250,26 @@ static void order_unions(ws_t *ws, int64_t t)
     for (int32_t l = 0; l < L; l++) {
         int64_t row = (t * L + l) * (int64_t) W;
         const int32_t *mk = ws->mark + (int64_t) l * E;
-        int32_t n = 0;
-        for (int32_t e = 0; e < E; e++) {
-            if (mk[e] != (int32_t) (t + 1)) continue;
-            ws->usel[n] = e;
-            ws->ucnt[n++] = ws->cnt[row + ws->pos[(int64_t) l * E + e]];
+        int32_t n = ws->nsel[t * L + l];
+        if ((int64_t) n * n <= 4 * (int64_t) E) {
+            /* a small union (batch 1: top-k of E): insertion-sort it rather than scan every expert */
+            for (int32_t i = 0; i < n; i++) {
+                int32_t e = ws->sel[row + i], c = ws->cnt[row + i], j = i;
+                while (j > 0 && ws->usel[j - 1] > e) {
+                    ws->usel[j] = ws->usel[j - 1];
+                    ws->ucnt[j] = ws->ucnt[j - 1];
+                    j--;
+                }
+                ws->usel[j] = e;
+                ws->ucnt[j] = c;
+            }
+        } else {
+            n = 0;
+            for (int32_t e = 0; e < E; e++) {
+                if (mk[e] != (int32_t) (t + 1)) continue;
+                ws->usel[n] = e;
+                ws->ucnt[n++] = ws->cnt[row + ws->pos[(int64_t) l * E + e]];
+            }
         }
         memcpy(ws->sel + row, ws->usel, (size_t) n * sizeof(int32_t));
         memcpy(ws->cnt + row, ws->ucnt, (size_t) n * sizeof(int32_t));
@@ -256,6 +305,7 @@ static int step_token(const ms_routing_t *r, const ms_decode_config_t *c, ws_t *
             /* restart the stamp (see MS_STAMP_MAX): T x B x tokens x L increments pass INT32_MAX in long runs */
             memset(ws->chosen, 0, (size_t) ws->E * sizeof(int32_t));
             memset(ws->allowed, 0, (size_t) ws->E * sizeof(int32_t));
+            memset(ws->keyed, 0, (size_t) ws->E * sizeof(int32_t));
             *stamp = 0;
         }
         (*stamp)++;
@@ -313,6 +363,7 @@ int ms_route_generate(const ms_routing_t *r, const ms_decode_config_t *c, ws_t *
     memset(ws->mark, 0, (size_t) L * (size_t) E * sizeof(int32_t));
     memset(ws->chosen, 0, (size_t) E * sizeof(int32_t));
     memset(ws->allowed, 0, (size_t) E * sizeof(int32_t));
+    memset(ws->keyed, 0, (size_t) E * sizeof(int32_t));
     for (int32_t b = 0; b < ws->B; b++) {
         ws->tok_in_req[b] = 0;
         ws->trace_pos[b] = r->trace ? (r->trace_tokens * b) / ws->B : 0;

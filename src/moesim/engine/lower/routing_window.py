@@ -29,6 +29,8 @@ holding e / windows, summed over the streams.
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 # window lengths (tokens) the tables hold: every length to 32, then steps of 2^(1/4) to 4096; the kernel
@@ -50,21 +52,36 @@ def has_memory(rt: dict) -> bool:
 def window_tables(rt: dict, seed: int, tokens: int | None = None, streams: int | None = None) -> dict:
     """{"q": [1, L, E] marginals pi_e(1), "win_n": WINDOW_NODES, "win_lq": [L, E, nodes] log(1 - pi_e(n))}
     counted on the sampler's own streams (module docstring): a pure function of (rt's sampler tables, seed)."""
+    from concurrent.futures import ThreadPoolExecutor
     from .. import _kernel
     from ..glue import handle_library_error
     L, E = rt["n_layers"], rt["n_experts"]
     N = int(tokens or WINDOW_TOKENS)
     nodes = WINDOW_NODES.astype(np.int64)
-    seen = np.zeros((L, E, len(nodes)))
-    for i in range(int(streams or WINDOW_STREAMS)):
+    n_streams = int(streams or WINDOW_STREAMS)
+
+    def one_stream(i: int) -> np.ndarray:
         cols = dict(batch=[1], tokens_per_step=[1], drafts=[0], accepted=[1.0], steps=[N], warmup=[0],
                     policy=[0], mode=[0], seed=[int(seed)], index=[WINDOW_INDEX + i])
         code, picks = _kernel.route_sample(rt, cols)
         handle_library_error(code, "ms_route_sample", i)
         code, counts = _kernel.window_count(picks[:, 0, 0], E, nodes)
         handle_library_error(code, "ms_window_count", i)
+        return counts
+
+    # the streams are independent and the kernels release the GIL: one thread each, up to the cores
+    # (integer counts, so the sum is exact in any order)
+    workers = max(1, min(n_streams, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                         else (os.cpu_count() or 1)))
+    if workers == 1:
+        parts = [one_stream(i) for i in range(n_streams)]
+    else:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            parts = list(pool.map(one_stream, range(n_streams)))
+    seen = np.zeros((L, E, len(nodes)))
+    for counts in parts:
         seen += counts
-    pi = np.minimum(seen / (int(streams or WINDOW_STREAMS) * (N - nodes + 1.0)), 1.0)
+    pi = np.minimum(seen / (n_streams * (N - nodes + 1.0)), 1.0)
     lq = np.maximum(np.log(np.maximum(1.0 - pi, 1e-300)), LOG_ABSENT_FLOOR)
     lq = np.minimum.accumulate(lq, axis=2)             # non-increasing in n (rounding)
     return {"q": pi[None, :, :, 0].copy(), "win_n": nodes.astype(np.float64), "win_lq": np.ascontiguousarray(lq)}
