@@ -107,6 +107,41 @@ static inline double race_key(ws_t *ws, const double *w, int32_t e, int32_t stam
     return ws->score[e];
 }
 
+/* Group-limited routing: draws the token's E uniforms (into unif, in expert order), then allows the
+ * groups holding the n kept experts first and the best others by their two best race keys, up to
+ * topk_group groups (allowed[e] = stamp). */
+static void allow_groups(const ms_routing_t *r, ws_t *ws, ms_rng_t *rng, int32_t stamp, const double *w,
+                         const int32_t *out, int32_t n)
+{
+    int32_t E = ws->E, G = r->n_group, per = E / G, picked = 0;
+    ms_rng_t lr = *rng;          /* a local copy stays in registers */
+    for (int32_t e = 0; e < E; e++) ws->unif[e] = ms_rng_uniform_inline(&lr);
+    *rng = lr;
+    for (int32_t g = 0; g < G; g++) {
+        double a = HUGE_VAL, bb = HUGE_VAL;
+        for (int32_t e = g * per; e < (g + 1) * per; e++) {
+            double k;
+            if (key_cannot_beat(ws->unif[e], w[e], bb)) continue;
+            k = race_key(ws, w, e, stamp);
+            if (k < a) { bb = a; a = k; } else if (k < bb) bb = k;
+        }
+        ws->gscore[g] = log(a) + (per > 1 ? log(bb) : 0.0);
+        ws->gpick[g] = 0;
+    }
+    for (int32_t j = 0; j < n; j++) {
+        int32_t g = out[j] / per;
+        if (!ws->gpick[g]) { ws->gpick[g] = 1; picked++; }
+    }
+    while (picked < r->topk_group) {
+        int32_t best = -1;
+        for (int32_t g = 0; g < G; g++)
+            if (!ws->gpick[g] && (best < 0 || ws->gscore[g] < ws->gscore[best])) best = g;
+        ws->gpick[best] = 1;
+        picked++;
+    }
+    for (int32_t e = 0; e < E; e++) ws->allowed[e] = ws->gpick[e / per] ? stamp : 0;
+}
+
 /* One token's top-k in routing layer l for sequence b; writes `out` (k ids), returns overlap with
  * the previous token's picks (-1 for a request's first token). Each kept expert of the previous
  * token stays with probability p; the other slots go to the smallest race keys Exp(1) / w_e, which
@@ -134,36 +169,7 @@ static int32_t route_token(const ms_routing_t *r, ws_t *ws, int32_t b, int32_t l
     if (r->recency && np > 0) n = recall_older(r, ws, b, l, rng, stamp, lag, n, out);
     /* one uniform per expert, drawn in expert order whatever is picked (the stream is the race's): all
      * first where groups are ranked, else in the pass below */
-    if (grouped) {
-        /* group-limited: groups holding kept experts first, then the best by their two best keys */
-        int32_t G = r->n_group, per = E / G, picked = 0;
-        ms_rng_t lr = *rng;          /* a local copy stays in registers */
-        for (int32_t e = 0; e < E; e++) ws->unif[e] = ms_rng_uniform_inline(&lr);
-        *rng = lr;
-        for (int32_t g = 0; g < G; g++) {
-            double a = HUGE_VAL, bb = HUGE_VAL;
-            for (int32_t e = g * per; e < (g + 1) * per; e++) {
-                double k;
-                if (key_cannot_beat(ws->unif[e], w[e], bb)) continue;
-                k = race_key(ws, w, e, stamp);
-                if (k < a) { bb = a; a = k; } else if (k < bb) bb = k;
-            }
-            ws->gscore[g] = log(a) + (per > 1 ? log(bb) : 0.0);
-            ws->gpick[g] = 0;
-        }
-        for (int32_t j = 0; j < n; j++) {
-            int32_t g = out[j] / per;
-            if (!ws->gpick[g]) { ws->gpick[g] = 1; picked++; }
-        }
-        while (picked < r->topk_group) {
-            int32_t best = -1;
-            for (int32_t g = 0; g < G; g++)
-                if (!ws->gpick[g] && (best < 0 || ws->gscore[g] < ws->gscore[best])) best = g;
-            ws->gpick[best] = 1;
-            picked++;
-        }
-        for (int32_t e = 0; e < E; e++) ws->allowed[e] = ws->gpick[e / per] ? stamp : 0;
-    }
+    if (grouped) allow_groups(r, ws, rng, stamp, w, out, n);
     {   /* the K - n smallest keys in one pass (insertion into a short sorted list) */
         int32_t need = K - n, have = 0, *top = out + n;
         ms_rng_t lr = *rng;          /* a local copy stays in registers */
