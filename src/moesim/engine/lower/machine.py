@@ -104,6 +104,24 @@ def fp32_tflops(tf: dict, g: dict) -> float:
     return float(g.get("fp32_tflops", tf.get("fp32", 0.0)))
 
 
+# each per-family map of a backend and the key that must cite its numbers
+_TERM_SOURCES = {"moe_fp32_share": "moe_source", "bw_eff": "bw_source", "fp16_acc_rel": "acc_source"}
+
+
+def backend_source_errors(tables: dict) -> list:
+    """What in runtimes.toml [backends.*] ``tables`` lacks a source: a backend without ``source``, or a
+    per-family value (moe_fp32_share, bw_eff, fp16_acc_rel) whose key its ``*_source`` line does not name."""
+    errors = []
+    for name, b in tables.items():
+        if not str(b.get("source", "")).strip():
+            errors.append(f"backend {name}: no source")
+        for term, cite in _TERM_SOURCES.items():
+            for key in b.get(term, {}):
+                if str(key) not in str(b.get(cite, "")):
+                    errors.append(f"backend {name}: {term}.{key} has no source line ({cite})")
+    return errors
+
+
 def vector_tflops(tf: dict, g: dict) -> float:
     """The shader ALUs' rate a scalar (non-matrix) GEMM runs at: packed fp16 at 2x fp32 where the card has it
     (RDNA, Xe, GeForce since Turing: the catalog's fp16 is then the matrix rate or 2x fp32), else fp32 (Pascal
