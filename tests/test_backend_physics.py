@@ -168,7 +168,8 @@ def _row(notes: str, gpu: str = "arc-a770-16gb", model: str = "qwen3-30b-a3b", q
 @pytest.mark.parametrize("notes,rid", [
     ("Vulkan backend; ngl 99", "llama.cpp-vulkan"),
     ("IPEX-LLM portable llama.cpp build (SYCL)", "llama.cpp-sycl"),
-    ("HIP (ROCm) backend", "llama.cpp"),
+    ("HIP (ROCm) backend", "llama.cpp-hip"),
+    ("an AMD card, no backend named", "llama.cpp"),
     ("Vulkan backend with the PR; Mar 2024 build", "llama.cpp-2024h1-vulkan"),
     ("llama.cpp build 9fb13f9 (Dec 2023, Metal, all layers)", "llama.cpp-2023"),
 ])

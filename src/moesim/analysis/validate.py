@@ -66,6 +66,7 @@ _LCPP_2023_NOTE = re.compile(r"\b20(?:1\d|2[0-3])\b")
 # the llama.cpp GPU backend a row's notes name; without one the vendor's own (CUDA, HIP, SYCL, Metal)
 _VULKAN_NOTE = re.compile(r"\bVulkan\b", re.I)
 _SYCL_NOTE = re.compile(r"\bSYCL\b")
+_HIP_NOTE = re.compile(r"\bHIP\b|\bROCm\b")
 _KT_LEGACY_NOTE = re.compile(r"\bv0\.[23]\b", re.I)     # ktransformers releases before kt-kernel + SGLang
 # llama.cpp's physical batch as notes state it: "ub 2048", "-ub 4096", "b/ub 4096"
 _UBATCH_NOTE = re.compile(r"(?:^|[\s;(/-])ub\s+(\d+)\b")
@@ -191,6 +192,8 @@ def _runtime_for(row: dict, notes: str, assumed: list) -> str | None:
     elif rid == "llama.cpp" and _SYCL_NOTE.search(notes) and runtime == "llama.cpp":
         runtime = "llama.cpp-sycl"
         assumed.append("llama.cpp's SYCL backend (notes): runtimes.toml [backends.sycl]")
+    elif rid == "llama.cpp" and _HIP_NOTE.search(notes) and runtime == "llama.cpp":
+        runtime = "llama.cpp-hip"          # AMD's own backend: what an AMD card runs without a note, named
     if rid == "ktransformers" and _KT_LEGACY_NOTE.search(notes):
         runtime = "ktransformers-legacy"
         assumed.append("ktransformers v0.2 / v0.3 (notes): the standalone server, no layerwise prefill")
