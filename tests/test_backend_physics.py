@@ -167,6 +167,9 @@ def _row(notes: str, gpu: str = "arc-a770-16gb", model: str = "qwen3-30b-a3b", q
 
 @pytest.mark.parametrize("notes,rid", [
     ("Vulkan backend; ngl 99", "llama.cpp-vulkan"),
+    ("backend llama.cpp-vulkan_amdvlk; ngl 99", "llama.cpp-vulkan"),
+    ("backend llama.cpp-hip", "llama.cpp-hip"),
+    ("a SHIP model; worship", "llama.cpp"),
     ("IPEX-LLM portable llama.cpp build (SYCL)", "llama.cpp-sycl"),
     ("HIP (ROCm) backend", "llama.cpp-hip"),
     ("an AMD card, no backend named", "llama.cpp"),

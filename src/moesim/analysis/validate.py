@@ -64,9 +64,9 @@ _LCPP_BEFORE_MMA_NOTE = re.compile(r"\b(?:(?:Jan|Feb|Mar|Apr|May)[a-z]*\.? 2024|
 # a build of 2023 or earlier ("Dec 2023"): MUL_MAT_ID token by token on the GPU (llama.cpp PRs #4406, #4725)
 _LCPP_2023_NOTE = re.compile(r"\b20(?:1\d|2[0-3])\b")
 # the llama.cpp GPU backend a row's notes name; without one the vendor's own (CUDA, HIP, SYCL, Metal)
-_VULKAN_NOTE = re.compile(r"\bVulkan\b", re.I)
+_VULKAN_NOTE = re.compile(r"(?<![a-z])vulkan(?![a-z])", re.I)    # "Vulkan", "llama.cpp-vulkan_amdvlk"
 _SYCL_NOTE = re.compile(r"\bSYCL\b")
-_HIP_NOTE = re.compile(r"\bHIP\b|\bROCm\b")
+_HIP_NOTE = re.compile(r"(?<![A-Za-z])(?:HIP|hip|ROCm)(?![A-Za-z])")
 _KT_LEGACY_NOTE = re.compile(r"\bv0\.[23]\b", re.I)     # ktransformers releases before kt-kernel + SGLang
 # llama.cpp's physical batch as notes state it: "ub 2048", "-ub 4096", "b/ub 4096"
 _UBATCH_NOTE = re.compile(r"(?:^|[\s;(/-])ub\s+(\d+)\b")
