@@ -96,8 +96,9 @@ def test_gpu_capacity_is_whole_gib_and_matrix_units_follow_the_architecture(gid)
     assert g["tensor_cores"] is (not rdna2), gid
     assert g["flash_attention"] == ("tile" if rdna2 else True), gid
     tf = g["tflops"]
-    if rdna2:          # no WMMA: plain ALU rates, packed FP16 at twice FP32
-        assert set(tf) == {"fp16", "fp32"} and math.isclose(tf["fp16"], 2 * tf["fp32"], rel_tol=0.01), gid
+    if rdna2:          # no WMMA: plain ALU rates, packed FP16 at twice FP32, int8 dot4 (sdot4) at four times
+        assert set(tf) == {"fp16", "fp32", "int8"} and math.isclose(tf["fp16"], 2 * tf["fp32"], rel_tol=0.01), gid
+        assert math.isclose(tf["int8"], 4 * tf["fp32"], rel_tol=0.01), gid
     else:
         assert tf["bf16"] == tf["fp16"] > g.get("fp32_tflops", 0.0), gid
     if g["vendor"] == "amd":

@@ -16,6 +16,7 @@ from importlib import resources
 
 from .._catalog import load as _load_catalog
 from ..engine.decode import LINKS
+from ..engine.lower.machine import backend_terms, lower_machine
 from ..errors import MoesimError
 from ..spec.runtimes import FAMILIES, calibration, decode_priors
 from .simulate import breakdown_of
@@ -112,4 +113,18 @@ def explain(path, row_id: str, calibrated: bool = True) -> dict:
             "breakdown": breakdown_of(res, 0),
             "bytes_per_token": {name: float(res["bytes"][0][k]) / per_token for k, name in enumerate(LINKS)},
             "distinct_experts_per_step": float(res["distinct"][0]),
-            "serving": pred.serving, "parameters": parameters(pr.rt, calibrated)}
+            "serving": pred.serving, "rates": _rates(cfg, pr), "parameters": parameters(pr.rt, calibrated)}
+
+
+def _rates(cfg, pr) -> dict:
+    """The lowered rates that set prefill and decode (engine/lower/machine.py), and the llama.cpp backend's
+    terms on the card (runtimes.toml [backends.*]): which peak its GEMMs use, the MUL_MAT_ID and decode
+    shares it measurably reaches."""
+    hw = lower_machine(cfg.machine, pr.rt, pr.p, pr.kernel_mix)
+    g = _load_catalog("hardware")["gpu"].get(cfg.machine.gpu or "", {})
+    out = {k: float(hw[k]) for k in ("gpu_bw", "prefill_gemm_flops", "prefill_expert_flops", "prefill_attn_flops")
+           if k in hw}
+    terms = backend_terms(pr.rt, g) if g and not cfg.machine.unified else {}
+    if terms:
+        out["backend"] = terms
+    return out

@@ -61,6 +61,12 @@ NOT_MODELLED_RUNTIMES = {"exo": "exo pipelines one model over several networked 
 _SERVER_CPU = re.compile(r"xeon|epyc|threadripper|grace", re.I)
 # a llama.cpp build dated before PR #7860 (June 2024): "May 2024", "2023 Metal dev commit"
 _LCPP_BEFORE_MMA_NOTE = re.compile(r"\b(?:(?:Jan|Feb|Mar|Apr|May)[a-z]*\.? 2024|20(?:1\d|2[0-3]))\b")
+# a build of 2023 or earlier ("Dec 2023"): MUL_MAT_ID token by token on the GPU (llama.cpp PRs #4406, #4725)
+_LCPP_2023_NOTE = re.compile(r"\b20(?:1\d|2[0-3])\b")
+# the llama.cpp GPU backend a row's notes name; without one the vendor's own (CUDA, HIP, SYCL, Metal)
+_VULKAN_NOTE = re.compile(r"(?<![a-z])vulkan(?![a-z])", re.I)    # "Vulkan", "llama.cpp-vulkan_amdvlk"
+_SYCL_NOTE = re.compile(r"\bSYCL\b")
+_HIP_NOTE = re.compile(r"(?<![A-Za-z])(?:HIP|hip|ROCm)(?![A-Za-z])")
 _KT_LEGACY_NOTE = re.compile(r"\bv0\.[23]\b", re.I)     # ktransformers releases before kt-kernel + SGLang
 # llama.cpp's physical batch as notes state it: "ub 2048", "-ub 4096", "b/ub 4096"
 _UBATCH_NOTE = re.compile(r"(?:^|[\s;(/-])ub\s+(\d+)\b")
@@ -177,6 +183,17 @@ def _runtime_for(row: dict, notes: str, assumed: list) -> str | None:
     if rid == "llama.cpp" and _LCPP_BEFORE_MMA_NOTE.search(notes):
         runtime = "llama.cpp-2024h1"
         assumed.append("llama.cpp build before June 2024 (notes): K-quant MMQ without int8 tensor cores")
+        if _LCPP_2023_NOTE.search(notes):
+            runtime = "llama.cpp-2023"
+            assumed.append("llama.cpp build of 2023 (notes): GPU MUL_MAT_ID token by token (before PR #4725)")
+    if rid == "llama.cpp" and _VULKAN_NOTE.search(notes) and runtime != "llama.cpp-2023":
+        runtime += "-vulkan"
+        assumed.append("llama.cpp's Vulkan backend (notes): runtimes.toml [backends.vulkan]")
+    elif rid == "llama.cpp" and _SYCL_NOTE.search(notes) and runtime == "llama.cpp":
+        runtime = "llama.cpp-sycl"
+        assumed.append("llama.cpp's SYCL backend (notes): runtimes.toml [backends.sycl]")
+    elif rid == "llama.cpp" and _HIP_NOTE.search(notes) and runtime == "llama.cpp":
+        runtime = "llama.cpp-hip"          # AMD's own backend: what an AMD card runs without a note, named
     if rid == "ktransformers" and _KT_LEGACY_NOTE.search(notes):
         runtime = "ktransformers-legacy"
         assumed.append("ktransformers v0.2 / v0.3 (notes): the standalone server, no layerwise prefill")
@@ -294,7 +311,8 @@ def _no_flash(notes: str, when: tuple | None, assumed: list) -> bool:
 def _flash_month(row: dict, notes: str, runtime: str | None) -> tuple | None:
     """The run's month where its date decides flash attention: mainline llama.cpp and Ollama (whose CPU
     flash attention walks the KV per query row) with attention on the CPU; None elsewhere."""
-    mainline = (runtime or "llama.cpp") in ("llama.cpp", "llama.cpp-2024h1", "ollama")
+    mainline = (runtime or "llama.cpp") in ("llama.cpp", "llama.cpp-2024h1", "llama.cpp-2023", "llama.cpp-vulkan",
+                                            "llama.cpp-2024h1-vulkan", "llama.cpp-sycl", "llama.cpp-hip", "ollama")
     place = (row.get("placement") or "").strip()
     cpu_attention = place.startswith(("cpu-only", "layers-gpu")) or (row.get("gpus") or "").strip() == "0"
     return _row_month(row, notes) if mainline and cpu_attention else None

@@ -67,8 +67,9 @@ def prefill_seconds(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, promp
             t += _kv_reads(dm, kv, n_tok) / hw["host_bw"]
         if experts is not None:
             # KT switches per forward: a chunk of num_tokens >= the threshold streams (KTSGL kt_ep_wrapper.py)
-            t[experts["layers"]] += _expert_times(experts, dm, hw, n_tok, k, gemm, cflops, terms,
-                                                  layerwise=0 < threshold <= n_tok, offload=offload)
+            t[experts["layers"]] += _expert_times(experts, dm, hw, n_tok, k, hw.get("prefill_expert_flops", gemm),
+                                                  cflops, terms, layerwise=0 < threshold <= n_tok,
+                                                  offload=offload, rowwise=bool(hw.get("gpu_moe_rowwise", 0)))
         t_ub = float(t.sum()) + dm["head_bytes"] / hw["gpu_bw"] + dm["head_flops"] / gflops
         total += count * t_ub
     return total
@@ -155,14 +156,16 @@ def _distinct(x: dict, n_tok: int, terms: "dict | None") -> np.ndarray:
 
 
 def _expert_times(x: dict, dm: dict, hw: dict, n_tok: int, k: int, gemm: float, cflops: float, terms,
-                  layerwise: bool, offload: bool) -> np.ndarray:
+                  layerwise: bool, offload: bool, rowwise: bool = False) -> np.ndarray:
     """Routed-expert seconds of one ubatch of ``n_tok`` tokens, per layer of :func:`_expert_layers`."""
     share, eb, ef = x["gpu_share"], x["eb"], x["ef"]
     distinct = _distinct(x, n_tok, terms)
     pairs = float(n_tok * k)
     # as for the dense GEMMs, each used expert's weights are read once per ubatch on top of its
-    # multiply-adds (it serves only pairs / distinct tokens of the ubatch)
-    t_gpu = distinct * share * eb / hw["gpu_bw"] + pairs * share * ef / gemm
+    # multiply-adds (it serves only pairs / distinct tokens of the ubatch); a token-by-token MUL_MAT_ID
+    # (llama.cpp before Jan 2024, PR #4406 / #4725) streams them once per token-expert pair, as decode does
+    reads = pairs if rowwise else distinct
+    t_gpu = reads * share * eb / hw["gpu_bw"] + pairs * share * ef / gemm
     host_distinct, host_pairs = distinct * (1 - share), pairs * (1 - share)
     t_cgpu = host_distinct * eb / hw["gpu_bw"] + host_pairs * ef / gemm
     if layerwise:

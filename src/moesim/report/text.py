@@ -351,6 +351,13 @@ def explain_text(d: dict) -> str:
     lines.append("by phase (ms):")
     lines += [f"  {k:14} {1e3 * v:10.4f}" for k, v in b["by_phase"].items() if v]
     lines.append("bytes per token: " + ", ".join(f"{k} {v / 1e9:.3f} GB" for k, v in d["bytes_per_token"].items() if v))
+    r = d.get("rates") or {}
+    if r:
+        lines.append("rates: " + ", ".join(f"{k} {v / 1e12:.2f} T/s" if "flops" in k else f"{k} {v / 1e9:.1f} GB/s"
+                                           for k, v in r.items() if k != "backend"))
+    if r.get("backend"):
+        lines.append("llama.cpp backend (runtimes.toml [backends.*]): "
+                     + ", ".join(f"{k} {v}" for k, v in r["backend"].items()))
     lines.append("parameters (value, prior, set by; prior's source):")
     lines += [f"  {p['name']:26} {p['value']!s:>10} {p['prior']!s:>10}  {p['source']}; {p['prior_source']}"
               for p in d["parameters"]]

@@ -30,6 +30,7 @@ class Runtime:
     source: str = ""
     decode: "DecodeParams" = None
     launch: str = ""              # the model launch settings applied ([runtimes.<id>.models.<model>]), said in words
+    backend: str = ""             # llama.cpp GPU backend ([backends.<name>] in runtimes.toml); "" = the vendor's own
 
     @property
     def llama_cpp_family(self) -> bool:
@@ -91,6 +92,7 @@ class DecodeParams:
     data_parallel: int = 1        # attention data-parallel ranks (tpN-epN-attn-dp): one scheduler per rank
     expert_parallel: int = 1      # expert-parallel ranks (epN, tpN-epM): routed experts sharded, all-to-all per MoE layer
     redundant_experts: int = 0    # EPLB replicas of the hottest experts per MoE layer (--redundant-experts)
+    moe_rowwise_prefill: bool = False  # GPU MUL_MAT_ID of a batch token by token (llama.cpp before Jan 2024)
 
 
 def runtime_ids() -> list:
@@ -130,7 +132,9 @@ def calibration() -> dict:
 
 FAMILIES = {"llama.cpp": "llama.cpp", "ik_llama.cpp": "llama.cpp", "ollama": "llama.cpp", "vllm": "served",
             "sglang": "served", "trtllm": "served", "ktransformers": "ktransformers",
-            "ktransformers-legacy": "ktransformers", "llama.cpp-2024h1": "llama.cpp", "mlx": "mlx",
+            "ktransformers-legacy": "ktransformers", "llama.cpp-2024h1": "llama.cpp", "llama.cpp-2023": "llama.cpp",
+            "llama.cpp-vulkan": "llama.cpp", "llama.cpp-2024h1-vulkan": "llama.cpp", "llama.cpp-sycl": "llama.cpp",
+            "llama.cpp-hip": "llama.cpp", "mlx": "mlx",
             "offload": "offload"}
 
 

@@ -74,6 +74,73 @@ def _mmq_rel(mix: Q.KernelMix, d) -> float:
     return _rate_mix(mix.mmq_kquant, d.gpu_kquant_mmq_rel) * _rate_mix(mix.mmq_mxfp4, d.gpu_mxfp4_mmq_rel)
 
 
+# ------------------------------------------------------------------------------- llama.cpp GPU backends
+_BACKEND_OF_VENDOR = {"nvidia": "cuda", "amd": "hip", "intel": "sycl", "apple": "metal"}
+
+
+def backend_terms(rt: Runtime, g: dict) -> dict:
+    """The llama.cpp backend's terms on discrete GPU ``g`` (runtimes.toml [backends.*]): ``name``, ``peak``
+    (which catalog rate its prompt GEMMs run at: "int8", "fp16" or "vector"), ``fp16_acc_rel`` (the fp16 path
+    accumulating in fp16 at this multiple of the catalog's fp16 rate), ``moe_fp32_share`` (routed-expert
+    GEMMs at this share of the fp32 vector peak, 0: as the dense GEMMs) and ``bw_eff`` (decode share of peak
+    bandwidth, 0: the runtime's gddr / HBM share). Runtimes outside llama.cpp get {} (their own GEMM paths)."""
+    if not rt.llama_cpp_family:
+        return {}
+    tables = _load_catalog("runtimes").get("backends", {})
+    name = rt.backend or _BACKEND_OF_VENDOR.get(str(g.get("vendor", "")), "cuda")
+    b = tables.get(name, {})
+    arch, vendor = str(g.get("arch", "")), str(g.get("vendor", ""))
+    matrix = bool(g.get("tensor_cores", False)) and arch not in b.get("matrix_off", ())
+    segment = f"{vendor}-{g.get('segment', '')}"
+    return dict(name=name, peak=b.get("gemm", "int8") if matrix else b.get("no_matrix_gemm", "int8"),
+                moe_fp32_share=float(b.get("moe_fp32_share", {}).get(vendor, 0.0)),
+                bw_eff=float(b.get("bw_eff", {}).get(arch, 0.0)),
+                fp16_acc_rel=float(b.get("fp16_acc_rel", {}).get(segment, 1.0)))
+
+
+def fp32_tflops(tf: dict, g: dict) -> float:
+    """The card's fp32 vector rate: the catalog's ``fp32_tflops`` (the ``tflops`` table of a card with matrix
+    units lists only their rates)."""
+    return float(g.get("fp32_tflops", tf.get("fp32", 0.0)))
+
+
+# each per-family map of a backend and the key that must cite its numbers
+_TERM_SOURCES = {"moe_fp32_share": "moe_source", "bw_eff": "bw_source", "fp16_acc_rel": "acc_source"}
+
+
+def backend_source_errors(tables: dict) -> list:
+    """What in runtimes.toml [backends.*] ``tables`` lacks a source: a backend without ``source``, or a
+    per-family value (moe_fp32_share, bw_eff, fp16_acc_rel) whose key its ``*_source`` line does not name."""
+    errors = []
+    for name, b in tables.items():
+        if not str(b.get("source", "")).strip():
+            errors.append(f"backend {name}: no source")
+        for term, cite in _TERM_SOURCES.items():
+            for key in b.get(term, {}):
+                if str(key) not in str(b.get(cite, "")):
+                    errors.append(f"backend {name}: {term}.{key} has no source line ({cite})")
+    return errors
+
+
+def vector_tflops(tf: dict, g: dict) -> float:
+    """The shader ALUs' rate a scalar (non-matrix) GEMM runs at: packed fp16 at 2x fp32 where the card has it
+    (RDNA, Xe, GeForce since Turing: the catalog's fp16 is then the matrix rate or 2x fp32), else fp32 (Pascal
+    GP10x runs fp16 at 1/64)."""
+    fp32 = fp32_tflops(tf, g)
+    packed = bool(g.get("tensor_cores", False)) or tf.get("fp16", 0.0) >= 2.0 * fp32 * 0.99
+    return 2.0 * fp32 if packed else fp32
+
+
+def _gemm_peak(tf: dict, g: dict, terms: dict, peak_tflops: float) -> float:
+    """TFLOPS of the rate a llama.cpp backend's prompt GEMMs run at (backend_terms ``peak``)."""
+    kind = terms.get("peak", "int8")
+    if kind == "fp16":
+        return tf.get("fp16", peak_tflops) * terms.get("fp16_acc_rel", 1.0)
+    if kind == "vector":
+        return vector_tflops(tf, g) or peak_tflops
+    return tf.get("int8", peak_tflops)
+
+
 # AMX tile FLOP per cycle per core by the routed experts' format: int8 (INT4 is unpacked to int8 tiles)
 # 2048 MACs, bf16 1024 MACs (KT doc/en/AMX.md via RT §5.3); other formats use the AVX-512 path
 _AMX_FLOPS_PER_CYCLE = {"int8": 4096.0, "int4": 4096.0, "int4-g32": 4096.0, "bf16": 2048.0}
@@ -93,6 +160,7 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement, mix: Q.KernelMix)
     if cpu_only:
         return dict(gpu_bw=host_bw, host_bw=host_bw, pcie_bw=host_bw, storage_bw=storage_bw, gpu_flops=cpu_flops,
                     prefill_flops=cpu_flops, prefill_gemm_flops=cpu_flops, prefill_attn_flops=cpu_flops,
+                    prefill_expert_flops=cpu_flops, gpu_moe_rowwise=0,
                     cpu_flops=cpu_flops, interconnect_bw=host_bw, unified=0, overlap=0, launch_s=0.0, sync_s=0.0,
                     dma_s=0.0, allreduce_s=0.0, step_s=d.step_us * 1e-6, seq_s=d.seq_us * 1e-6,
                     amx_flops=amx, pcie_links=1, a2a_bw=host_bw, a2a_s=0.0)
@@ -105,10 +173,16 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement, mix: Q.KernelMix)
     graphs = g.get("cuda_graphs", True)
     scale_up = g.get("scale_up", {}).get("gbs", 0.0) if isinstance(g.get("scale_up"), dict) else 0.0
     hbm = str(g.get("memory_type", "")).startswith("hbm")
-    bw_eff = d.gpu_bw_eff if hbm else d.gddr_bw_eff
-    pf, gemm, attn = _gpu_prefill_flops(machine, rt, g, mix, hbm, peak_tflops, tp)
+    terms = backend_terms(rt, g)
+    # a backend whose decode kernels measurably reach less of a family's bandwidth (runtimes.toml bw_eff)
+    bw_eff = terms.get("bw_eff") or (d.gpu_bw_eff if hbm else d.gddr_bw_eff)
+    pf, gemm, attn = _gpu_prefill_flops(machine, rt, g, mix, hbm, peak_tflops, tp, terms)
+    share = terms.get("moe_fp32_share", 0.0)
+    # a backend whose MUL_MAT_ID measurably runs the routed experts slower than its dense GEMMs (moe_fp32_share)
+    expert = min(gemm, fp32_tflops(tf, g) * 1e12 * share * tp) if share > 0 and fp32_tflops(tf, g) > 0 else gemm
     return dict(gpu_bw=machine.gpu_bw_gbs * GB * bw_eff * tp, host_bw=host_bw, pcie_bw=pcie,
-                prefill_flops=pf, prefill_gemm_flops=gemm, prefill_attn_flops=attn,
+                prefill_flops=pf, prefill_gemm_flops=gemm, prefill_attn_flops=attn, prefill_expert_flops=expert,
+                gpu_moe_rowwise=int(d.moe_rowwise_prefill),
                 storage_bw=storage_bw, gpu_flops=peak_tflops * 1e12 * d.gpu_flops_eff * tp, cpu_flops=cpu_flops,
                 interconnect_bw=(scale_up or machine.pcie_gbs or 16.0) * GB, unified=0,
                 overlap=1 if d.overlap else 0,
@@ -165,7 +239,8 @@ def _lower_unified(machine: Machine, rt: Runtime, mix: Q.KernelMix, cpu_only: bo
     pf = max(peak * pf_eff, cpu_flops)
     return dict(gpu_bw=pool, host_bw=host, pcie_bw=pool, storage_bw=max(machine.storage_read_gbs, 1e-3) * GB,
                 gpu_flops=max(gpu_flops, cpu_flops), cpu_flops=cpu_flops, interconnect_bw=pool, unified=1,
-                prefill_flops=pf, prefill_gemm_flops=pf, prefill_attn_flops=pf,
+                prefill_flops=pf, prefill_gemm_flops=pf, prefill_attn_flops=pf, prefill_expert_flops=pf,
+                gpu_moe_rowwise=0 if cpu_only else int(d.moe_rowwise_prefill),
                 overlap=1 if d.overlap else 0, launch_s=0.0 if cpu_only else launch * 1e-6,
                 sync_s=0.0, dma_s=0.0, allreduce_s=0.0, step_s=d.step_us * 1e-6, seq_s=d.seq_us * 1e-6,
                 amx_flops=0.0, pcie_links=1, a2a_bw=pool, a2a_s=0.0)
@@ -207,19 +282,22 @@ def _served_gemm_rel(tf: dict, mix: Q.KernelMix, peak_tflops: float) -> float:
 
 
 def _gpu_prefill_flops(machine: Machine, rt: Runtime, g: dict, mix: Q.KernelMix, hbm: bool,
-                       peak_tflops: float, tp: int) -> tuple:
-    """(prefill, prefill GEMM, prefill attention) FLOP/s of the discrete GPUs."""
+                       peak_tflops: float, tp: int, terms: "dict | None" = None) -> tuple:
+    """(prefill, prefill GEMM, prefill attention) FLOP/s of the discrete GPUs; llama.cpp's GEMMs run at the
+    rate its backend uses on the card (:func:`backend_terms`: int8 MMQ under CUDA / HIP, fp16 on the matrix
+    units under SYCL and Vulkan's cooperative matrices, the shader ALUs where Vulkan uses none)."""
     d = rt.decode
     tf = machine.gpu_tflops
     # the HBM prefill efficiency describes tensor-core datacenter parts (A100 / H100); Pascal's HBM2 P100
     # multiplies on dp4a like the GDDR cards
     tensor_cores = g.get("tensor_cores", False)
     pf_eff = d.prefill_flops_eff_hbm if (hbm and tensor_cores) else d.prefill_flops_eff
-    if tensor_cores:
+    if tensor_cores and (terms or {}).get("peak", "int8") == "int8":
+        # the K-quant / MXFP4 MMQ rates describe the int8 MMQ kernels, not fp16 dequantize-and-multiply paths
         pf_eff *= _mmq_rel(mix, d)
     # llama.cpp multiplies quantized weights with int8 tensor-core MMQ kernels (ggml-cuda mmq): its
     # prefill scales with the int8 rate; served runtimes run bf16/fp8 GEMMs
-    pf_peak = tf.get("int8", peak_tflops) if rt.llama_cpp_family else peak_tflops
+    pf_peak = _gemm_peak(tf, g, terms or {}, peak_tflops) if rt.llama_cpp_family else peak_tflops
     pf = pf_peak * 1e12 * pf_eff * tp
     gemm, attn = pf, pf
     if tensor_cores and not rt.llama_cpp_family:

@@ -1,0 +1,180 @@
+"""llama.cpp GPU backends per device family (runtimes.toml [backends.*], engine/lower/machine.py backend_terms):
+which peak each backend's prompt GEMMs run at, the measured Vulkan MUL_MAT_ID and decode shares on Intel, the
+token-by-token MUL_MAT_ID of 2023 builds, and how validate reads the backend from a row's notes. Each term is
+checked against a hand computation from the catalog numbers."""
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import pytest
+
+import moesim
+from moesim import _catalog
+from moesim.analysis.validate import build
+from moesim.engine.lower.machine import backend_source_errors, lower_machine
+from moesim.engine.prefill import _expert_times
+from moesim.spec import quants as Q
+from moesim.spec.placement import parse as parse_placement
+from moesim.spec.runtimes import runtime
+
+GB = 1e9
+
+
+def _hw(gpu: str, rid: str, model: str = "qwen3-30b-a3b", quant: str = "Q4_K_M", gpus: int = 1) -> dict:
+    m = moesim.model(model)
+    mach = moesim.machine(gpu=gpu, gpus=gpus)
+    p = parse_placement("unified" if mach.unified else "all-gpu", m, mach)
+    return lower_machine(mach, runtime(rid), p, Q.kernel_mix(m, Q.resolve(quant, m)))
+
+
+def _eff(rid: str) -> float:
+    return runtime(rid).decode.prefill_flops_eff
+
+
+def test_every_backend_term_cites_a_source():
+    tables = _catalog.load("runtimes")["backends"]
+    assert backend_source_errors(tables) == []
+    assert {"cuda", "hip", "sycl", "vulkan", "vulkan-2024h1", "metal"} <= set(tables)
+
+
+@pytest.mark.parametrize("drop", ["source", "bw_source", "moe_source", "acc_source"])
+def test_a_backend_term_without_a_source_fails(drop):
+    tables = copy.deepcopy(_catalog.load("runtimes")["backends"])
+    del tables["vulkan"][drop]
+    assert backend_source_errors(tables), drop
+
+
+def test_vulkan_on_alchemist_runs_the_scalar_fp16_shaders():
+    """ggml-vulkan enables cooperative matrices on Intel Xe2 only: an A770 multiplies on its shader ALUs, packed
+    fp16 at 2 x 17.2 TFLOPS, at llama.cpp's prefill share."""
+    hw = _hw("arc-a770-16gb", "llama.cpp-vulkan")
+    assert hw["prefill_gemm_flops"] == pytest.approx(2 * 17.2e12 * _eff("llama.cpp-vulkan"))
+
+
+def test_vulkan_on_battlemage_runs_fp16_on_the_xmx_engines():
+    hw = _hw("arc-b580", "llama.cpp-vulkan", model="qwen2.5-7b")
+    assert hw["prefill_gemm_flops"] == pytest.approx(109.4e12 * _eff("llama.cpp-vulkan"))
+
+
+def test_sycl_is_intels_default_and_multiplies_fp16_on_xmx():
+    """Without a backend named an Intel card runs SYCL: fp16 oneDNN GEMMs (137.6 TFLOPS on the A770), not the
+    int8 rate (275.3) the CUDA MMQ path would use."""
+    for rid in ("llama.cpp", "llama.cpp-sycl"):
+        hw = _hw("arc-a770-16gb", rid)
+        assert hw["prefill_gemm_flops"] == pytest.approx(137.6e12 * _eff(rid)), rid
+
+
+def test_vulkan_coopmat2_on_geforce_accumulates_in_fp16():
+    """NV_cooperative_matrix2 takes the f16acc pipelines: a GeForce RTX 3090 at twice its fp32-accumulate
+    71 TFLOPS; the MXFP4 MMQ factor is not applied to this dequantize-to-fp16 path."""
+    hw = _hw("rtx-3090", "llama.cpp-vulkan", model="gpt-oss-20b", quant="MXFP4")
+    assert hw["prefill_gemm_flops"] == pytest.approx(2 * 71.0e12 * _eff("llama.cpp-vulkan"))
+
+
+def test_vulkan_on_rdna4_takes_the_rdna3_coopmat_path_in_fp16():
+    hw = _hw("rx-9070-xt", "llama.cpp-vulkan", model="qwen3-8b")
+    assert hw["prefill_gemm_flops"] == pytest.approx(194.7e12 * _eff("llama.cpp-vulkan"))
+    # HIP's MMQ on the same card: the WMMA int8 rate
+    hip = _hw("rx-9070-xt", "llama.cpp-hip", model="qwen3-8b")
+    assert hip["prefill_gemm_flops"] == pytest.approx(389.5e12 * _eff("llama.cpp-hip"))
+
+
+def test_hip_mmq_on_rdna2_uses_the_dot4_rate_and_early_vulkan_the_shader_alus():
+    """RX 6700 XT: HIP MMQ's sdot4 at 4 x 13.215 = 52.86 TOPS; the March 2024 Vulkan backend (no cooperative
+    matrices before PR #10597) at packed fp16, 26.43 TFLOPS."""
+    hip = _hw("rx-6700-xt", "llama.cpp-2024h1", model="mistral-7b-v0.3", quant="Q4_0")
+    assert hip["prefill_gemm_flops"] == pytest.approx(52.86e12 * _eff("llama.cpp-2024h1"))
+    vk = _hw("rx-6700-xt", "llama.cpp-2024h1-vulkan", model="mistral-7b-v0.3", quant="Q4_0")
+    assert vk["prefill_gemm_flops"] == pytest.approx(2 * 13.215e12 * _eff("llama.cpp-2024h1-vulkan"))
+
+
+def test_cuda_path_is_unchanged_int8_mmq():
+    m = moesim.model("qwen3-30b-a3b")
+    mix = Q.kernel_mix(m, Q.resolve("Q4_K_M", m))
+    hw = _hw("rtx-4090", "llama.cpp")
+    d = runtime("llama.cpp").decode
+    rel = 1.0 / (mix.mmq_kquant / d.gpu_kquant_mmq_rel + 1 - mix.mmq_kquant)
+    rel /= (mix.mmq_mxfp4 / d.gpu_mxfp4_mmq_rel + 1 - mix.mmq_mxfp4)
+    tf = moesim.machine(gpu="rtx-4090").gpu_tflops
+    assert hw["prefill_gemm_flops"] == pytest.approx(tf["int8"] * 1e12 * d.prefill_flops_eff * rel)
+    assert hw["prefill_expert_flops"] == hw["prefill_gemm_flops"]
+    assert hw["gpu_bw"] == pytest.approx(moesim.machine(gpu="rtx-4090").gpu_bw_gbs * GB * d.gddr_bw_eff)
+
+
+def test_vulkan_mul_mat_id_on_intel_runs_at_the_measured_share_of_fp32():
+    """B580's MUL_MAT_ID measured 1.26-1.70 TFLOPS (median 1.51 of 13.67 fp32 = 0.11): on an A770 the routed
+    experts multiply at 0.11 x 17.2 TFLOPS while the dense GEMMs keep the shader-ALU rate."""
+    hw = _hw("arc-a770-16gb", "llama.cpp-vulkan")
+    assert hw["prefill_expert_flops"] == pytest.approx(0.11 * 17.2e12)
+    assert hw["prefill_expert_flops"] < hw["prefill_gemm_flops"]
+    # not under SYCL, not on AMD under Vulkan
+    assert _hw("arc-a770-16gb", "llama.cpp-sycl")["prefill_expert_flops"] == \
+        _hw("arc-a770-16gb", "llama.cpp-sycl")["prefill_gemm_flops"]
+    amd = _hw("rx-9070-xt", "llama.cpp-vulkan")
+    assert amd["prefill_expert_flops"] == amd["prefill_gemm_flops"]
+
+
+def test_vulkan_decode_on_alchemist_reads_at_the_measured_share():
+    """issue #17628: Llama-3.1-8B Q4_K_M (4.918 GB) at 42 t/s on an A770 = 0.37 of 560 GB/s."""
+    hw = _hw("arc-a770-16gb", "llama.cpp-vulkan")
+    assert hw["gpu_bw"] == pytest.approx(560.0 * GB * 0.37)
+    assert math.isclose(42 * 4.918 / 560.0, 0.37, abs_tol=0.005)
+    # Battlemage under Vulkan and the A770 under SYCL keep the runtime's GDDR share
+    d = runtime("llama.cpp").decode
+    assert _hw("arc-b580", "llama.cpp-vulkan")["gpu_bw"] == pytest.approx(456.0 * GB * d.gddr_bw_eff)
+    assert _hw("arc-a770-16gb", "llama.cpp")["gpu_bw"] == pytest.approx(560.0 * GB * d.gddr_bw_eff)
+
+
+def _one_layer(eb: float, ef: float, q: np.ndarray) -> dict:
+    return dict(layers=np.array([0]), moe_rows=np.array([0]), q=q[None, :], mode=np.array([0]),
+                gpu_share=np.array([1.0]), eb=np.array([eb]), ef=np.array([ef]), layer_experts=np.array([len(q)]))
+
+
+def test_token_by_token_mul_mat_id_streams_the_expert_per_pair():
+    """A 2023 build reads an expert's weights once per token-expert pair (PR #4406); later builds once per
+    distinct expert per ubatch. 8 experts, top-2, uniform routing, a 16-token ubatch: 32 pairs, and
+    8 x (1 - (6/8)^16) = 7.920 distinct experts."""
+    q = np.full(8, 2 / 8)
+    eb, ef, bw, gemm = 1e8, 2e8, 4e11, 5e12
+    hw = dict(gpu_bw=bw, host_bw=bw, pcie_bw=bw, pcie_links=1, overlap=0, amx_flops=0.0, sync_s=0.0)
+    dm = dict(amx_flops_per_cycle=0.0)
+    grouped = _expert_times(_one_layer(eb, ef, q), dm, hw, 16, 2, gemm, 1e12, None, layerwise=False, offload=False)
+    rowwise = _expert_times(_one_layer(eb, ef, q), dm, hw, 16, 2, gemm, 1e12, None, layerwise=False, offload=False,
+                            rowwise=True)
+    distinct = 8 * (1 - (6 / 8) ** 16)
+    assert grouped[0] == pytest.approx(distinct * eb / bw + 32 * ef / gemm)
+    assert rowwise[0] == pytest.approx(32 * eb / bw + 32 * ef / gemm)
+
+
+def test_the_2023_profile_reads_per_pair_on_the_gpu_only():
+    assert runtime("llama.cpp-2023").decode.moe_rowwise_prefill
+    assert not runtime("llama.cpp-2024h1").decode.moe_rowwise_prefill
+    assert _hw("m2-max", "llama.cpp-2023", model="mixtral-8x7b")["gpu_moe_rowwise"] == 1
+    assert _hw("m2-max", "llama.cpp", model="mixtral-8x7b")["gpu_moe_rowwise"] == 0
+    m = moesim.model("mixtral-8x7b")
+    mach = moesim.machine(gpu="m2-max")
+    cpu = lower_machine(mach, runtime("llama.cpp-2023"), parse_placement("cpu-only", m, mach),
+                        Q.kernel_mix(m, Q.resolve("Q4_0", m)))
+    assert cpu["gpu_moe_rowwise"] == 0       # the CPU grouped rows by expert from PR #4480 (Dec 2023)
+
+
+def _row(notes: str, gpu: str = "arc-a770-16gb", model: str = "qwen3-30b-a3b", quant: str = "Q4_K_M") -> dict:
+    return dict(id="T-1", quality="A", model=model, quant=quant, runtime="llama.cpp", gpu=gpu, gpus="1",
+                placement="all-gpu", batch="1", prompt_tokens="512", decode_tok_s="10", notes=notes)
+
+
+@pytest.mark.parametrize("notes,rid", [
+    ("Vulkan backend; ngl 99", "llama.cpp-vulkan"),
+    ("backend llama.cpp-vulkan_amdvlk; ngl 99", "llama.cpp-vulkan"),
+    ("backend llama.cpp-hip", "llama.cpp-hip"),
+    ("a SHIP model; worship", "llama.cpp"),
+    ("IPEX-LLM portable llama.cpp build (SYCL)", "llama.cpp-sycl"),
+    ("HIP (ROCm) backend", "llama.cpp-hip"),
+    ("an AMD card, no backend named", "llama.cpp"),
+    ("Vulkan backend with the PR; Mar 2024 build", "llama.cpp-2024h1-vulkan"),
+    ("llama.cpp build 9fb13f9 (Dec 2023, Metal, all layers)", "llama.cpp-2023"),
+])
+def test_validate_reads_the_backend_and_era_from_the_notes(notes, rid):
+    assert build(_row(notes)).runtime == rid
