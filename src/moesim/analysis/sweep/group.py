@@ -4,14 +4,12 @@ memory tables over layer kinds (``_kernel.SweepMemory``; candidate weights per t
 kernel) and its decode variants (:mod:`.variants`), grown on demand."""
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from ...engine.codes import POLICIES
 from ...engine.lower.attention import kv_read_fn, score_fn
 from ...engine.lower.placement import memory_configs, memory_tables
-from ...engine.lower.memory import configure, lower
+from ...engine.lower.memory import configure, kv_columns_key, lower
 from ...engine.memory import evaluate
 from ...spec import quants as Q
 from .spec import OPTION_AXES, machine_label
@@ -20,10 +18,21 @@ from .variants import DecodeVariants
 
 
 
-# Lowered pieces that depend on the model, quant and KV dtype only, shared by every machine's group.
-@functools.lru_cache(maxsize=1024)
+# Lowered pieces that depend on the model and KV dtype only, shared by every quant's and machine's group.
 def _kv_bytes_per_token(low, cfg: tuple) -> float:
-    return float(evaluate(low, dict(cfg))["kv_bytes_per_token"][0])
+    """The memory kernel's cache bytes per token (ms_memory.c account's slope): it reads the lowered
+    model's cache columns and MTP modules alone, which every quant of a model shares, so the kernel runs
+    once per model, KV dtype and configuration rather than once per quant."""
+    key = (kv_columns_key(low), int(low.mtp_layers), cfg)
+    hit = _KV_PER_TOKEN.get(key)
+    if hit is None:
+        if len(_KV_PER_TOKEN) > 4096:
+            _KV_PER_TOKEN.clear()
+        hit = _KV_PER_TOKEN[key] = float(evaluate(low, dict(cfg))["kv_bytes_per_token"][0])
+    return hit
+
+
+_KV_PER_TOKEN: dict = {}
 
 
 def _layer_functions(m, low, kvb: float) -> tuple:

@@ -62,8 +62,20 @@ def _score_row(m: Model, context: int) -> np.ndarray:
 
 @functools.lru_cache(maxsize=1024)
 def prefill_kv_read(m: Model, low, kvb: float) -> tuple:
-    """(per-layer context functions of the KV bytes one sequence reads, :func:`query_heads_per_kv`)."""
-    return tuple(kv_read_fn(m, low, l, kvb) for l in range(m.n_layers)), query_heads_per_kv(m)
+    """(per-layer context functions of the KV bytes one sequence reads, :func:`query_heads_per_kv`).
+    They read the lowered model's cache columns alone, which every quant of a model shares: built once
+    per distinct set of columns (lower.memory.kv_columns_key), not once per quant."""
+    from .memory import kv_columns_key
+    key = (m, kv_columns_key(low), kvb)
+    hit = _KV_READ.get(key)
+    if hit is None:
+        if len(_KV_READ) > 1024:
+            _KV_READ.clear()
+        hit = _KV_READ[key] = (tuple(kv_read_fn(m, low, l, kvb) for l in range(m.n_layers)), query_heads_per_kv(m))
+    return hit
+
+
+_KV_READ: dict = {}             # (model, cache columns, KV bytes per element) -> prefill_kv_read's value
 
 
 @functools.lru_cache(maxsize=1024)
