@@ -31,7 +31,8 @@ from pathlib import Path
 
 MAGIC = b"moesim-lowering-cache 1\n"
 # namespace -> the most entries one file keeps (user-supplied profiles and seeds cannot grow it unbounded)
-NAMESPACES = {"catalog": 64, "model": 1024, "params": 1024, "layer_params": 1024, "lowered": 8192, "kernel_mix": 8192, "routing": 512, "window": 128}
+NAMESPACES = {"catalog": 64, "model": 1024, "params": 1024, "layer_params": 1024, "lowered": 8192, "kernel_mix": 8192, "routing": 512, "window": 128,
+              "tier_weights": 8192}
 KEEP_FINGERPRINTS = 4          # folders of other fingerprints (other versions, edited code) kept beside this one
 _PKG = Path(__file__).resolve().parent
 # the files whose contents make the cached values: the catalog, the spec layer (parsing, quantization

@@ -71,11 +71,24 @@ def _lower_cached(model: Model, q: Q.Quant, indexer_bytes: float) -> LoweredMode
     key = Q.lowering_key(model, q, float(indexer_bytes))
     packed = _lowering_cache.get("lowered", key) if key is not None else None
     if packed is not None:
-        return _unpack(packed)
-    low = _lower(model, q, indexer_bytes)
+        low = _unpack(packed)
+    else:
+        low = _lower(model, q, indexer_bytes)
+        if key is not None:
+            _lowering_cache.put("lowered", key, _pack(low))
     if key is not None:
-        _lowering_cache.put("lowered", key, _pack(low))
+        _KEYS[id(low)] = (low, key)             # holds the lowering, so its id stays its own
     return low
+
+
+_KEYS: dict = {}                # id(lowered model) -> (it, its lowering-cache key): lowering_key_of
+
+
+def lowering_key_of(low) -> "tuple | None":
+    """The persistent lowering cache's key of a lowered model :func:`lower` made (None: not a catalog
+    model's, or made elsewhere): tables computed from it alone may be kept under it."""
+    hit = _KEYS.get(id(low))
+    return hit[1] if hit is not None and hit[0] is low else None
 
 
 _PACKED_LAYERS = ("attn", "router", "shared", "expert_one", "dense")   # float64 per layer, one [5, L] array
