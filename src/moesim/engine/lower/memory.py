@@ -153,7 +153,15 @@ def kv_columns_key(low) -> tuple:
     """A hashable key of a lowered model's cache columns (KV_COLUMNS: dtype and bytes of each): equal for
     every quant of a model (they share :func:`_kv_columns`), so tables that read these columns alone are
     built once per model instead of once per quant."""
-    return tuple((a.dtype.str, a.tobytes()) for a in (getattr(low, f) for f in KV_COLUMNS))
+    hit = _KV_KEYS.get(id(low))
+    if hit is None or hit[0] is not low:
+        if len(_KV_KEYS) > 8192:
+            _KV_KEYS.clear()
+        hit = _KV_KEYS[id(low)] = (low, tuple((a.dtype.str, a.tobytes()) for a in (getattr(low, f) for f in KV_COLUMNS)))
+    return hit[1]
+
+
+_KV_KEYS: dict = {}             # id(lowered model) -> (it, kv_columns_key): held, so the id stays its own
 
 
 _PER_LAYER = ("attention", "router", "shared_experts", "routed_experts", "dense_ffn")
