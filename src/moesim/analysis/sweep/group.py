@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...engine.codes import POLICIES
-from ...engine.lower.attention import kv_read_fn, score_fn
+from ...engine.lower.attention import kv_read_fns, score_fns
 from ...engine.lower.placement import memory_configs, memory_tables
 from ...engine.lower.memory import configure, kv_columns_key, lower
 from ...engine.memory import evaluate
@@ -52,8 +52,8 @@ _LAYER_FUNCTIONS: dict = {}                 # (model, KV bytes per element, inde
 
 def _build_layer_functions(m, low, kvb: float) -> tuple:
     fns: dict = {}
-    layer_fn = np.array([fns.setdefault((kv_read_fn(m, low, l, kvb), score_fn(layer)), len(fns))
-                         for l, layer in enumerate(m.layers)], dtype=np.int32)
+    layer_fn = np.array([fns.setdefault(pair, len(fns)) for pair in zip(kv_read_fns(m, low, kvb), score_fns(m))],
+                        dtype=np.int32)
     fns = tuple(fns)
     # the function table as ms_sweep_decode_t's columns (5 coefficients, 4 caps each)
     tables = dict(fn_kv_f=np.array([f[0][0] for f in fns]).reshape(-1, 5),

@@ -57,7 +57,13 @@ def prefill_score_flops(m: Model, prompt: int, depth: int = 0) -> np.ndarray:
 
 @functools.lru_cache(maxsize=4096)
 def _score_row(m: Model, context: int) -> np.ndarray:
-    return np.array([_score_flops(layer, context) for layer in m.layers])
+    return np.array([ctx_eval(fn, context) for fn in score_fns(m)])
+
+
+@functools.lru_cache(maxsize=1024)
+def score_fns(m: Model) -> tuple:
+    """:func:`score_fn` of every layer of *m*."""
+    return tuple(score_fn(layer) for layer in m.layers)
 
 
 @functools.lru_cache(maxsize=1024)
