@@ -53,5 +53,28 @@ def main(argv=None) -> int:
         return 3
 
 
+def run(argv=None):
+    """The process's entry point (``python -m moesim``, the ``moesim`` script): :func:`main`, then the
+    exit a normal one makes -- the standard streams flushed, the atexit handlers run (the lowering cache
+    writes there) -- without the interpreter's teardown, which frees every object the command built one
+    by one (~0.2 s CPU after a rank over the catalog) and returns nothing to the user. With other Python
+    threads still running (whom a normal exit would wait for) the exit is the normal one."""
+    code = main(argv)
+    import threading
+    if threading.active_count() > 1:
+        raise SystemExit(code)
+    try:
+        sys.stdout.flush()
+    except (BrokenPipeError, ValueError):     # a reader that went away, or a closed stream
+        pass
+    import atexit
+    atexit._run_exitfuncs()
+    try:
+        sys.stderr.flush()
+    except (BrokenPipeError, ValueError):
+        pass
+    os._exit(code if isinstance(code, int) else 1)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run()
