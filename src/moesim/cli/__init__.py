@@ -73,7 +73,7 @@ def run(argv=None):
         sys.stderr.flush()
     except (BrokenPipeError, ValueError):
         pass
-    os._exit(code if isinstance(code, int) else 1)
+    os._exit(0 if code is None else code if isinstance(code, int) else 1)     # as SystemExit(code) would
 
 
 if __name__ == "__main__":
