@@ -62,9 +62,14 @@ def run(argv=None):
 
     The cyclic garbage collector runs every 20,000 net allocations instead of 700: loading the lowering
     cache and lowering the catalog allocate in bursts of live objects, whose collections cost a first
-    rank ~90 ms CPU at the default (~20 ms here); cycles are still collected."""
+    rank ~90 ms CPU at the default (~20 ms here); cycles are still collected. And unless the environment
+    says otherwise, numpy's OpenBLAS worker threads sleep at once when idle (OPENBLAS_THREAD_TIMEOUT=4,
+    2^4 cycles, set before numpy loads) instead of spinning ~2^28 cycles after it loads: ~0.1 s of a
+    second core's CPU per command, for a program whose BLAS calls are few (the thread count and the
+    results are unchanged)."""
     import gc
     gc.set_threshold(20000, 10, 10)
+    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
     code = main(argv)
     import threading
     if threading.active_count() > 1:
