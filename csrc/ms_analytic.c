@@ -54,17 +54,35 @@ static double che_hits(const double *p, int32_t E, double capacity, double *a)
 
 /* ------------------------------------------------------------------------- token memory (windows) */
 
-/* log P(an expert is absent from n consecutive tokens of one sequence) from its window row lq
- * (r->win_n nodes): linear in n between the nodes, the end segments extended beyond them. */
-static double window_lq(const ms_routing_t *r, const double *lq, double n)
+/* The segment of the window nodes r->win_n holding n (the end one beyond them): its nodes lo and hi,
+ * n - x[lo] and x[hi] - x[lo]. Every expert's row shares the nodes, so a sum over experts finds the
+ * segment once. */
+typedef struct {
+    int32_t lo, hi;
+    double dn, dx;
+} win_seg_t;
+
+static win_seg_t window_segment(const ms_routing_t *r, double n)
 {
     const double *x = r->win_n;
+    win_seg_t s;
     int32_t lo = 0, hi = r->n_window - 1;
     while (hi - lo > 1) {               /* the segment [x[lo], x[hi]] holding n (or the end one) */
         int32_t mid = (lo + hi) / 2;
         if (x[mid] < n) lo = mid; else hi = mid;
     }
-    return lq[lo] + (lq[hi] - lq[lo]) * (n - x[lo]) / (x[hi] - x[lo]);
+    s.lo = lo;
+    s.hi = hi;
+    s.dn = n - x[lo];
+    s.dx = x[hi] - x[lo];
+    return s;
+}
+
+/* log P(an expert is absent from n consecutive tokens of one sequence) from its window row lq at n's
+ * segment s: linear in n between the nodes, the end segments extended beyond them. */
+static double window_lq(const double *lq, win_seg_t s)
+{
+    return lq[s.lo] + (lq[s.hi] - lq[s.lo]) * s.dn / s.dx;
 }
 
 /* Expected experts of routing layer l absent from B sequences' n tokens each, summed: sum_e a_e(n) with
@@ -73,8 +91,9 @@ static double window_absent(const ms_routing_t *r, int32_t l, double B, double n
 {
     int32_t E = r->n_experts, W = r->n_window;
     const double *row = r->win_lq + (int64_t) l * E * W;
+    win_seg_t seg = window_segment(r, n);
     double s = 0.0;
-    for (int32_t e = 0; e < E; e++) s += exp(B * window_lq(r, row + (int64_t) e * W, n));
+    for (int32_t e = 0; e < E; e++) s += exp(B * window_lq(row + (int64_t) e * W, seg));
     return s;
 }
 
@@ -83,9 +102,10 @@ static double window_inclusion(const ms_routing_t *r, int32_t l, double B, doubl
 {
     int32_t E = r->n_experts, W = r->n_window;
     const double *row = r->win_lq + (int64_t) l * E * W;
+    win_seg_t seg = window_segment(r, tps);
     double D = 0.0;
     for (int32_t e = 0; e < E; e++) {
-        p[e] = 1.0 - exp(B * window_lq(r, row + (int64_t) e * W, tps));
+        p[e] = 1.0 - exp(B * window_lq(row + (int64_t) e * W, seg));
         D += p[e];
     }
     return D;

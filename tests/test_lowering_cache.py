@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import moesim
@@ -292,3 +293,36 @@ def test_concurrent_writers_leave_a_whole_file(tmp_path):
     assert entries and all(v == list(range(2000)) for v in entries.values())
     assert {k[0] for k in entries} <= {"0", "1", "2", "3"} and len(entries) >= 20
     assert not list(tmp_path.glob("lowering/*/.*.tmp"))
+
+
+def test_tier_weights_kept_under_the_lowering(cache):
+    """The weights per tier of llama.cpp's automatic placement candidates (engine.lower.placement) are kept
+    under the lowering's key, never a machine's: ``cache build`` fills them, a sweep on a machine the build
+    never saw loads them, and they are the memory kernel's bit for bit. A multi-GPU split (gpu_ways > 1)
+    is not kept."""
+    from moesim.analysis.lowering_build import build
+    from moesim.analysis.sweep import Plan
+    from moesim.analysis.sweep.spec import build_spec, normalize_spec
+    from moesim.engine.lower import placement as P
+    P._candidate_weights.cache_clear()
+    built = build(["olmoe-1b-7b"])
+    assert built["cache"]["namespaces"]["tier_weights"]["entries"] >= 7
+    LC.reset()
+    P._candidate_weights.cache_clear()
+    plan = Plan(normalize_spec(build_spec(models=["olmoe-1b-7b"], quants=["Q4_K_M", "Q2_K", "Q8_0"],
+                                          machines=[dict(gpu="rtx-3090", host="ddr4-3200x2", host_mem_gb=32),
+                                                    dict(gpu="h200", gpus=4)],
+                                          runtimes=["llama.cpp"], contexts=[4096], batches=[1])))
+    n = 0
+    for g in range(plan.n_groups):
+        grp = plan.group(g)
+        full, _ = grp.plan.shared(("mem_cfg", grp.ix["models"], grp.ix["machines"], id(grp.rt), grp.kv, 0), None)
+        rest = tuple(sorted((k, tuple(v) if k == "gpu_ways" else v) for k, v in full[0].items()
+                            if k not in P._PROBE_KEYS))
+        kernel = P._kernel_weights(grp.low, P._placed(tuple(grp.cands)), rest, 0, "c")
+        for k, v in kernel.items():
+            assert np.array_equal(grp.mem_tables["places"][k], v), (grp.labels, k)
+        n += 1
+    assert n == 6
+    hits, misses = LC.stats()["hits"].get("tier_weights", 0), LC.stats()["misses"].get("tier_weights", 0)
+    assert hits == 3 and misses == 0          # the 4-GPU machine's split is computed, not kept

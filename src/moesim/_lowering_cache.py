@@ -2,8 +2,9 @@
 
 What it holds: values that are pure functions of the catalog's files (their parsed TOML), a catalog entry, a quantization, a KV or indexer dtype,
 a routing profile and seed, and moesim's own code -- parsed catalog models, parameter counts, per-layer
-byte arrays (``engine.lower.memory``), kernel mixes (``spec.quants``) and routing tables
-(``engine.lower.routing``). Never a machine's numbers: those change with every command. A new process
+byte arrays (``engine.lower.memory``), kernel mixes (``spec.quants``), routing tables
+(``engine.lower.routing``) and the weights per tier of a lowering's placement candidates
+(``engine.lower.placement``: a placement's split of the weights depends on no machine). Never a machine's numbers: those change with every command. A new process
 loads these instead of lowering the catalog again (``moesim cache build`` fills it ahead of time).
 
 Where: ``$MOESIM_CACHE_DIR``, else ``$XDG_CACHE_HOME/moesim``, else ``~/.cache/moesim``;
@@ -31,7 +32,8 @@ from pathlib import Path
 
 MAGIC = b"moesim-lowering-cache 1\n"
 # namespace -> the most entries one file keeps (user-supplied profiles and seeds cannot grow it unbounded)
-NAMESPACES = {"catalog": 64, "model": 1024, "params": 1024, "layer_params": 1024, "lowered": 8192, "kernel_mix": 8192, "routing": 512, "window": 128}
+NAMESPACES = {"catalog": 64, "model": 1024, "params": 1024, "layer_params": 1024, "lowered": 8192, "kernel_mix": 8192, "routing": 512, "window": 128,
+              "tier_weights": 8192}
 KEEP_FINGERPRINTS = 4          # folders of other fingerprints (other versions, edited code) kept beside this one
 _PKG = Path(__file__).resolve().parent
 # the files whose contents make the cached values: the catalog, the spec layer (parsing, quantization

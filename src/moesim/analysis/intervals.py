@@ -259,7 +259,7 @@ def fill_sweep(cols: dict, s0: int, s1: int, machine, runtime, placement_labels)
     The regime varies only with the placement (the group fixes machine and runtime): one multiplier
     per placement code the rows hold (labels *placement_labels*), indexed by each row's code."""
     place = cols["placement"][s0:s1]
-    lut = _multipliers(machine, runtime, placement_labels, np.unique(place).tolist())
+    lut = _multipliers(machine, runtime, placement_labels, sorted(set(place.tolist())))   # np.unique imports numpy.ma
     for f in FIELDS:
         cols[f][s0:s1] = cols[f.rsplit("_", 1)[0]][s0:s1] * lut[f][place]
 

@@ -35,6 +35,31 @@ def _ladder(m) -> list:
     return list(dict.fromkeys(out))
 
 
+def _tier_weights(m, q, low) -> None:
+    """The weights per tier of llama.cpp's automatic placement candidates (engine.lower.placement), which
+    rank's memory tables read for every GGUF quant: they depend on no machine (a one-GPU machine only
+    supplies the probe's configuration)."""
+    from ..engine.lower.memory import default_kv_dtype
+    from ..engine.lower.placement import _weights, memory_configs, placement_candidates
+    from ..spec.hardware import machine
+    from ..spec.runtimes import default_runtime
+    mach = _PROBE_MACHINE.get("m")
+    if mach is None:
+        mach = _PROBE_MACHINE["m"] = machine(gpu="rtx-4090", host="ddr5-6000x2", host_mem_gb=64)
+    rt = default_runtime(q, mach)
+    if not rt.llama_cpp_family:
+        return
+    kv = Q.canonical_kv_dtype(default_kv_dtype(q, rt, m))
+    if Q.indexer_dtype_bytes(kv) != Q.indexer_dtype_bytes(None):
+        return                          # another lowering than the one built (an fp4 indexer cache)
+    cands, _ = placement_candidates(m, mach, rt, "auto")
+    full, _ = memory_configs(m, low, mach, rt, kv, 0)
+    _weights(low, tuple(cands), full[0], 0)
+
+
+_PROBE_MACHINE: dict = {}
+
+
 def build(models=None) -> dict:
     """Lower *models* (catalog ids; default: the whole catalog) and write the cache; returns what was
     done: models, configurations lowered, seconds, and :func:`moesim._lowering_cache.info`. A MoesimError
@@ -59,8 +84,9 @@ def build(models=None) -> dict:
                 Q.check_applicable(m, q)
             except MoesimError:
                 continue
-            lower(m, q)
+            low = lower(m, q)
             Q.kernel_mix(m, q)
+            _tier_weights(m, q, low)
             configs += 1
     written = _lowering_cache.flush()
     return {"models": len(ids), "configurations": configs, "files_written": written,

@@ -4,14 +4,12 @@ memory tables over layer kinds (``_kernel.SweepMemory``; candidate weights per t
 kernel) and its decode variants (:mod:`.variants`), grown on demand."""
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from ...engine.codes import POLICIES
-from ...engine.lower.attention import kv_read_fn, score_fn
+from ...engine.lower.attention import kv_read_fns, score_fns
 from ...engine.lower.placement import memory_configs, memory_tables
-from ...engine.lower.memory import configure, lower
+from ...engine.lower.memory import configure, kv_columns_key, lower
 from ...engine.memory import evaluate
 from ...spec import quants as Q
 from .spec import OPTION_AXES, machine_label
@@ -20,10 +18,21 @@ from .variants import DecodeVariants
 
 
 
-# Lowered pieces that depend on the model, quant and KV dtype only, shared by every machine's group.
-@functools.lru_cache(maxsize=1024)
+# Lowered pieces that depend on the model and KV dtype only, shared by every quant's and machine's group.
 def _kv_bytes_per_token(low, cfg: tuple) -> float:
-    return float(evaluate(low, dict(cfg))["kv_bytes_per_token"][0])
+    """The memory kernel's cache bytes per token (ms_memory.c account's slope): it reads the lowered
+    model's cache columns and MTP modules alone, which every quant of a model shares, so the kernel runs
+    once per model, KV dtype and configuration rather than once per quant."""
+    key = (kv_columns_key(low), int(low.mtp_layers), cfg)
+    hit = _KV_PER_TOKEN.get(key)
+    if hit is None:
+        if len(_KV_PER_TOKEN) > 4096:
+            _KV_PER_TOKEN.clear()
+        hit = _KV_PER_TOKEN[key] = float(evaluate(low, dict(cfg))["kv_bytes_per_token"][0])
+    return hit
+
+
+_KV_PER_TOKEN: dict = {}
 
 
 def _layer_functions(m, low, kvb: float) -> tuple:
@@ -43,8 +52,8 @@ _LAYER_FUNCTIONS: dict = {}                 # (model, KV bytes per element, inde
 
 def _build_layer_functions(m, low, kvb: float) -> tuple:
     fns: dict = {}
-    layer_fn = np.array([fns.setdefault((kv_read_fn(m, low, l, kvb), score_fn(layer)), len(fns))
-                         for l, layer in enumerate(m.layers)], dtype=np.int32)
+    layer_fn = np.array([fns.setdefault(pair, len(fns)) for pair in zip(kv_read_fns(m, low, kvb), score_fns(m))],
+                        dtype=np.int32)
     fns = tuple(fns)
     # the function table as ms_sweep_decode_t's columns (5 coefficients, 4 caps each)
     tables = dict(fn_kv_f=np.array([f[0][0] for f in fns]).reshape(-1, 5),

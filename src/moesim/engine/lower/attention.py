@@ -39,7 +39,7 @@ def _kv_read_row(model: Model, low, context: int, kvb: float) -> np.ndarray:
     key = (model, kv_columns_key(low), context, kvb)
     hit = _KV_READ_ROWS.get(key)
     if hit is None:                          # a race builds equal rows twice
-        hit = np.array([_kv_read_bytes(model, low, l, context, kvb) for l in range(model.n_layers)])
+        hit = np.array([ctx_eval(fn, context) for fn in kv_read_fns(model, low, kvb)])
         hit.flags.writeable = False
         _KV_READ_ROWS[key] = hit
     return hit
@@ -57,13 +57,31 @@ def prefill_score_flops(m: Model, prompt: int, depth: int = 0) -> np.ndarray:
 
 @functools.lru_cache(maxsize=4096)
 def _score_row(m: Model, context: int) -> np.ndarray:
-    return np.array([_score_flops(layer, context) for layer in m.layers])
+    return np.array([ctx_eval(fn, context) for fn in score_fns(m)])
+
+
+@functools.lru_cache(maxsize=1024)
+def score_fns(m: Model) -> tuple:
+    """:func:`score_fn` of every layer of *m*."""
+    return tuple(score_fn(layer) for layer in m.layers)
 
 
 @functools.lru_cache(maxsize=1024)
 def prefill_kv_read(m: Model, low, kvb: float) -> tuple:
-    """(per-layer context functions of the KV bytes one sequence reads, :func:`query_heads_per_kv`)."""
-    return tuple(kv_read_fn(m, low, l, kvb) for l in range(m.n_layers)), query_heads_per_kv(m)
+    """(per-layer context functions of the KV bytes one sequence reads, :func:`query_heads_per_kv`).
+    They read the lowered model's cache columns alone, which every quant of a model shares: built once
+    per distinct set of columns (lower.memory.kv_columns_key), not once per quant."""
+    from .memory import kv_columns_key
+    key = (m, kv_columns_key(low), kvb)
+    hit = _KV_READ.get(key)
+    if hit is None:
+        if len(_KV_READ) > 1024:
+            _KV_READ.clear()
+        hit = _KV_READ[key] = (kv_read_fns(m, low, kvb), query_heads_per_kv(m))
+    return hit
+
+
+_KV_READ: dict = {}             # (model, cache columns, KV bytes per element) -> prefill_kv_read's value
 
 
 @functools.lru_cache(maxsize=1024)
@@ -98,18 +116,40 @@ def _cap(value) -> int:
 
 def kv_read_fn(m, low, l: int, kvb: float) -> tuple:
     """KV / state bytes one sequence reads per step in layer l, as a context function."""
-    a = m.layers[l].attention
+    return kv_read_fns(m, low, kvb)[l]
+
+
+def kv_read_fns(m, low, kvb: float) -> tuple:
+    """:func:`kv_read_fn` of every layer. They read the lowered model's cache columns alone, which every
+    quant of a model shares: built once per model, set of columns and KV bytes per element."""
+    key = (m, kv_columns_key(low), kvb)
+    hit = _KV_FNS.get(key)
+    if hit is None:                          # a race builds equal tuples twice
+        cols = [getattr(low, f).tolist() for f in ("kv_elems", "kv_fixed", "kv_cap", "kv_ratio", "kv_ratio_elems",
+                                                    "kv_ratio_fixed", "kv_state")]
+        hit = tuple(_kv_read_fn(layer.attention, kvb, *(c[l] for c in cols)) for l, layer in enumerate(m.layers))
+        if len(_KV_FNS) > 4096:
+            _KV_FNS.clear()
+        _KV_FNS[key] = hit
+    return hit
+
+
+_KV_FNS: dict = {}                       # (model, cache columns, KV bytes per element) -> kv_read_fns
+
+
+def _kv_read_fn(a, kvb: float, elems: float, fixed: float, cap: int, ratio: int, ratio_elems: float,
+                ratio_fixed: float, state: float) -> tuple:
+    """One layer's KV read function from its cache columns (Python numbers: the same doubles)."""
     if a.kind == "mla" and a.index_heads:
-        return (float(low.kv_fixed[l]), float(low.kv_elems[l] * kvb), 0.0, 0.0, 0.0), (_NOCAP, a.index_topk, 0, _NOCAP)
-    cap = int(low.kv_cap[l])
-    ratio = int(low.kv_ratio[l])
-    a1 = float(low.kv_elems[l] * kvb + low.kv_fixed[l])
+        return (float(fixed), float(elems * kvb), 0.0, 0.0, 0.0), (_NOCAP, a.index_topk, 0, _NOCAP)
+    cap, ratio = int(cap), int(ratio)
+    a1 = float(elems * kvb + fixed)
     b1 = b2 = 0.0
     k1 = _NOCAP
     if ratio > 0:
-        b1, b2 = float(low.kv_ratio_elems[l] * kvb), float(low.kv_ratio_fixed[l])
+        b1, b2 = float(ratio_elems * kvb), float(ratio_fixed)
         k1 = _cap(compressed_topk(a, ratio))
-    return (a1, 0.0, b1, b2, float(low.kv_state[l])), (cap if cap > 0 else _NOCAP, _NOCAP, max(ratio, 0), k1)
+    return (a1, 0.0, b1, b2, float(state)), (cap if cap > 0 else _NOCAP, _NOCAP, ratio if ratio > 0 else 0, k1)
 
 
 def score_fn(layer) -> tuple:

@@ -173,21 +173,39 @@ def _attention_on_gpu(p: Placement, L: int, cpu_only: bool) -> np.ndarray:
 def _expert_modes(m: Model, p: Placement, on_gpu, cpu_only: bool, op_offload: bool, cache_slots) -> tuple:
     """(mode, GPU slots, MoE index) per layer; dense layers keep mode EXP_NONE and index -1. With op
     offload, CPU-resident experts of GPU layers are fetched instead: llama.cpp sends >= 32-token steps'
-    CPU expert matmuls to the GPU, copying the used experts each step (RT §1.1)."""
+    CPU expert matmuls to the GPU, copying the used experts each step (RT §1.1). :func:`_expert_mode`
+    per MoE layer, as arrays: only n-cpu-moe and layers-gpu depend on the layer."""
     L, E = m.n_layers, m.n_experts
-    mode = np.zeros(L, dtype=np.int32)
-    slots = np.zeros(L, dtype=np.int32)
-    moe_index = np.full(L, -1, dtype=np.int32)
-    j = 0
-    for l, layer in enumerate(m.layers):
-        if layer.ffn.kind != "moe":
-            continue
-        moe_index[l] = j
-        j += 1
-        mode[l], slots[l] = _expert_mode(p, l, on_gpu, E, cpu_only, cache_slots)
-        if op_offload and mode[l] == EXP_CPU and on_gpu[l]:
-            mode[l], slots[l] = EXP_FETCH, 0
-    return mode, slots, moe_index
+    moe, moe_index = _moe_layers(m)
+    on = np.asarray(on_gpu) != 0
+    if not cpu_only and p.kind == "n-cpu-moe":
+        mode = np.where(np.arange(L) < p.arg, EXP_CPU, EXP_GPU).astype(np.int32)
+        slots = np.zeros(L, dtype=np.int32)
+    elif not cpu_only and p.kind == "layers-gpu":
+        mode = np.where(on, EXP_GPU, EXP_CPU).astype(np.int32)
+        slots = np.zeros(L, dtype=np.int32)
+    else:
+        one_mode, one_slots = _expert_mode(p, 0, on_gpu, E, cpu_only, cache_slots)
+        mode = np.full(L, one_mode, dtype=np.int32)
+        slots = np.full(L, one_slots, dtype=np.int32)
+    mode[~moe] = EXP_NONE
+    slots[~moe] = 0
+    if op_offload:
+        fetch = (mode == EXP_CPU) & on
+        mode[fetch] = EXP_FETCH
+        slots[fetch] = 0
+    return mode, slots, moe_index.copy()
+
+
+@functools.lru_cache(maxsize=1024)
+def _moe_layers(m: Model) -> tuple:
+    """(which layers have routed experts, each one's MoE index or -1), read-only."""
+    moe = np.array([layer.ffn.kind == "moe" for layer in m.layers], dtype=bool)
+    moe_index = np.full(m.n_layers, -1, dtype=np.int32)
+    moe_index[moe] = np.arange(int(moe.sum()), dtype=np.int32)
+    moe.flags.writeable = False
+    moe_index.flags.writeable = False
+    return moe, moe_index
 
 
 def _expert_mode(p: Placement, l: int, on_gpu, E: int, cpu_only: bool, cache_slots) -> tuple:

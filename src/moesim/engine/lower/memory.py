@@ -71,11 +71,24 @@ def _lower_cached(model: Model, q: Q.Quant, indexer_bytes: float) -> LoweredMode
     key = Q.lowering_key(model, q, float(indexer_bytes))
     packed = _lowering_cache.get("lowered", key) if key is not None else None
     if packed is not None:
-        return _unpack(packed)
-    low = _lower(model, q, indexer_bytes)
+        low = _unpack(packed)
+    else:
+        low = _lower(model, q, indexer_bytes)
+        if key is not None:
+            _lowering_cache.put("lowered", key, _pack(low))
     if key is not None:
-        _lowering_cache.put("lowered", key, _pack(low))
+        _KEYS[id(low)] = (low, key)             # holds the lowering, so its id stays its own
     return low
+
+
+_KEYS: dict = {}                # id(lowered model) -> (it, its lowering-cache key): lowering_key_of
+
+
+def lowering_key_of(low) -> "tuple | None":
+    """The persistent lowering cache's key of a lowered model :func:`lower` made (None: not a catalog
+    model's, or made elsewhere): tables computed from it alone may be kept under it."""
+    hit = _KEYS.get(id(low))
+    return hit[1] if hit is not None and hit[0] is low else None
 
 
 _PACKED_LAYERS = ("attn", "router", "shared", "expert_one", "dense")   # float64 per layer, one [5, L] array
@@ -140,7 +153,15 @@ def kv_columns_key(low) -> tuple:
     """A hashable key of a lowered model's cache columns (KV_COLUMNS: dtype and bytes of each): equal for
     every quant of a model (they share :func:`_kv_columns`), so tables that read these columns alone are
     built once per model instead of once per quant."""
-    return tuple((a.dtype.str, a.tobytes()) for a in (getattr(low, f) for f in KV_COLUMNS))
+    hit = _KV_KEYS.get(id(low))
+    if hit is None or hit[0] is not low:
+        if len(_KV_KEYS) > 8192:
+            _KV_KEYS.clear()
+        hit = _KV_KEYS[id(low)] = (low, tuple((a.dtype.str, a.tobytes()) for a in (getattr(low, f) for f in KV_COLUMNS)))
+    return hit[1]
+
+
+_KV_KEYS: dict = {}             # id(lowered model) -> (it, kv_columns_key): held, so the id stays its own
 
 
 _PER_LAYER = ("attention", "router", "shared_experts", "routed_experts", "dense_ffn")

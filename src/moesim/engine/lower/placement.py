@@ -11,6 +11,7 @@ import functools
 
 import numpy as np
 
+from ... import _lowering_cache
 from ...spec.hardware import Machine
 from ...spec.placement import Placement, parse as parse_placement
 from ..codes import (CLASS_BUFFERS, CLASS_MTP, CLASS_ROUTED, SWEEP_AUTO_KT, SWEEP_AUTO_LLAMA, SWEEP_FIXED, TIER_GPU,
@@ -111,6 +112,52 @@ def _candidate_weights(low, placed: tuple, rest: tuple, mtp: int, engine: str) -
     GPU, which is exactly when it reserves GPU compute buffers -- read from a probe of one GPU with one
     byte of fixed buffer (weights do not depend on GPU count, buffers or capacities; capacities of 0
     make the kernel's max-context/max-batch searches stop at once)."""
+    pkey = _tier_weights_key(low, placed, dict(rest), mtp) if engine == "c" else None
+    if pkey is not None:
+        packed = _lowering_cache.get("tier_weights", pkey)
+        if packed is not None:
+            return _unpack_weights(packed)
+    out = _kernel_weights(low, placed, rest, mtp, engine)
+    if pkey is not None:
+        _lowering_cache.put("tier_weights", pkey, (np.stack([out["w_gpu"], out["w_host"], out["routed_host"]]),
+                                                   out["any_gpu"]))
+    return out
+
+
+def _tier_weights_key(low, placed: tuple, rest: dict, mtp: int) -> "tuple | None":
+    """The persistent lowering cache's key of :func:`_candidate_weights`' value, or None where it is not
+    kept: the weights per tier depend on the lowered model, the candidates, whether embeddings may sit on
+    the GPU and whether MTP modules load -- nothing of a machine (context, batch, capacities and buffers
+    are the probe's own). The busiest GPU's share depends on the split (gpu_ways): kept only for one
+    way per class, where it is w_gpu itself (each class divided by 1.0, summed in the same order)."""
+    from .memory import lowering_key_of
+    key = lowering_key_of(low)
+    if key is None or any(float(w) != 1.0 for w in rest["gpu_ways"]):
+        return None
+    return key + (_placed_digest(placed), int(rest["embed_on_gpu"]), int(mtp))
+
+
+def _placed_digest(placed: tuple) -> str:
+    """A short exact name of a candidate list (the automatic rules' lists run to hundreds of entries)."""
+    hit = _DIGESTS.get(placed)
+    if hit is None:
+        import hashlib
+        hit = _DIGESTS[placed] = hashlib.sha256(repr(placed).encode()).hexdigest()[:32]
+    return hit
+
+
+_DIGESTS: dict = {}
+
+
+def _unpack_weights(packed: tuple) -> dict:
+    sums, any_gpu = packed
+    sums.flags.writeable = False
+    any_gpu.flags.writeable = False
+    return {"w_gpu": sums[0], "w_host": sums[1], "w_gpu_one": sums[0], "routed_host": sums[2], "any_gpu": any_gpu}
+
+
+def _kernel_weights(low, placed: tuple, rest: tuple, mtp: int, engine: str) -> dict:
+    """:func:`_candidate_weights` from the memory kernel (or its twin)."""
     from ..memory import evaluate
     from .memory import config_columns
     n = len(placed)

@@ -119,7 +119,7 @@ def _lower_cached(dims: RoutingDims, prof: RoutingProfile, seed: int, prefetch: 
     return rt
 
 
-_DERIVED = ("q_tables", "hot")     # what the lowering cache leaves out and _unpack computes again (a third)
+_DERIVED = ("q_tables",)     # what the lowering cache leaves out and _unpack computes again (a third)
 
 
 def _pack(rt: dict) -> tuple:
@@ -133,8 +133,8 @@ def _unpack(packed: tuple, k: int) -> dict:
     if "q" not in kept:
         return {name: kept[name] for name in order}
     from .._kernel import q_tables
-    derived = {"q_tables": q_tables(kept["q"], k),
-               "hot": np.argsort(-kept["log_pop"], axis=1, kind="stable").astype(np.int32)}
+    # hot (experts by popularity) is kept: a stable argsort per profile costs more than its bytes load
+    derived = {"q_tables": q_tables(kept["q"], k)}
     return {name: derived[name] if name in derived else kept[name] for name in order}
 
 
