@@ -151,32 +151,42 @@ static double step_inclusion(const ms_routing_t *r, int32_t l, double toks, doub
     return D;
 }
 
-/* Expected LRU hit rate of a FETCH layer's `C` GPU slots (Che's approximation per scenario combination):
- * superposed request streams, combination j gives sequence b scenario (j + b) mod S. */
-static double lru_hit_rate(const ms_decode_model_t *m, const ms_routing_t *r, const ms_decode_config_t *c, ws_t *ws,
-                           int32_t l, double C)
+/* Expected LRU hit rate of routing layer l's `C` GPU slots (Che's approximation per scenario combination):
+ * superposed request streams, combination j gives sequence b scenario (j + b) mod S. Scratch: pc and che
+ * [E], lq [S][E]. */
+static double lru_hit_rate(const ms_routing_t *r, int32_t batch, int32_t tps, int32_t l, double C, double *pc,
+                           double *che, double *lq)
 {
     int32_t E = r->n_experts, S = r->n_scenarios;
     double hsum = 0.0, dsum = 0.0;
-    double *pc = ws->lt + m->n_layers;  /* E doubles after the per-layer times (ws_layout) */
     for (int32_t k = 0; k < S; k++)
         for (int32_t e = 0; e < E; e++)
-            ws->lq[(int64_t) k * E + e] = log1p(-fmin(r->q[((int64_t) k * r->n_layers + l) * E + e], 1.0 - 1e-16));
+            lq[(int64_t) k * E + e] = log1p(-fmin(r->q[((int64_t) k * r->n_layers + l) * E + e], 1.0 - 1e-16));
     for (int32_t j = 0; j < S; j++) {
         double dj = 0.0;
         for (int32_t e = 0; e < E; e++) {
             double lg = 0.0;
-            for (int32_t b = 0; b < c->batch && b < S; b++) {
-                int64_t reps = c->batch / S + (b < c->batch % S ? 1 : 0);
-                lg += (double) reps * ws->lq[(int64_t) ((j + b) % S) * E + e];
+            for (int32_t b = 0; b < batch && b < S; b++) {
+                int64_t reps = batch / S + (b < batch % S ? 1 : 0);
+                lg += (double) reps * lq[(int64_t) ((j + b) % S) * E + e];
             }
-            pc[e] = 1.0 - exp(c->tokens_per_step * lg);
+            pc[e] = 1.0 - exp(tps * lg);
             dj += pc[e];
         }
-        hsum += che_hits(pc, E, C, ws->che);
+        hsum += che_hits(pc, E, C, che);
         dsum += dj;
     }
     return dsum > 0.0 ? hsum / dsum : 0.0;
+}
+
+/* The LRU hit rate of routing layer l's C slots before the stickiness term: Che's approximation on the
+ * window tables (D: the step's distinct experts from window_inclusion), else per scenario combination.
+ * What ms_che_table tabulates and a FETCH layer without a table solves. */
+static double lru_layer(const ms_routing_t *r, int32_t l, int32_t batch, int32_t tps, double C, double D,
+                        double *pc, double *che, double *lq)
+{
+    if (r->win_lq) return D > 0.0 ? window_hits(r, l, (double) batch, (double) tps, C, D) / D : 0.0;
+    return lru_hit_rate(r, batch, tps, l, C, pc, che, lq);
 }
 
 /* Expected work of a FETCH layer i (routing layer l) from its inclusion probabilities: D experts a step,
@@ -185,16 +195,15 @@ static double fetch_layer(const ms_decode_model_t *m, const ms_routing_t *r, con
                           int32_t i, int32_t l, double D, double pinned_p, double free_p, layer_work_t *w)
 {
     double C = (double) m->slots[i], h, toks = (double) c->batch * c->tokens_per_step;
-    if (c->policy == MS_POLICY_LRU && r->win_lq) {
-        /* the windows hold the stickiness and memory: no separate sticky term */
-        h = D > 0.0 ? window_hits(r, l, (double) c->batch, (double) c->tokens_per_step, C, D) / D : 0.0;
-        w->n_fetch = D * (1.0 - h);
-    } else if (c->policy == MS_POLICY_LRU) {
-        double sigma;
-        h = lru_hit_rate(m, r, c, ws, l, C);
-        /* a sticky expert was used by the previous token: resident while C covers a step's set */
-        sigma = r->stickiness[l] * fmin(1.0, C / fmax(D, 1e-300));
-        h = sigma + (1.0 - sigma) * h;
+    if (c->policy == MS_POLICY_LRU) {
+        /* the table's entry when the caller tabulated this slot count (ms_che_table), else solved here */
+        h = c->che && c->che_slots == m->slots[i]
+            ? c->che[l] : lru_layer(r, l, c->batch, c->tokens_per_step, C, D, ws->lt + m->n_layers, ws->che, ws->lq);
+        if (!r->win_lq) {   /* the windows hold the stickiness and memory: no separate sticky term */
+            /* a sticky expert was used by the previous token: resident while C covers a step's set */
+            double sigma = r->stickiness[l] * fmin(1.0, C / fmax(D, 1e-300));
+            h = sigma + (1.0 - sigma) * h;
+        }
         w->n_fetch = D * (1.0 - h);
     } else {
         h = D > 0.0 ? pinned_p / D : 0.0;   /* static; LFU converges to the same set */
@@ -275,6 +284,9 @@ int ms_analytic(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_rou
     an_tally_t n = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
     int32_t n_moe = 0;
     if (c->policy == MS_POLICY_BELADY) return MS_ERR_BAD_POLICY;
+    if (c->che)
+        for (int32_t l = 0; l < r->n_layers; l++)
+            if (!(c->che[l] >= 0.0 && c->che[l] <= 1.0)) return MS_ERR_BAD_ROUTING;
     for (int32_t i = 0; i < m->n_layers; i++) {
         memset(&ws->work[i], 0, sizeof(ws->work[i]));
         if (m->moe_index[i] < 0 || m->expert_mode[i] == MS_EXP_NONE) continue;
@@ -287,5 +299,49 @@ int ms_analytic(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_rou
     out->reuse = n_moe ? n.reuse / n_moe : 0.0;
     out->hit_rate = n.loads > 0.0 ? n.hits / n.loads : -1.0;
     out->page_hit_rate = n.ploads > 0.0 ? n.phits / n.ploads : -1.0;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------- the LRU hit-rate table */
+
+int64_t ms_che_table_workspace_size(const ms_routing_t *r)
+{
+    int64_t E, S;
+    if (r == NULL || r->n_experts <= 0) return 0;
+    E = r->n_experts;
+    S = r->n_scenarios > 0 ? r->n_scenarios : 1;
+    return (3 * E + S * E) * (int64_t) sizeof(double);
+}
+
+/* The checks ms_decode makes of an analytic routing, for a table that runs without a configuration. */
+static int check_che(const ms_routing_t *r, int32_t batch, int32_t tps, int32_t slots, int32_t policy)
+{
+    if (batch < 1 || tps < 1 || slots < 0) return MS_ERR_BAD_SIZE;
+    if (policy != MS_POLICY_LRU) return MS_ERR_BAD_POLICY;
+    if (r->n_layers < 1 || r->n_layers > MS_MAX_MOE_LAYERS) return MS_ERR_BAD_SIZE;
+    if (r->n_experts <= 0 || r->top_k <= 0 || r->top_k > r->n_experts || r->top_k > MS_MAX_TOP_K)
+        return MS_ERR_BAD_ROUTING;
+    if (r->n_scenarios <= 0 || r->q == NULL || ms_check_windows(r)) return MS_ERR_BAD_ROUTING;
+    return 0;
+}
+
+int ms_che_table(const ms_routing_t *r, int32_t batch, int32_t tokens_per_step, int32_t slots, int32_t policy,
+                 void *workspace, int64_t workspace_bytes, double *out)
+{
+    double *p, *pc, *che, *lq;
+    int rc;
+    if (r == NULL || out == NULL || workspace == NULL) return MS_ERR_NULL_ARGUMENT;
+    rc = check_che(r, batch, tokens_per_step, slots, policy);
+    if (rc) return rc;
+    if (workspace_bytes < ms_che_table_workspace_size(r)) return MS_ERR_BAD_WORKSPACE;
+    p = (double *) workspace;
+    pc = p + r->n_experts;
+    che = pc + r->n_experts;
+    lq = che + r->n_experts;
+    for (int32_t l = 0; l < r->n_layers; l++) {
+        /* the kernel's D under token memory (window_inclusion, as analytic_layer computes it) */
+        double D = r->win_lq ? window_inclusion(r, l, (double) batch, (double) tokens_per_step, p) : 0.0;
+        out[l] = lru_layer(r, l, batch, tokens_per_step, (double) slots, D, pc, che, lq);
+    }
     return 0;
 }

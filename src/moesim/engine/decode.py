@@ -11,6 +11,7 @@ PHASES = ("attention", "experts", "transfer", "sync_launch", "head_drafts", "ste
 LINKS = ("gpu_memory", "host_memory", "pcie", "storage")
 CONFIG_FIELDS = ("batch", "tokens_per_step", "drafts", "accepted", "steps", "warmup", "policy", "mode", "seed",
                  "index")
+# optional columns: "che" [n, routing layers] and "che_slots" [n] (che_table's rows; -1: none), both or neither
 
 
 # ------------------------------------------------------------------------------- running
@@ -32,3 +33,38 @@ def run(dm: dict, hw: dict, rt: dict, cols: dict, n_threads: int = 1, engine: st
     code, bad, res = _kernel.decode_many(dm, hw, rt, cols, int(n_threads))
     handle_library_error(code, "ms_decode_many", bad)
     return res
+
+
+# ------------------------------------------------------------------------------- LRU hit-rate tables
+def che_table(rt: dict, batches, tokens_per_step, slots: int, policy: int = 0, engine: str = "c"):
+    """The analytic LRU hit rate of every routing layer (before the stickiness term) at ``slots`` GPU slots,
+    one row per (batches[i], tokens_per_step[i]): ``[n, n_layers]``, what the analytic kernel's FETCH
+    layers of that slot count would solve for those configurations (Che's approximation; on the window
+    tables under token memory). It depends on the routing's tables, batch, tokens per step and slots only,
+    so a sweep computes it once and passes it as the ``che`` / ``che_slots`` config columns of every
+    configuration that shares them (prefetch recalls, machines, contexts, quants). ``policy``: the
+    POLICIES code, LRU only. Bad arguments raise MoesimError."""
+    import numpy as np
+    from .codes import POLICY_LRU
+    b = np.atleast_1d(np.asarray(batches))
+    t = np.broadcast_to(np.asarray(tokens_per_step), b.shape) if b.ndim == 1 else None
+    if t is None or b.dtype.kind not in "iu" or t.dtype.kind not in "iu":
+        raise MoesimError("che_table: batches and tokens_per_step must be integers (one row each)", "batches")
+    if b.size and (b.min() < 1 or b.max() > 2**31 - 1 or t.min() < 1 or t.max() > 2**31 - 1):
+        raise MoesimError("che_table: batch and tokens per step must be in [1, 2**31 - 1]", "batches")
+    if isinstance(slots, bool) or not isinstance(slots, (int, np.integer)) or not 0 <= int(slots) <= 2**31 - 1:
+        raise MoesimError(f"che_table: slots must be an integer >= 0, got {slots!r}", "slots")
+    if policy != POLICY_LRU:
+        raise MoesimError(f"che_table: the table is LRU's (policy {POLICY_LRU}), got policy {policy!r}", "policy")
+    if not rt.get("n_layers") or rt.get("q") is None:
+        raise MoesimError("che_table: the routing has no analytic tables (a dense model or a trace)", "rt")
+    if engine == "reference":
+        from .reference import decode as reference
+        return np.array([reference.che_table(rt, int(x), int(y), int(slots), int(policy)) for x, y in zip(b, t)],
+                        dtype=np.float64).reshape(len(b), int(rt["n_layers"]))
+    if engine != "c":
+        raise MoesimError(f"engine must be 'c' or 'reference', got {engine!r}", "engine")
+    from . import _kernel
+    code, bad, out = _kernel.che_table(rt, b, t, int(slots), int(policy))
+    handle_library_error(code, "ms_che_table", bad)
+    return out

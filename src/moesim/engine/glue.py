@@ -128,7 +128,13 @@ _ROUTING_DENSE = ROUTING[:len(ROUTING) - len(ROUTING_LAYERS)]        # a dense m
 # taken modulo 2**64.
 DECODE_CONFIG_COLUMNS = (_arrays(I32, ("n",), "batch", "tokens_per_step", "drafts") + _arrays(F64, ("n",), "accepted")
                          + _arrays(I64, ("n",), "steps", "warmup") + _arrays(I32, ("n",), "policy", "mode")
-                         + _arrays(U64, ("n",), "seed", "index"))
+                         + _arrays(U64, ("n",), "seed", "index")
+                         # analytic LRU hit-rate tables (engine.decode.che_table): row i for configuration i,
+                         # read by its FETCH layers of che_slots[i] slots (-1: none; both or neither present)
+                         + (Field("che", F64, ("n", "che_layers"), optional=True,
+                                  note="ms_che_table's LRU hit rates per configuration and routing layer"),
+                            Field("che_slots", I32, ("n",), optional=True,
+                                  note="the slot count each che row was tabulated for (-1: no table)")))
 
 # ms_sweep_place_t as columns of a group's candidate placements, and ms_sweep_mem_t (analysis.sweep
 # Group._memory_tables); K layer kinds.
@@ -356,6 +362,18 @@ def check_columns(struct: str, cols, n: int | None = None) -> dict:
     out = check_struct(struct, cols, dims)
     out["n"] = dims.get("n", 0)
     return out
+
+
+def check_che_columns(c: dict, n_layers: int) -> None:
+    """The optional hit-rate table columns of checked config columns: both or neither, one entry per routing
+    layer (the C refuses an entry outside [0, 1] on a row that names a slot count: MS_ERR_BAD_ROUTING)."""
+    che, slots = c.get("che"), c.get("che_slots")
+    if (che is None) != (slots is None):
+        raise StructError("ms_decode_config_t[]", "che", "che and che_slots go together")
+    if che is None:
+        return
+    if che.shape[1] != n_layers:
+        raise StructError("ms_decode_config_t[]", "che", f"{che.shape[1]} layers, the routing has {n_layers}")
 
 
 def check_routing(rt) -> dict:

@@ -394,13 +394,15 @@ def _fetch_work(dm, rt, c, i, l, q, D, stick, pinned_p, free_p, w):
     """A fetching layer's expected misses (``w["n_fetch"]``) and prefetches; returns its hit rate: for
     LRU Che's approximation raised by the routing's stickiness, otherwise the pinned share."""
     C = float(dm["slots"][i])
-    if c["policy"] == POLICY_LRU and rt.get("win_lq") is not None:
-        h = W.window_hits(rt, l, c["batch"], c["tokens_per_step"], C, D) / D if D > 0 else 0.0
-        w["n_fetch"] = D * (1.0 - h)
-    elif c["policy"] == POLICY_LRU:
-        h = _lru_hit_rate(q, l, rt["n_experts"], c["batch"], c["tokens_per_step"], C)
-        sigma = stick * min(1.0, C / max(D, 1e-300))
-        h = sigma + (1.0 - sigma) * h
+    if c["policy"] == POLICY_LRU:
+        che = c.get("che")
+        if che is not None and c["che_slots"] == int(dm["slots"][i]):
+            h = float(che[l])           # the caller's table (che_table), as the C reads it
+        else:
+            h = _lru_layer(rt, q, l, c["batch"], c["tokens_per_step"], C, D)
+        if rt.get("win_lq") is None:    # the windows hold the stickiness and memory: no separate sticky term
+            sigma = stick * min(1.0, C / max(D, 1e-300))
+            h = sigma + (1.0 - sigma) * h
         w["n_fetch"] = D * (1.0 - h)
     else:
         h = pinned_p / D if D > 0 else 0.0
@@ -410,6 +412,32 @@ def _fetch_work(dm, rt, c, i, l, q, D, stick, pinned_p, free_p, w):
         w["n_pref"] = rc * w["n_fetch"]
         w["n_waste"] = w["n_fetch"] - w["n_pref"]
     return h
+
+
+def _lru_layer(rt, q, l, B, tps, C, D):
+    """Routing layer ``l``'s LRU hit rate before the stickiness term (ms_analytic.c lru_layer): Che on the
+    window tables under token memory (D: the step's distinct experts), else per scenario combination."""
+    if rt.get("win_lq") is not None:
+        return W.window_hits(rt, l, B, tps, C, D) / D if D > 0 else 0.0
+    return _lru_hit_rate(q, l, rt["n_experts"], B, tps, C)
+
+
+def che_table(rt, batch, tokens_per_step, slots, policy):
+    """Twin of ms_che_table: every routing layer's LRU hit rate at (batch, tokens_per_step, slots); a bad
+    argument raises ValueError (the C returns an error code)."""
+    if batch < 1 or tokens_per_step < 1 or slots < 0:
+        raise ValueError("batch and tokens_per_step must be >= 1, slots >= 0")
+    if policy != POLICY_LRU:
+        raise ValueError("the hit-rate table is LRU's")
+    q = rt["q"]
+    out = []
+    for l in range(int(rt["n_layers"])):
+        D = 0.0
+        if rt.get("win_lq") is not None:
+            for x in W.window_inclusion(rt, l, batch, tokens_per_step):
+                D += x
+        out.append(_lru_layer(rt, q, l, batch, tokens_per_step, float(slots), D))
+    return out
 
 
 def _lru_hit_rate(q, l, E, B, tps, C):
@@ -451,7 +479,11 @@ def decode_many(dm, hw, rt, cols):
     n = len(cols["batch"])
     rows = []
     for i in range(n):
-        c = {k: (float(cols[k][i]) if k == "accepted" else int(cols[k][i])) for k in cols}
+        c = {k: (float(cols[k][i]) if k == "accepted" else int(cols[k][i])) for k in cols if k != "che"}
+        if cols.get("che") is not None and int(cols["che_slots"][i]) >= 0:
+            c["che"] = cols["che"][i]
+        else:
+            c.pop("che_slots", None)
         r = decode_analytic(dm, hw, rt, c) if c["mode"] == 1 else decode_montecarlo(dm, hw, rt, c)
         rows.append(r)
     out = {k: np.array([r[k] for r in rows], dtype=np.float64) for k in rows[0]} if rows else {}
