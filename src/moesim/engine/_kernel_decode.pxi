@@ -53,7 +53,7 @@ cdef void _fill_configs(ms_decode_config_t *cfg, dict c, Py_ssize_t n):
     cdef const double[::1] accepted = c["accepted"]
     cdef const int64_t[::1] steps = c["steps"], warmup = c["warmup"]
     cdef const uint64_t[::1] seed = c["seed"], index = c["index"]
-    cdef const double[:, ::1] che
+    cdef const double[:, :, ::1] che
     cdef const int32_t[::1] che_slots
     cdef bint tabled = c.get("che") is not None
     cdef Py_ssize_t i
@@ -64,7 +64,7 @@ cdef void _fill_configs(ms_decode_config_t *cfg, dict c, Py_ssize_t n):
         cfg[i].che = NULL
         cfg[i].che_slots = -1
         if tabled and che_slots[i] >= 0 and che.shape[1] > 0:
-            cfg[i].che = &che[i, 0]
+            cfg[i].che = &che[i, 0, 0]
             cfg[i].che_slots = che_slots[i]
         cfg[i].batch = batch[i]
         cfg[i].tokens_per_step = tps[i]
@@ -148,7 +148,7 @@ def decode_many(dict dm, hw, rt, cols, int n_threads):
 
 
 def che_table(dict rt, batches, tokens_per_step, int slots, int policy):
-    """(code, index of the first bad row or -1, [n, L] hit rates): ms_che_table for each (batches[i],
+    """(code, index of the first bad row or -1, [n, L, MS_CHE_FIELDS] rows): ms_che_table for each (batches[i],
     tokens_per_step[i]) at `slots` GPU slots under `policy` (engine.decode.che_table checks the arguments)."""
     cdef ms_routing_t r
     keep = {}
@@ -158,8 +158,8 @@ def che_table(dict rt, batches, tokens_per_step, int slots, int policy):
     cdef Py_ssize_t n = b.shape[0], i
     if t.shape[0] != n:
         raise StructError("ms_che_table()", "tokens_per_step", f"{t.shape[0]} rows, expected {n}")
-    out = np.zeros((n, max(r.n_layers, 1)), dtype=np.float64)
-    cdef double[:, ::1] v = out
+    out = np.zeros((n, max(r.n_layers, 1), MS_CHE_FIELDS), dtype=np.float64)
+    cdef double[:, :, ::1] v = out
     cdef int64_t wsb = ms_che_table_workspace_size(&r)
     cdef char *ws = <char *> malloc(max(wsb, 64))
     cdef int code = 0
@@ -169,7 +169,7 @@ def che_table(dict rt, batches, tokens_per_step, int slots, int policy):
     try:
         with nogil:
             for i in range(n):
-                code = ms_che_table(&r, b[i], t[i], slots, policy, ws, wsb, &v[i, 0])
+                code = ms_che_table(&r, b[i], t[i], slots, policy, ws, wsb, &v[i, 0, 0])
                 if code:
                     bad = i
                     break

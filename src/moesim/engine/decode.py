@@ -11,7 +11,7 @@ PHASES = ("attention", "experts", "transfer", "sync_launch", "head_drafts", "ste
 LINKS = ("gpu_memory", "host_memory", "pcie", "storage")
 CONFIG_FIELDS = ("batch", "tokens_per_step", "drafts", "accepted", "steps", "warmup", "policy", "mode", "seed",
                  "index")
-# optional columns: "che" [n, routing layers] and "che_slots" [n] (che_table's rows; -1: none), both or neither
+# optional columns: "che" [n, routing layers, CHE_FIELDS] and "che_slots" [n] (che_table's rows; -1: none)
 
 
 # ------------------------------------------------------------------------------- running
@@ -35,17 +35,18 @@ def run(dm: dict, hw: dict, rt: dict, cols: dict, n_threads: int = 1, engine: st
     return res
 
 
-# ------------------------------------------------------------------------------- LRU hit-rate tables
+# ------------------------------------------------------------------------------- analytic tables
 def che_table(rt: dict, batches, tokens_per_step, slots: int, policy: int = 0, engine: str = "c"):
-    """The analytic LRU hit rate of every routing layer (before the stickiness term) at ``slots`` GPU slots,
-    one row per (batches[i], tokens_per_step[i]): ``[n, n_layers]``, what the analytic kernel's FETCH
-    layers of that slot count would solve for those configurations (Che's approximation; on the window
-    tables under token memory). It depends on the routing's tables, batch, tokens per step and slots only,
-    so a sweep computes it once and passes it as the ``che`` / ``che_slots`` config columns of every
-    configuration that shares them (prefetch recalls, machines, contexts, quants). ``policy``: the
-    POLICIES code, LRU only. Bad arguments raise MoesimError."""
+    """The analytic path's expected counts of every routing layer's step, one ``[n_layers, len(CHE_FIELDS)]``
+    row per (batches[i], tokens_per_step[i]) at ``slots`` GPU expert slots under ``policy`` (a POLICIES code,
+    not Belady): distinct experts, the pinned (hottest ``slots``) and free selection / inclusion mass, the GPU
+    hit rate (LRU: Che's approximation before the stickiness term; static, LFU: the pinned share) and the
+    reuse statistic (codes.CHE_FIELDS). They depend on the routing's tables, batch, tokens per step, slots and
+    policy only, so a sweep computes them once and passes them as the ``che`` / ``che_slots`` config
+    columns of every configuration that shares them (prefetch recalls, machines, contexts, quants); the
+    kernel then reads them instead of counting experts and solving Che. Bad arguments raise MoesimError."""
     import numpy as np
-    from .codes import POLICY_LRU
+    from .codes import CHE_FIELDS, POLICY_BELADY, POLICIES
     b = np.atleast_1d(np.asarray(batches))
     t = np.broadcast_to(np.asarray(tokens_per_step), b.shape) if b.ndim == 1 else None
     if t is None or b.dtype.kind not in "iu" or t.dtype.kind not in "iu":
@@ -54,14 +55,14 @@ def che_table(rt: dict, batches, tokens_per_step, slots: int, policy: int = 0, e
         raise MoesimError("che_table: batch and tokens per step must be in [1, 2**31 - 1]", "batches")
     if isinstance(slots, bool) or not isinstance(slots, (int, np.integer)) or not 0 <= int(slots) <= 2**31 - 1:
         raise MoesimError(f"che_table: slots must be an integer >= 0, got {slots!r}", "slots")
-    if policy != POLICY_LRU:
-        raise MoesimError(f"che_table: the table is LRU's (policy {POLICY_LRU}), got policy {policy!r}", "policy")
+    if policy not in POLICIES.values() or policy == POLICY_BELADY:
+        raise MoesimError(f"che_table: policy must be the code of lru, lfu or static, got {policy!r}", "policy")
     if not rt.get("n_layers") or rt.get("q") is None:
         raise MoesimError("che_table: the routing has no analytic tables (a dense model or a trace)", "rt")
     if engine == "reference":
         from .reference import decode as reference
-        return np.array([reference.che_table(rt, int(x), int(y), int(slots), int(policy)) for x, y in zip(b, t)],
-                        dtype=np.float64).reshape(len(b), int(rt["n_layers"]))
+        rows = [reference.che_table(rt, int(x), int(y), int(slots), int(policy)) for x, y in zip(b, t)]
+        return np.array(rows, dtype=np.float64).reshape(len(b), int(rt["n_layers"]), len(CHE_FIELDS))
     if engine != "c":
         raise MoesimError(f"engine must be 'c' or 'reference', got {engine!r}", "engine")
     from . import _kernel

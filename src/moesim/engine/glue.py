@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import KernelError, MoesimError
-from .codes import MAX_HISTORY, MAX_MOE_LAYERS, MAX_PARTNERS, MAX_TOP_K, N_CLASSES
+from .codes import CHE_FIELDS, MAX_HISTORY, MAX_MOE_LAYERS, MAX_PARTNERS, MAX_TOP_K, N_CLASSES
 
 
 def handle_library_error(code: int, where: str, index: int | None = None) -> None:
@@ -129,10 +129,10 @@ _ROUTING_DENSE = ROUTING[:len(ROUTING) - len(ROUTING_LAYERS)]        # a dense m
 DECODE_CONFIG_COLUMNS = (_arrays(I32, ("n",), "batch", "tokens_per_step", "drafts") + _arrays(F64, ("n",), "accepted")
                          + _arrays(I64, ("n",), "steps", "warmup") + _arrays(I32, ("n",), "policy", "mode")
                          + _arrays(U64, ("n",), "seed", "index")
-                         # analytic LRU hit-rate tables (engine.decode.che_table): row i for configuration i,
-                         # read by its FETCH layers of che_slots[i] slots (-1: none; both or neither present)
-                         + (Field("che", F64, ("n", "che_layers"), optional=True,
-                                  note="ms_che_table's LRU hit rates per configuration and routing layer"),
+                         # analytic tables (engine.decode.che_table): row i for configuration i, read by its MoE
+                         # layers of che_slots[i] slots (-1: none; both or neither present)
+                         + (Field("che", F64, ("n", "che_layers", len(CHE_FIELDS)), optional=True,
+                                  note="ms_che_table's step counts and hit rate per configuration and routing layer"),
                             Field("che_slots", I32, ("n",), optional=True,
                                   note="the slot count each che row was tabulated for (-1: no table)")))
 
@@ -365,8 +365,9 @@ def check_columns(struct: str, cols, n: int | None = None) -> dict:
 
 
 def check_che_columns(c: dict, n_layers: int) -> None:
-    """The optional hit-rate table columns of checked config columns: both or neither, one entry per routing
-    layer (the C refuses an entry outside [0, 1] on a row that names a slot count: MS_ERR_BAD_ROUTING)."""
+    """The optional table columns of checked config columns: both or neither, one row per routing layer (the
+    C refuses a count that is negative or not finite, or a hit rate above 1, on a row that names a slot count:
+    MS_ERR_BAD_ROUTING)."""
     che, slots = c.get("che"), c.get("che_slots")
     if (che is None) != (slots is None):
         raise StructError("ms_decode_config_t[]", "che", "che and che_slots go together")

@@ -1,17 +1,19 @@
-"""The analytic LRU hit-rate tables of a sweep plan (issue 19): Che's approximation solved once per (routing
-tables, GPU slots, batch, tokens per step) and passed to the analytic kernel as its ``che`` / ``che_slots``
-config columns (:func:`moesim.engine.decode.che_table`), instead of being solved again for every prefetch
-recall, machine, context, quant and group that shares them. The rows are memoised in the plan
-(:meth:`.plan.Plan.shared`) under a fingerprint of the routing's tables, so routings lowered separately
-with equal tables (one per prefetch recall) share them. Results are those of the kernel solving each
-configuration itself: the table holds the values it would compute, by the same C code."""
+"""The analytic tables of a sweep plan (issue 19): each routing layer's step counts and GPU hit rate (Che's
+approximation for LRU) computed once per (routing tables, GPU slots, policy, batch, tokens per step) and
+passed to the analytic kernel as its ``che`` / ``che_slots`` config columns
+(:func:`moesim.engine.decode.che_table`), instead of being counted and solved again for every prefetch
+recall, machine, context, quant and group that shares them. The rows are memoised for the process under
+a fingerprint of the routing's tables (memoised per routing object in the plan), so routings lowered
+separately with equal tables (one per prefetch recall) and later sweeps share them. Results are those of
+the kernel counting each configuration itself: the table holds the values it would compute, by the same
+C code."""
 from __future__ import annotations
 
 import hashlib
 
 import numpy as np
 
-from ...engine.codes import EXP_FETCH, POLICY_LRU
+from ...engine.codes import EXP_NONE, POLICY_LFU, POLICY_LRU, POLICY_STATIC
 
 
 def _fingerprint(plan, rt: dict) -> str:
@@ -33,39 +35,48 @@ def _fingerprint(plan, rt: dict) -> str:
 
 
 def slots_of(dm: dict, policy: int, rt: dict) -> int:
-    """The one GPU slot count of a lowered model's FETCH layers when the analytic kernel would solve Che
-    for them (LRU, a routing with analytic tables), else -1 (no table: the kernel solves, or nothing to
-    solve; per-layer slot counts that differ are solved in the kernel too)."""
-    if policy != POLICY_LRU or rt.get("q") is None or not rt.get("n_layers"):
+    """The one GPU slot count of a lowered model's MoE layers when the analytic kernel would read a table for
+    them (lru, lfu or static; a routing with analytic tables), else -1 (the kernel counts for itself; so do
+    layers whose slot counts differ from the first MoE layer's)."""
+    if policy not in (POLICY_LRU, POLICY_LFU, POLICY_STATIC) or rt.get("q") is None or not rt.get("n_layers"):
         return -1
-    mode = np.asarray(dm["expert_mode"])
-    fetch = mode == EXP_FETCH
-    if not fetch.any():
+    moe = (np.asarray(dm["expert_mode"]) != EXP_NONE) & (np.asarray(dm["moe_index"]) >= 0)
+    if not moe.any():
         return -1
-    s = np.asarray(dm["slots"])[fetch]
-    return int(s[0]) if (s == s[0]).all() else -1
+    return int(np.asarray(dm["slots"])[moe][0])
 
 
-def rows(plan, rt: dict, slots: int, batches, tps: int) -> np.ndarray:
-    """[len(batches), n_layers] LRU hit rates at ``slots`` slots and ``tps`` tokens per step, each row
-    computed once per plan (one kernel call for the rows not yet there)."""
+# Rows by (routing fingerprint, slots, batch, tokens per step), kept for the process like the lowered routing
+# tables they come from (a later sweep of the same routing reads them); cleared past _MAX_BYTES.
+_ROWS: dict = {}
+_MAX_BYTES = 64 << 20
+_bytes = [0]
+
+
+def rows(plan, rt: dict, slots: int, policy: int, batches, tps: int) -> np.ndarray:
+    """[len(batches), n_layers, CHE_FIELDS] table rows at ``slots`` slots, ``policy`` and ``tps`` tokens per
+    step, each computed once (one kernel call for the rows not yet there)."""
     from ...engine.decode import che_table
     fp = _fingerprint(plan, rt)
-    keys = [("che", fp, int(slots), int(b), int(tps)) for b in batches]
-    got = [plan._shared.get(k) for k in keys]
+    keys = [(fp, int(slots), int(policy), int(b), int(tps)) for b in batches]
+    got = [_ROWS.get(k) for k in keys]
     miss = [i for i, r in enumerate(got) if r is None]
     if miss:
-        tab = che_table(rt, np.array([batches[i] for i in miss], dtype=np.int64), int(tps), int(slots), POLICY_LRU)
+        tab = che_table(rt, np.array([batches[i] for i in miss], dtype=np.int64), int(tps), int(slots), int(policy))
         tab.flags.writeable = False
+        if _bytes[0] + tab.nbytes > _MAX_BYTES:
+            _ROWS.clear()
+            _bytes[0] = 0
+        _bytes[0] += tab.nbytes
         for k, i in enumerate(miss):
-            got[i] = plan.shared(keys[i], lambda k=k: tab[k])
-    return np.stack(got) if got else np.zeros((0, int(rt["n_layers"])))
+            got[i] = _ROWS.setdefault(keys[i], tab[k])
+    return np.stack(got)
 
 
 def columns(plan, rt: dict, dm: dict, policy: int, batches, tps: int) -> dict:
     """The ``che`` / ``che_slots`` config columns for these batches of one lowered model (``{}`` where the
-    kernel has no LRU table to read)."""
+    kernel has no table to read)."""
     s = slots_of(dm, policy, rt)
     if s < 0:
         return {}
-    return dict(che=rows(plan, rt, s, batches, tps), che_slots=np.full(len(batches), s, dtype=np.int32))
+    return dict(che=rows(plan, rt, s, policy, batches, tps), che_slots=np.full(len(batches), s, dtype=np.int32))
