@@ -4,6 +4,7 @@
  * Che's approximation; under token memory Che's approximation on the routing's window tables). Orders
  * of magnitude faster than Monte Carlo; the two agree closely (tests hold them together).
  */
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -320,10 +321,13 @@ static void analytic_layer(const ms_decode_model_t *m, const ms_routing_t *r, co
  * hit rate above 1. */
 static int check_table(const ms_routing_t *r, const double *t)
 {
-    for (int64_t k = 0; k < (int64_t) r->n_layers * MS_CHE_FIELDS; k++)
-        if (!(t[k] >= 0.0 && isfinite(t[k])) || (k % MS_CHE_FIELDS == MS_CHE_HIT && t[k] > 1.0))
-            return MS_ERR_BAD_ROUTING;
-    return 0;
+    int bad = 0;
+    for (int32_t l = 0; l < r->n_layers; l++) {
+        const double *row = t + (int64_t) l * MS_CHE_FIELDS;
+        for (int f = 0; f < MS_CHE_FIELDS; f++) bad |= !(row[f] >= 0.0 && row[f] <= DBL_MAX);   /* NaN fails too */
+        bad |= row[MS_CHE_HIT] > 1.0;
+    }
+    return bad ? MS_ERR_BAD_ROUTING : 0;
 }
 
 int ms_analytic(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_routing_t *r,

@@ -79,28 +79,32 @@ cdef void _fill_configs(ms_decode_config_t *cfg, dict c, Py_ssize_t n):
 
 
 cdef dict _decode_results(const ms_decode_result_t *res, Py_ssize_t n, bint filled):
-    """Result arrays of n ms_decode_result_t (left unset unless `filled`)."""
+    """Result arrays of n ms_decode_result_t (left unset unless `filled`), written through typed views."""
     out = {name: np.empty(n) for name in DECODE_RESULT_F64}
     by_res = np.empty((n, MS_N_RES)); by_phase = np.empty((n, MS_N_PHASES)); nbytes = np.empty((n, MS_N_BYTES))
+    cdef double[::1] step_mean = out["step_mean"], step_p50 = out["step_p50"], step_p99 = out["step_p99"]
+    cdef double[::1] accepted = out["accepted"], hit_rate = out["hit_rate"], page_hit_rate = out["page_hit_rate"]
+    cdef double[::1] distinct = out["distinct"], reuse = out["reuse"], selections = out["selections"]
+    cdef double[:, ::1] v_res = by_res, v_phase = by_phase, v_bytes = nbytes
     cdef Py_ssize_t i
     cdef int k
     if filled:
         for i in range(n):
-            out["step_mean"][i] = res[i].step_mean
-            out["step_p50"][i] = res[i].step_p50
-            out["step_p99"][i] = res[i].step_p99
-            out["accepted"][i] = res[i].accepted
-            out["hit_rate"][i] = res[i].hit_rate
-            out["page_hit_rate"][i] = res[i].page_hit_rate
-            out["distinct"][i] = res[i].distinct
-            out["reuse"][i] = res[i].reuse
-            out["selections"][i] = res[i].selections
+            step_mean[i] = res[i].step_mean
+            step_p50[i] = res[i].step_p50
+            step_p99[i] = res[i].step_p99
+            accepted[i] = res[i].accepted
+            hit_rate[i] = res[i].hit_rate
+            page_hit_rate[i] = res[i].page_hit_rate
+            distinct[i] = res[i].distinct
+            reuse[i] = res[i].reuse
+            selections[i] = res[i].selections
             for k in range(MS_N_RES):
-                by_res[i, k] = res[i].by_resource[k]
+                v_res[i, k] = res[i].by_resource[k]
             for k in range(MS_N_PHASES):
-                by_phase[i, k] = res[i].by_phase[k]
+                v_phase[i, k] = res[i].by_phase[k]
             for k in range(MS_N_BYTES):
-                nbytes[i, k] = res[i].bytes[k]
+                v_bytes[i, k] = res[i].bytes[k]
     out["by_resource"] = by_res
     out["by_phase"] = by_phase
     out["bytes"] = nbytes

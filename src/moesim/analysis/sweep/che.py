@@ -75,8 +75,16 @@ def rows(plan, rt: dict, slots: int, policy: int, batches, tps: int) -> np.ndarr
 
 def columns(plan, rt: dict, dm: dict, policy: int, batches, tps: int) -> dict:
     """The ``che`` / ``che_slots`` config columns for these batches of one lowered model (``{}`` where the
-    kernel has no table to read)."""
+    kernel has no table to read); read-only arrays, the same ones for every group of the plan that asks."""
     s = slots_of(dm, policy, rt)
     if s < 0:
         return {}
-    return dict(che=rows(plan, rt, s, policy, batches, tps), che_slots=np.full(len(batches), s, dtype=np.int32))
+    key = ("che_cols", _fingerprint(plan, rt), s, int(policy), tuple(int(b) for b in batches), int(tps))
+    hit = plan._shared.get(key)
+    if hit is None:
+        che = rows(plan, rt, s, policy, batches, tps)
+        che.flags.writeable = False
+        slots = np.full(len(batches), s, dtype=np.int32)
+        slots.flags.writeable = False
+        hit = plan.shared(key, lambda: dict(che=che, che_slots=slots))
+    return hit

@@ -35,7 +35,7 @@ def _many(grp, j: int, ps: int, context: int, batches: list) -> np.ndarray:
                 steps=np.full(n, run_cfg["tokens"], dtype=np.int64), warmup=np.full(n, run_cfg["warmup"], dtype=np.int64),
                 policy=np.full(n, grp.policy, dtype=np.int32), mode=np.full(n, MODES["analytic"], dtype=np.int32),
                 seed=np.full(n, int(run_cfg["seed"]) & 0xFFFFFFFFFFFFFFFF, dtype=np.uint64), index=np.zeros(n, dtype=np.uint64))
-    cols.update(che.columns(plan, grp.routing, dm, grp.policy, batches, tps))    # LRU hit rates, once per plan
+    cols.update(che.columns(plan, grp.routing, dm, grp.policy, batches, tps))    # step counts, once per process
     res = run(dm, hw, grp.routing, cols)
     seconds = prefill_seconds(m, dm, hw, grp.routing, grp.rt, run_cfg["prompt"])
     out = np.empty((n, 4))

@@ -82,7 +82,7 @@ def _zeroed(dm: dict, plan=None) -> dict:
 def _decode_cols(batches: tuple, policy: int, run_cfg: dict, che_cols: dict | None = None) -> dict:
     """Analytic decode configurations at these batches in the kernel's own column dtypes
     (ms_decode_config_t), checked once and sealed (engine.glue.seal): a plan's groups share them.
-    ``che_cols``: their LRU hit-rate table columns (sweep.che.columns), if any."""
+    ``che_cols``: their analytic table columns (sweep.che.columns), if any."""
     n = len(batches)
     cols = dict(batch=np.array(batches, dtype=np.int32), tokens_per_step=np.ones(n, dtype=np.int32),
                 drafts=np.zeros(n, dtype=np.int32), accepted=np.ones(n), steps=np.full(n, run_cfg["tokens"], dtype=np.int64),
@@ -176,7 +176,7 @@ class DecodeVariants:
             self._mc_machines.append(hw)
         else:
             batches = tuple(b for _, b in items)
-            # LRU groups read Che's hit rates from the plan's tables (sweep.che): sealed columns per table
+            # the analytic kernel reads its step counts and hit rates from tables (sweep.che): sealed columns per table
             s = che.slots_of(dm, g.policy, g.routing)
             ckey = () if s < 0 else (che._fingerprint(g.plan, g.routing), s)
             cols = g.plan.shared(("decode_cols", g.policy, batches) + ckey, lambda: _decode_cols(
