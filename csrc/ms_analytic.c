@@ -153,17 +153,18 @@ static double step_inclusion(const ms_routing_t *r, int32_t l, double toks, doub
 }
 
 /* Expected LRU hit rate of routing layer l's `C` GPU slots (Che's approximation per scenario combination):
- * superposed request streams, combination j gives sequence b scenario (j + b) mod S. Scratch: pc and che
- * [E], lq [S][E]. */
+ * superposed request streams, combination j gives sequence b scenario (j + b) mod S. When S divides the
+ * batch every combination holds every scenario batch / S times (the same step up to the order of a sum):
+ * one combination stands for all. Scratch: pc and che [E], lq [S][E]. */
 static double lru_hit_rate(const ms_routing_t *r, int32_t batch, int32_t tps, int32_t l, double C, double *pc,
                            double *che, double *lq)
 {
-    int32_t E = r->n_experts, S = r->n_scenarios;
+    int32_t E = r->n_experts, S = r->n_scenarios, combos = batch % S == 0 ? 1 : S;
     double hsum = 0.0, dsum = 0.0;
     for (int32_t k = 0; k < S; k++)
         for (int32_t e = 0; e < E; e++)
             lq[(int64_t) k * E + e] = log1p(-fmin(r->q[((int64_t) k * r->n_layers + l) * E + e], 1.0 - 1e-16));
-    for (int32_t j = 0; j < S; j++) {
+    for (int32_t j = 0; j < combos; j++) {
         double dj = 0.0;
         for (int32_t e = 0; e < E; e++) {
             double lg = 0.0;

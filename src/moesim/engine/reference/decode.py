@@ -452,10 +452,11 @@ def che_table(rt, batch, tokens_per_step, slots, policy):
 
 def _lru_hit_rate(q, l, E, B, tps, C):
     """Step-level LRU hit rate of a ``C``-slot cache, averaged over the S step windows: the B sequences
-    of a step draw routing samples j, j+1, ... (cyclically), each for ``tps`` tokens."""
+    of a step draw routing samples j, j+1, ... (cyclically), each for ``tps`` tokens. When S divides B every
+    window holds every sample B / S times: one window stands for all (as the C)."""
     S = len(q)
     hsum = dsum = 0.0
-    for j in range(S):
+    for j in range(1 if B % S == 0 else S):
         pc = []
         for e in range(E):
             lg = 0.0
