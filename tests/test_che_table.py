@@ -147,3 +147,30 @@ def test_sweep_with_memoised_tables_equals_simulate():
                        cache_experts=[8, 40], policies=["lru", "static"], prefetch_recall=[0.0, 0.5],
                        contexts=[4096], batches=[1, 8], filter=SKIP, progress=False)
     assert _check_against_simulate(tab, ("cache_experts", "prefetch_recall", "policy")) == 32
+
+
+def test_sweep_tabulates_each_row_once(monkeypatch):
+    """Prefetch recalls (routing objects with equal tables) and machines share the rows: one row per (slots,
+    policy, batch) in a sweep, none in a later sweep of the same routing; a different routing profile gets
+    its own rows (the fingerprint reads the tables)."""
+    from test_sweep_axes import M64, M192, SKIP
+    from moesim.analysis.sweep import che as SC
+    monkeypatch.setattr(SC, "_ROWS", {})
+    rows = []
+    real = KD.che_table
+
+    def counted(rt, batches, *a, **k):
+        rows.extend(np.atleast_1d(batches).tolist())
+        return real(rt, batches, *a, **k)
+
+    monkeypatch.setattr(KD, "che_table", counted)
+    kw = dict(models=["qwen3-30b-a3b"], quants=["Q4_K_M"], placements=["offload-cache"], machines=[M64, M192],
+              cache_experts=[8], policies=["lru"], prefetch_recall=[0.0, 0.5, 1.0], contexts=[4096],
+              batches=[1, 8], filter=SKIP, progress=False)
+    first = moesim.sweep(**kw).columns
+    assert sorted(rows) == [1, 8]
+    again = moesim.sweep(**kw).columns
+    assert sorted(rows) == [1, 8]
+    np.testing.assert_array_equal(first["expert_hit_rate"], again["expert_hit_rate"])
+    moesim.sweep(**dict(kw, routing=["generic"]))
+    assert sorted(rows) == [1, 1, 8, 8]

@@ -17,6 +17,7 @@ def _many(grp, j: int, ps: int, context: int, batches: list) -> np.ndarray:
     """Rows (decode tok/s per sequence, prefill tok/s, expert hit rate or NaN, bottleneck index) of
     candidate j at page-cache slots ps and this context, one per batch (all of one lowering key)."""
     from ...engine.decode import run
+    from ...engine.glue import seal
     from ...engine.lower.decode_model import lower_model
     from ...engine.lower.machine import lower_machine
     from ...engine.prefill import prefill_seconds, rate_ttft
@@ -29,7 +30,9 @@ def _many(grp, j: int, ps: int, context: int, batches: list) -> np.ndarray:
         dm = lower_model(m, grp.low, p, grp.machine, grp.rt, context, grp.kv, batches[0] * tps, routing=grp.routing)
         dm["page_slots"] = np.full(m.n_layers, ps, dtype=np.int32)
         hw = lower_machine(grp.machine, grp.rt, p, grp.kernel_mix)
-        return dm, hw, prefill_seconds(m, dm, hw, grp.routing, grp.rt, run_cfg["prompt"])
+        seconds = prefill_seconds(m, dm, hw, grp.routing, grp.rt, run_cfg["prompt"])
+        # the machine checked once and read-only (engine.glue.seal), as the variants path keeps it
+        return dm, seal("ms_machine_t", hw), seconds
 
     # the lowered model, machine and prefill read neither the cache policy nor the prefetch recall (the routing's
     # recall column): the plan's groups that differ only in those share them
