@@ -174,3 +174,22 @@ def test_sweep_tabulates_each_row_once(monkeypatch):
     np.testing.assert_array_equal(first["expert_hit_rate"], again["expert_hit_rate"])
     moesim.sweep(**dict(kw, routing=["generic"]))
     assert sorted(rows) == [1, 1, 8, 8]
+
+
+@pytest.mark.parametrize("memory", [False, True])
+def test_sealed_routing_gives_the_same_results(memory):
+    """A routing checked once (glue.seal_routing, what sweeps pass) gives the results of the plain table, its
+    arrays are read-only copies, and a dense routing seals too."""
+    from moesim.engine.glue import seal_routing
+    rt = _routing(memory)
+    sealed = seal_routing(rt)
+    assert seal_routing(sealed) is sealed
+    assert not sealed["q"].flags.writeable and sealed["q"] is not rt["q"]
+    dm, hw = synthetic(3, 16, 2, slots=6)
+    c = cols(4, mode="analytic")
+    a, b = KD.run(dm, hw, rt, c), KD.run(dm, hw, sealed, c)
+    for key in RESULT_SCALARS + RESULT_ARRAYS:
+        assert np.array_equal(a[key], b[key]), key
+    np.testing.assert_array_equal(KD.che_table(sealed, [1, 4], 1, 6), KD.che_table(rt, [1, 4], 1, 6))
+    assert seal_routing({"n_layers": 0, "n_experts": 0, "top_k": 0, "n_group": 0, "topk_group": 0,
+                         "concentration": 0.0, "request_tokens": 0})["n_layers"] == 0

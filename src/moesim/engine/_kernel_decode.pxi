@@ -151,7 +151,7 @@ def decode_many(dict dm, hw, rt, cols, int n_threads):
     return code, bad, out
 
 
-def che_table(dict rt, batches, tokens_per_step, int slots, int policy):
+def che_table(rt, batches, tokens_per_step, int slots, int policy):
     """(code, index of the first bad row or -1, [n, L, MS_CHE_FIELDS] rows): ms_che_table for each (batches[i],
     tokens_per_step[i]) at `slots` GPU slots under `policy` (engine.decode.che_table checks the arguments)."""
     cdef ms_routing_t r

@@ -377,9 +377,29 @@ def check_che_columns(c: dict, n_layers: int) -> None:
         raise StructError("ms_decode_config_t[]", "che", f"{che.shape[1]} layers, the routing has {n_layers}")
 
 
+def seal_routing(rt) -> Sealed:
+    """A routing table (ms_routing_t) checked once by :func:`check_routing` and kept read-only (see
+    :class:`Sealed`): kernels that take it skip the checks (a sweep passes one routing to many calls)."""
+    if type(rt) is Sealed and rt.struct == "ms_routing_t":
+        return rt
+    def frozen(v):
+        if isinstance(v, np.ndarray):
+            v = v.copy()
+            v.flags.writeable = False
+        elif isinstance(v, Mapping):            # nested tables (q_tables)
+            v = {k: frozen(x) for k, x in v.items()}
+        return v
+
+    data = {k: frozen(v) for k, v in rt.items()}
+    return Sealed("ms_routing_t", data, check_routing(data), {})
+
+
 def check_routing(rt) -> dict:
     """ms_routing_t checked: its dimensions, the kernel limits (MoesimError naming the field and the
-    bound), and the per-layer tables unless the model is dense (n_layers 0)."""
+    bound), and the per-layer tables unless the model is dense (n_layers 0). A table :func:`seal_routing`
+    sealed was checked then: its checked values are returned."""
+    if type(rt) is Sealed and rt.struct == "ms_routing_t":
+        return dict(rt.checked)
     head = check_struct("ms_routing_t", rt, {}, ROUTING_DIMS)
     if head["n_layers"] > MAX_MOE_LAYERS:
         raise MoesimError(f"{head['n_layers']} MoE layers exceed the kernel limit MAX_MOE_LAYERS = {MAX_MOE_LAYERS} "

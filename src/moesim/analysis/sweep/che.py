@@ -34,6 +34,17 @@ def _fingerprint(plan, rt: dict) -> str:
     return plan.shared(key, lambda: (rt, h.hexdigest()))[1]
 
 
+def sealed_routing(plan, rt: dict):
+    """``rt`` checked once for the kernel (engine.glue.seal_routing), memoised per routing object in the plan:
+    the analytic calls of every group that shares the routing skip the glue's routing checks."""
+    from ...engine.glue import seal_routing
+    key = ("sealed_routing", id(rt))
+    hit = plan._shared.get(key)
+    if hit is not None and hit[0] is rt:
+        return hit[1]
+    return plan.shared(key, lambda: (rt, seal_routing(rt)))[1]
+
+
 def slots_of(dm: dict, policy: int, rt: dict) -> int:
     """The one GPU slot count of a lowered model's MoE layers when the analytic kernel would read a table for
     them (lru, lfu or static; a routing with analytic tables), else -1 (the kernel counts for itself; so do
@@ -62,7 +73,8 @@ def rows(plan, rt: dict, slots: int, policy: int, batches, tps: int) -> np.ndarr
     got = [_ROWS.get(k) for k in keys]
     miss = [i for i, r in enumerate(got) if r is None]
     if miss:
-        tab = che_table(rt, np.array([batches[i] for i in miss], dtype=np.int64), int(tps), int(slots), int(policy))
+        tab = che_table(sealed_routing(plan, rt), np.array([batches[i] for i in miss], dtype=np.int64), int(tps),
+                        int(slots), int(policy))
         tab.flags.writeable = False
         if _bytes[0] + tab.nbytes > _MAX_BYTES:
             _ROWS.clear()

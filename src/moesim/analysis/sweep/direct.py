@@ -46,7 +46,7 @@ def _many(grp, j: int, ps: int, context: int, batches: list) -> np.ndarray:
                 policy=np.full(n, grp.policy, dtype=np.int32), mode=np.full(n, MODES["analytic"], dtype=np.int32),
                 seed=np.full(n, int(run_cfg["seed"]) & 0xFFFFFFFFFFFFFFFF, dtype=np.uint64), index=np.zeros(n, dtype=np.uint64))
     cols.update(che.columns(plan, grp.routing, dm, grp.policy, batches, tps))    # step counts, once per process
-    res = run(dm, hw, grp.routing, cols)
+    res = run(dm, hw, che.sealed_routing(plan, grp.routing), cols)
     out = np.empty((n, 4))
     out[:, 0] = np.asarray(res["accepted"], dtype=np.float64) / np.asarray(res["step_mean"], dtype=np.float64)
     out[:, 1] = [rate_ttft(run_cfg["prompt"], seconds, b)[0] for b in batches]

@@ -181,7 +181,7 @@ class DecodeVariants:
             ckey = () if s < 0 else (che._fingerprint(g.plan, g.routing), s)
             cols = g.plan.shared(("decode_cols", g.policy, batches) + ckey, lambda: _decode_cols(
                 batches, g.policy, run_cfg, {} if s < 0 else che.columns(g.plan, g.routing, dm, g.policy, batches, 1)))
-            res = run(_zeroed(dm, g.plan), hw, g.routing, cols)
+            res = run(_zeroed(dm, g.plan), hw, che.sealed_routing(g.plan, g.routing), cols)
         for i, (key, _) in enumerate(items):
             f64 = np.zeros(13)
             if res is not None:
