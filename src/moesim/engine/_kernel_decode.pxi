@@ -111,9 +111,9 @@ cdef dict _decode_results(const ms_decode_result_t *res, Py_ssize_t n, bint fill
     return out
 
 
-def decode_many(dict dm, hw, rt, cols, int n_threads):
-    """Run len(cols['batch']) decode configurations; returns (code, bad_index, result arrays). *hw*, *rt*
-    and *cols*: dicts, or tables glue.seal checked once."""
+def decode_many(dm, hw, rt, cols, int n_threads):
+    """Run len(cols['batch']) decode configurations; returns (code, bad_index, result arrays). *dm*, *hw*,
+    *rt* and *cols*: dicts, or tables glue.seal (glue.seal_routing) checked once."""
     cdef ms_decode_model_t m
     cdef ms_machine_t mach
     cdef ms_routing_t r

@@ -31,8 +31,8 @@ def _many(grp, j: int, ps: int, context: int, batches: list) -> np.ndarray:
         dm["page_slots"] = np.full(m.n_layers, ps, dtype=np.int32)
         hw = lower_machine(grp.machine, grp.rt, p, grp.kernel_mix)
         seconds = prefill_seconds(m, dm, hw, grp.routing, grp.rt, run_cfg["prompt"])
-        # the machine checked once and read-only (engine.glue.seal), as the variants path keeps it
-        return dm, seal("ms_machine_t", hw), seconds
+        # checked once and read-only (engine.glue.seal): the groups that share them skip the glue's checks
+        return seal("ms_decode_model_t", dm), seal("ms_machine_t", hw), seconds
 
     # the lowered model, machine and prefill read neither the cache policy nor the prefetch recall (the routing's
     # recall column): the plan's groups that differ only in those share them
