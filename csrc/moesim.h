@@ -263,6 +263,13 @@ typedef struct {
     int32_t mode;                /* MS_MODE_* */
     uint64_t seed;
     uint64_t index;              /* configuration index: part of every stream's seed */
+    /* Analytic path (NULL = count per configuration): che[l][MS_CHE_*], l < the routing's n_layers, the row
+     * ms_che_table tabulated for these routing tables, batch, tokens per step and policy at che_slots GPU
+     * slots. MoE layers holding che_slots slots read their step's counts and hit rate from it instead of
+     * counting experts and solving Che's equation; a count negative or not finite, or a hit rate above 1, is
+     * MS_ERR_BAD_ROUTING. The caller owns it and keeps it matched. */
+    const double *che;
+    int32_t che_slots;
 } ms_decode_config_t;
 
 typedef struct {
@@ -288,6 +295,22 @@ int ms_decode(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_routi
 int ms_decode_many(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_routing_t *r,
                    const ms_decode_config_t *cfgs, int64_t n, ms_decode_result_t *out, int n_threads,
                    void *workspace, int64_t ws_bytes, int64_t *err_index);
+
+/* The analytic path's table (ms_analytic.c): per routing layer l, out[l][MS_CHE_*] = the expected counts of
+ * one step of `batch` sequences x `tokens_per_step` tokens with `slots` GPU expert slots under `policy`: the
+ * distinct experts D, the selection (q, per token) and inclusion (p, per step) mass of the `slots` hottest
+ * experts (pinned) and of the rest (free), the GPU hit rate (LRU: Che's approximation per scenario
+ * combination, or on the window tables of a token-memory routing, before the stickiness term; static and
+ * LFU: the pinned share) and the reuse statistic. They depend on nothing else (not the model, machine,
+ * context or prefetch recall), so a sweep computes them once and passes them to every configuration that
+ * shares them (ms_decode_config_t.che). batch, tokens_per_step < 1 or slots < 0 is MS_ERR_BAD_SIZE, Belady
+ * or an unknown policy MS_ERR_BAD_POLICY, a routing without analytic tables or malformed
+ * MS_ERR_BAD_ROUTING. Workspace: ms_che_table_workspace_size(r) bytes. */
+enum { MS_CHE_D = 0, MS_CHE_PINNED_Q, MS_CHE_PINNED_P, MS_CHE_FREE_Q, MS_CHE_FREE_P, MS_CHE_HIT, MS_CHE_REUSE,
+       MS_CHE_FIELDS };
+int64_t ms_che_table_workspace_size(const ms_routing_t *r);
+int ms_che_table(const ms_routing_t *r, int32_t batch, int32_t tokens_per_step, int32_t slots, int32_t policy,
+                 void *workspace, int64_t workspace_bytes, double *out);
 
 /* Sample the routing only (Monte Carlo config c; another mode, or steps x n_experts >= INT32_MAX, is
  * MS_ERR_BAD_SIZE): writes every token's picks to tokens_out [steps][batch][tokens_per_step][n_layers][top_k].

@@ -4,6 +4,7 @@
  * Che's approximation; under token memory Che's approximation on the routing's window tables). Orders
  * of magnitude faster than Monte Carlo; the two agree closely (tests hold them together).
  */
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -171,54 +172,105 @@ static double step_inclusion(const ms_routing_t *r, int32_t l, double toks, doub
     return D;
 }
 
-/* Expected LRU hit rate of a FETCH layer's `C` GPU slots (Che's approximation per scenario combination):
- * superposed request streams, combination j gives sequence b scenario (j + b) mod S. */
-static double lru_hit_rate(const ms_decode_model_t *m, const ms_routing_t *r, const ms_decode_config_t *c, ws_t *ws,
-                           int32_t l, double C)
+/* Expected LRU hit rate of routing layer l's `C` GPU slots (Che's approximation per scenario combination):
+ * superposed request streams, combination j gives sequence b scenario (j + b) mod S. When S divides the
+ * batch every combination holds every scenario batch / S times (the same step up to the order of a sum):
+ * one combination stands for all. Scratch: pc and che [E], lq [S][E]. */
+static double lru_hit_rate(const ms_routing_t *r, int32_t batch, int32_t tps, int32_t l, double C, double *pc,
+                           double *che, double *lq)
 {
-    int32_t E = r->n_experts, S = r->n_scenarios;
+    int32_t E = r->n_experts, S = r->n_scenarios, combos = batch % S == 0 ? 1 : S;
     double hsum = 0.0, dsum = 0.0;
-    double *pc = ws->lt + m->n_layers;  /* E doubles after the per-layer times (ws_layout) */
     for (int32_t k = 0; k < S; k++)
         for (int32_t e = 0; e < E; e++)
-            ws->lq[(int64_t) k * E + e] = log1p(-fmin(r->q[((int64_t) k * r->n_layers + l) * E + e], 1.0 - 1e-16));
-    for (int32_t j = 0; j < S; j++) {
+            lq[(int64_t) k * E + e] = log1p(-fmin(r->q[((int64_t) k * r->n_layers + l) * E + e], 1.0 - 1e-16));
+    for (int32_t j = 0; j < combos; j++) {
         double dj = 0.0;
         for (int32_t e = 0; e < E; e++) {
             double lg = 0.0;
-            for (int32_t b = 0; b < c->batch && b < S; b++) {
-                int64_t reps = c->batch / S + (b < c->batch % S ? 1 : 0);
-                lg += (double) reps * ws->lq[(int64_t) ((j + b) % S) * E + e];
+            for (int32_t b = 0; b < batch && b < S; b++) {
+                int64_t reps = batch / S + (b < batch % S ? 1 : 0);
+                lg += (double) reps * lq[(int64_t) ((j + b) % S) * E + e];
             }
-            pc[e] = 1.0 - exp(c->tokens_per_step * lg);
+            pc[e] = 1.0 - exp(tps * lg);
             dj += pc[e];
         }
-        hsum += che_hits(pc, E, C, ws->che);
+        hsum += che_hits(pc, E, C, che);
         dsum += dj;
     }
     return dsum > 0.0 ? hsum / dsum : 0.0;
 }
 
-/* Expected work of a FETCH layer i (routing layer l) from its inclusion probabilities: D experts a step,
- * pinned_p of them among the hottest `slots`, free_p outside; returns the hit rate. */
-static double fetch_layer(const ms_decode_model_t *m, const ms_routing_t *r, const ms_decode_config_t *c, ws_t *ws,
-                          int32_t i, int32_t l, double D, double pinned_p, double free_p, layer_work_t *w)
+/* The LRU hit rate of routing layer l's C slots before the stickiness term: Che's approximation on the
+ * window tables (D: the step's distinct experts from window_inclusion), else per scenario combination.
+ * What ms_che_table tabulates and a FETCH layer without a table solves. */
+static double lru_layer(const ms_routing_t *r, int32_t l, int32_t batch, int32_t tps, double C, double D,
+                        double *pc, double *che, double *lq)
 {
-    double C = (double) m->slots[i], h, toks = (double) c->batch * c->tokens_per_step;
-    if (c->policy == MS_POLICY_LRU && r->win_lq) {
-        /* the windows hold the stickiness and memory: no separate sticky term */
-        h = D > 0.0 ? window_hits(r, l, (double) c->batch, (double) c->tokens_per_step, C, D) / D : 0.0;
-        w->n_fetch = D * (1.0 - h);
-    } else if (c->policy == MS_POLICY_LRU) {
-        double sigma;
-        h = lru_hit_rate(m, r, c, ws, l, C);
-        /* a sticky expert was used by the previous token: resident while C covers a step's set */
-        sigma = r->stickiness[l] * fmin(1.0, C / fmax(D, 1e-300));
-        h = sigma + (1.0 - sigma) * h;
+    if (r->win_lq) return D > 0.0 ? window_hits(r, l, (double) batch, (double) tps, C, D) / D : 0.0;
+    return lru_hit_rate(r, batch, tps, l, C, pc, che, lq);
+}
+
+/* Scratch of layer_counts: p, pc, che [E], lq [S][E], usel [E]. */
+typedef struct {
+    double *p, *pc, *che, *lq;
+    int32_t *usel;
+} an_scratch_t;
+
+/* The expected counts of routing layer l's step (batch x tps tokens) at `slots` GPU slots into row[MS_CHE_*]:
+ * D, the selection and inclusion mass of the `slots` hottest experts (pinned) and of the rest (with
+ * `pinned`; summed on both sides so "all pinned" is exact), the hit rate under `policy` (with `hit`: LRU's
+ * Che rate before the stickiness term, else the pinned share: static, and LFU converges to the same set)
+ * and the reuse statistic; the inclusion probabilities are left in s->p. What ms_che_table tabulates and
+ * analytic_layer computes for itself without a table. */
+static void layer_counts(const ms_routing_t *r, int32_t l, int32_t batch, int32_t tps, int32_t slots, int32_t policy,
+                         int pinned, int hit, const an_scratch_t *s, double *row)
+{
+    int32_t E = r->n_experts, S = r->n_scenarios, K = r->top_k;
+    double D, pinned_q = 0.0, pinned_p = 0.0, free_q = 0.0, free_p = 0.0, *p = s->p;
+    const double *qbar = r->qbar + (int64_t) l * E;
+    D = r->win_lq ? window_inclusion(r, l, (double) batch, (double) tps, p)
+                  : step_inclusion(r, l, (double) batch * tps, p);
+    if (pinned) {
+        for (int32_t e = 0; e < E; e++) s->usel[e] = 0;
+        for (int32_t j = 0; j < slots && j < E; j++) s->usel[r->hot[(int64_t) l * E + j]] = 1;
+        for (int32_t e = 0; e < E; e++) {
+            if (s->usel[e]) {
+                pinned_q += qbar[e];
+                pinned_p += p[e];
+            } else {
+                free_q += qbar[e];
+                free_p += p[e];
+            }
+        }
+    }
+    row[MS_CHE_D] = D;
+    row[MS_CHE_PINNED_Q] = pinned_q;
+    row[MS_CHE_PINNED_P] = pinned_p;
+    row[MS_CHE_FREE_Q] = free_q;
+    row[MS_CHE_FREE_P] = free_p;
+    row[MS_CHE_HIT] = !hit ? 0.0
+                    : policy == MS_POLICY_LRU ? lru_layer(r, l, batch, tps, (double) slots, D, s->pc, s->che, s->lq)
+                    : (D > 0.0 ? pinned_p / D : 0.0);
+    row[MS_CHE_REUSE] = r->win_lq ? window_reuse(r, l)
+                      : r->stickiness[l] + (1.0 - r->stickiness[l]) * r->qsq[l] / ((double) S * K);
+}
+
+/* Expected work of a FETCH layer i (routing layer l) from its counts `row`; returns the hit rate. */
+static double fetch_layer(const ms_decode_model_t *m, const ms_routing_t *r, const ms_decode_config_t *c, int32_t i,
+                          int32_t l, const double *row, layer_work_t *w)
+{
+    double C = (double) m->slots[i], D = row[MS_CHE_D], h = row[MS_CHE_HIT];
+    double toks = (double) c->batch * c->tokens_per_step;
+    if (c->policy == MS_POLICY_LRU) {
+        if (!r->win_lq) {   /* the windows hold the stickiness and memory: no separate sticky term */
+            /* a sticky expert was used by the previous token: resident while C covers a step's set */
+            double sigma = r->stickiness[l] * fmin(1.0, C / fmax(D, 1e-300));
+            h = sigma + (1.0 - sigma) * h;
+        }
         w->n_fetch = D * (1.0 - h);
     } else {
-        h = D > 0.0 ? pinned_p / D : 0.0;   /* static; LFU converges to the same set */
-        w->n_fetch = free_p;
+        w->n_fetch = row[MS_CHE_FREE_P];
     }
     w->n_res = D;
     w->pairs_gpu = toks * r->top_k;
@@ -229,36 +281,33 @@ static double fetch_layer(const ms_decode_model_t *m, const ms_routing_t *r, con
     return h;
 }
 
-/* Expected work of model layer i (routing layer l, expert mode `mode`) into ws->work[i]. */
+/* Expected work of model layer i (routing layer l, expert mode `mode`) into ws->work[i]: from the
+ * configuration's table row when it was tabulated for this layer's slots (ms_che_table), else counted here. */
 static void analytic_layer(const ms_decode_model_t *m, const ms_routing_t *r, const ms_decode_config_t *c, ws_t *ws,
                            int32_t i, an_tally_t *n)
 {
-    int32_t E = r->n_experts, S = r->n_scenarios, K = r->top_k;
+    int32_t E = r->n_experts, K = r->top_k;
     int32_t l = m->moe_index[i], mode = m->expert_mode[i];
+    int paged = m->page_slots[i] < E && (mode == MS_EXP_CPU || mode == MS_EXP_SPLIT || mode == MS_EXP_FETCH);
     layer_work_t *w = &ws->work[i];
-    double toks = (double) c->batch * c->tokens_per_step;
-    double D, pinned_q = 0.0, pinned_p = 0.0, free_q = 0.0, free_p = 0.0;
-    double *p = ws->times;   /* >= E doubles (ws_layout) */
-    const double *qbar = r->qbar + (int64_t) l * E;
-    D = r->win_lq ? window_inclusion(r, l, (double) c->batch, (double) c->tokens_per_step, p)
-                  : step_inclusion(r, l, toks, p);
-    /* pinned = the `slots` most popular experts; sum both sides so "all pinned" is exact
-     * (only SPLIT and FETCH layers use them) */
-    if (mode == MS_EXP_SPLIT || mode == MS_EXP_FETCH) {
-        for (int32_t e = 0; e < E; e++) ws->usel[e] = 0;
-        for (int32_t j = 0; j < m->slots[i] && j < E; j++) ws->usel[r->hot[(int64_t) l * E + j]] = 1;
-        for (int32_t e = 0; e < E; e++) {
-            if (ws->usel[e]) {
-                pinned_q += qbar[e];
-                pinned_p += p[e];
-            } else {
-                free_q += qbar[e];
-                free_p += p[e];
-            }
-        }
+    double toks = (double) c->batch * c->tokens_per_step, own[MS_CHE_FIELDS], D;
+    const double *row = c->che && c->che_slots == m->slots[i] ? c->che + (int64_t) l * MS_CHE_FIELDS : NULL;
+    an_scratch_t sc;
+    sc.p = ws->times;                /* >= E doubles (ws_layout) */
+    sc.pc = ws->lt + m->n_layers;    /* E doubles after the per-layer times */
+    sc.che = ws->che;
+    sc.lq = ws->lq;
+    sc.usel = ws->usel;
+    /* the page cache's Che (independent picks) reads the inclusion probabilities themselves */
+    if (row == NULL || (paged && !r->win_lq)) {
+        layer_counts(r, l, c->batch, c->tokens_per_step, m->slots[i], c->policy,
+                     row == NULL && (mode == MS_EXP_SPLIT || mode == MS_EXP_FETCH), row == NULL && mode == MS_EXP_FETCH,
+                     &sc, own);
+        if (row == NULL) row = own;
     }
+    D = row[MS_CHE_D];
     n->distinct += D;
-    n->reuse += r->win_lq ? window_reuse(r, l) : r->stickiness[l] + (1.0 - r->stickiness[l]) * r->qsq[l] / ((double) S * K);
+    n->reuse += row[MS_CHE_REUSE];
     if (mode == MS_EXP_GPU) {
         w->n_res = D;
         w->pairs_gpu = toks * K;
@@ -266,27 +315,40 @@ static void analytic_layer(const ms_decode_model_t *m, const ms_routing_t *r, co
         w->n_cpu = D;
         w->pairs_cpu = toks * K;
     } else if (mode == MS_EXP_SPLIT) {
-        w->n_res = pinned_p;
-        w->n_cpu = free_p;
-        w->pairs_gpu = toks * pinned_q;
-        w->pairs_cpu = toks * free_q;
-        n->hits += pinned_p;
+        w->n_res = row[MS_CHE_PINNED_P];
+        w->n_cpu = row[MS_CHE_FREE_P];
+        w->pairs_gpu = toks * row[MS_CHE_PINNED_Q];
+        w->pairs_cpu = toks * row[MS_CHE_FREE_Q];
+        n->hits += row[MS_CHE_PINNED_P];
         n->loads += D;
     } else {   /* FETCH */
-        double h = fetch_layer(m, r, c, ws, i, l, D, pinned_p, free_p, w);
+        double h = fetch_layer(m, r, c, i, l, row, w);
         n->hits += D * h;
         n->loads += D;
     }
-    if (m->page_slots[i] < E && (mode == MS_EXP_CPU || mode == MS_EXP_SPLIT || mode == MS_EXP_FETCH)) {
+    if (paged) {
         double host = mode == MS_EXP_FETCH ? w->n_fetch : w->n_cpu;
         double ps = (double) m->page_slots[i];
         double ph = D <= 0.0 ? 0.0
                   : (r->win_lq ? window_hits(r, l, (double) c->batch, (double) c->tokens_per_step, ps, D)
-                               : che_hits(p, E, ps, ws->che)) / D;
+                               : che_hits(sc.p, E, ps, ws->che)) / D;
         w->n_disk = host * (1.0 - ph);
         n->phits += host * ph;
         n->ploads += host;
     }
+}
+
+/* 0, or MS_ERR_BAD_ROUTING when a configuration's table holds a count that is negative or not finite, or a
+ * hit rate above 1. */
+static int check_table(const ms_routing_t *r, const double *t)
+{
+    int bad = 0;
+    for (int32_t l = 0; l < r->n_layers; l++) {
+        const double *row = t + (int64_t) l * MS_CHE_FIELDS;
+        for (int f = 0; f < MS_CHE_FIELDS; f++) bad |= !(row[f] >= 0.0 && row[f] <= DBL_MAX);   /* NaN fails too */
+        bad |= row[MS_CHE_HIT] > 1.0;
+    }
+    return bad ? MS_ERR_BAD_ROUTING : 0;
 }
 
 int ms_analytic(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_routing_t *r,
@@ -295,6 +357,7 @@ int ms_analytic(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_rou
     an_tally_t n = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
     int32_t n_moe = 0;
     if (c->policy == MS_POLICY_BELADY) return MS_ERR_BAD_POLICY;
+    if (c->che && check_table(r, c->che)) return MS_ERR_BAD_ROUTING;
     for (int32_t i = 0; i < m->n_layers; i++) {
         memset(&ws->work[i], 0, sizeof(ws->work[i]));
         if (m->moe_index[i] < 0 || m->expert_mode[i] == MS_EXP_NONE) continue;
@@ -307,5 +370,50 @@ int ms_analytic(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_rou
     out->reuse = n_moe ? n.reuse / n_moe : 0.0;
     out->hit_rate = n.loads > 0.0 ? n.hits / n.loads : -1.0;
     out->page_hit_rate = n.ploads > 0.0 ? n.phits / n.ploads : -1.0;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------- the LRU hit-rate table */
+
+int64_t ms_che_table_workspace_size(const ms_routing_t *r)
+{
+    int64_t E, S;
+    if (r == NULL || r->n_experts <= 0) return 0;
+    E = r->n_experts;
+    S = r->n_scenarios > 0 ? r->n_scenarios : 1;
+    return (3 * E + S * E) * (int64_t) sizeof(double) + E * (int64_t) sizeof(int32_t);
+}
+
+/* The checks ms_decode makes of an analytic routing, for a table that runs without a configuration. */
+static int check_che(const ms_routing_t *r, int32_t batch, int32_t tps, int32_t slots, int32_t policy)
+{
+    if (batch < 1 || tps < 1 || slots < 0) return MS_ERR_BAD_SIZE;
+    if (policy < 0 || policy >= MS_N_POLICIES || policy == MS_POLICY_BELADY) return MS_ERR_BAD_POLICY;
+    if (r->n_layers < 1 || r->n_layers > MS_MAX_MOE_LAYERS) return MS_ERR_BAD_SIZE;
+    if (r->n_experts <= 0 || r->top_k <= 0 || r->top_k > r->n_experts || r->top_k > MS_MAX_TOP_K)
+        return MS_ERR_BAD_ROUTING;
+    if (r->n_scenarios <= 0 || r->q == NULL || r->qbar == NULL || r->lqbar == NULL || r->qsq == NULL
+        || r->hot == NULL || r->stickiness == NULL || ms_check_windows(r)) return MS_ERR_BAD_ROUTING;
+    for (int64_t k = 0; k < (int64_t) r->n_layers * r->n_experts; k++)
+        if (r->hot[k] < 0 || r->hot[k] >= r->n_experts) return MS_ERR_BAD_ROUTING;
+    return 0;
+}
+
+int ms_che_table(const ms_routing_t *r, int32_t batch, int32_t tokens_per_step, int32_t slots, int32_t policy,
+                 void *workspace, int64_t workspace_bytes, double *out)
+{
+    an_scratch_t sc;
+    int rc;
+    if (r == NULL || out == NULL || workspace == NULL) return MS_ERR_NULL_ARGUMENT;
+    rc = check_che(r, batch, tokens_per_step, slots, policy);
+    if (rc) return rc;
+    if (workspace_bytes < ms_che_table_workspace_size(r)) return MS_ERR_BAD_WORKSPACE;
+    sc.p = (double *) workspace;
+    sc.pc = sc.p + r->n_experts;
+    sc.che = sc.pc + r->n_experts;
+    sc.lq = sc.che + r->n_experts;
+    sc.usel = (int32_t *) (sc.lq + (int64_t) r->n_scenarios * r->n_experts);
+    for (int32_t l = 0; l < r->n_layers; l++)
+        layer_counts(r, l, batch, tokens_per_step, slots, policy, 1, 1, &sc, out + (int64_t) l * MS_CHE_FIELDS);
     return 0;
 }

@@ -401,8 +401,8 @@ static int montecarlo(const ms_decode_model_t *m, const ms_machine_t *hw, const 
 /* ------------------------------------------------------------------------- entry points */
 
 /* 0, or 1 when the token-memory window tables are malformed (nodes not increasing from 1, log
- * probabilities above 0, not finite or rising with the window). */
-static int check_windows(const ms_routing_t *r)
+ * probabilities above 0, not finite or rising with the window). Shared with ms_che_table (ms_internal.h). */
+int ms_check_windows(const ms_routing_t *r)
 {
     int64_t rows = (int64_t) r->n_layers * r->n_experts;
     int32_t W = r->n_window;
@@ -440,7 +440,7 @@ static int check(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_ro
         if (c->mode == MS_MODE_ANALYTIC && (r->n_scenarios <= 0 || r->q == NULL || r->qbar == NULL
                                             || r->lqbar == NULL || r->qsq == NULL)) return MS_ERR_BAD_ROUTING;
         if (c->mode == MS_MODE_MONTECARLO && r->trace == NULL && r->log_pop == NULL) return MS_ERR_BAD_ROUTING;
-        if (c->mode == MS_MODE_ANALYTIC && check_windows(r)) return MS_ERR_BAD_ROUTING;
+        if (c->mode == MS_MODE_ANALYTIC && ms_check_windows(r)) return MS_ERR_BAD_ROUTING;
         if (r->trace && (r->trace_tokens <= 0 || r->trace_layers <= 0)) return MS_ERR_BAD_TRACE;
     }
     for (int32_t i = 0; i < m->n_layers; i++) {

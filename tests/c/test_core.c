@@ -349,6 +349,67 @@ static void test_decode(void)
     free(ws2);
 }
 
+/* The analytic table: a configuration reading it gives the result of counting and solving Che itself,
+ * bit for bit, under every analytic policy; bad arguments and table entries are refused with codes. */
+static void test_che_table(void)
+{
+    enum { F = MS_CHE_FIELDS };
+    ms_machine_t h = make_machine();
+    ms_routing_t r = make_routing(1), none = make_routing(0);
+    int32_t modes[] = {MS_EXP_GPU, MS_EXP_CPU, MS_EXP_SPLIT, MS_EXP_FETCH};
+    int64_t wsb = ms_che_table_workspace_size(&r);
+    void *tw = malloc((size_t) wsb);
+    double tab[L * F], bad[L * F];
+    ms_decode_result_t solved, read;
+    CHECK(wsb > 0 && ms_che_table_workspace_size(NULL) == 0);
+    for (int mi = 0; mi < 4; mi++) {
+        ms_decode_model_t m = make_decode_model(modes[mi], 1);
+        for (int32_t pol = 0; pol < MS_POLICY_BELADY; pol++) {
+            for (int32_t b = 1; b <= 9; b += 4) {
+                ms_decode_config_t c = make_decode_config(b, 32, pol, MS_MODE_ANALYTIC);
+                CHECK(ms_che_table(&r, b, 1, 4, pol, tw, wsb, tab) == 0);
+                for (int l = 0; l < L; l++) CHECK(tab[l * F + MS_CHE_HIT] >= 0.0 && tab[l * F + MS_CHE_HIT] <= 1.0);
+                CHECK(run_decode(&m, &h, &r, &c, &solved) == 0);
+                c.che = tab; c.che_slots = 4;
+                CHECK(run_decode(&m, &h, &r, &c, &read) == 0);
+                CHECK(memcmp(&solved, &read, sizeof(solved)) == 0);
+                memcpy(bad, tab, sizeof(bad));
+                for (int l = 0; l < L; l++) bad[l * F + MS_CHE_HIT] = 1.0;
+                c.che = bad;
+                c.che_slots = 5;                     /* a table for another slot count is not read */
+                CHECK(run_decode(&m, &h, &r, &c, &read) == 0 && memcmp(&solved, &read, sizeof(solved)) == 0);
+                c.che_slots = 4;
+                CHECK(run_decode(&m, &h, &r, &c, &read) == 0);
+                if (modes[mi] == MS_EXP_FETCH) CHECK(read.hit_rate > solved.hit_rate);
+                bad[F + MS_CHE_HIT] = 1.5;
+                CHECK(run_decode(&m, &h, &r, &c, &read) == MS_ERR_BAD_ROUTING);
+                bad[F + MS_CHE_HIT] = 1.0;
+                bad[F + MS_CHE_D] = NAN;
+                CHECK(run_decode(&m, &h, &r, &c, &read) == MS_ERR_BAD_ROUTING);
+                bad[F + MS_CHE_D] = -1.0;
+                CHECK(run_decode(&m, &h, &r, &c, &read) == MS_ERR_BAD_ROUTING);
+            }
+        }
+    }
+    CHECK(ms_che_table(&r, 2, 1, 0, MS_POLICY_LRU, tw, wsb, tab) == 0 && tab[MS_CHE_HIT] == 0.0);
+    CHECK(ms_che_table(&r, 2, 1, E, MS_POLICY_LRU, tw, wsb, tab) == 0 && tab[MS_CHE_HIT] == 1.0);
+    CHECK(ms_che_table(&r, 2, 1, E, MS_POLICY_STATIC, tw, wsb, tab) == 0 && tab[MS_CHE_FREE_P] == 0.0);
+    CHECK(ms_che_table(NULL, 1, 1, 4, MS_POLICY_LRU, tw, wsb, tab) == MS_ERR_NULL_ARGUMENT);
+    CHECK(ms_che_table(&r, 1, 1, 4, MS_POLICY_LRU, tw, wsb, NULL) == MS_ERR_NULL_ARGUMENT);
+    CHECK(ms_che_table(&r, 0, 1, 4, MS_POLICY_LRU, tw, wsb, tab) == MS_ERR_BAD_SIZE);
+    CHECK(ms_che_table(&r, 1, 0, 4, MS_POLICY_LRU, tw, wsb, tab) == MS_ERR_BAD_SIZE);
+    CHECK(ms_che_table(&r, 1, 1, -1, MS_POLICY_LRU, tw, wsb, tab) == MS_ERR_BAD_SIZE);
+    CHECK(ms_che_table(&r, 1, 1, 4, MS_POLICY_BELADY, tw, wsb, tab) == MS_ERR_BAD_POLICY);
+    CHECK(ms_che_table(&r, 1, 1, 4, 17, tw, wsb, tab) == MS_ERR_BAD_POLICY);
+    CHECK(ms_che_table(&r, 1, 1, 4, MS_POLICY_LRU, tw, wsb - 8, tab) == MS_ERR_BAD_WORKSPACE);
+    CHECK(ms_che_table(&none, 1, 1, 4, MS_POLICY_LRU, tw, wsb, tab) != 0);
+    ms_routing_t noq = r; noq.q = NULL;
+    CHECK(ms_che_table(&noq, 1, 1, 4, MS_POLICY_LRU, tw, wsb, tab) == MS_ERR_BAD_ROUTING);
+    ms_routing_t wide = r; wide.top_k = E + 1;
+    CHECK(ms_che_table(&wide, 1, 1, 4, MS_POLICY_LRU, tw, wsb, tab) == MS_ERR_BAD_ROUTING);
+    free(tw);
+}
+
 /* ---------------------------------------------------------------------------- routing and caches */
 static void test_route_and_cache(void)
 {
@@ -1017,6 +1078,7 @@ int main(void)
     test_strerror_and_rng();
     test_memory();
     test_decode();
+    test_che_table();
     test_route_and_cache();
     test_ctx_and_lookup();
     test_stamp_restart();

@@ -19,7 +19,7 @@ from libc.stdint cimport int8_t, int32_t, int64_t, uint64_t
 from libc.string cimport memset
 
 from moesim.errors import MoesimError
-from moesim.engine.glue import StructError, check_columns, check_routing, check_struct
+from moesim.engine.glue import StructError, check_che_columns, check_columns, check_routing, check_struct
 
 cnp.import_array()
 

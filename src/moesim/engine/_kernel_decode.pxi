@@ -53,8 +53,19 @@ cdef void _fill_configs(ms_decode_config_t *cfg, dict c, Py_ssize_t n):
     cdef const double[::1] accepted = c["accepted"]
     cdef const int64_t[::1] steps = c["steps"], warmup = c["warmup"]
     cdef const uint64_t[::1] seed = c["seed"], index = c["index"]
+    cdef const double[:, :, ::1] che
+    cdef const int32_t[::1] che_slots
+    cdef bint tabled = c.get("che") is not None
     cdef Py_ssize_t i
+    if tabled:
+        che = c["che"]
+        che_slots = c["che_slots"]
     for i in range(n):
+        cfg[i].che = NULL
+        cfg[i].che_slots = -1
+        if tabled and che_slots[i] >= 0 and che.shape[1] > 0:
+            cfg[i].che = &che[i, 0, 0]
+            cfg[i].che_slots = che_slots[i]
         cfg[i].batch = batch[i]
         cfg[i].tokens_per_step = tps[i]
         cfg[i].drafts = drafts[i]
@@ -68,37 +79,41 @@ cdef void _fill_configs(ms_decode_config_t *cfg, dict c, Py_ssize_t n):
 
 
 cdef dict _decode_results(const ms_decode_result_t *res, Py_ssize_t n, bint filled):
-    """Result arrays of n ms_decode_result_t (left unset unless `filled`)."""
+    """Result arrays of n ms_decode_result_t (left unset unless `filled`), written through typed views."""
     out = {name: np.empty(n) for name in DECODE_RESULT_F64}
     by_res = np.empty((n, MS_N_RES)); by_phase = np.empty((n, MS_N_PHASES)); nbytes = np.empty((n, MS_N_BYTES))
+    cdef double[::1] step_mean = out["step_mean"], step_p50 = out["step_p50"], step_p99 = out["step_p99"]
+    cdef double[::1] accepted = out["accepted"], hit_rate = out["hit_rate"], page_hit_rate = out["page_hit_rate"]
+    cdef double[::1] distinct = out["distinct"], reuse = out["reuse"], selections = out["selections"]
+    cdef double[:, ::1] v_res = by_res, v_phase = by_phase, v_bytes = nbytes
     cdef Py_ssize_t i
     cdef int k
     if filled:
         for i in range(n):
-            out["step_mean"][i] = res[i].step_mean
-            out["step_p50"][i] = res[i].step_p50
-            out["step_p99"][i] = res[i].step_p99
-            out["accepted"][i] = res[i].accepted
-            out["hit_rate"][i] = res[i].hit_rate
-            out["page_hit_rate"][i] = res[i].page_hit_rate
-            out["distinct"][i] = res[i].distinct
-            out["reuse"][i] = res[i].reuse
-            out["selections"][i] = res[i].selections
+            step_mean[i] = res[i].step_mean
+            step_p50[i] = res[i].step_p50
+            step_p99[i] = res[i].step_p99
+            accepted[i] = res[i].accepted
+            hit_rate[i] = res[i].hit_rate
+            page_hit_rate[i] = res[i].page_hit_rate
+            distinct[i] = res[i].distinct
+            reuse[i] = res[i].reuse
+            selections[i] = res[i].selections
             for k in range(MS_N_RES):
-                by_res[i, k] = res[i].by_resource[k]
+                v_res[i, k] = res[i].by_resource[k]
             for k in range(MS_N_PHASES):
-                by_phase[i, k] = res[i].by_phase[k]
+                v_phase[i, k] = res[i].by_phase[k]
             for k in range(MS_N_BYTES):
-                nbytes[i, k] = res[i].bytes[k]
+                v_bytes[i, k] = res[i].bytes[k]
     out["by_resource"] = by_res
     out["by_phase"] = by_phase
     out["bytes"] = nbytes
     return out
 
 
-def decode_many(dict dm, hw, rt, cols, int n_threads):
-    """Run len(cols['batch']) decode configurations; returns (code, bad_index, result arrays). *hw*, *rt*
-    and *cols*: dicts, or tables glue.seal checked once."""
+def decode_many(dm, hw, rt, cols, int n_threads):
+    """Run len(cols['batch']) decode configurations; returns (code, bad_index, result arrays). *dm*, *hw*,
+    *rt* and *cols*: dicts, or tables glue.seal (glue.seal_routing) checked once."""
     cdef ms_decode_model_t m
     cdef ms_machine_t mach
     cdef ms_routing_t r
@@ -107,6 +122,7 @@ def decode_many(dict dm, hw, rt, cols, int n_threads):
     _fill_machine(&mach, check_struct("ms_machine_t", hw))
     _fill_routing(&r, check_routing(rt), keep)
     c = check_columns("ms_decode_config_t[]", cols)
+    check_che_columns(c, r.n_layers)
     cdef Py_ssize_t n = c["n"], i
     cdef int nt = _threads(n_threads)
     cdef int64_t ws_bytes = 64, w
@@ -133,3 +149,34 @@ def decode_many(dict dm, hw, rt, cols, int n_threads):
     finally:
         free(cfg); free(res); free(ws)
     return code, bad, out
+
+
+def che_table(rt, batches, tokens_per_step, int slots, int policy):
+    """(code, index of the first bad row or -1, [n, L, MS_CHE_FIELDS] rows): ms_che_table for each (batches[i],
+    tokens_per_step[i]) at `slots` GPU slots under `policy` (engine.decode.che_table checks the arguments)."""
+    cdef ms_routing_t r
+    keep = {}
+    _fill_routing(&r, check_routing(rt), keep)
+    cdef const int32_t[::1] b = np.ascontiguousarray(batches, dtype=np.int32)
+    cdef const int32_t[::1] t = np.ascontiguousarray(tokens_per_step, dtype=np.int32)
+    cdef Py_ssize_t n = b.shape[0], i
+    if t.shape[0] != n:
+        raise StructError("ms_che_table()", "tokens_per_step", f"{t.shape[0]} rows, expected {n}")
+    out = np.zeros((n, max(r.n_layers, 1), MS_CHE_FIELDS), dtype=np.float64)
+    cdef double[:, :, ::1] v = out
+    cdef int64_t wsb = ms_che_table_workspace_size(&r)
+    cdef char *ws = <char *> malloc(max(wsb, 64))
+    cdef int code = 0
+    cdef int64_t bad = -1
+    if ws == NULL:
+        raise MemoryError()
+    try:
+        with nogil:
+            for i in range(n):
+                code = ms_che_table(&r, b[i], t[i], slots, policy, ws, wsb, &v[i, 0, 0])
+                if code:
+                    bad = i
+                    break
+    finally:
+        free(ws)
+    return code, bad, out[:, :r.n_layers]

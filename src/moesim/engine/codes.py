@@ -34,6 +34,9 @@ EXP_NONE, EXP_GPU, EXP_CPU, EXP_SPLIT, EXP_FETCH, N_EXP_MODES = range(6)
 POLICY_LRU, POLICY_LFU, POLICY_STATIC, POLICY_BELADY, N_POLICIES = range(5)
 POLICIES = {"lru": POLICY_LRU, "lfu": POLICY_LFU, "static": POLICY_STATIC, "belady": POLICY_BELADY}
 MODE_MONTECARLO, MODE_ANALYTIC = range(2)
+# Fields of an analytic table row per routing layer (MS_CHE_*; ms_che_table, engine.decode.che_table).
+CHE_FIELDS = ("distinct", "pinned_q", "pinned_p", "free_q", "free_p", "hit_rate", "reuse")
+CHE_D, CHE_PINNED_Q, CHE_PINNED_P, CHE_FREE_Q, CHE_FREE_P, CHE_HIT, CHE_REUSE = range(7)
 MODES = {"montecarlo": MODE_MONTECARLO, "analytic": MODE_ANALYTIC}
 
 # Resources a step's time is attributed to, byte counters and phases.

@@ -11,6 +11,7 @@ PHASES = ("attention", "experts", "transfer", "sync_launch", "head_drafts", "ste
 LINKS = ("gpu_memory", "host_memory", "pcie", "storage")
 CONFIG_FIELDS = ("batch", "tokens_per_step", "drafts", "accepted", "steps", "warmup", "policy", "mode", "seed",
                  "index")
+# optional columns: "che" [n, routing layers, CHE_FIELDS] and "che_slots" [n] (che_table's rows; -1: none)
 
 
 # ------------------------------------------------------------------------------- running
@@ -32,3 +33,39 @@ def run(dm: dict, hw: dict, rt: dict, cols: dict, n_threads: int = 1, engine: st
     code, bad, res = _kernel.decode_many(dm, hw, rt, cols, int(n_threads))
     handle_library_error(code, "ms_decode_many", bad)
     return res
+
+
+# ------------------------------------------------------------------------------- analytic tables
+def che_table(rt: dict, batches, tokens_per_step, slots: int, policy: int = 0, engine: str = "c"):
+    """The analytic path's expected counts of every routing layer's step, one ``[n_layers, len(CHE_FIELDS)]``
+    row per (batches[i], tokens_per_step[i]) at ``slots`` GPU expert slots under ``policy`` (a POLICIES code,
+    not Belady): distinct experts, the pinned (hottest ``slots``) and free selection / inclusion mass, the GPU
+    hit rate (LRU: Che's approximation before the stickiness term; static, LFU: the pinned share) and the
+    reuse statistic (codes.CHE_FIELDS). They depend on the routing's tables, batch, tokens per step, slots and
+    policy only, so a sweep computes them once and passes them as the ``che`` / ``che_slots`` config
+    columns of every configuration that shares them (prefetch recalls, machines, contexts, quants); the
+    kernel then reads them instead of counting experts and solving Che. Bad arguments raise MoesimError."""
+    import numpy as np
+    from .codes import CHE_FIELDS, POLICY_BELADY, POLICIES
+    b = np.atleast_1d(np.asarray(batches))
+    t = np.broadcast_to(np.asarray(tokens_per_step), b.shape) if b.ndim == 1 else None
+    if t is None or b.dtype.kind not in "iu" or t.dtype.kind not in "iu":
+        raise MoesimError("che_table: batches and tokens_per_step must be integers (one row each)", "batches")
+    if b.size and (b.min() < 1 or b.max() > 2**31 - 1 or t.min() < 1 or t.max() > 2**31 - 1):
+        raise MoesimError("che_table: batch and tokens per step must be in [1, 2**31 - 1]", "batches")
+    if isinstance(slots, bool) or not isinstance(slots, (int, np.integer)) or not 0 <= int(slots) <= 2**31 - 1:
+        raise MoesimError(f"che_table: slots must be an integer >= 0, got {slots!r}", "slots")
+    if policy not in POLICIES.values() or policy == POLICY_BELADY:
+        raise MoesimError(f"che_table: policy must be the code of lru, lfu or static, got {policy!r}", "policy")
+    if not rt.get("n_layers") or rt.get("q") is None:
+        raise MoesimError("che_table: the routing has no analytic tables (a dense model or a trace)", "rt")
+    if engine == "reference":
+        from .reference import decode as reference
+        rows = [reference.che_table(rt, int(x), int(y), int(slots), int(policy)) for x, y in zip(b, t)]
+        return np.array(rows, dtype=np.float64).reshape(len(b), int(rt["n_layers"]), len(CHE_FIELDS))
+    if engine != "c":
+        raise MoesimError(f"engine must be 'c' or 'reference', got {engine!r}", "engine")
+    from . import _kernel
+    code, bad, out = _kernel.che_table(rt, b, t, int(slots), int(policy))
+    handle_library_error(code, "ms_che_table", bad)
+    return out

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import KernelError, MoesimError
-from .codes import MAX_HISTORY, MAX_MOE_LAYERS, MAX_PARTNERS, MAX_TOP_K, N_CLASSES
+from .codes import CHE_FIELDS, MAX_HISTORY, MAX_MOE_LAYERS, MAX_PARTNERS, MAX_TOP_K, N_CLASSES
 
 
 def handle_library_error(code: int, where: str, index: int | None = None) -> None:
@@ -128,7 +128,13 @@ _ROUTING_DENSE = ROUTING[:len(ROUTING) - len(ROUTING_LAYERS)]        # a dense m
 # taken modulo 2**64.
 DECODE_CONFIG_COLUMNS = (_arrays(I32, ("n",), "batch", "tokens_per_step", "drafts") + _arrays(F64, ("n",), "accepted")
                          + _arrays(I64, ("n",), "steps", "warmup") + _arrays(I32, ("n",), "policy", "mode")
-                         + _arrays(U64, ("n",), "seed", "index"))
+                         + _arrays(U64, ("n",), "seed", "index")
+                         # analytic tables (engine.decode.che_table): row i for configuration i, read by its MoE
+                         # layers of che_slots[i] slots (-1: none; both or neither present)
+                         + (Field("che", F64, ("n", "che_layers", len(CHE_FIELDS)), optional=True,
+                                  note="ms_che_table's step counts and hit rate per configuration and routing layer"),
+                            Field("che_slots", I32, ("n",), optional=True,
+                                  note="the slot count each che row was tabulated for (-1: no table)")))
 
 # ms_sweep_place_t as columns of a group's candidate placements, and ms_sweep_mem_t (analysis.sweep
 # Group._memory_tables); K layer kinds.
@@ -358,9 +364,42 @@ def check_columns(struct: str, cols, n: int | None = None) -> dict:
     return out
 
 
+def check_che_columns(c: dict, n_layers: int) -> None:
+    """The optional table columns of checked config columns: both or neither, one row per routing layer (the
+    C refuses a count that is negative or not finite, or a hit rate above 1, on a row that names a slot count:
+    MS_ERR_BAD_ROUTING)."""
+    che, slots = c.get("che"), c.get("che_slots")
+    if (che is None) != (slots is None):
+        raise StructError("ms_decode_config_t[]", "che", "che and che_slots go together")
+    if che is None:
+        return
+    if che.shape[1] != n_layers:
+        raise StructError("ms_decode_config_t[]", "che", f"{che.shape[1]} layers, the routing has {n_layers}")
+
+
+def seal_routing(rt) -> Sealed:
+    """A routing table (ms_routing_t) checked once by :func:`check_routing` and kept read-only (see
+    :class:`Sealed`): kernels that take it skip the checks (a sweep passes one routing to many calls)."""
+    if type(rt) is Sealed and rt.struct == "ms_routing_t":
+        return rt
+    def frozen(v):
+        if isinstance(v, np.ndarray):
+            v = v.copy()
+            v.flags.writeable = False
+        elif isinstance(v, Mapping):            # nested tables (q_tables)
+            v = {k: frozen(x) for k, x in v.items()}
+        return v
+
+    data = {k: frozen(v) for k, v in rt.items()}
+    return Sealed("ms_routing_t", data, check_routing(data), {})
+
+
 def check_routing(rt) -> dict:
     """ms_routing_t checked: its dimensions, the kernel limits (MoesimError naming the field and the
-    bound), and the per-layer tables unless the model is dense (n_layers 0)."""
+    bound), and the per-layer tables unless the model is dense (n_layers 0). A table :func:`seal_routing`
+    sealed was checked then: its checked values are returned."""
+    if type(rt) is Sealed and rt.struct == "ms_routing_t":
+        return dict(rt.checked)
     head = check_struct("ms_routing_t", rt, {}, ROUTING_DIMS)
     if head["n_layers"] > MAX_MOE_LAYERS:
         raise MoesimError(f"{head['n_layers']} MoE layers exceed the kernel limit MAX_MOE_LAYERS = {MAX_MOE_LAYERS} "

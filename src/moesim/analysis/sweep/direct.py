@@ -10,32 +10,43 @@ from __future__ import annotations
 import numpy as np
 
 from ...engine.codes import MODES
+from . import che
 
 
 def _many(grp, j: int, ps: int, context: int, batches: list) -> np.ndarray:
     """Rows (decode tok/s per sequence, prefill tok/s, expert hit rate or NaN, bottleneck index) of
     candidate j at page-cache slots ps and this context, one per batch (all of one lowering key)."""
     from ...engine.decode import run
+    from ...engine.glue import seal
     from ...engine.lower.decode_model import lower_model
     from ...engine.lower.machine import lower_machine
     from ...engine.prefill import prefill_seconds, rate_ttft
     m, plan = grp.m, grp.plan
     p = grp.cands[j]
     tps = 1 + grp.mtp
-    dm = lower_model(m, grp.low, p, grp.machine, grp.rt, context, grp.kv, batches[0] * tps, routing=grp.routing)
-    dm["page_slots"] = np.full(m.n_layers, ps, dtype=np.int32)
-    hw = grp.direct_hw.get(j)
-    if hw is None:
-        hw = grp.direct_hw[j] = lower_machine(grp.machine, grp.rt, p, grp.kernel_mix)
     run_cfg = plan.run
+
+    def lowered() -> tuple:
+        dm = lower_model(m, grp.low, p, grp.machine, grp.rt, context, grp.kv, batches[0] * tps, routing=grp.routing)
+        dm["page_slots"] = np.full(m.n_layers, ps, dtype=np.int32)
+        hw = lower_machine(grp.machine, grp.rt, p, grp.kernel_mix)
+        seconds = prefill_seconds(m, dm, hw, grp.routing, grp.rt, run_cfg["prompt"])
+        # checked once and read-only (engine.glue.seal): the groups that share them skip the glue's checks
+        return seal("ms_decode_model_t", dm), seal("ms_machine_t", hw), seconds
+
+    # the lowered model, machine and prefill read neither the cache policy nor the prefetch recall (the routing's
+    # recall column): the plan's groups that differ only in those share them
+    key = (("direct", j, ps, context, grp.variants.lowering_key(j, batches[0] * tps))
+           + tuple(sorted((a, i) for a, i in grp.ix.items() if a not in ("policies", "prefetch_recall"))))
+    dm, hw, seconds = plan.shared(key, lowered)
     n = len(batches)
     cols = dict(batch=np.array(batches, dtype=np.int32), tokens_per_step=np.full(n, tps, dtype=np.int32),
                 drafts=np.full(n, grp.mtp, dtype=np.int32), accepted=np.full(n, float(grp.accepted)),
                 steps=np.full(n, run_cfg["tokens"], dtype=np.int64), warmup=np.full(n, run_cfg["warmup"], dtype=np.int64),
                 policy=np.full(n, grp.policy, dtype=np.int32), mode=np.full(n, MODES["analytic"], dtype=np.int32),
                 seed=np.full(n, int(run_cfg["seed"]) & 0xFFFFFFFFFFFFFFFF, dtype=np.uint64), index=np.zeros(n, dtype=np.uint64))
-    res = run(dm, hw, grp.routing, cols)
-    seconds = prefill_seconds(m, dm, hw, grp.routing, grp.rt, run_cfg["prompt"])
+    cols.update(che.columns(plan, grp.routing, dm, grp.policy, batches, tps))    # step counts, once per process
+    res = run(dm, hw, che.sealed_routing(plan, grp.routing), cols)
     out = np.empty((n, 4))
     out[:, 0] = np.asarray(res["accepted"], dtype=np.float64) / np.asarray(res["step_mean"], dtype=np.float64)
     out[:, 1] = [rate_ttft(run_cfg["prompt"], seconds, b)[0] for b in batches]

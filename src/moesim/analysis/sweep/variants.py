@@ -21,6 +21,7 @@ import numpy as np
 
 from ...errors import KernelError
 from ...spec.placement import Placement
+from . import che
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
@@ -78,15 +79,16 @@ def _zeroed(dm: dict, plan=None) -> dict:
     return z
 
 
-def _decode_cols(batches: tuple, policy: int, run_cfg: dict) -> dict:
+def _decode_cols(batches: tuple, policy: int, run_cfg: dict, che_cols: dict | None = None) -> dict:
     """Analytic decode configurations at these batches in the kernel's own column dtypes
-    (ms_decode_config_t), checked once and sealed (engine.glue.seal): a plan's groups share them."""
+    (ms_decode_config_t), checked once and sealed (engine.glue.seal): a plan's groups share them.
+    ``che_cols``: their analytic table columns (sweep.che.columns), if any."""
     n = len(batches)
     cols = dict(batch=np.array(batches, dtype=np.int32), tokens_per_step=np.ones(n, dtype=np.int32),
                 drafts=np.zeros(n, dtype=np.int32), accepted=np.ones(n), steps=np.full(n, run_cfg["tokens"], dtype=np.int64),
                 warmup=np.full(n, run_cfg["warmup"], dtype=np.int64), policy=np.full(n, policy, dtype=np.int32),
                 mode=np.ones(n, dtype=np.int32), seed=np.full(n, int(run_cfg["seed"]) & 0xFFFFFFFFFFFFFFFF, dtype=np.uint64),
-                index=np.zeros(n, dtype=np.uint64))
+                index=np.zeros(n, dtype=np.uint64), **(che_cols or {}))
     from ...engine.glue import seal
     return seal("ms_decode_config_t[]", cols)
 
@@ -174,8 +176,12 @@ class DecodeVariants:
             self._mc_machines.append(hw)
         else:
             batches = tuple(b for _, b in items)
-            cols = g.plan.shared(("decode_cols", g.policy, batches), lambda: _decode_cols(batches, g.policy, run_cfg))
-            res = run(_zeroed(dm, g.plan), hw, g.routing, cols)
+            # the analytic kernel reads its step counts and hit rates from tables (sweep.che): sealed columns per table
+            s = che.slots_of(dm, g.policy, g.routing)
+            ckey = () if s < 0 else (che._fingerprint(g.plan, g.routing), s)
+            cols = g.plan.shared(("decode_cols", g.policy, batches) + ckey, lambda: _decode_cols(
+                batches, g.policy, run_cfg, {} if s < 0 else che.columns(g.plan, g.routing, dm, g.policy, batches, 1)))
+            res = run(_zeroed(dm, g.plan), hw, che.sealed_routing(g.plan, g.routing), cols)
         for i, (key, _) in enumerate(items):
             f64 = np.zeros(13)
             if res is not None:

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..codes import (BYTES_GPU_MEM, BYTES_HOST_MEM, BYTES_PCIE, BYTES_STORAGE, EXP_CPU, EXP_FETCH, EXP_GPU, EXP_NONE,
     EXP_SPLIT, PHASE_ALLTOALL, PHASE_ATTENTION, PHASE_EXPERTS, PHASE_HEAD, PHASE_OVERHEAD, PHASE_SYNC, PHASE_TRANSFER, POLICY_BELADY,
-    POLICY_LRU, POLICY_STATIC, RES_CPU_COMPUTE, RES_GPU_COMPUTE, RES_GPU_MEM, RES_HOST_MEM, RES_INTERCONNECT,
+    POLICY_LFU, POLICY_LRU, POLICY_STATIC, RES_CPU_COMPUTE, RES_GPU_COMPUTE, RES_GPU_MEM, RES_HOST_MEM, RES_INTERCONNECT,
     RES_LATENCY, RES_PCIE, RES_STORAGE)
 from .cache import Cache, next_use
 from .rng import M64, Rng
@@ -317,26 +317,49 @@ def decode_analytic(dm, hw, rt, c):
                 selections=0.0, by_resource=acc["res"], by_phase=acc["phase"], bytes=acc["bytes"])
 
 
+def _layer_counts(rt, q, l, B, tps, slots, policy, hit=True):
+    """Twin of ms_analytic.c layer_counts: routing layer ``l``'s step counts at ``slots`` GPU slots,
+    (distinct, pinned q, pinned p, free q, free p, hit rate, reuse) as codes.CHE_FIELDS orders them, and the
+    inclusion probabilities p."""
+    E, K = rt["n_experts"], rt["top_k"]
+    S = len(q)
+    qbar, sq = _mean_selection(q, l, E)
+    memory = rt.get("win_lq") is not None
+    p = W.window_inclusion(rt, l, B, tps) if memory else _step_inclusion(qbar, float(B * tps))
+    D = 0.0
+    for x in p:
+        D += x
+    pinned_q, pinned_p, free_q, free_p = _pinned_sums(rt["hot"][l], slots, E, qbar, p)
+    if not hit:
+        h = 0.0
+    elif policy == POLICY_LRU:
+        h = _lru_layer(rt, q, l, B, tps, float(slots), D)
+    else:
+        h = pinned_p / D if D > 0 else 0.0      # static; LFU converges to the same set
+    stick = float(rt["stickiness"][l])
+    reuse = W.window_reuse(rt, l, K) if memory else stick + (1.0 - stick) * sq / (S * K)
+    return (D, pinned_q, pinned_p, free_q, free_p, h, reuse), p
+
+
 def _analytic_layer_work(dm, rt, c, i, q, E, K, tally):
-    """Layer ``i``'s expected work in one step, by where its experts are served; adds its hit, page
+    """Layer ``i``'s expected work in one step, by where its experts are served (its counts from the
+    configuration's table when it has one for this layer's slots, as the C reads them); adds its hit, page
     and reuse statistics to ``tally``."""
     w = _zero_work()
     l, mode = int(dm["moe_index"][i]), int(dm["expert_mode"][i])
     if l < 0 or mode == EXP_NONE:
         return w
     toks = float(c["batch"] * c["tokens_per_step"])
-    S = len(q)
     tally["n_moe"] += 1
-    qbar, sq = _mean_selection(q, l, E)
-    memory = rt.get("win_lq") is not None
-    p = W.window_inclusion(rt, l, c["batch"], c["tokens_per_step"]) if memory else _step_inclusion(qbar, toks)
-    D = 0.0
-    for x in p:
-        D += x
-    pinned_q, pinned_p, free_q, free_p = _pinned_sums(rt["hot"][l], int(dm["slots"][i]), E, qbar, p)
+    slots = int(dm["slots"][i])
+    tabled = c.get("che") is not None and c["che_slots"] == slots
+    row, p = _layer_counts(rt, q, l, c["batch"], c["tokens_per_step"], slots, c["policy"],
+                           hit=not tabled and mode == EXP_FETCH)
+    if tabled:
+        row = tuple(float(x) for x in c["che"][l])
+    D, pinned_q, pinned_p, free_q, free_p, h, reuse = row
     tally["distinct"] += D
-    stick = float(rt["stickiness"][l])
-    tally["reuse"] += W.window_reuse(rt, l, K) if memory else stick + (1.0 - stick) * sq / (S * K)
+    tally["reuse"] += reuse
     if mode == EXP_GPU:
         w["n_res"], w["pairs_gpu"] = D, toks * K
     elif mode == EXP_CPU:
@@ -348,7 +371,7 @@ def _analytic_layer_work(dm, rt, c, i, q, E, K, tally):
         tally["hits"] += pinned_p
         tally["loads"] += D
     else:
-        h = _fetch_work(dm, rt, c, i, l, q, D, stick, pinned_p, free_p, w)
+        h = _fetch_work(dm, rt, c, i, l, D, float(rt["stickiness"][l]), h, free_p, w)
         w["n_res"], w["pairs_gpu"] = D, toks * K
         tally["hits"] += D * h
         tally["loads"] += D
@@ -390,20 +413,16 @@ def _pinned_sums(hot, slots, E, qbar, p):
     return pinned_q, pinned_p, free_q, free_p
 
 
-def _fetch_work(dm, rt, c, i, l, q, D, stick, pinned_p, free_p, w):
-    """A fetching layer's expected misses (``w["n_fetch"]``) and prefetches; returns its hit rate: for
-    LRU Che's approximation raised by the routing's stickiness, otherwise the pinned share."""
+def _fetch_work(dm, rt, c, i, l, D, stick, h, free_p, w):
+    """A fetching layer's expected misses (``w["n_fetch"]``) and prefetches from its hit rate ``h`` (LRU:
+    Che's, raised here by the routing's stickiness; otherwise the pinned share); returns the hit rate."""
     C = float(dm["slots"][i])
-    if c["policy"] == POLICY_LRU and rt.get("win_lq") is not None:
-        h = W.window_hits(rt, l, c["batch"], c["tokens_per_step"], C, D) / D if D > 0 else 0.0
-        w["n_fetch"] = D * (1.0 - h)
-    elif c["policy"] == POLICY_LRU:
-        h = _lru_hit_rate(q, l, rt["n_experts"], c["batch"], c["tokens_per_step"], C)
-        sigma = stick * min(1.0, C / max(D, 1e-300))
-        h = sigma + (1.0 - sigma) * h
+    if c["policy"] == POLICY_LRU:
+        if rt.get("win_lq") is None:    # the windows hold the stickiness and memory: no separate sticky term
+            sigma = stick * min(1.0, C / max(D, 1e-300))
+            h = sigma + (1.0 - sigma) * h
         w["n_fetch"] = D * (1.0 - h)
     else:
-        h = pinned_p / D if D > 0 else 0.0
         w["n_fetch"] = free_p
     rc = float(rt["recall"][l])
     if rc > 0 and i > 0:
@@ -412,12 +431,32 @@ def _fetch_work(dm, rt, c, i, l, q, D, stick, pinned_p, free_p, w):
     return h
 
 
+def _lru_layer(rt, q, l, B, tps, C, D):
+    """Routing layer ``l``'s LRU hit rate before the stickiness term (ms_analytic.c lru_layer): Che on the
+    window tables under token memory (D: the step's distinct experts), else per scenario combination."""
+    if rt.get("win_lq") is not None:
+        return W.window_hits(rt, l, B, tps, C, D) / D if D > 0 else 0.0
+    return _lru_hit_rate(q, l, rt["n_experts"], B, tps, C)
+
+
+def che_table(rt, batch, tokens_per_step, slots, policy):
+    """Twin of ms_che_table: every routing layer's step counts (codes.CHE_FIELDS) at (batch, tokens_per_step,
+    slots, policy); a bad argument raises ValueError (the C returns an error code)."""
+    if batch < 1 or tokens_per_step < 1 or slots < 0:
+        raise ValueError("batch and tokens_per_step must be >= 1, slots >= 0")
+    if policy not in (POLICY_LRU, POLICY_LFU, POLICY_STATIC):
+        raise ValueError("the table is of lru, lfu or static")
+    return [list(_layer_counts(rt, rt["q"], l, batch, tokens_per_step, slots, policy)[0])
+            for l in range(int(rt["n_layers"]))]
+
+
 def _lru_hit_rate(q, l, E, B, tps, C):
     """Step-level LRU hit rate of a ``C``-slot cache, averaged over the S step windows: the B sequences
-    of a step draw routing samples j, j+1, ... (cyclically), each for ``tps`` tokens."""
+    of a step draw routing samples j, j+1, ... (cyclically), each for ``tps`` tokens. When S divides B every
+    window holds every sample B / S times: one window stands for all (as the C)."""
     S = len(q)
     hsum = dsum = 0.0
-    for j in range(S):
+    for j in range(1 if B % S == 0 else S):
         pc = []
         for e in range(E):
             lg = 0.0
@@ -451,7 +490,11 @@ def decode_many(dm, hw, rt, cols):
     n = len(cols["batch"])
     rows = []
     for i in range(n):
-        c = {k: (float(cols[k][i]) if k == "accepted" else int(cols[k][i])) for k in cols}
+        c = {k: (float(cols[k][i]) if k == "accepted" else int(cols[k][i])) for k in cols if k != "che"}
+        if cols.get("che") is not None and int(cols["che_slots"][i]) >= 0:
+            c["che"] = cols["che"][i]
+        else:
+            c.pop("che_slots", None)
         r = decode_analytic(dm, hw, rt, c) if c["mode"] == 1 else decode_montecarlo(dm, hw, rt, c)
         rows.append(r)
     out = {k: np.array([r[k] for r in rows], dtype=np.float64) for k in rows[0]} if rows else {}

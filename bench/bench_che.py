@@ -1,0 +1,83 @@
+"""The analytic table's per-configuration cost (issue 19) on the offload-research grid's model.
+
+    python bench/bench_che.py            # kernel per configuration, solving Che vs reading the table
+    python bench/bench_che.py --mc       # + analytic vs Monte Carlo expert hit rate (slots x batch x policy)
+
+One decode_many call of n configurations (qwen3-30b-a3b Q4_K_M, offload-cache on a 4090 + 64 GB DDR5, 4k
+context, batches 1..128 cycled) with and without the ``che`` / ``che_slots`` columns, and the time of a
+table row (ms_che_table, one slot count and batch); CPU seconds.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+import moesim
+from moesim.engine import codes, decode as KD
+from moesim.engine.lower.decode_model import lower_model
+from moesim.engine.lower.machine import lower_machine
+from moesim.analysis.sweep.plan import Plan
+from moesim.analysis.sweep.spec import build_spec, normalize_spec
+
+MODEL = "qwen3-30b-a3b"
+MACHINE = dict(gpu="rtx-4090", host="ddr5-6000x2", host_mem_gb=64)
+BATCHES = np.array([1, 2, 4, 8, 16, 32, 64, 128], dtype=np.int32)
+
+
+def kernel(slots: int, policy: str, n: int) -> None:
+    plan = Plan(normalize_spec(build_spec(models=[MODEL], quants=["Q4_K_M"], placements=["offload-cache"],
+                                          machines=[MACHINE], cache_experts=[slots], policies=[policy],
+                                          contexts=[4096], batches=[1])))
+    grp = plan.group(0)
+    dm = lower_model(grp.m, grp.low, grp.cands[0], grp.machine, grp.rt, 4096, grp.kv, 8, routing=grp.routing)
+    hw = lower_machine(grp.machine, grp.rt, grp.cands[0], grp.kernel_mix)
+    b = np.resize(BATCHES, n)
+    cols = dict(batch=b, tokens_per_step=np.ones(n, np.int32), drafts=np.zeros(n, np.int32), accepted=np.ones(n),
+                steps=np.full(n, 256, np.int64), warmup=np.zeros(n, np.int64), policy=np.full(n, grp.policy, np.int32),
+                mode=np.ones(n, np.int32), seed=np.zeros(n, np.uint64), index=np.zeros(n, np.uint64))
+    s = int(dm["slots"][dm["expert_mode"] == codes.EXP_FETCH][0])
+    t = time.process_time()
+    tab = KD.che_table(grp.routing, BATCHES.astype(np.int64), 1, s, grp.policy)
+    row = (time.process_time() - t) / len(BATCHES)
+    tcols = dict(cols, che=np.ascontiguousarray(tab[np.arange(n) % len(BATCHES)]), che_slots=np.full(n, s, np.int32))
+    out = []
+    for name, c in (("counting", cols), ("table", tcols)):
+        KD.run(dm, hw, grp.routing, c)
+        t = time.process_time()
+        KD.run(dm, hw, grp.routing, c)
+        dt = time.process_time() - t
+        out.append(f"{name} {dt / n * 1e6:8.2f} us ({n / dt:10,.0f}/s)")
+    print(f"{policy:6s} slots {s:3d}: " + "   ".join(out) + f"   table row {row * 1e3:.3f} ms")
+
+
+def monte_carlo(tokens: int) -> None:
+    m = moesim.machine(**MACHINE)
+    worst = 0.0
+    for pol in ("lru", "lfu", "static"):
+        for ce in (16, 48, 96):
+            for b in (1, 4, 16):
+                kw = dict(quant="Q4_K_M", placement="offload-cache", cache_experts=ce, policy=pol, context=4096, batch=b)
+                a = moesim.simulate(MODEL, m, mode="analytic", **kw).expert_hit_rate
+                mc = moesim.simulate(MODEL, m, mode="montecarlo", tokens=tokens, **kw).expert_hit_rate
+                worst = max(worst, abs(a - mc))
+                print(f"{pol:6s} slots {ce:3d} batch {b:3d}: analytic {a:.4f} montecarlo {mc:.4f} diff {a - mc:+.4f}")
+    print(f"max |analytic - montecarlo| {worst:.4f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--configs", type=int, default=4000)
+    ap.add_argument("--mc", action="store_true", help="also compare hit rates with Monte Carlo")
+    ap.add_argument("--tokens", type=int, default=1000, help="Monte Carlo tokens per configuration")
+    args = ap.parse_args()
+    for policy in ("lru", "static"):
+        for slots in (16, 64, 120):
+            kernel(slots, policy, args.configs)
+    if args.mc:
+        monte_carlo(args.tokens)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""The analytic tables of a sweep plan (issue 19): each routing layer's step counts and GPU hit rate (Che's
+approximation for LRU) computed once per (routing tables, GPU slots, policy, batch, tokens per step) and
+passed to the analytic kernel as its ``che`` / ``che_slots`` config columns
+(:func:`moesim.engine.decode.che_table`), instead of being counted and solved again for every prefetch
+recall, machine, context, quant and group that shares them. The rows are memoised for the process under
+a fingerprint of the routing's tables (memoised per routing object in the plan), so routings lowered
+separately with equal tables (one per prefetch recall) and later sweeps share them. Results are those of
+the kernel counting each configuration itself: the table holds the values it would compute, by the same
+C code."""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from ...engine.codes import EXP_NONE, POLICY_LFU, POLICY_LRU, POLICY_STATIC
+
+
+def _fingerprint(plan, rt: dict) -> str:
+    """A digest of what ms_che_table reads of routing ``rt`` (q, the window tables), memoised per routing
+    object (the plan keeps the object, so its id stays its own)."""
+    key = ("che_fp", id(rt))
+    hit = plan._shared.get(key)
+    if hit is not None and hit[0] is rt:
+        return hit[1]
+    h = hashlib.blake2b(digest_size=16)
+    for name in ("q", "win_n", "win_lq"):
+        a = rt.get(name)
+        h.update(name.encode())
+        if a is not None:
+            a = np.ascontiguousarray(a, dtype=np.float64)
+            h.update(repr(a.shape).encode())
+            h.update(a.tobytes())
+    return plan.shared(key, lambda: (rt, h.hexdigest()))[1]
+
+
+def sealed_routing(plan, rt: dict):
+    """``rt`` checked once for the kernel (engine.glue.seal_routing), memoised per routing object in the plan:
+    the analytic calls of every group that shares the routing skip the glue's routing checks."""
+    from ...engine.glue import seal_routing
+    key = ("sealed_routing", id(rt))
+    hit = plan._shared.get(key)
+    if hit is not None and hit[0] is rt:
+        return hit[1]
+    return plan.shared(key, lambda: (rt, seal_routing(rt)))[1]
+
+
+def slots_of(dm: dict, policy: int, rt: dict) -> int:
+    """The one GPU slot count of a lowered model's MoE layers when the analytic kernel would read a table for
+    them (lru, lfu or static; a routing with analytic tables), else -1 (the kernel counts for itself; so do
+    layers whose slot counts differ from the first MoE layer's)."""
+    if policy not in (POLICY_LRU, POLICY_LFU, POLICY_STATIC) or rt.get("q") is None or not rt.get("n_layers"):
+        return -1
+    moe = (np.asarray(dm["expert_mode"]) != EXP_NONE) & (np.asarray(dm["moe_index"]) >= 0)
+    if not moe.any():
+        return -1
+    return int(np.asarray(dm["slots"])[moe][0])
+
+
+# Rows by (routing fingerprint, slots, batch, tokens per step), kept for the process like the lowered routing
+# tables they come from (a later sweep of the same routing reads them); cleared past _MAX_BYTES.
+_ROWS: dict = {}
+_MAX_BYTES = 64 << 20
+_bytes = [0]
+
+
+def rows(plan, rt: dict, slots: int, policy: int, batches, tps: int) -> np.ndarray:
+    """[len(batches), n_layers, CHE_FIELDS] table rows at ``slots`` slots, ``policy`` and ``tps`` tokens per
+    step, each computed once (one kernel call for the rows not yet there)."""
+    from ...engine.decode import che_table
+    fp = _fingerprint(plan, rt)
+    keys = [(fp, int(slots), int(policy), int(b), int(tps)) for b in batches]
+    got = [_ROWS.get(k) for k in keys]
+    miss = [i for i, r in enumerate(got) if r is None]
+    if miss:
+        tab = che_table(sealed_routing(plan, rt), np.array([batches[i] for i in miss], dtype=np.int64), int(tps),
+                        int(slots), int(policy))
+        tab.flags.writeable = False
+        if _bytes[0] + tab.nbytes > _MAX_BYTES:
+            _ROWS.clear()
+            _bytes[0] = 0
+        _bytes[0] += tab.nbytes
+        for k, i in enumerate(miss):
+            got[i] = _ROWS.setdefault(keys[i], tab[k])
+    return np.stack(got)
+
+
+def columns(plan, rt: dict, dm: dict, policy: int, batches, tps: int) -> dict:
+    """The ``che`` / ``che_slots`` config columns for these batches of one lowered model (``{}`` where the
+    kernel has no table to read); read-only arrays, the same ones for every group of the plan that asks."""
+    s = slots_of(dm, policy, rt)
+    if s < 0:
+        return {}
+    key = ("che_cols", _fingerprint(plan, rt), s, int(policy), tuple(int(b) for b in batches), int(tps))
+    hit = plan._shared.get(key)
+    if hit is None:
+        che = rows(plan, rt, s, policy, batches, tps)
+        che.flags.writeable = False
+        slots = np.full(len(batches), s, dtype=np.int32)
+        slots.flags.writeable = False
+        hit = plan.shared(key, lambda: dict(che=che, che_slots=slots))
+    return hit
