@@ -102,12 +102,14 @@ def _model_targets(dims, prof, lengths, seed, replicates: int) -> dict:
     return out
 
 
-FIT_MODEL_TOKENS = 4000   # a trace of fewer tokens is matched by the mean of several model replicates (at most 8)
+FIT_MODEL_TOKENS = 4000    # a trace of fewer tokens ...
+FIT_MODEL_REQUESTS = 16    # ... or fewer requests is matched by the mean of several model replicates (at most 8)
 
 
-def replicates_for(tokens: int) -> int:
-    """How many model replicates of the trace's request set each calibration round samples."""
-    return int(np.clip(np.ceil(FIT_MODEL_TOKENS / max(1, tokens)), 1, 8))
+def replicates_for(tokens: int, requests: int) -> int:
+    """How many model replicates of the trace's request set each calibration round samples: enough for
+    FIT_MODEL_TOKENS tokens and FIT_MODEL_REQUESTS requests' draws of the per-request skew, 1 to 8."""
+    return int(np.clip(max(np.ceil(FIT_MODEL_TOKENS / max(1, tokens)), np.ceil(FIT_MODEL_REQUESTS / max(1, requests))), 1, 8))
 
 
 def _error(model: dict, target: dict) -> float:
@@ -140,7 +142,7 @@ def fit_profile(trace, seed: int = 0, iterations: int = FIT_ITERATIONS, kernels=
     lengths = [len(r) for r in reqs]
     if dims.n_layers < 2:
         partners = partners[:1]      # one layer: no cross-layer partners to follow
-    reps = replicates_for(sum(lengths))
+    reps = replicates_for(sum(lengths), len(lengths))
     best = min((_calibrate(trace, target, dims, lengths, tuple(kn), min(P, E), seed, iterations, reps) for kn in kernels
                 for P in partners),
                key=lambda b: b[2])
