@@ -27,7 +27,7 @@ FIT_KERNELS = ((0.8, 0.0), (0.95, 0.0), (1.0, 1.0), (1.0, 2.0), (1.0, 3.0))
 FIT_PARTNERS = (1, 2)            # next-layer partners per expert tried
 FIT_HISTORY = 32
 _MID_LAGS = (2, 4, 8)            # the recency copy probability is matched to mean reuse at these lags
-_TAIL_LAGS = (2, 4, 8, 16, 32)   # the decay is chosen on these
+_TAIL_LAGS = (2, 4, 8, 16, 32)   # the kernel is chosen on these (and LRU, Gini, co-activation, divergence)
 
 
 def fit_targets(requests, n_experts: int) -> dict:
