@@ -158,6 +158,21 @@ def test_fitted_profile_reproduces_trace(pid):
     assert abs(model["lru_3k"] - target["lru_3k"]) <= 0.08, model
 
 
+def test_fit_replicates_small_traces_and_tries_power_kernels():
+    # few tokens or few requests: the model side is the mean of several replicate request sets
+    assert RF.replicates_for(20000, 120) == 1 and RF.replicates_for(799, 6) == 6 and RF.replicates_for(4000, 6) == 3
+    assert RF.replicates_for(4471, 1) == 8 and RF.replicates_for(100, 100) == 8
+    assert any(power > 0 for _decay, power in RF.FIT_KERNELS) and any(power == 0 for _d, power in RF.FIT_KERNELS)
+    # a tiny synthetic trace: the fit runs, picks one of the kernels tried, and reports LRU with the rest
+    dims = LRT.RoutingDims(2, 16, 2)
+    reqs = KRT.sample_requests(dims, routing.profile("generic", layer_recency=(0.5,), recency_power=2.0,
+                                                     recency_decay=1.0), 3, 40, 1)
+    tr = traces.Trace(requests=reqs, layers=[0, 1], top_k=2, n_experts=16, source="synthetic")
+    prof, model, target, err = RF.fit_profile(tr, iterations=2, kernels=((0.8, 0.0), (1.0, 2.0)), partners=(1,))
+    assert (prof.recency_decay, prof.recency_power) in ((0.8, 0.0), (1.0, 2.0)) and np.isfinite(err)
+    assert {"lru_1k", "lru_2k", "lru_4k"} <= set(model) and {"lru_1k", "lru_2k", "lru_4k"} <= set(target)
+
+
 # trace -> the v2 profile (the full model, issue 15) fitted to it
 V2_PROFILE = {"gpt-oss-20b": "gpt-oss:pooled", "deepseek-v2-lite": "deepseek-v2:v2",
               "olmoe-1b-7b_gsm8k_layer0.jsonl": "olmoe:v2"}

@@ -228,27 +228,28 @@ STATS = ("reuse_lag1", "reuse_lag2", "reuse_lag8", "reuse_lag32", "lru_1k", "lru
          "union_b32", "coact_recall", "gini", "divergence", "replay_lru_2k", "replay_lru_4k")
 
 # (trace, statistic) -> relative gap (model - trace) / trace, measured with the model the mark was set on
-# (commit c6a8a5d: partners, multi-lag memory, per-layer fit). The Mixtral trace holds 2 requests and the
-# OLMoE trace one stream, so their halves are a few 128-token pieces: part of their gap is sampling noise.
+# (power-law recency kernels, LRU in the kernel choice, replicated model samples for small traces). The
+# Mixtral trace holds 2 requests and the OLMoE trace one stream, so their halves are a few 128-token
+# pieces, and gpt-oss-20b's halves are 6 requests each: part of every gap is the halves' own difference
+# (DeepSeek-V2-Lite's Gini: fit half 0.200, checked half 0.161; gpt-oss-20b reuse at lag 32 0.287 vs 0.249,
+# divergence 0.245 vs 0.208; Mixtral reuse at lag 1 0.417 vs 0.364), which a model of the fit half keeps.
 KNOWN_GAPS: dict = {
-    ("deepseek-v2-lite", "reuse_lag2"): -0.177,
-    ("deepseek-v2-lite", "gini"): +0.288,
-    ("gpt-oss-20b", "reuse_lag32"): +0.165,
-    ("gpt-oss-20b", "divergence"): +0.143,
-    ("mixtral-8x7b_humaneval.jsonl", "reuse_lag1"): +0.169,
-    ("mixtral-8x7b_humaneval.jsonl", "reuse_lag2"): +0.193,
-    ("mixtral-8x7b_humaneval.jsonl", "lru_1k"): +0.151,
-    ("mixtral-8x7b_humaneval.jsonl", "lru_2k"): +0.148,
-    ("mixtral-8x7b_humaneval.jsonl", "coact_recall"): +0.185,
-    ("mixtral-8x7b_humaneval.jsonl", "gini"): +0.157,
-    ("mixtral-8x7b_humaneval.jsonl", "replay_lru_2k"): +0.139,
-    ("olmoe-1b-7b_gsm8k_layer0.jsonl", "replay_lru_2k"): +0.071,
-    ("olmoe-1b-7b_gsm8k_layer0.jsonl", "replay_lru_4k"): +0.072,
+    ("deepseek-v2-lite", "gini"): +0.343,
+    ("gpt-oss-20b", "reuse_lag32"): +0.154,
+    ("gpt-oss-20b", "divergence"): +0.155,
+    ("mixtral-8x7b_humaneval.jsonl", "reuse_lag1"): +0.156,
+    ("mixtral-8x7b_humaneval.jsonl", "reuse_lag2"): +0.278,
+    ("mixtral-8x7b_humaneval.jsonl", "lru_1k"): +0.140,
+    ("mixtral-8x7b_humaneval.jsonl", "lru_2k"): +0.162,
+    ("mixtral-8x7b_humaneval.jsonl", "coact_recall"): +0.157,
+    ("mixtral-8x7b_humaneval.jsonl", "gini"): +0.151,
+    ("mixtral-8x7b_humaneval.jsonl", "replay_lru_2k"): +0.153,
+    ("olmoe-1b-7b_gsm8k_layer0.jsonl", "replay_lru_4k"): +0.050,
 }
 
 
 XFAIL_NOTE = {"mixtral-8x7b_humaneval.jsonl": "; 2 fitted pieces of <= 128 tokens, 1 checked: the v2 fit overfits, the mixtral default stays v1",
-              "olmoe-1b-7b_gsm8k_layer0.jsonl": "; replay LRU is held to 5 % (plain LRU at 2k, held to 10 %, is +4.5 %)"}
+              "olmoe-1b-7b_gsm8k_layer0.jsonl": "; replay LRU is held to 5 % (plain LRU at 4k, held to 10 %, is +5.7 %)"}
 
 
 def _cases():

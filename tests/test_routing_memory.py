@@ -24,7 +24,8 @@ def memory_profile(draw, L):
         recall=0.8, layer_zipf_s=draw(st.sampled_from([(), (0.3, 0.9)])),
         layer_stickiness_fit=draw(st.sampled_from([(), (0.0, 0.5), (0.3,)])),
         layer_recency=draw(st.one_of(st.just(()), layer)), layer_coupling=draw(st.one_of(st.just(()), layer)), recency_decay=draw(st.floats(0.3, 1.0)),
-        history=draw(st.integers(1, 6)), n_partners=draw(st.integers(0, 3)))
+        recency_power=draw(st.sampled_from([0.0, 1.0, 2.5])), history=draw(st.integers(1, 6)),
+        n_partners=draw(st.integers(0, 3)))
 
 
 @st.composite
@@ -76,6 +77,31 @@ def test_recency_raises_reuse_at_longer_lags_not_only_the_next_token():
         assert _reuse_at(mem, lag) > 1.5 * _reuse_at(flat, lag)
 
 
+def test_power_kernel_shape_and_what_it_does_to_reuse():
+    # P(lag d) ~ decay^(d - 2) d^-power over d = 2 .. history + 1; power 0 is the geometric kernel as before
+    geo = _profile(layer_recency=(0.6,), recency_decay=0.9, history=8).recency_tables(1)[1]
+    assert np.allclose(geo, 0.9 ** np.arange(8) / np.sum(0.9 ** np.arange(8)))
+    pw = _profile(layer_recency=(0.6,), recency_decay=1.0, recency_power=2.0, history=8).recency_tables(1)[1]
+    d = np.arange(2, 10.0)
+    assert np.allclose(pw, d ** -2 / np.sum(d ** -2))
+    # a steeper kernel moves reuse from long lags to lag 2
+    dims = LRT.RoutingDims(2, 32, 2)
+    flat = KRT.sample_requests(dims, _profile(layer_recency=(0.6,), recency_decay=1.0, history=32), 8, 300, 3)
+    steep = KRT.sample_requests(dims, _profile(layer_recency=(0.6,), recency_decay=1.0, recency_power=3.0, history=32),
+                                8, 300, 3)
+    assert _reuse_at(steep, 2) > _reuse_at(flat, 2) + 0.05
+    assert _reuse_at(steep, 16) < _reuse_at(flat, 16)
+
+
+def test_requests_of_their_own_lengths_are_prefixes_of_common_length_ones():
+    dims = LRT.RoutingDims(3, 16, 2)
+    prof = _profile(layer_recency=(0.5,), layer_coupling=(0.0, 0.6, 0.6), concentration=1.0, stickiness=0.2)
+    full = KRT.sample_requests(dims, prof, 4, 50, 9)
+    own = KRT.sample_requests(dims, prof, 4, [50, 1, 17, 0], 9)
+    assert [len(r) for r in own] == [50, 1, 17, 0]
+    assert all(np.array_equal(a[:len(b)], b) for a, b in zip(full, own))
+
+
 def test_coupling_makes_the_next_layer_predictable_from_this_one():
     dims = LRT.RoutingDims(3, 32, 2)
 
@@ -105,7 +131,8 @@ def test_without_memory_fields_the_sampler_is_unchanged():
 
 @pytest.mark.parametrize("kw,field", [
     (dict(layer_recency=(1.5,)), "layer_recency"), (dict(layer_coupling=(-1.0,)), "layer_coupling"), (dict(layer_coupling=(1.5,)), "layer_coupling"),
-    (dict(history=0), "history"), (dict(recency_decay=0.0), "recency_decay"), (dict(n_partners=99), "n_partners"),
+    (dict(history=0), "history"), (dict(recency_decay=0.0), "recency_decay"),
+    (dict(recency_power=-1.0), "recency_power"), (dict(recency_power=float("inf")), "recency_power"), (dict(n_partners=99), "n_partners"),
     (dict(layer_zipf_s=(float("nan"),)), "layer_zipf_s")])
 def test_bad_memory_parameters_name_the_field(kw, field):
     with pytest.raises(MoesimError) as exc:

@@ -59,14 +59,22 @@ def reuse(requests) -> float:
     return num / den if den else 0.0
 
 
-def sample_requests(dims: RoutingDims, prof: RoutingProfile, n_requests: int, tokens: int, seed: int = 0) -> list:
+def sample_requests(dims: RoutingDims, prof: RoutingProfile, n_requests: int, tokens, seed: int = 0) -> list:
     """``n_requests`` independent requests of ``tokens`` decode tokens each ([tokens, layers, k]
-    arrays) drawn by the C kernel's sampler; request i uses stream (seed, i)."""
+    arrays) drawn by the C kernel's sampler; request i uses stream (seed, i). ``tokens`` may be a list
+    of per-request lengths: each stream re-seeds at every step, so request i is then the first
+    tokens[i] tokens of the request a common length would give."""
     from . import _kernel
     rt = lower(dims, profile(prof, request_tokens=0), seed, window=False)
+    lengths = [int(tokens)] * n_requests if np.ndim(tokens) == 0 else [int(n) for n in tokens]
+    if len(lengths) != n_requests:
+        raise MoesimError(f"{len(lengths)} request lengths for {n_requests} requests", "tokens")
     out = []
     for i in range(n_requests):
-        cols = dict(batch=[1], tokens_per_step=[1], drafts=[0], accepted=[1.0], steps=[tokens], warmup=[0],
+        if lengths[i] <= 0:
+            out.append(np.zeros((0, dims.n_layers, dims.top_k), dtype=np.int32))
+            continue
+        cols = dict(batch=[1], tokens_per_step=[1], drafts=[0], accepted=[1.0], steps=[lengths[i]], warmup=[0],
                     policy=[0], mode=[0], seed=[seed], index=[i])
         code, picks = _kernel.route_sample(rt, cols)
         handle_library_error(code, "ms_route_sample", i)

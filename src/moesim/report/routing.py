@@ -40,7 +40,8 @@ def fit_text(out: dict) -> str:
     if "pooled" in out:
         p = out["pooled"]
         lines.append(f"pooled fit (error {p['error']:.4f}): concentration {p['profile']['concentration']}, "
-                     f"recency decay {p['profile']['recency_decay']}, partners {p['profile']['n_partners']}")
+                     f"recency decay {p['profile']['recency_decay']} power {p['profile']['recency_power']}, "
+                     f"partners {p['profile']['n_partners']}")
     if len(out["workloads"]) > 1:
         lines.append("spread across workloads (min .. max, relative):")
         lines += [f"    {key:13s} {_fmt(v['min'])} .. {_fmt(v['max'])}  {v['relative']:.1%}" for key, v in out["spread"].items()]

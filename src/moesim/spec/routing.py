@@ -16,7 +16,7 @@ PHASES = ("prefill", "decode")
 # fields a prefill regime may set (the routing model's; not the request length, recall or provenance)
 REGIME_FIELDS = ("zipf_s", "jitter", "concentration", "stickiness", "first_stickiness", "last_stickiness",
                  "layer_zipf_s", "layer_stickiness_fit", "layer_recency", "layer_coupling", "recency_decay",
-                 "history", "n_partners")
+                 "recency_power", "history", "n_partners")
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,7 @@ class RoutingProfile:
     layer_recency: tuple = ()
     layer_coupling: tuple = ()
     recency_decay: float = 0.9     # geometric recency kernel over lags 2 .. history + 1
+    recency_power: float = 0.0     # times d^-power (0: purely geometric; > 0 a power-law kernel)
     history: int = 32
     n_partners: int = 0            # next-layer partners per expert (0 = top-k)
     # The prefill regime: ((field, value), ...) that prompt tokens route by instead (a prompt-fitted skew);
@@ -71,11 +72,13 @@ class RoutingProfile:
         return {name: (lo, hi) for name, lo, hi in self.spread}
 
     def recency_tables(self, n_layers: int):
-        """(per-layer copy probability [n_layers], lag distribution [history] over lags 2 .. history + 1,
-        geometric with ratio recency_decay), or None without multi-lag memory."""
+        """(per-layer copy probability [n_layers], lag distribution [history] over lags d = 2 .. history + 1,
+        proportional to recency_decay^(d - 2) d^-recency_power), or None without multi-lag memory."""
         if not self.layer_recency or not any(self.layer_recency):
             return None
         d = self.recency_decay ** np.arange(self.history)
+        if self.recency_power:
+            d = d * (np.arange(self.history) + 2.0) ** -float(self.recency_power)
         return per_layer(self.layer_recency, n_layers), d / d.sum()
 
 
@@ -163,6 +166,8 @@ def _check(p: RoutingProfile) -> None:
             raise MoesimError("must hold probabilities in [0, 1]", name)
     if not (isinstance(p.recency_decay, (int, float)) and 0 < p.recency_decay <= 1):
         raise MoesimError(f"must be in (0, 1], got {p.recency_decay!r}", "recency_decay")
+    if not (isinstance(p.recency_power, (int, float)) and math.isfinite(p.recency_power) and 0 <= p.recency_power <= 8):
+        raise MoesimError(f"must be a number in [0, 8], got {p.recency_power!r}", "recency_power")
     for name, hi in (("history", 256), ("n_partners", 64)):
         v = getattr(p, name)
         if isinstance(v, bool) or not isinstance(v, int) or not (name == "n_partners" or v >= 1) or v < 0 or v > hi:
