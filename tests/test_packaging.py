@@ -17,6 +17,7 @@ import pytest
 
 from moesim.cli import main
 from moesim.analysis import validate as V
+from moesim.analysis import row_notes
 from moesim.ingest import packaged, traces
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -156,7 +157,7 @@ def test_collected_rows_resolve_in_the_catalog():
     for r in _collected():
         m = model(r["model"])
         quants.resolve(r["quant"], m)
-        runtime(V.RUNTIME_ALIASES.get(r["runtime"], r["runtime"]))
+        runtime(row_notes.RUNTIME_ALIASES.get(r["runtime"], r["runtime"]))
         assert r["gpu"] == "none" or r["gpu"] in hw["gpu"] or r["gpu"] in hw["unified"], r["id"]
         if r["host_cpu"]:
             assert V._cpu_id(r["host_cpu"]), (r["id"], r["host_cpu"])

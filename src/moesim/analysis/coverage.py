@@ -98,7 +98,7 @@ def _int(text) -> int:
 def row_parts(row: dict) -> dict:
     """What one row covers: {"gpu_family", "apple_chip", "server_cpu", "desktop_cpu", "runtime"} (None where
     the row says nothing, or the part did no work)."""
-    from . import validate as V                  # validate imports intervals; keep this module light
+    from . import row_notes, validate as V       # validate imports intervals; keep this module light
     hw = _hw()
     gpu = (row.get("gpu") or "").strip().lower()
     kind = placement_kind((row.get("placement") or "").strip() or "all-gpu")
@@ -115,8 +115,8 @@ def row_parts(row: dict) -> dict:
     if cpu and cpu_works and gpu not in hw["unified"]:
         out[f"{cpu_class(cpu, _int(row.get('host_sockets')) or 1)}_cpu"] = cpu
     try:
-        out["runtime"] = V._runtime_for(row, row.get("notes") or "", [])
-    except V.Skip:
+        out["runtime"] = row_notes.runtime_for(row, row.get("notes") or "", [])
+    except row_notes.Skip:
         out["runtime"] = None
     return out
 

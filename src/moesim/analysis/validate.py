@@ -31,6 +31,7 @@ from ..engine.prefill import prefill
 from .consistency import capacities, check_prediction, check_record
 from .intervals import device_family
 from .records import default_notes, record
+from .row_notes import Skip, flash_month, note_settings, runtime_for
 from .resolve import memory_of, resolve
 from .speculation import accepted_per_step, default_acceptance
 from .._catalog import load as _load_catalog
@@ -54,42 +55,9 @@ DEFAULTS = {
     "mtp_acceptance": 0.85,         # a family without a measurement (catalog/speculation.toml): DeepSeek-V3's
     "stream_fraction": 0.85,        # a measured STREAM/MLC bandwidth is ~85 % of the DRAM peak (assumed)
 }
-# Runtimes in the data that moesim models through a profile of the same kind.
-RUNTIME_ALIASES = {"moe-infinity": "offload", "mixtral-offloading": "offload", "fiddler": "offload",
-                   "omlx": "mlx"}
-NOT_MODELLED_RUNTIMES = {"exo": "exo pipelines one model over several networked Macs (multi-machine)"}
 _SERVER_CPU = re.compile(r"xeon|epyc|threadripper|grace", re.I)
-# a llama.cpp build dated before PR #7860 (June 2024): "May 2024", "2023 Metal dev commit"
-_LCPP_BEFORE_MMA_NOTE = re.compile(r"\b(?:(?:Jan|Feb|Mar|Apr|May)[a-z]*\.? 2024|20(?:1\d|2[0-3]))\b")
-# a build of 2023 or earlier ("Dec 2023"): MUL_MAT_ID token by token on the GPU (llama.cpp PRs #4406, #4725)
-_LCPP_2023_NOTE = re.compile(r"\b20(?:1\d|2[0-3])\b")
-# the llama.cpp GPU backend a row's notes name; without one the vendor's own (CUDA, HIP, SYCL, Metal)
-_VULKAN_NOTE = re.compile(r"(?<![a-z])vulkan(?![a-z])", re.I)    # "Vulkan", "llama.cpp-vulkan_amdvlk"
-_SYCL_NOTE = re.compile(r"\bSYCL\b")
-_HIP_NOTE = re.compile(r"(?<![A-Za-z])(?:HIP|hip|ROCm)(?![A-Za-z])")
-_KT_LEGACY_NOTE = re.compile(r"\bv0\.[23]\b", re.I)     # ktransformers releases before kt-kernel + SGLang
-# llama.cpp's physical batch as notes state it: "ub 2048", "-ub 4096", "b/ub 4096"
-_UBATCH_NOTE = re.compile(r"(?:^|[\s;(/-])ub\s+(\d+)\b")
-# ktransformers' --kt-gpu-prefill-token-threshold as notes state it: "GPU prefill threshold 2048"
-_KT_THRESHOLD_NOTE = re.compile(r"prefill threshold\s+(\d+)")
-# SGLang's --chunked-prefill-size under ktransformers as notes state it: "chunked prefill 4096"
-_KT_CHUNK_NOTE = re.compile(r"chunked prefill\s+(\d+)")
 # a CPU build limited to AVX2 ("July 2024; AVX2"): no AVX-512 / AMX kernels whatever the CPU has
 _AVX2_BUILD_NOTE = re.compile(r"\bAVX2\b")
-# llama-bench's decode test with its own thread count: "tg128 4 threads"
-_NO_FA_NOTE = re.compile(r"\bno FA\b|\bfa 0\b|-fa (?:0|off)\b", re.I)   # flash attention off (llama-bench fa 0)
-_FA_ON_NOTE = re.compile(r"(?<![\w-])-fa\b|\bfa 1\b|flash attention", re.I)
-# llama.cpp's flash attention became default-on ("auto") at the end of August 2025 (LocalAI switched its
-# llama.cpp backend to the new auto value on 2025-08-31, mudler/LocalAI PR #6168); before, -fa was opt-in
-_FA_AUTO_SINCE = (2025, 9)
-_MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
-_MONTH_YEAR = re.compile(r"\b(" + "|".join(_MONTHS) + r")[a-z]*\.? (20\d\d)\b", re.I)
-_ISO_MONTH = re.compile(r"\b(20\d\d)[-/](\d\d)\b")
-_DECODE_THREADS_NOTE = re.compile(r"\btg\d*\s+(\d+)\s+threads?\b")
-
-
-class Skip(Exception):
-    """A row that cannot be turned into a configuration; the message says why."""
 
 
 @dataclass
@@ -172,34 +140,6 @@ def _cpu_id(name: str) -> str | None:
     return key if key in _load_catalog("hardware")["cpu"] else None
 
 
-def _runtime_for(row: dict, notes: str, assumed: list) -> str | None:
-    """The runtime profile a row's runtime (and the build its notes date) is modelled by."""
-    rid = row["runtime"].strip()
-    if rid in NOT_MODELLED_RUNTIMES:
-        raise Skip(NOT_MODELLED_RUNTIMES[rid])
-    runtime = RUNTIME_ALIASES.get(rid, rid) or None
-    if rid in RUNTIME_ALIASES:
-        assumed.append(f"runtime {rid} modelled by the {runtime} profile")
-    if rid == "llama.cpp" and _LCPP_BEFORE_MMA_NOTE.search(notes):
-        runtime = "llama.cpp-2024h1"
-        assumed.append("llama.cpp build before June 2024 (notes): K-quant MMQ without int8 tensor cores")
-        if _LCPP_2023_NOTE.search(notes):
-            runtime = "llama.cpp-2023"
-            assumed.append("llama.cpp build of 2023 (notes): GPU MUL_MAT_ID token by token (before PR #4725)")
-    if rid == "llama.cpp" and _VULKAN_NOTE.search(notes) and runtime != "llama.cpp-2023":
-        runtime += "-vulkan"
-        assumed.append("llama.cpp's Vulkan backend (notes): runtimes.toml [backends.vulkan]")
-    elif rid == "llama.cpp" and _SYCL_NOTE.search(notes) and runtime == "llama.cpp":
-        runtime = "llama.cpp-sycl"
-        assumed.append("llama.cpp's SYCL backend (notes): runtimes.toml [backends.sycl]")
-    elif rid == "llama.cpp" and _HIP_NOTE.search(notes) and runtime == "llama.cpp":
-        runtime = "llama.cpp-hip"          # AMD's own backend: what an AMD card runs without a note, named
-    if rid == "ktransformers" and _KT_LEGACY_NOTE.search(notes):
-        runtime = "ktransformers-legacy"
-        assumed.append("ktransformers v0.2 / v0.3 (notes): the standalone server, no layerwise prefill")
-    return runtime
-
-
 def _parallel_for(row: dict) -> str | None:
     par = (row.get("parallel") or "").strip() or None
     if par and ("disagg" in par or re.match(r"^ep(\d+)", par) and int(re.match(r"^ep(\d+)", par).group(1)) > 8):
@@ -279,63 +219,11 @@ def _machine_for(row: dict, notes: str, assumed: list) -> Machine:
     return mach
 
 
-def _note_settings(notes: str, runtime: str, assumed: list, when: tuple | None = None) -> dict:
-    """RowConfig fields the notes state: llama.cpp ubatch, KT threshold and chunk, decode threads."""
-    def stated(pattern, what, applies=True):
-        match = pattern.search(notes) if applies else None
-        if match:
-            assumed.append(what.format(match.group(1)))
-        return int(match.group(1)) if match else 0
-    kt = (runtime or "").startswith("ktransformers")
-    return {"ubatch": stated(_UBATCH_NOTE, "ubatch {} from the notes"),
-            "kt_threshold": stated(_KT_THRESHOLD_NOTE, "GPU prefill threshold {} (notes)", kt),
-            "kt_chunk": stated(_KT_CHUNK_NOTE, "chunked prefill {} (notes)", kt),
-            "decode_threads": stated(_DECODE_THREADS_NOTE, "decode on {} threads (notes)"),
-            "no_flash": _no_flash(notes, when, assumed)}
-
-
-def _no_flash(notes: str, when: tuple | None, assumed: list) -> bool:
-    """Flash attention off: the notes say so ("no FA", "fa 0"), or a run dated before llama.cpp's auto
-    default whose notes do not turn it on. ggml then computes CPU attention as mul_mat over the whole
-    ubatch, with no per-row walk of the KV cache (runtimes.toml cpu_fa_query_rows 0)."""
-    if _NO_FA_NOTE.search(notes):
-        assumed.append("flash attention off (notes): CPU attention as mul_mat, one KV read per ubatch")
-        return True
-    if when is not None and when < _FA_AUTO_SINCE and not _FA_ON_NOTE.search(notes):
-        assumed.append(f"flash attention off: dated {when[0]}-{when[1]:02d}, before llama.cpp's -fa auto "
-                       "default (2025-09) and not turned on in the notes")
-        return True
-    return False
-
-
-def _flash_month(row: dict, notes: str, runtime: str | None) -> tuple | None:
-    """The run's month where its date decides flash attention: mainline llama.cpp and Ollama (whose CPU
-    flash attention walks the KV per query row) with attention on the CPU; None elsewhere."""
-    mainline = (runtime or "llama.cpp") in ("llama.cpp", "llama.cpp-2024h1", "llama.cpp-2023", "llama.cpp-vulkan",
-                                            "llama.cpp-2024h1-vulkan", "llama.cpp-sycl", "llama.cpp-hip", "ollama")
-    place = (row.get("placement") or "").strip()
-    cpu_attention = place.startswith(("cpu-only", "layers-gpu")) or (row.get("gpus") or "").strip() == "0"
-    return _row_month(row, notes) if mainline and cpu_attention else None
-
-
-def _row_month(row: dict, notes: str) -> tuple | None:
-    """(year, month) of a run: the row's date column, else a month and year in the notes, else a dated
-    source address; None when nothing dates it."""
-    for text in (row.get("date") or "", notes, row.get("source_url") or "", row.get("source") or ""):
-        iso = _ISO_MONTH.search(text)
-        if iso and 1 <= int(iso.group(2)) <= 12:
-            return int(iso.group(1)), int(iso.group(2))
-        named = _MONTH_YEAR.search(text)
-        if named:
-            return int(named.group(2)), _MONTHS.index(named.group(1)[:3].lower()) + 1
-    return None
-
-
 def build(row: dict) -> RowConfig:
     """The configuration a row describes (raises :class:`Skip` with the reason when it cannot)."""
     assumed = []
     notes = row.get("notes", "") or ""
-    runtime = _runtime_for(row, notes, assumed)
+    runtime = runtime_for(row, notes, assumed)
     par = _parallel_for(row)
     try:
         m = get_model(row["model"])
@@ -367,7 +255,7 @@ def build(row: dict) -> RowConfig:
     return RowConfig(row=row, model=m.id, quant=row["quant"], machine=mach, runtime=runtime, placement=placement,
                      parallel=par, context=max(1, context), prompt=max(1, prompt or context or 512), batch=batch,
                      mtp=mtp, kv_dtype=kv, assumed=assumed, prompt_depth=prompt_depth,
-                     **_note_settings(notes, runtime, assumed, _flash_month(row, notes, runtime)))
+                     **note_settings(notes, runtime, assumed, flash_month(row, notes, runtime)))
 
 
 # ------------------------------------------------------------------------------- prediction

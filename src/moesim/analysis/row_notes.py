@@ -1,0 +1,122 @@
+"""What a measured row's runtime column and notes say about the run: the runtime profile that models it
+(aliases, the llama.cpp build's era and GPU backend, ktransformers' release), the settings its notes state
+(ubatch, ktransformers' prefill threshold and chunk, decode threads, flash attention) and the month it ran.
+:mod:`moesim.analysis.validate` builds a row's configuration from these; :mod:`.coverage` counts runtimes
+with :func:`runtime_for`."""
+from __future__ import annotations
+
+import re
+
+# Runtimes in the data that moesim models through a profile of the same kind.
+RUNTIME_ALIASES = {"moe-infinity": "offload", "mixtral-offloading": "offload", "fiddler": "offload",
+                   "omlx": "mlx"}
+NOT_MODELLED_RUNTIMES = {"exo": "exo pipelines one model over several networked Macs (multi-machine)"}
+# a llama.cpp build dated before PR #7860 (June 2024): "May 2024", "2023 Metal dev commit"
+_LCPP_BEFORE_MMA_NOTE = re.compile(r"\b(?:(?:Jan|Feb|Mar|Apr|May)[a-z]*\.? 2024|20(?:1\d|2[0-3]))\b")
+# a build of 2023 or earlier ("Dec 2023"): MUL_MAT_ID token by token on the GPU (llama.cpp PRs #4406, #4725)
+_LCPP_2023_NOTE = re.compile(r"\b20(?:1\d|2[0-3])\b")
+# the llama.cpp GPU backend a row's notes name; without one the vendor's own (CUDA, HIP, SYCL, Metal)
+_VULKAN_NOTE = re.compile(r"(?<![a-z])vulkan(?![a-z])", re.I)    # "Vulkan", "llama.cpp-vulkan_amdvlk"
+_SYCL_NOTE = re.compile(r"\bSYCL\b")
+_HIP_NOTE = re.compile(r"(?<![A-Za-z])(?:HIP|hip|ROCm)(?![A-Za-z])")
+_KT_LEGACY_NOTE = re.compile(r"\bv0\.[23]\b", re.I)     # ktransformers releases before kt-kernel + SGLang
+# llama.cpp's physical batch as notes state it: "ub 2048", "-ub 4096", "b/ub 4096"
+_UBATCH_NOTE = re.compile(r"(?:^|[\s;(/-])ub\s+(\d+)\b")
+# ktransformers' --kt-gpu-prefill-token-threshold as notes state it: "GPU prefill threshold 2048"
+_KT_THRESHOLD_NOTE = re.compile(r"prefill threshold\s+(\d+)")
+# SGLang's --chunked-prefill-size under ktransformers as notes state it: "chunked prefill 4096"
+_KT_CHUNK_NOTE = re.compile(r"chunked prefill\s+(\d+)")
+_NO_FA_NOTE = re.compile(r"\bno FA\b|\bfa 0\b|-fa (?:0|off)\b", re.I)   # flash attention off (llama-bench fa 0)
+_FA_ON_NOTE = re.compile(r"(?<![\w-])-fa\b|\bfa 1\b|flash attention", re.I)
+# llama.cpp's flash attention became default-on ("auto") at the end of August 2025 (LocalAI switched its
+# llama.cpp backend to the new auto value on 2025-08-31, mudler/LocalAI PR #6168); before, -fa was opt-in
+_FA_AUTO_SINCE = (2025, 9)
+_MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+_MONTH_YEAR = re.compile(r"\b(" + "|".join(_MONTHS) + r")[a-z]*\.? (20\d\d)\b", re.I)
+_ISO_MONTH = re.compile(r"\b(20\d\d)[-/](\d\d)\b")
+# llama-bench's decode test with its own thread count: "tg128 4 threads"
+_DECODE_THREADS_NOTE = re.compile(r"\btg\d*\s+(\d+)\s+threads?\b")
+
+
+class Skip(Exception):
+    """A row that cannot be turned into a configuration; the message says why."""
+
+
+def runtime_for(row: dict, notes: str, assumed: list) -> str | None:
+    """The runtime profile a row's runtime (and the build its notes date) is modelled by."""
+    rid = row["runtime"].strip()
+    if rid in NOT_MODELLED_RUNTIMES:
+        raise Skip(NOT_MODELLED_RUNTIMES[rid])
+    runtime = RUNTIME_ALIASES.get(rid, rid) or None
+    if rid in RUNTIME_ALIASES:
+        assumed.append(f"runtime {rid} modelled by the {runtime} profile")
+    if rid == "llama.cpp" and _LCPP_BEFORE_MMA_NOTE.search(notes):
+        runtime = "llama.cpp-2024h1"
+        assumed.append("llama.cpp build before June 2024 (notes): K-quant MMQ without int8 tensor cores")
+        if _LCPP_2023_NOTE.search(notes):
+            runtime = "llama.cpp-2023"
+            assumed.append("llama.cpp build of 2023 (notes): GPU MUL_MAT_ID token by token (before PR #4725)")
+    if rid == "llama.cpp" and _VULKAN_NOTE.search(notes) and runtime != "llama.cpp-2023":
+        runtime += "-vulkan"
+        assumed.append("llama.cpp's Vulkan backend (notes): runtimes.toml [backends.vulkan]")
+    elif rid == "llama.cpp" and _SYCL_NOTE.search(notes) and runtime == "llama.cpp":
+        runtime = "llama.cpp-sycl"
+        assumed.append("llama.cpp's SYCL backend (notes): runtimes.toml [backends.sycl]")
+    elif rid == "llama.cpp" and _HIP_NOTE.search(notes) and runtime == "llama.cpp":
+        runtime = "llama.cpp-hip"          # AMD's own backend: what an AMD card runs without a note, named
+    if rid == "ktransformers" and _KT_LEGACY_NOTE.search(notes):
+        runtime = "ktransformers-legacy"
+        assumed.append("ktransformers v0.2 / v0.3 (notes): the standalone server, no layerwise prefill")
+    return runtime
+
+
+def note_settings(notes: str, runtime: str, assumed: list, when: tuple | None = None) -> dict:
+    """RowConfig fields the notes state: llama.cpp ubatch, KT threshold and chunk, decode threads."""
+    def stated(pattern, what, applies=True):
+        match = pattern.search(notes) if applies else None
+        if match:
+            assumed.append(what.format(match.group(1)))
+        return int(match.group(1)) if match else 0
+    kt = (runtime or "").startswith("ktransformers")
+    return {"ubatch": stated(_UBATCH_NOTE, "ubatch {} from the notes"),
+            "kt_threshold": stated(_KT_THRESHOLD_NOTE, "GPU prefill threshold {} (notes)", kt),
+            "kt_chunk": stated(_KT_CHUNK_NOTE, "chunked prefill {} (notes)", kt),
+            "decode_threads": stated(_DECODE_THREADS_NOTE, "decode on {} threads (notes)"),
+            "no_flash": no_flash(notes, when, assumed)}
+
+
+def no_flash(notes: str, when: tuple | None, assumed: list) -> bool:
+    """Flash attention off: the notes say so ("no FA", "fa 0"), or a run dated before llama.cpp's auto
+    default whose notes do not turn it on. ggml then computes CPU attention as mul_mat over the whole
+    ubatch, with no per-row walk of the KV cache (runtimes.toml cpu_fa_query_rows 0)."""
+    if _NO_FA_NOTE.search(notes):
+        assumed.append("flash attention off (notes): CPU attention as mul_mat, one KV read per ubatch")
+        return True
+    if when is not None and when < _FA_AUTO_SINCE and not _FA_ON_NOTE.search(notes):
+        assumed.append(f"flash attention off: dated {when[0]}-{when[1]:02d}, before llama.cpp's -fa auto "
+                       "default (2025-09) and not turned on in the notes")
+        return True
+    return False
+
+
+def flash_month(row: dict, notes: str, runtime: str | None) -> tuple | None:
+    """The run's month where its date decides flash attention: mainline llama.cpp and Ollama (whose CPU
+    flash attention walks the KV per query row) with attention on the CPU; None elsewhere."""
+    mainline = (runtime or "llama.cpp") in ("llama.cpp", "llama.cpp-2024h1", "llama.cpp-2023", "llama.cpp-vulkan",
+                                            "llama.cpp-2024h1-vulkan", "llama.cpp-sycl", "llama.cpp-hip", "ollama")
+    place = (row.get("placement") or "").strip()
+    cpu_attention = place.startswith(("cpu-only", "layers-gpu")) or (row.get("gpus") or "").strip() == "0"
+    return row_month(row, notes) if mainline and cpu_attention else None
+
+
+def row_month(row: dict, notes: str) -> tuple | None:
+    """(year, month) of a run: the row's date column, else a month and year in the notes, else a dated
+    source address; None when nothing dates it."""
+    for text in (row.get("date") or "", notes, row.get("source_url") or "", row.get("source") or ""):
+        iso = _ISO_MONTH.search(text)
+        if iso and 1 <= int(iso.group(2)) <= 12:
+            return int(iso.group(1)), int(iso.group(2))
+        named = _MONTH_YEAR.search(text)
+        if named:
+            return int(named.group(2)), _MONTHS.index(named.group(1)[:3].lower()) + 1
+    return None
