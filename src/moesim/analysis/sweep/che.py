@@ -18,20 +18,31 @@ from ...engine.codes import EXP_NONE, POLICY_LFU, POLICY_LRU, POLICY_STATIC
 
 def _fingerprint(plan, rt: dict) -> str:
     """A digest of what ms_che_table reads of routing ``rt`` (q, the window tables), memoised per routing
-    object (the plan keeps the object, so its id stays its own)."""
+    object (the plan keeps the object, so its id stays its own) and per set of table arrays: each lowering
+    hands out a new dict around the same memoised arrays, so one process hashes each set of arrays once."""
     key = ("che_fp", id(rt))
     hit = plan._shared.get(key)
     if hit is not None and hit[0] is rt:
         return hit[1]
-    h = hashlib.blake2b(digest_size=16)
-    for name in ("q", "win_n", "win_lq"):
-        a = rt.get(name)
-        h.update(name.encode())
-        if a is not None:
-            a = np.ascontiguousarray(a, dtype=np.float64)
-            h.update(repr(a.shape).encode())
-            h.update(a.tobytes())
-    return plan.shared(key, lambda: (rt, h.hexdigest()))[1]
+    arrays = tuple(rt.get(name) for name in ("q", "win_n", "win_lq"))
+    akey = tuple(map(id, arrays))
+    known = _FP_BY_ARRAYS.get(akey)
+    if known is None or any(a is not b for a, b in zip(known[0], arrays)):
+        h = hashlib.blake2b(digest_size=16)
+        for name, a in zip(("q", "win_n", "win_lq"), arrays):
+            h.update(name.encode())
+            if a is not None:
+                a = np.ascontiguousarray(a, dtype=np.float64)
+                h.update(repr(a.shape).encode())
+                h.update(a.tobytes())
+        if len(_FP_BY_ARRAYS) > 4096:
+            _FP_BY_ARRAYS.clear()
+        known = _FP_BY_ARRAYS[akey] = (arrays, h.hexdigest())    # the arrays held: their ids stay theirs
+    return plan.shared(key, lambda: (rt, known[1]))[1]
+
+
+# (ids of q, win_n, win_lq) -> (those arrays, their digest), for the process
+_FP_BY_ARRAYS: dict = {}
 
 
 def sealed_routing(plan, rt: dict):
