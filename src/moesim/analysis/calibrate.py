@@ -67,9 +67,9 @@ PARAMS = (
     Param("launch_us", 0.5, 500.0, "llama.cpp", log=True),
     Param("step_us", 10.0, 50000.0, "llama.cpp", log=True),
     Param("sync_us", 1.0, 3000.0, "llama.cpp", log=True),
-    # served per-layer launch is fixed by sources (graph-replayed kernels, runtimes.toml); the TP collectives'
-    # per-layer cost is what the tensor-parallel rows measure
-    Param("allreduce_us", 1.0, 3000.0, "served", log=True),
+    # served per-layer latency: the runtime's sourced count of graph-replayed kernels per layer (runtimes.toml
+    # layer_kernels) x one kernel's constant latency, fitted; the TP collectives keep their sourced allreduce_us
+    Param("kernel_us", 0.5, 50.0, "served", log=True),
     # no served step_us: with the decode step in one CUDA graph and async scheduling the per-step host cost is
     # near zero (RT §8.2, §8.4 item 3); the served rows' batch-dependent costs are seq_us
     Param("sync_us", 1.0, 3000.0, "ktransformers", log=True),
