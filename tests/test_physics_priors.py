@@ -27,17 +27,18 @@ LAYER_KERNELS = {"vllm": 20, "sglang": 20, "trtllm": 13}
 
 @pytest.mark.parametrize("rid", SERVED)
 def test_served_per_layer_latency_is_kernels_times_one_kernels_latency(rid):
-    """Graph-replayed decode: per layer, every replayed kernel pays one kernel's constant latency. The count is
-    the runtime's, from its sources, and not fitted; the per-kernel latency is fitted for the serving family
-    (prior: AIC's 3 us); the TP collectives keep their sourced allreduce_us."""
-    assert not any(p.field in ("launch_us", "layer_kernels", "allreduce_us") and p.family == "served" for p in PARAMS)
-    assert any(p.field == "kernel_us" and p.family == "served" for p in PARAMS)
+    """Graph-replayed decode: per layer, every replayed kernel pays one kernel's constant latency. The count
+    (the runtime's) and the latency (AIC's 3 us) come from sources and are not fitted; the TP collectives'
+    per-layer cost (allreduce_us) is what the tensor-parallel rows fit."""
+    assert not any(p.field in ("launch_us", "layer_kernels", "kernel_us") and p.family in (None, "served")
+                   for p in PARAMS)
+    assert any(p.field == "allreduce_us" and p.family == "served" for p in PARAMS)
     pri = decode_priors(rid)
     assert pri["layer_kernels"] == LAYER_KERNELS[rid] and pri["kernel_us"] == pytest.approx(3.0)
     assert pri["allreduce_us"] == pytest.approx(20.0)
     d = runtime(rid).decode
-    assert d.layer_kernels == LAYER_KERNELS[rid]
-    assert graph_launch_us(d) == pytest.approx(LAYER_KERNELS[rid] * d.kernel_us)
+    assert d.layer_kernels == LAYER_KERNELS[rid] and d.kernel_us == pri["kernel_us"]
+    assert graph_launch_us(d) == pytest.approx(LAYER_KERNELS[rid] * 3.0)
     # AIC's 0.8 achievable-HBM factor models the serving runtimes; llama.cpp's share is fitted on its own rows
     assert d.gpu_bw_eff == pri["gpu_bw_eff"] == pytest.approx(0.8)
     assert not any(p.field == "gpu_bw_eff" and p.family in (None, "served") for p in PARAMS)
@@ -87,7 +88,8 @@ def test_served_kernel_terms_cite_their_sources():
 
 def test_single_gpu_serving_at_batch_1_pays_every_graph_kernel():
     """qwen3-235b-a22b fp4 on one GB200 under TensorRT-LLM: 94 layers, CUDA graphs; the fixed cost is 94 layers
-    x 13 kernels x one kernel's latency plus one step's host and per-sequence cost (no TP collectives)."""
+    x 13 kernels x 3 us plus one step's host and per-sequence cost (no TP collectives): ~4.1 ms against 2.6 ms
+    of weight reads (the latency share was 72 % with a fitted 120 us per layer, 84 % with a fitted kernel_us)."""
     r = moesim.simulate("qwen3-235b-a22b", moesim.machine(gpu="gb200"), quant="fp4", runtime="trtllm",
                         tokens=16, mode="analytic")
     res = r.breakdown["by_resource"]
@@ -95,6 +97,7 @@ def test_single_gpu_serving_at_batch_1_pays_every_graph_kernel():
     want = (94 * 13 * d.kernel_us + d.step_us + d.seq_us) * 1e-6
     assert res["latency"] == pytest.approx(want, rel=0.01), res
     assert "interconnect" not in res or res["interconnect"] == 0.0
+    assert res["latency"] < 2.0 * res["gpu_memory"], res
 
 
 def _apple_max_ultra() -> list:
