@@ -55,7 +55,7 @@ def test_catalog_table_is_the_stored_loso_residuals(loso):
 @pytest.mark.parametrize("metric", I.METRICS)
 def test_coverage_on_leave_one_source_out_predictions(loso, metric):
     """The 80 % interval covers 75-87 % of the held-out rows, each source's interval built without it (86.1 %
-    of 237 decode rows since the served per-layer kernel counts, 2026-12-04: conservative, 3 rows more)."""
+    of 238 decode rows since the served per-layer kernel counts, 2026-12-04: conservative, 3 rows more)."""
     cov = I.coverage(loso, None, nested=True)[metric]
     assert cov["n"] >= 20
     assert 0.75 <= cov["covered"] <= 0.87, cov
