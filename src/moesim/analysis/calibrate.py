@@ -67,8 +67,11 @@ PARAMS = (
     Param("launch_us", 0.5, 500.0, "llama.cpp", log=True),
     Param("step_us", 10.0, 50000.0, "llama.cpp", log=True),
     Param("sync_us", 1.0, 3000.0, "llama.cpp", log=True),
-    # served per-layer launch is fixed by sources (graph-replayed kernels, runtimes.toml); the TP collectives'
-    # per-layer cost is what the tensor-parallel rows measure
+    # served per-layer latency is sourced, not fitted: the runtime's count of graph-replayed kernels per layer
+    # (runtimes.toml layer_kernels) x one kernel's constant latency (kernel_us). Fitting kernel_us (to 7-10 us)
+    # predicted vLLM's gpt-oss-20b batch-1 decode on one RTX Pro 6000 at 140-154 tok/s against 250 measured
+    # (millstoneai.com, Jan 2026); at the sourced 3 us it is 278. The TP collectives' per-layer cost is what the
+    # tensor-parallel rows fit
     Param("allreduce_us", 1.0, 3000.0, "served", log=True),
     # no served step_us: with the decode step in one CUDA graph and async scheduling the per-step host cost is
     # near zero (RT §8.2, §8.4 item 3); the served rows' batch-dependent costs are seq_us

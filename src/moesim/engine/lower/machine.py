@@ -146,6 +146,13 @@ def _gemm_peak(tf: dict, g: dict, terms: dict, peak_tflops: float) -> float:
 _AMX_FLOPS_PER_CYCLE = {"int8": 4096.0, "int4": 4096.0, "int4-g32": 4096.0, "bf16": 2048.0}
 
 
+def graph_launch_us(d) -> float:
+    """Per-layer latency of a decode step replayed as a CUDA graph: each of the runtime's ``layer_kernels``
+    graph nodes per decoder layer pays ``kernel_us`` whatever it reads (the serving runtimes, runtimes.toml);
+    a runtime that does not count its kernels keeps its per-layer ``launch_us`` (llama.cpp)."""
+    return d.layer_kernels * d.kernel_us if d.layer_kernels > 0 else d.launch_us
+
+
 def lower_machine(machine: Machine, rt: Runtime, p: Placement, mix: Q.KernelMix) -> dict:
     """Effective rates (bytes/s, FLOP/s) and latencies (s) of ms_machine_t; ``mix`` is
     quants.kernel_mix of the configuration (the weight types set the CPU and GPU GEMM rates)."""
@@ -186,7 +193,7 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement, mix: Q.KernelMix)
                 storage_bw=storage_bw, gpu_flops=peak_tflops * 1e12 * d.gpu_flops_eff * tp, cpu_flops=cpu_flops,
                 interconnect_bw=(scale_up or machine.pcie_gbs or 16.0) * GB, unified=0,
                 overlap=1 if d.overlap else 0,
-                launch_s=(d.launch_us if graphs else d.launch_us_nograph) * 1e-6, sync_s=d.sync_us * 1e-6,
+                launch_s=(graph_launch_us(d) if graphs else d.launch_us_nograph) * 1e-6, sync_s=d.sync_us * 1e-6,
                 dma_s=d.dma_us * 1e-6, allreduce_s=_allreduce_s(machine, rt) if tp > 1 else 0.0,
                 step_s=d.step_us * 1e-6, seq_s=d.seq_us * 1e-6 / max(1, d.data_parallel),
                 amx_flops=amx, pcie_links=tp, a2a_bw=_alltoall_gbs(machine, g) * GB * d.alltoall_bw_eff,
@@ -225,7 +232,7 @@ def _lower_unified(machine: Machine, rt: Runtime, mix: Q.KernelMix, cpu_only: bo
     gpu_flops = peak * d.gpu_flops_eff
     cpu_flops = _cpu_flops(machine, d, mix)
     # chips without CUDA graphs (AMD iGPUs: HIP graphs off, Vulkan) pay the no-graph launch per layer
-    launch = d.launch_us_metal if metal else (d.launch_us if u.get("cuda_graphs", True) else d.launch_us_nograph)
+    launch = d.launch_us_metal if metal else (graph_launch_us(d) if u.get("cuda_graphs", True) else d.launch_us_nograph)
     pf_eff = d.prefill_flops_eff_unified
     if not metal:
         # GB10 prefills like a discrete CUDA card: llama.cpp's int8 MMQ, whose Blackwell rate equals the
