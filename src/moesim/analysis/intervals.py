@@ -27,11 +27,13 @@ MIN_ROWS = 8                # fewer LOSO rows than this: the regime's quantiles 
 # other placements / runtimes, so its spread understates this regime's uncertainty; 1.5 per level is the
 # documented rule (chosen so the leave-one-source-out coverage of the thin regimes stays >= LEVEL)
 WIDEN = 1.5
-# every level's log-quantiles are also scaled by 1 + SMALL_SAMPLE / sqrt(n): a sample quantile's error
-# shrinks as 1/sqrt(n), and a new machine is a new source. derived: 2.0 is the smallest whole value for
-# which the out-of-sample coverage, each source's interval built without that source's rows
-# (coverage(..., nested=True)), reaches 80 % on the collected corpus (0 gives 72 % decode, 74 % prefill)
+# every level's log-quantiles are also scaled by 1 + small_sample / sqrt(n): a sample quantile's error
+# shrinks as 1/sqrt(n), and a new machine is a new source. small_sample is chosen by report() when the
+# table is built: the smallest step of SMALL_SAMPLE_GRID for which the out-of-sample coverage, each
+# source's interval built without that source's rows (coverage(..., nested=True)), reaches LEVEL on every
+# metric; calibration.toml keeps the chosen value. SMALL_SAMPLE is the default for a table without one.
 SMALL_SAMPLE = 2.0
+SMALL_SAMPLE_GRID = tuple(i / 4 for i in range(17))      # 0, 0.25, ..., 4
 _PLACEMENT_KIND = {"all-gpu": "gpu", "unified": "gpu", "experts-cpu": "hybrid", "n-cpu-moe": "hybrid",
                    "gpu-experts": "hybrid", "layers-gpu": "hybrid", "cpu-only": "cpu", "offload-cache": "offload"}
 FIELDS = ("decode_tok_s_lo", "decode_tok_s_hi", "prefill_tok_s_lo", "prefill_tok_s_hi")
@@ -228,12 +230,24 @@ def loso_rows(cv_rows) -> list:
     return out
 
 
+def choose_small_sample(rows) -> float:
+    """The smallest step of SMALL_SAMPLE_GRID whose nested (out-of-sample) coverage reaches LEVEL on every
+    metric with rows (the grid's last step if none does)."""
+    for s in SMALL_SAMPLE_GRID:
+        cov = coverage(rows, None, nested=True, small_sample=s)
+        if all(c["covered"] is None or c["covered"] >= LEVEL for c in cov.values()):
+            return s
+    return SMALL_SAMPLE_GRID[-1]
+
+
 def report(cv_rows) -> dict:
-    """The [intervals] calibrate writes: quantile table, coverage (in and out of sample) and the rows."""
+    """The [intervals] calibrate writes: quantile table, the chosen small-sample factor, coverage (in and
+    out of sample) and the rows."""
     rows = loso_rows(cv_rows)
     table = build_table(rows)
-    return {"table": table, "coverage": coverage(rows, table), "coverage_nested": coverage(rows, table, nested=True),
-            "rows": rows}
+    small = choose_small_sample(rows)
+    return {"table": table, "small_sample": small, "coverage": coverage(rows, table, small_sample=small),
+            "coverage_nested": coverage(rows, table, nested=True, small_sample=small), "rows": rows}
 
 
 def toml_lines(rep: dict, command: str) -> list:
@@ -243,7 +257,8 @@ def toml_lines(rep: dict, command: str) -> list:
              "# (the command below), per regime device/placement/runtime family (analysis/intervals.py).", "[intervals]",
              f'command = "{command}"', f"level = {LEVEL}", f"min_rows = {MIN_ROWS}",
              f"widen = {WIDEN}    # derived: per fallback level (intervals.WIDEN)",
-             f"small_sample = {SMALL_SAMPLE}    # derived: quantiles x (1 + this / sqrt(n)) (intervals.SMALL_SAMPLE)"]
+             f"small_sample = {rep.get('small_sample', SMALL_SAMPLE)}    # chosen: quantiles x (1 + this / sqrt(n)), the smallest "
+             "step of intervals.SMALL_SAMPLE_GRID whose nested coverage reaches the level on every metric"]
     for metric in METRICS:
         lines.append(f"coverage_{metric} = {nested[metric]['covered'] or 0:.4f}    # of {nested[metric]['n']} held-out "
                      f"rows, each source's interval built without it ({cov[metric]['covered'] or 0:.4f} in sample)")
