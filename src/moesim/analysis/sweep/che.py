@@ -16,7 +16,7 @@ import numpy as np
 from ...engine.codes import EXP_NONE, POLICY_LFU, POLICY_LRU, POLICY_STATIC
 
 
-def _fingerprint(plan, rt: dict) -> str:
+def fingerprint(plan, rt: dict) -> str:
     """A digest of what ms_che_table reads of routing ``rt`` (q, the window tables), memoised per routing
     object (the plan keeps the object, so its id stays its own) and per set of table arrays: each lowering
     hands out a new dict around the same memoised arrays, so one process hashes each set of arrays once."""
@@ -79,7 +79,7 @@ def rows(plan, rt: dict, slots: int, policy: int, batches, tps: int) -> np.ndarr
     """[len(batches), n_layers, CHE_FIELDS] table rows at ``slots`` slots, ``policy`` and ``tps`` tokens per
     step, each computed once (one kernel call for the rows not yet there)."""
     from ...engine.decode import che_table
-    fp = _fingerprint(plan, rt)
+    fp = fingerprint(plan, rt)
     keys = [(fp, int(slots), int(policy), int(b), int(tps)) for b in batches]
     got = [_ROWS.get(k) for k in keys]
     miss = [i for i, r in enumerate(got) if r is None]
@@ -102,7 +102,7 @@ def columns(plan, rt: dict, dm: dict, policy: int, batches, tps: int) -> dict:
     s = slots_of(dm, policy, rt)
     if s < 0:
         return {}
-    key = ("che_cols", _fingerprint(plan, rt), s, int(policy), tuple(int(b) for b in batches), int(tps))
+    key = ("che_cols", fingerprint(plan, rt), s, int(policy), tuple(int(b) for b in batches), int(tps))
     hit = plan._shared.get(key)
     if hit is None:
         che = rows(plan, rt, s, policy, batches, tps)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...engine.codes import MODES
-from . import che
+from .che import columns as che_columns, sealed_routing
 
 
 def _many(grp, j: int, ps: int, context: int, batches: list) -> np.ndarray:
@@ -45,8 +45,8 @@ def _many(grp, j: int, ps: int, context: int, batches: list) -> np.ndarray:
                 steps=np.full(n, run_cfg["tokens"], dtype=np.int64), warmup=np.full(n, run_cfg["warmup"], dtype=np.int64),
                 policy=np.full(n, grp.policy, dtype=np.int32), mode=np.full(n, MODES["analytic"], dtype=np.int32),
                 seed=np.full(n, int(run_cfg["seed"]) & 0xFFFFFFFFFFFFFFFF, dtype=np.uint64), index=np.zeros(n, dtype=np.uint64))
-    cols.update(che.columns(plan, grp.routing, dm, grp.policy, batches, tps))    # step counts, once per process
-    res = run(dm, hw, che.sealed_routing(plan, grp.routing), cols)
+    cols.update(che_columns(plan, grp.routing, dm, grp.policy, batches, tps))    # step counts, once per process
+    res = run(dm, hw, sealed_routing(plan, grp.routing), cols)
     out = np.empty((n, 4))
     out[:, 0] = np.asarray(res["accepted"], dtype=np.float64) / np.asarray(res["step_mean"], dtype=np.float64)
     out[:, 1] = [rate_ttft(run_cfg["prompt"], seconds, b)[0] for b in batches]

@@ -21,7 +21,7 @@ import numpy as np
 
 from ...errors import KernelError
 from ...spec.placement import Placement
-from . import che
+from .che import columns as che_columns, fingerprint as che_fingerprint, sealed_routing, slots_of as che_slots_of
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
@@ -177,11 +177,11 @@ class DecodeVariants:
         else:
             batches = tuple(b for _, b in items)
             # the analytic kernel reads its step counts and hit rates from tables (sweep.che): sealed columns per table
-            s = che.slots_of(dm, g.policy, g.routing)
-            ckey = () if s < 0 else (che._fingerprint(g.plan, g.routing), s)
+            s = che_slots_of(dm, g.policy, g.routing)
+            ckey = () if s < 0 else (che_fingerprint(g.plan, g.routing), s)
             cols = g.plan.shared(("decode_cols", g.policy, batches) + ckey, lambda: _decode_cols(
-                batches, g.policy, run_cfg, {} if s < 0 else che.columns(g.plan, g.routing, dm, g.policy, batches, 1)))
-            res = run(_zeroed(dm, g.plan), hw, che.sealed_routing(g.plan, g.routing), cols)
+                batches, g.policy, run_cfg, {} if s < 0 else che_columns(g.plan, g.routing, dm, g.policy, batches, 1)))
+            res = run(_zeroed(dm, g.plan), hw, sealed_routing(g.plan, g.routing), cols)
         for i, (key, _) in enumerate(items):
             f64 = np.zeros(13)
             if res is not None:
