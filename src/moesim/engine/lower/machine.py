@@ -184,9 +184,9 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement, mix: Q.KernelMix)
     # a backend whose decode kernels measurably reach less of a family's bandwidth (runtimes.toml bw_eff)
     bw_eff = terms.get("bw_eff") or (d.gpu_bw_eff if hbm else d.gddr_bw_eff)
     pf, gemm, attn = _gpu_prefill_flops(machine, rt, g, mix, hbm, peak_tflops, tp, terms)
-    share = terms.get("moe_fp32_share", 0.0)
+    share, fp32 = terms.get("moe_fp32_share", 0.0), fp32_tflops(tf, g)
     # a backend whose MUL_MAT_ID measurably runs the routed experts slower than its dense GEMMs (moe_fp32_share)
-    expert = min(gemm, fp32_tflops(tf, g) * 1e12 * share * tp) if share > 0 and fp32_tflops(tf, g) > 0 else gemm
+    expert = min(gemm, fp32 * 1e12 * share * tp) if share > 0 and fp32 > 0 else gemm
     return dict(gpu_bw=machine.gpu_bw_gbs * GB * bw_eff * tp, host_bw=host_bw, pcie_bw=pcie,
                 prefill_flops=pf, prefill_gemm_flops=gemm, prefill_attn_flops=attn, prefill_expert_flops=expert,
                 gpu_moe_rowwise=int(d.moe_rowwise_prefill),
