@@ -112,30 +112,75 @@ static double window_inclusion(const ms_routing_t *r, int32_t l, double B, doubl
     return D;
 }
 
+/* sum_e exp(B lq_e[j]) of routing layer l: the experts absent from B sequences' x[j] tokens (a node). */
+static double window_absent_node(const ms_routing_t *r, int32_t l, double B, int32_t j)
+{
+    int32_t E = r->n_experts, W = r->n_window;
+    const double *row = r->win_lq + (int64_t) l * E * W + j;
+    double s = 0.0;
+    for (int32_t e = 0; e < E; e++) s += exp(B * row[(int64_t) e * W]);
+    return s;
+}
+
+/* The n >= n0 solving E - window_absent(n) = C, given E - window_absent(n0) < C and a root (the experts
+ * ever used outnumber C). The left side rises with n; between nodes lq is linear in n, so there it is
+ * E minus a sum of exponentials of n: concave. A binary search over the nodes finds the segment that holds
+ * the root (the end segment extended beyond the last node); Newton's method from the segment's left end
+ * (or n0) then rises monotonically to the root, as tangents of a concave function lie above it. About a
+ * dozen sums over the experts, where bisection in n took about fifty. Capped at n0 2^50 (a root that far
+ * is a cache that never misses: the hits it gives are D). */
+static double window_capacity_tokens(const ms_routing_t *r, int32_t l, double B, double n0, double C)
+{
+    int32_t E = r->n_experts, W = r->n_window, a, b;
+    const double *x = r->win_n, *row = r->win_lq + (int64_t) l * E * W;
+    double n, xlo, cap = n0 * 0x1p50;
+    win_seg_t s = window_segment(r, n0);
+    a = s.hi;
+    b = W - 1;
+    if ((double) E - window_absent_node(r, l, B, b) < C) {
+        a = W - 1;                          /* the end segment, extended */
+    } else {
+        while (a < b) {                     /* the first node where the left side reaches C */
+            int32_t mid = (a + b) / 2;
+            if ((double) E - window_absent_node(r, l, B, mid) >= C) b = mid; else a = mid + 1;
+        }
+    }
+    xlo = x[a - 1];
+    n = fmax(n0, xlo);
+    for (int it = 0; it < 100; it++) {
+        double absent = 0.0, slope = 0.0, step;
+        for (int32_t e = 0; e < E; e++) {
+            const double *q = row + (int64_t) e * W;
+            double ds = (q[a] - q[a - 1]) / (x[a] - xlo), v = exp(B * (q[a - 1] + ds * (n - xlo)));
+            absent += v;
+            slope -= B * ds * v;            /* d(E - absent)/dn >= 0 */
+        }
+        if (!(slope > 0.0)) break;
+        step = (C - ((double) E - absent)) / slope;
+        if (!(step > 1e-14 * n)) break;
+        n += step;
+        if (n >= cap) return cap;
+    }
+    return n;
+}
+
 /* Che's approximation on the windows (routing_window.py): an expert is resident iff used in the last T
- * steps, T >= 1 solving E - sum_e a_e(T tps) = C by bisection (the left side rises with T); hits per
- * step = sum_e 1 - a_e(tps) - a_e(T tps) + a_e((T + 1) tps). All experts ever used fit: hits = D. A
+ * steps, T >= 1 solving E - sum_e a_e(T tps) = C (window_capacity_tokens); hits per step =
+ * sum_e 1 - a_e(tps) - a_e(T tps) + a_e((T + 1) tps). All experts ever used fit: hits = D. A
  * step's D >= C: the cache holds C of the previous step's D (id order, popularity-blind), so
  * hits = (C / D) sum_e P(e in both steps) = (C / D) sum_e 1 - 2 a_e(tps) + a_e(2 tps). */
 static double window_hits(const ms_routing_t *r, int32_t l, double B, double tps, double C, double D)
 {
     int32_t E = r->n_experts, W = r->n_window, support = 0;
     const double *row = r->win_lq + (int64_t) l * E * W;
-    double a1, lo = 1.0, hi = 2.0;
+    double a1, T;
     for (int32_t e = 0; e < E; e++) support += row[(int64_t) e * W + W - 1] < 0.0;
     if ((double) support <= C) return D;
     if (C <= 0.0) return 0.0;
     a1 = (double) E - D;
     if (D >= C) return C / D * ((double) E - 2.0 * a1 + window_absent(r, l, B, 2.0 * tps));
-    while ((double) E - window_absent(r, l, B, hi * tps) < C && hi < 0x1p50) {
-        lo = hi;
-        hi *= 2.0;
-    }
-    for (int it = 0; it < 200 && hi - lo > 1e-12 * hi; it++) {
-        double mid = 0.5 * (lo + hi);
-        if ((double) E - window_absent(r, l, B, mid * tps) < C) lo = mid; else hi = mid;
-    }
-    return (double) E - a1 - window_absent(r, l, B, hi * tps) + window_absent(r, l, B, (hi + 1.0) * tps);
+    T = window_capacity_tokens(r, l, B, tps, C) / tps;
+    return (double) E - a1 - window_absent(r, l, B, T * tps) + window_absent(r, l, B, (T + 1.0) * tps);
 }
 
 /* The reuse statistic on the windows: sum_e P(e in two consecutive tokens) / k of one sequence,

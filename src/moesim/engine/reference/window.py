@@ -8,13 +8,7 @@ import math
 
 def window_lq(nodes, lq, n):
     """log P(absent from n tokens): linear in n between the nodes, the end segments extended."""
-    lo, hi = 0, len(nodes) - 1
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if nodes[mid] < n:
-            lo = mid
-        else:
-            hi = mid
+    lo, hi = window_segment(nodes, n)
     return lq[lo] + (lq[hi] - lq[lo]) * (n - nodes[lo]) / (nodes[hi] - nodes[lo])
 
 
@@ -33,6 +27,62 @@ def window_inclusion(rt, l, B, tps):
     return [1.0 - math.exp(B * window_lq(nodes, rows[e], tps)) for e in range(len(rows))]
 
 
+def window_segment(nodes, n):
+    """(lo, hi): the node segment holding n (window_lq's), the end ones extended."""
+    lo, hi = 0, len(nodes) - 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if nodes[mid] < n:
+            lo = mid
+        else:
+            hi = mid
+    return lo, hi
+
+
+def window_absent_node(rt, l, B, j):
+    """sum_e exp(B log P(e absent from nodes[j] tokens)) of routing layer l."""
+    s = 0.0
+    for row in rt["win_lq"][l]:
+        s += math.exp(B * row[j])
+    return s
+
+
+def window_capacity_tokens(rt, l, B, n0, C):
+    """The n >= n0 where E - window_absent(n) reaches C (ms_analytic.c window_capacity_tokens): a binary
+    search over the nodes for the segment holding it, then Newton's method from the segment's left end."""
+    nodes, rows = rt["win_n"], rt["win_lq"][l]
+    E, W = len(rows), len(nodes)
+    cap = n0 * 2.0 ** 50
+    a, b = window_segment(nodes, n0)[1], W - 1
+    if E - window_absent_node(rt, l, B, b) < C:
+        a = W - 1
+    else:
+        while a < b:
+            mid = (a + b) // 2
+            if E - window_absent_node(rt, l, B, mid) >= C:
+                b = mid
+            else:
+                a = mid + 1
+    xlo = nodes[a - 1]
+    n = max(n0, xlo)
+    for _ in range(100):
+        absent, slope = 0.0, 0.0
+        for q in rows:
+            ds = (q[a] - q[a - 1]) / (nodes[a] - xlo)
+            v = math.exp(B * (q[a - 1] + ds * (n - xlo)))
+            absent += v
+            slope -= B * ds * v
+        if not slope > 0.0:
+            break
+        step = (C - (E - absent)) / slope
+        if not step > 1e-14 * n:
+            break
+        n += step
+        if n >= cap:
+            return cap
+    return n
+
+
 def window_hits(rt, l, B, tps, C, D):
     """Expected LRU hits per step of a C-slot step-level cache (ms_analytic.c window_hits)."""
     rows = rt["win_lq"][l]
@@ -45,18 +95,8 @@ def window_hits(rt, l, B, tps, C, D):
     a1 = E - D
     if D >= C:
         return C / D * (E - 2.0 * a1 + window_absent(rt, l, B, 2.0 * tps))
-    lo, hi = 1.0, 2.0
-    while E - window_absent(rt, l, B, hi * tps) < C and hi < 2.0 ** 50:
-        lo, hi = hi, hi * 2.0
-    for _ in range(200):
-        if not hi - lo > 1e-12 * hi:
-            break
-        mid = 0.5 * (lo + hi)
-        if E - window_absent(rt, l, B, mid * tps) < C:
-            lo = mid
-        else:
-            hi = mid
-    return E - a1 - window_absent(rt, l, B, hi * tps) + window_absent(rt, l, B, (hi + 1.0) * tps)
+    T = window_capacity_tokens(rt, l, B, tps, C) / tps
+    return E - a1 - window_absent(rt, l, B, T * tps) + window_absent(rt, l, B, (T + 1.0) * tps)
 
 
 def window_reuse(rt, l, K):
