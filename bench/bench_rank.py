@@ -14,7 +14,9 @@ own setting). in-process (the lowering cache off, so a cold call lowers everythi
 model and quant lowered) and the median of later calls in the same process (what a server pays). The
 in-process split says how much of a call is the one sweep (`moesim.sweep`, analytic, in memory) and how
 much is rank's own work around it (catalog models, the quant ladder, parameter counts, rows, sorting);
---profile prints the cProfile functions where a cold call's time goes.
+--profile prints the cProfile functions where a cold call's time goes. The CLI forks the sweep into
+one process per core (up to 4, ``--processes``); the in-process calls run serially, then warm calls are
+repeated forked as the CLI runs them.
 """
 from __future__ import annotations
 
@@ -105,6 +107,18 @@ def in_process(runs: int, profile: bool) -> None:
         own = statistics.median(c[0] - c[1] for c in warm)
         print(f"  warm calls (median of {len(warm)}): {med:.3f} s wall, {statistics.median(c[4] for c in warm):.3f} s "
               f"CPU ({configs / med:,.0f} configs/s); rank's own {own * 1e3:.1f} ms")
+        from moesim.cli.views import RANK_PROCESSES
+        from moesim.spec.limits import usable_cpus
+        procs = min(usable_cpus(), RANK_PROCESSES)
+        if procs > 1:
+            walls = []
+            for _ in range(runs):
+                t0 = time.perf_counter()
+                moesim.rank(mach, processes=procs)
+                walls.append(time.perf_counter() - t0)
+            med = statistics.median(walls)
+            print(f"  warm calls forked into {procs} processes (as the CLI runs it; median of {runs}): {med:.3f} s "
+                  f"wall ({configs / med:,.0f} configs/s)")
 
 
 def _median_line(label: str, wall: list, cpu: list) -> str:

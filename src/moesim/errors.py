@@ -18,6 +18,18 @@ class MoesimError(ValueError):
         self.field = field
         super().__init__(f"{field}: {message}" if field else message)
 
+    def __reduce__(self):
+        # the message already names the field: unpickling must not run __init__ (it would prefix it again);
+        # a sweep's forked worker sends its errors to the parent pickled
+        return (_rebuilt, (type(self), self.args, self.__dict__))
+
+
+def _rebuilt(cls, args: tuple, state: dict):
+    err = cls.__new__(cls)
+    Exception.__init__(err, *args)
+    err.__dict__.update(state)
+    return err
+
 
 class KernelError(RuntimeError):
     """The C kernel returned an error code that validation should have prevented (a moesim bug)."""

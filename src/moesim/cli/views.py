@@ -3,6 +3,10 @@ from __future__ import annotations
 
 from ._args import _MODEL_HELP, _add_machine_flags, _machine_from, _machines_from, _positive_int, _print_json
 
+# rank's default worker processes: its sweep is ~800 small groups whose Python work runs on one core per
+# process; past a few processes the forks' start-up outweighs what is left to split
+RANK_PROCESSES = 4
+
 
 def _add_rank_parser(sub) -> None:
     r = sub.add_parser("rank", help="what runs on this machine: every catalog model x quantization that fits, "
@@ -18,6 +22,8 @@ def _add_rank_parser(sub) -> None:
                                      "trtllm, mlx) ranks native checkpoints")
     r.add_argument("--kv-dtype")
     r.add_argument("--limit", type=_positive_int, help="print the best K only")
+    r.add_argument("--processes", type=_positive_int, help="worker processes the sweep forks (default: one per "
+                                                          f"core, up to {RANK_PROCESSES}; the ranking is the same)")
     r.add_argument("--json", action="store_true")
 
 
@@ -45,9 +51,11 @@ def add_parsers(sub) -> None:
 
 def _cmd_rank(args) -> int:
     from ..analysis.views import rank
+    from ..spec.limits import usable_cpus
     mach = _machine_from(args)
+    processes = args.processes or min(usable_cpus(), RANK_PROCESSES)
     rows = rank(mach, runtime=args.runtime, kv_dtype=args.kv_dtype, context=args.context, batch=args.batch,
-                by=args.by, filter=args.filter, limit=args.limit)
+                by=args.by, filter=args.filter, limit=args.limit, processes=processes)
     if args.json:
         return _print_json(rows)
     from ..report.views import rank_text

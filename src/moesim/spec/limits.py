@@ -129,6 +129,11 @@ def check_context(context, model, allow_beyond_max_context: bool = False) -> tup
                      "(allow_beyond_max_context): memory and speed extrapolate, quality is not modelled"]
 
 
+def usable_cpus() -> int:
+    """The cores this process may run on (its affinity mask where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def this_machines_ram() -> int:
     """Bytes of physical memory of the machine moesim runs on (0 when the OS does not say): the bound on
     workspaces sized from untrusted input, checked before they are allocated."""

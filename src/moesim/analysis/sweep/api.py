@@ -17,7 +17,8 @@ from .store import FORMATS, _finish, _pending, _prepare_out, locked
 from .table import SweepTable, _concat
 
 
-def _in_memory(plan: Plan, fmt: str, threads: int, scheduler, local_workers, progress: bool) -> SweepTable:
+def _in_memory(plan: Plan, fmt: str, threads: int, scheduler, local_workers, progress: bool,
+               processes: int = 1) -> SweepTable:
     need = 2 * plan.total * 8 * len(plan.columns)        # the chunks' columns, then the table they join into
     have = this_machines_ram()
     if have and need > have / 2:
@@ -26,7 +27,8 @@ def _in_memory(plan: Plan, fmt: str, threads: int, scheduler, local_workers, pro
                           "written with bounded memory) or a smaller grid")
     bar = _Progress(plan.total, progress)
     try:
-        res = _run_chunks(plan, list(range(plan.n_chunks)), None, fmt, threads, scheduler, local_workers, bar)
+        res = _run_chunks(plan, list(range(plan.n_chunks)), None, fmt, threads, scheduler, local_workers, bar,
+                          processes)
     finally:
         bar.close()
     cols = _concat([res[k] for k in range(plan.n_chunks)], plan.columns)
@@ -62,7 +64,8 @@ def sweep(spec=None, *, models=None, quants=None, machines=None, runtimes=None, 
           policies=None, cache_experts=None, prefetch_recall=None, mtp=None, mtp_acceptance=None, parallel=None,
           routing=None, contexts=None, batches=None, zip=None, filter=None, mode=None, seed=None, chunk_size=None,
           prompt=None, tokens=None, warmup=None, out=None, format: str = "parquet", threads: int | None = None,
-          scheduler: str | None = None, local_workers: int | None = None, progress: bool | None = None):
+          scheduler: str | None = None, local_workers: int | None = None, progress: bool | None = None,
+          processes: int | None = None):
     """Evaluate a grid of configurations (DESIGN §4 ``moesim.sweep``).
 
     Axes (lists; contexts/batches also ``{start, stop, num, log}`` ranges): ``models``, ``quants``,
@@ -78,7 +81,10 @@ def sweep(spec=None, *, models=None, quants=None, machines=None, runtimes=None, 
     Without ``out``: returns a :class:`SweepTable`. With ``out``: writes chunk files and a manifest to
     that directory (resumable; see :mod:`moesim.analysis.sweep`) and returns the manifest dict.
     ``threads`` (default: every core; one per dask worker) never changes results, nor do ``scheduler`` /
-    ``local_workers`` (dask.distributed)."""
+    ``local_workers`` (dask.distributed) or ``processes``: an in-memory sweep forked into that many worker
+    processes on Linux (the threads shared among them; elsewhere it runs in this process). Python's share
+    of a grid of many small groups runs on one core per process, so ``processes`` is what speeds those up;
+    fork from a process whose other threads hold no locks (a script or the CLI, not a threaded server)."""
     if machines is not None and isinstance(machines, Machine):
         machines = [machines]
     s = build_spec(spec, models=models, quants=quants, machines=machines, runtimes=runtimes, kv_dtypes=kv_dtypes,
@@ -96,9 +102,15 @@ def sweep(spec=None, *, models=None, quants=None, machines=None, runtimes=None, 
         raise _err("scheduler", "give either a scheduler address or local_workers, not both")
     if local_workers is not None:
         local_workers = _count(local_workers, "local_workers", 0, MAX_THREADS)
+    processes = 1 if processes is None else _count(processes, "processes", maximum=MAX_THREADS)
+    if processes > 1 and (out is not None or distributed):
+        raise _err("processes", "forked worker processes run in-memory sweeps; a sweep written to out= or "
+                                "run on dask takes local_workers or a scheduler instead")
+    if processes > 1:
+        threads = max(1, threads // processes)
     plan = Plan(normalize_spec(s))
     if progress is None:
         progress = bool(out) and sys.stderr.isatty() and plan.total > plan.chunk_size
     if out is None:
-        return _in_memory(plan, format, threads, scheduler, local_workers, progress)
+        return _in_memory(plan, format, threads, scheduler, local_workers, progress, processes)
     return _to_directory(plan, out, format, threads, scheduler, local_workers, progress)

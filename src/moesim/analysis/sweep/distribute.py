@@ -1,15 +1,18 @@
-"""Running a sweep's chunks: serially (writing overlapped with the next chunk's kernels) or on
-dask.distributed (each worker runs the same kernel and writes the same files), with a progress bar.
+"""Running a sweep's chunks: serially (writing overlapped with the next chunk's kernels), in forked
+worker processes (an in-memory sweep on one Linux machine) or on dask.distributed (each worker runs the
+same kernel and writes the same files), with a progress bar.
 
 A worker process keeps the plans of the sweeps it runs (:data:`_PLANS`, by spec hash) and shares
 each among its threads: a Plan and its Groups are safe to share (see :class:`~.group.Group`)."""
 from __future__ import annotations
 
+import os
+import pickle
 import sys
 from pathlib import Path
 
 from .plan import OnceCache, Plan
-from .run import _empty_columns, run_chunk
+from .run import _empty_columns, run_chunk, run_range
 from .spec import _err, spec_hash
 from .store import _chunk_path, _write_chunk
 from .table import SweepTable
@@ -103,11 +106,118 @@ def _run_writing(plan: Plan, pending: list, out: Path, fmt: str, threads: int, p
     return results
 
 
+def can_fork() -> bool:
+    """Whether sweeps may fork workers here: Linux only (macOS's system frameworks are not fork-safe, and
+    Windows has no fork); elsewhere ``processes`` runs serially, with the same results."""
+    return sys.platform.startswith("linux") and hasattr(os, "fork")
+
+
+# pieces per forked process: the groups' costs differ (a 1T-parameter model's rows take longer than a 1B
+# one's), so each process takes every P-th of several slices rather than one contiguous share
+SLICES_PER_PROCESS = 4
+
+
+def _pieces(plan: Plan, pending: list, processes: int) -> list:
+    """Each process's share of the pending chunks' configurations: ``SLICES_PER_PROCESS`` x ``processes``
+    contiguous slices of about as many groups (a group's rows stay in one slice; a slice stays inside
+    one chunk), dealt out in turn, as lists of (chunk, start, end)."""
+    ranges = [(k,) + plan.chunk_bounds(k) for k in pending]
+    total = sum(b - a for _, a, b in ranges)
+    n = processes * SLICES_PER_PROCESS
+    cuts = [min(total, -(-(total * i // n) // plan.block) * plan.block) for i in range(n + 1)]
+    slices = []
+    for lo, hi in zip(cuts, cuts[1:]):
+        seen = 0
+        for k, a, b in ranges:                  # lo, hi: offsets in the pending order, at group boundaries
+            s, e = max(a, a + lo - seen), min(b, a + hi - seen)
+            if s < e:
+                slices.append((k, s, e))
+            seen += b - a
+    shares = [slices[i::processes] for i in range(processes)]
+    return [sh for sh in shares if sh]
+
+
+def _run_piece(plan: Plan, piece: list, threads: int) -> list:
+    return [(k, a, run_range(plan, a, b, threads)) for k, a, b in piece]
+
+
+def _child(plan: Plan, piece: list, threads: int, fd: int) -> None:
+    """A forked worker: its share's columns (or the error it met) pickled down ``fd``; then it leaves at
+    once (os._exit: the parent's atexit handlers and buffered output are the parent's), after handing
+    what it lowered to the persistent lowering cache."""
+    try:
+        try:
+            payload = ("ok", _run_piece(plan, piece, threads))
+        except BaseException as exc:                # re-raised in the parent
+            payload = ("error", exc)
+        try:
+            data = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:
+            data = pickle.dumps(("error", RuntimeError(f"sweep worker: {type(exc).__name__}: {exc}")))
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        from ... import _lowering_cache
+        _lowering_cache.flush()
+    finally:
+        os._exit(0)
+
+
+def _run_forked(plan: Plan, pending: list, threads: int, processes: int, progress: _Progress) -> dict:
+    """In-memory chunks on ``processes`` forked workers, this process one of them: the plan (and what it
+    has lowered) is inherited, not rebuilt, so a small sweep gains as much as a large one. The slices are
+    joined per chunk in configuration order: the same columns as a serial run."""
+    from .table import _concat
+    shares = _pieces(plan, pending, processes)
+    children = []
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        for share in shares[1:]:
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                os.close(r)
+                _child(plan, share, threads, w)
+            os.close(w)
+            children.append((pid, os.fdopen(r, "rb")))
+        parts = _run_piece(plan, shares[0], threads)
+        progress.update(sum(e - s for _, s, e in shares[0]))
+        errors = []
+        for (pid, f), share in zip(children, shares[1:]):
+            with f:
+                data = f.read()
+            os.waitpid(pid, 0)
+            status, value = pickle.loads(data) if data else ("error", RuntimeError("sweep worker died"))
+            if status != "ok":
+                errors.append(value)
+                continue
+            parts += value
+            progress.update(sum(e - s for _, s, e in share))
+        children = []
+    finally:
+        for pid, f in children:                     # this process failed first: its workers are not needed
+            f.close()
+            try:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+            except OSError:
+                pass
+    if errors:
+        raise errors[0]
+    by_chunk: dict = {}
+    for k, _, cols in sorted(parts, key=lambda p: (p[0], p[1])):
+        by_chunk.setdefault(k, []).append(cols)
+    return {k: v[0] if len(v) == 1 else _concat(v, plan.columns) for k, v in by_chunk.items()}
+
+
 def _run_chunks(plan: Plan, pending: list, out: Path | None, fmt: str, threads: int, scheduler, local_workers,
-                progress: _Progress) -> dict:
-    """Run pending chunks serially (writing overlapped with the next chunk) or on dask.distributed."""
+                progress: _Progress, processes: int = 1) -> dict:
+    """Run pending chunks serially (writing overlapped with the next chunk), in forked processes (in
+    memory) or on dask.distributed."""
     if scheduler is not None or local_workers:
         return _run_dask(plan, pending, out, fmt, threads, scheduler, local_workers, progress)
+    if processes > 1 and out is None and can_fork():
+        return _run_forked(plan, pending, threads, processes, progress)
     if out is not None:
         return _run_writing(plan, pending, out, fmt, threads, progress)
     results: dict = {}

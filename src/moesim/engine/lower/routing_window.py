@@ -29,9 +29,9 @@ holding e / windows, summed over the streams.
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
+
+from ...spec.limits import usable_cpus
 
 # window lengths (tokens) the tables hold: every length to 32, then steps of 2^(1/4) to 4096; the kernel
 # interpolates log(1 - pi) linearly between them and extrapolates the last segment
@@ -72,8 +72,7 @@ def window_tables(rt: dict, seed: int, tokens: int | None = None, streams: int |
 
     # the streams are independent and the kernels release the GIL: one thread each, up to the cores
     # (integer counts, so the sum is exact in any order)
-    workers = max(1, min(n_streams, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                         else (os.cpu_count() or 1)))
+    workers = max(1, min(n_streams, usable_cpus()))
     if workers == 1:
         parts = [one_stream(i) for i in range(n_streams)]
     else:
