@@ -254,3 +254,48 @@ def test_notes_set_chunked_prefill_and_an_avx2_build():
     zen5 = dict(cpu, host_cpu="EPYC 9355", host_mem="ddr5-6400", host_channels="12", host_cores="32")
     avx2, native = (V.build(row(**zen5, notes=n)) for n in ("July 2024; AVX2; pp512 32 threads", "July 2024; pp512 32 threads"))
     assert V.prepare(avx2).predict()[1] < 0.6 * V.prepare(native).predict()[1]
+
+
+def test_parameter_resting_on_fewer_than_two_sources_keeps_its_prior():
+    """issue 14: no fitted parameter rests on fewer than 2 sources. The same rows from one source leave
+    every parameter at its prior; spread over three sources they are fitted."""
+    prepared = synthetic_rows()
+    model = C.Model(prepared, PARAMS)
+    truth = np.array([0.62, 0.55, 150.0, 900.0])
+    for pr, (dec, _) in zip(prepared, model.predict(truth)):
+        pr.cfg.row["decode_tok_s"] = str(dec)
+    idx = list(range(len(prepared)))
+    spread = C.fit(model, idx)
+    assert np.all(spread != C.prior_vector(PARAMS))
+    for pr in prepared:
+        pr.cfg.row["source"] = "github.com/s0/r test"
+    assert all(len(src) == 1 for _, src in C.support(model, C.prior_vector(PARAMS), idx))
+    assert np.array_equal(C.fit(model, idx), C.prior_vector(PARAMS))
+
+
+def test_support_names_the_rows_a_parameter_moves():
+    """Host DRAM bandwidth sets the decode of rows with experts in host memory, not of a dense model held
+    on the GPU; every row depends on the llama.cpp per-step cost."""
+    prepared = synthetic_rows()
+    model = C.Model(prepared, PARAMS)
+    idx = list(range(len(prepared)))
+    for pr in prepared:
+        pr.cfg.row["decode_tok_s"] = "10"
+    sup = C.support(model, C.prior_vector(PARAMS), idx)
+    host_rows = set(sup[1][0])
+    ids = {prepared[i].cfg.row["id"]: i for i in idx}
+    assert ids["LC-0"] in host_rows and ids["LC-7"] in host_rows      # experts-cpu
+    assert ids["LC-6"] not in host_rows and ids["LC-2"] not in host_rows   # all on the GPU
+    assert len(sup[1][1]) >= 2 and all(0 < len(rows) <= len(idx) for rows, _ in sup)
+
+
+def test_shipped_calibration_fits_no_parameter_on_fewer_than_two_sources():
+    """Every parameter calibration.toml sets was fitted on rows of at least two sources (its [support])."""
+    from moesim.spec.runtimes import calibration
+    cal = calibration()
+    sup = cal["support"]
+    written = [k for k in cal["params"]] + [f"{fam}.{k}" for fam, vals in cal.get("runtime", {}).items() for k in vals]
+    assert written
+    for name in written:
+        assert sup[name]["fitted"] and sup[name]["sources"] >= C.MIN_SOURCES, name
+    assert all(s["fitted"] == (s["sources"] >= C.MIN_SOURCES) for s in sup.values())

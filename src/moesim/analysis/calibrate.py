@@ -5,7 +5,9 @@ runtime family: achievable fractions of HBM / GDDR / unified / DRAM bandwidth, G
 per-layer and per-step fixed costs, the CPU-expert hand-off. Each starts at its sourced prior
 (catalog/runtimes.toml) and is bounded to stay physical (no efficiency above 1). The fit minimises
 log(predicted / measured) over quality A+B rows with ``scipy.optimize.least_squares``, plus a weak
-pull towards the priors (so parameters no row constrains stay where the sources put them). The
+pull towards the priors (so parameters no row constrains stay where the sources put them). A parameter
+is fitted only where rows of at least :data:`MIN_SOURCES` source documents depend on it
+(:func:`support`, decided on every row); otherwise it keeps its sourced prior. The
 honest figure is the leave-one-source-out error: each source (repository or site) is predicted by
 a fit that never saw it. ``--out`` writes catalog/calibration.toml, which ``moesim.runtimes``
 layers over the priors.
@@ -89,6 +91,14 @@ PARAMS = (
 # 0.05 by the leave-one-source-out error)
 PRIOR_WEIGHT = 0.08
 PREFILL_WEIGHT = 0.5     # prefill residuals count half (the prefill model is coarser than decode)
+# support (issue 14: no fitted parameter rests on fewer than 2 sources): a row depends on a parameter when
+# moving the parameter by a factor e^SUPPORT_PROBE (~22 %; e^SUPPORT_PROBE_LOG, 2.7x, for the latencies
+# fitted in log space, whose priors may sit decades from the fit) moves the row's prediction by more than
+# SUPPORT_MIN_CHANGE in log (~1 %)
+MIN_SOURCES = 2
+SUPPORT_PROBE = 0.2
+SUPPORT_PROBE_LOG = 1.0
+SUPPORT_MIN_CHANGE = 0.01
 # serving rows: refit until serve-sim's ratio to the batch step moves less than this (|log|, ~1 %) at the
 # fitted values, at most this many fits (Model's docstring says why the ratio)
 SERVING_TOL = 0.01
@@ -201,23 +211,67 @@ def _residuals(model: Model, values, idx, prior, prior_weight: float = PRIOR_WEI
     return np.array(res)
 
 
+def support(model: Model, values, idx) -> list:
+    """Per parameter, (rows, source documents) of *idx* whose measured decode or prefill prediction moves
+    by more than :data:`SUPPORT_MIN_CHANGE` (log) when the parameter moves by e^:data:`SUPPORT_PROBE`
+    (e^:data:`SUPPORT_PROBE_LOG` for one fitted in log space) from *values* (down where up would leave
+    its bounds): the rows that can tell its value."""
+    values = np.asarray(values, dtype=float)
+    measured = [(V._num(model.rows[i].cfg.row, "decode_tok_s"), V._num(model.rows[i].cfg.row, "prefill_tok_s"))
+                for i in idx]
+    base = model.surrogate(values, idx)
+    out = []
+    for j, p in enumerate(model.params):
+        probe = values.copy()
+        step = SUPPORT_PROBE_LOG if p.log else SUPPORT_PROBE
+        up = values[j] * math.exp(step)
+        probe[j] = up if up <= p.hi else values[j] * math.exp(-step)
+        rows = []
+        for i, (md, mp), b, q in zip(idx, measured, base, model.surrogate(probe, idx)):
+            if (md and abs(math.log(q[0] / b[0])) > SUPPORT_MIN_CHANGE) or (
+                    mp and abs(math.log(q[1] / b[1])) > SUPPORT_MIN_CHANGE):
+                rows.append(i)
+        out.append((rows, sorted({source_group(model.rows[i].cfg.row["source"]) for i in rows})))
+    return out
+
+
+def free_parameters(model: Model, values, idx) -> list:
+    """Indices of the parameters rows of at least :data:`MIN_SOURCES` sources of *idx* depend on
+    (:func:`support` at *values*): the ones a fit may move."""
+    return [j for j, (_, sources) in enumerate(support(model, values, idx)) if len(sources) >= MIN_SOURCES]
+
+
 def fit(model: Model, idx, x0=None, max_nfev: int = 60, prior_weight: float = PRIOR_WEIGHT,
-        serving_rounds: int = SERVING_ROUNDS) -> np.ndarray:
-    """Least-squares fit of the parameters on rows ``idx``; returns parameter values. With serving rows
-    in *idx*, refits (up to *serving_rounds* fits) until their serve-sim ratios move less than
-    :data:`SERVING_TOL` at the fitted values; the ratios are left fresh at the returned values."""
+        serving_rounds: int = SERVING_ROUNDS, free=None) -> np.ndarray:
+    """Least-squares fit of the parameters on rows ``idx``; returns parameter values. Only the *free*
+    parameters move (default :func:`free_parameters` of *idx* at the start values); the others keep their
+    priors. With serving rows in *idx*, refits (up to *serving_rounds* fits) until their serve-sim
+    ratios move less than :data:`SERVING_TOL` at the fitted values; the ratios are left fresh at the
+    returned values."""
     from scipy.optimize import least_squares
     params = model.params
     prior = prior_vector(params)
-    values = prior if x0 is None else np.asarray(x0, dtype=float)
-    lo = _to_x([p.lo for p in params], params)
-    hi = _to_x([p.hi for p in params], params)
+    values = prior.copy() if x0 is None else np.asarray(x0, dtype=float).copy()
     model.refresh(values, idx)
+    free = free_parameters(model, values, idx) if free is None else list(free)
+    fixed = [j for j in range(len(params)) if j not in free]
+    values[fixed] = prior[fixed]
+    if not free:
+        return values
+    sub = [params[j] for j in free]
+    lo = _to_x([p.lo for p in sub], sub)
+    hi = _to_x([p.hi for p in sub], sub)
+
+    def full(x):
+        v = values.copy()
+        v[free] = _from_x(x, sub)
+        return v
+
     for _ in range(max(1, serving_rounds)):
-        x = np.clip(_to_x(values, params), lo + 1e-9, hi - 1e-9)
-        sol = least_squares(lambda x: _residuals(model, _from_x(x, params), idx, prior, prior_weight), x,
+        x = np.clip(_to_x(values[free], sub), lo + 1e-9, hi - 1e-9)
+        sol = least_squares(lambda x: _residuals(model, full(x), idx, prior, prior_weight), x,
                             bounds=(lo, hi), method="trf", x_scale="jac", diff_step=1e-3, max_nfev=max_nfev)
-        values = _from_x(sol.x, params)
+        values = full(sol.x)
         if model.refresh(values, idx) < SERVING_TOL:
             break
     return values
@@ -258,12 +312,19 @@ def calibrate(path, cross_validate: bool = True, max_nfev: int = 60, progress=No
         raise MoesimError(f"{path}: only {len(prepared)} usable quality A/B rows; need at least 5", "data")
     model = Model(prepared)
     idx = list(range(len(prepared)))
-    t0 = time.perf_counter()
-    values = fit(model, idx, max_nfev=max_nfev)
-    fit_s = time.perf_counter() - t0
     prior = prior_vector()
+    model.refresh(prior, idx)
+    held = support(model, prior, idx)
+    # which parameters are fitted is decided once, on every row (as the model's parameter list is): the
+    # held-out fits below fit the same ones, so the held-out figures are of the shipped procedure
+    free = [j for j, (_, src) in enumerate(held) if len(src) >= MIN_SOURCES]
+    t0 = time.perf_counter()
+    values = fit(model, idx, max_nfev=max_nfev, free=free)
+    fit_s = time.perf_counter() - t0
     report = {
         "params": {p.name: float(v) for p, v in zip(PARAMS, values)},
+        "support": {p.name: {"rows": len(rows), "sources": len(src), "fitted": len(src) >= MIN_SOURCES}
+                    for p, (rows, src) in zip(PARAMS, held)},
         "priors": {p.name: float(v) for p, v in zip(PARAMS, prior)},
         "bounds": {p.name: [p.lo, p.hi] for p in PARAMS},
         "rows_fitted": len(prepared), "rows_skipped": skipped, "fit_seconds": fit_s,
@@ -274,24 +335,25 @@ def calibrate(path, cross_validate: bool = True, max_nfev: int = 60, progress=No
     }
     if cross_validate and "source" in holdout:
         groups = [source_group(pr.cfg.row["source"]) for pr in prepared]
-        report["cross_validated"] = held_out(model, values, groups, max_nfev, progress)
+        report["cross_validated"] = held_out(model, values, groups, max_nfev, progress, free)
         report["intervals"] = I.report(report["cross_validated"]["rows"])
     if cross_validate and "device-family" in holdout:
         families = [I.device_family(pr.cfg.machine, pr.p) for pr in prepared]
-        report["device_family_out"] = held_out(model, values, families, max_nfev, progress)
+        report["device_family_out"] = held_out(model, values, families, max_nfev, progress, free)
     return report
 
 
-def held_out(model: Model, values, groups: list, max_nfev: int = 60, progress=None) -> dict:
+def held_out(model: Model, values, groups: list, max_nfev: int = 60, progress=None, free=None) -> dict:
     """Each distinct group's rows predicted by a fit on every other row (from *values*): the errors
     overall, per class and per group, and one record per row (``id``, ``class``, ``group``, ``regime``,
-    ``decode_err`` / ``prefill_err`` = predicted / measured - 1 where measured)."""
+    ``decode_err`` / ``prefill_err`` = predicted / measured - 1 where measured). *free*: the parameters
+    each fit moves (None: each fit decides on its own rows)."""
     rows = []
     unique = sorted(set(groups))
     for n, g in enumerate(unique):
         train = [i for i, gi in enumerate(groups) if gi != g]
         test = [i for i, gi in enumerate(groups) if gi == g]
-        v = fit(model, train, x0=values, max_nfev=max_nfev)
+        v = fit(model, train, x0=values, max_nfev=max_nfev, free=free)
         for i, (dec, pf) in zip(test, model.predict(v, test)):
             pr = model.rows[i]
             row = pr.cfg.row
@@ -322,19 +384,25 @@ def _split(rows: list, key: str, values) -> dict:
 
 
 def write_toml(report: dict, out, command: str) -> None:
-    """catalog/calibration.toml: fitted values with the command, data and errors that produced them."""
-    glob = {k: v for k, v in report["params"].items() if "." not in k}
+    """catalog/calibration.toml: fitted values with the command, data and errors that produced them, and
+    each parameter's support (rows and source documents that depend on it); parameters held at their
+    priors for want of support are listed, not written."""
+    sup = report.get("support", {})
+    fitted = {k: v for k, v in report["params"].items() if sup.get(k, {}).get("fitted", True)}
+    glob = {k: v for k, v in fitted.items() if "." not in k}
     fams: dict = {}
-    for k, v in report["params"].items():
+    for k, v in fitted.items():
         if "." in k:
             fam, field = k.rsplit(".", 1)
             fams.setdefault(fam, {})[field] = v
     cv = report.get("cross_validated", {})
+    held = [k for k in report["params"] if k not in fitted]
     lines = [
         "# Fitted decode parameters (moesim calibrate). Layered over the sourced priors of runtimes.toml.",
         f"# Produced by: {command}",
         f"# moesim {__version__}; {report['rows_fitted']} quality A+B rows; least squares on log(pred/measured),",
-        f"# prefill weighted {PREFILL_WEIGHT}, prior pull {PRIOR_WEIGHT}.",
+        f"# prefill weighted {PREFILL_WEIGHT}, prior pull {PRIOR_WEIGHT}; a parameter is fitted only where rows of",
+        f"# at least {MIN_SOURCES} sources depend on it ([support]).",
         f"# In-sample decode median |err| {report['in_sample']['decode']['median_abs_pct_err']:.1f} %; "
         f"priors alone {report['priors_error']['decode']['median_abs_pct_err']:.1f} %.",
     ]
@@ -342,16 +410,26 @@ def write_toml(report: dict, out, command: str) -> None:
         lines.append(f"# Leave-one-source-out ({len(cv['groups'])} sources): decode median |err| "
                      f"{cv['decode']['median_abs_pct_err']:.1f} %, p90 {cv['decode']['p90_abs_pct_err']:.1f} %; "
                      f"prefill median {cv['prefill']['median_abs_pct_err'] or float('nan'):.1f} %.")
+    if held:
+        lines.append(f"# Held at their priors (rows of fewer than {MIN_SOURCES} sources depend on them): "
+                     + ", ".join(held) + ".")
+
+    def line(name: str, field: str, v: float) -> str:
+        lo, hi = report["bounds"][name]
+        s = sup.get(name)
+        said = f"; {s['rows']} rows, {s['sources']} sources" if s else ""
+        return f"{field} = {v:.6g}    # prior {report['priors'][name]:.6g}, bounds [{lo:g}, {hi:g}]{said}"
+
     lines += ["", 'catalog_version = "2026.11.1"', "", "[params]"]
-    for k, v in glob.items():
-        lo, hi = report["bounds"][k]
-        lines.append(f"{k} = {v:.6g}    # prior {report['priors'][k]:.6g}, bounds [{lo:g}, {hi:g}]")
+    lines += [line(k, k, v) for k, v in glob.items()]
     for fam, vals in sorted(fams.items()):
         lines += ["", f'[runtime."{fam}"]']
-        for k, v in vals.items():
-            name = f"{fam}.{k}"
-            lo, hi = report["bounds"][name]
-            lines.append(f"{k} = {v:.6g}    # prior {report['priors'][name]:.6g}, bounds [{lo:g}, {hi:g}]")
+        lines += [line(f"{fam}.{k}", k, v) for k, v in vals.items()]
+    if sup:
+        lines += ["", "# rows and source documents whose predictions depend on each parameter, at the priors",
+                  "[support]"]
+        lines += [f'"{k}" = {{ rows = {s["rows"]}, sources = {s["sources"]}, fitted = {str(s["fitted"]).lower()} }}'
+                  for k, s in sup.items()]
     if report.get("intervals"):
         lines += I.toml_lines(report["intervals"], command)
     try:

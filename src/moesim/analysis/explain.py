@@ -67,13 +67,19 @@ def parameters(rt, calibrated: bool = True) -> list:
     family = FAMILIES.get(rt.id, rt.id)
     cal = calibration() if calibrated else {}
     glob, own = cal.get("params", {}), cal.get("runtime", {}).get(family, {})
+    support = cal.get("support", {})
     notes = _prior_sources(rt.id)
     out = []
+
+    def fitted_on(key: str) -> str:
+        s = support.get(key)
+        return f", fitted on {s['rows']} rows of {s['sources']} sources" if s else ""
+
     for name, value in dataclasses.asdict(rt.decode).items():
         if name in own:
-            src = f"calibration.toml [runtime.{family}]"
+            src = f"calibration.toml [runtime.{family}]{fitted_on(f'{family}.{name}')}"
         elif name in glob:
-            src = "calibration.toml [params]"
+            src = f"calibration.toml [params]{fitted_on(name)}"
         elif name in prior and prior[name] == value:
             src = "prior (runtimes.toml)"
         else:

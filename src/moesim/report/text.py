@@ -287,10 +287,13 @@ def sweep_text(man: dict, out, seconds: float) -> str:
 
 def calibrate_text(report: dict) -> str:
     """``moesim calibrate``'s report: fitted parameters against their priors, and the errors."""
-    lines = ["parameter                         fitted      prior   bounds"]
+    lines = ["parameter                         fitted      prior   bounds           rows  sources"]
+    sup = report.get("support", {})
     for k, v in report["params"].items():
         lo, hi = report["bounds"][k]
-        lines.append(f"  {k:30} {v:9.4g} {report['priors'][k]:9.4g}   [{lo:g}, {hi:g}]")
+        s = sup.get(k)
+        said = "" if s is None else f"{s['rows']:5d} {s['sources']:8d}" + ("" if s["fitted"] else "  held at the prior")
+        lines.append(f"  {k:30} {v:9.4g} {report['priors'][k]:9.4g}   {f'[{lo:g}, {hi:g}]':15} {said}".rstrip())
     ins, pri = report["in_sample"], report["priors_error"]
     lines.append(f"rows fitted {report['rows_fitted']} (quality A+B), skipped {len(report['rows_skipped'])}; "
                  f"fit {report['fit_seconds']:.1f} s")
