@@ -21,8 +21,8 @@ import numpy as np
 
 from ...engine.decode import run
 from ...engine.glue import seal
-from ...engine.lower.decode_model import kv_copies_of, lower_model, op_offload_threshold
-from ...engine.lower.machine import lower_machine
+from ...engine.lower.decode_model import attention_key, kv_copies_of, lower_model, op_offload_threshold
+from ...engine.lower.machine import lower_machine, placement_key
 from ...engine.prefill import prefill
 from ...errors import KernelError
 from ...spec.placement import Placement
@@ -205,7 +205,7 @@ class DecodeVariants:
         """Per layer, the KV read factor of candidate j's multi-GPU layout (lower_model's)."""
         g = self.group
         p = g.cands[j]
-        return g.plan.shared(("kv_copies", g.ix["models"], g.ix["machines"], id(g.rt), p),
+        return g.plan.shared(("kv_copies", g.ix["models"], g.ix["machines"], id(g.rt), attention_key(p)),
                              lambda: _frozen(np.array(kv_copies_of(g.m, p, g.machine, g.rt), dtype=np.float64)))
 
     def _op_offload(self, p: Placement, tokens_per_step: int) -> bool:
@@ -230,8 +230,8 @@ class DecodeVariants:
         if (j, lk) not in self._dm:
             self._dm[(j, lk)] = lower_model(g.m, g.low, p, g.machine, g.rt, 1, g.kv, b, routing=g.routing)
         if j not in self._hw:
-            # the machine's rates under one runtime, placement and kernel mix: shared by the plan's groups
-            self._hw[j] = g.plan.shared(("hw", g.ix["machines"], id(g.rt), p, g.kernel_mix),
+            # the machine's rates under one runtime, kind of placement and kernel mix: shared by the plan's groups
+            self._hw[j] = g.plan.shared(("hw", g.ix["machines"], id(g.rt), placement_key(p), g.kernel_mix),
                                         lambda: seal("ms_machine_t", lower_machine(g.machine, g.rt, p, g.kernel_mix)))
         return self._dm[(j, lk)], self._hw[j], lk
 

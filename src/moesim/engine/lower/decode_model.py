@@ -85,6 +85,12 @@ def attention_copies(m: Model, on_gpu: np.ndarray, n: int, attn_tp: int) -> tupl
     return np.where(gpu, attn_c, 1.0), np.where(gpu, kv_c, 1.0)
 
 
+def attention_key(p: Placement) -> tuple:
+    """All :func:`kv_copies_of` reads of a placement (CPU-only; how many layers keep attention on the GPU
+    under layers-gpu): what a cache of its rows keys on, so n-cpu-moe=1, =2, ... share one row."""
+    return p.kind == "cpu-only", p.arg if p.kind == "layers-gpu" else -1
+
+
 def kv_copies_of(m: Model, p: Placement, machine: Machine, rt: Runtime) -> np.ndarray:
     """The per-layer KV read factor lower_model applies (what a sweep's context terms must carry too)."""
     cpu_only = p.kind == "cpu-only" or machine.n_gpus == 0
