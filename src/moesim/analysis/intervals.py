@@ -275,8 +275,11 @@ def fill_sweep(cols: dict, s0: int, s1: int, machine, runtime, placement_labels)
     per placement code the rows hold (labels *placement_labels*), indexed by each row's code."""
     place = cols["placement"][s0:s1]
     lut = _multipliers(machine, runtime, placement_labels, sorted(set(place.tolist())))   # np.unique imports numpy.ma
-    for f in FIELDS:
-        cols[f][s0:s1] = cols[f.rsplit("_", 1)[0]][s0:s1] * lut[f][place]
+    for f, point in zip(FIELDS, _POINTS):
+        np.multiply(cols[point][s0:s1], lut[f][place], out=cols[f][s0:s1])
+
+
+_POINTS = tuple(f.rsplit("_", 1)[0] for f in FIELDS)        # each interval column's tok/s column
 
 
 def _multipliers(machine, runtime, placement_labels, codes: list) -> dict:

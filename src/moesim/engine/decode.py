@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..errors import MoesimError
-from .glue import handle_library_error
+from .glue import Sealed, handle_library_error
 
 
 RESOURCES = ("gpu_memory", "gpu_compute", "host_memory", "cpu_compute", "pcie", "storage", "latency",
@@ -17,13 +17,14 @@ CONFIG_FIELDS = ("batch", "tokens_per_step", "drafts", "accepted", "steps", "war
 # ------------------------------------------------------------------------------- running
 def run(dm: dict, hw: dict, rt: dict, cols: dict, n_threads: int = 1, engine: str = "c") -> dict:
     """Evaluate configurations (columns of CONFIG_FIELDS) on lowered tables; returns result arrays."""
-    missing = [f for f in CONFIG_FIELDS if f not in cols]
-    if missing:
-        raise MoesimError(f"config columns {missing} missing", missing[0])
-    n = len(cols["batch"])
-    for f in CONFIG_FIELDS:
-        if len(cols[f]) != n:
-            raise MoesimError(f"config column {f} has {len(cols[f])} rows, expected {n}", f)
+    if type(cols) is not Sealed:       # sealed columns were checked whole, their lengths included
+        missing = [f for f in CONFIG_FIELDS if f not in cols]
+        if missing:
+            raise MoesimError(f"config columns {missing} missing", missing[0])
+        n = len(cols["batch"])
+        for f in CONFIG_FIELDS:
+            if len(cols[f]) != n:
+                raise MoesimError(f"config column {f} has {len(cols[f])} rows, expected {n}", f)
     if engine == "reference":
         from .reference import decode as reference
         return reference.decode_many(dm, hw, rt, cols)

@@ -300,7 +300,7 @@ def check_struct(struct: str, obj, dims: dict | None = None, fields: tuple | Non
         return _sealed(struct, obj, dims)
     out = {}
     plain = type(obj) is dict
-    for f, kind, shape, dtype, fixed_int, wide in _compiled(STRUCTS[struct] if fields is None else fields):
+    for f, kind, shape, dtype, fixed_int, wide, d0 in _compiled(STRUCTS[struct] if fields is None else fields):
         v = obj.get(f.name) if plain else _get(obj, f.name)
         if v is None:
             if f.optional:
@@ -318,16 +318,12 @@ def check_struct(struct: str, obj, dims: dict | None = None, fields: tuple | Non
             else:
                 out[f.name] = _scalar(struct, f, v)
         elif tv is np.ndarray and v.dtype == dtype and v.flags.c_contiguous and (
-                _vector_ok(shape[0], v.shape, dims) if len(shape) == 1 else _shape_ok(shape, v.shape, dims)):
+                _shape_ok(shape, v.shape, dims) if d0 is None else len(v.shape) == 1 and (
+                    d0 if type(d0) is int else dims.setdefault(d0, v.shape[0])) == v.shape[0]):
             out[f.name] = v                # already what C reads, of the declared shape (_array's fast path)
         else:
             out[f.name] = _array(struct, f, v, dims)   # converts, or names what is wrong
     return out
-
-
-def _vector_ok(d, got: tuple, dims: dict) -> bool:
-    """_shape_ok of a one-dimensional field (most fields)."""
-    return len(got) == 1 and (d if type(d) is int else dims.setdefault(d, got[0])) == got[0]
 
 
 def _shape_ok(shape: tuple, got: tuple, dims: dict) -> bool:
@@ -343,11 +339,13 @@ def _shape_ok(shape: tuple, got: tuple, dims: dict) -> bool:
 
 
 def _compiled(fields: tuple) -> tuple:
-    """(field, kind, shape, C dtype, integer scalar, 64-bit scalar) per field, built once per field tuple."""
+    """(field, kind, shape, C dtype, integer scalar, 64-bit scalar, the dimension of a one-dimensional array
+    field (most fields; checked inline) else None) per field, built once per field tuple."""
     hit = _COMPILED.get(id(fields))
     if hit is None or hit[0] is not fields:
         rows = tuple((f, f.kind, f.shape, _DTYPES.get(f.kind), f.shape is None and f.kind == INT,
-                      f.name in _WIDE_SCALARS) for f in fields)
+                      f.name in _WIDE_SCALARS, f.shape[0] if f.kind != TABLE and f.shape and len(f.shape) == 1
+                      else None) for f in fields)
         hit = _COMPILED[id(fields)] = (fields, rows)   # holds the tuple: its id stays its own
     return hit[1]
 

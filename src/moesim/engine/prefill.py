@@ -49,13 +49,12 @@ def prefill_seconds(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, promp
     k = rtab.get("top_k", 0)
     # prompt tokens route by the profile's prefill regime (or a trace's recorded prompts) where it has one
     terms = _routing_terms(rtab.get("prefill_q", rtab.get("q"))) if rtab.get("n_layers") else None
-    qbar = terms["qbar"] if terms is not None else None
     bw = np.where(on_gpu, hw["gpu_bw"], hw["host_bw"])
     fl = np.where(on_gpu, gemm, cflops)
     score = prefill_score_flops(m, prompt, depth) / np.where(on_gpu, hw["prefill_attn_flops"], cflops)
     weights = np.asarray(dm["attn_bytes"]) + np.asarray(dm["shared_bytes"])
     per_tok = (np.asarray(dm["attn_flops"]) + np.asarray(dm["shared_flops"])) / fl + score
-    experts = _expert_layers(dm, rtab, mode, moe_idx, qbar)
+    experts = _expert_layers(dm, rtab, mode, moe_idx, terms)
     kv = _cpu_kv_reads(dm, on_gpu, depth + max(1, prompt // 2))
     total = 0.0
     for n_tok, count in sizes:
@@ -97,17 +96,18 @@ def _kv_reads(dm: dict, kv: tuple, n_tok: int) -> np.ndarray:
     return one * np.where(heads > 0, math.ceil(n_tok / rows) * heads, 1.0)
 
 
-def _expert_layers(dm: dict, rtab: dict, mode: np.ndarray, moe_idx: np.ndarray, qbar) -> "dict | None":
+def _expert_layers(dm: dict, rtab: dict, mode: np.ndarray, moe_idx: np.ndarray, terms) -> "dict | None":
     """The layers with routed experts and what their prefill cost reads: each layer's mean inclusion
-    probabilities, its expert mode, and the share of its expert traffic that the GPU's pinned
-    experts serve (the hottest ``slots`` experts of a split layer, all of a GPU layer)."""
-    if qbar is None:
+    probabilities (of the routing's :func:`_routing_terms`), its expert mode, and the share of its expert
+    traffic that the GPU's pinned experts serve (the hottest ``slots`` experts of a split layer, all of a
+    GPU layer)."""
+    if terms is None:
         return None
     layers = np.nonzero(mode != EXP_NONE)[0]
     if layers.size == 0:
         return None
     rows = moe_idx[layers]
-    q = qbar[rows]
+    q = _layer_q(terms, rows)
     lmode = mode[layers]
     gpu_share = (lmode == EXP_GPU).astype(float)
     split = np.nonzero(lmode == EXP_SPLIT)[0]
@@ -125,8 +125,8 @@ def _expert_layers(dm: dict, rtab: dict, mode: np.ndarray, moe_idx: np.ndarray, 
 def _routing_terms(q) -> dict:
     """What prefill reads of a routing's inclusion probabilities q [scenarios, layers, experts] that depends
     on q alone, kept per q array (the routing lowering's cached tables; every quant, placement and machine
-    of a model shares them): ``qbar``, the mean over scenarios, and the distinct experts per ubatch size
-    (:func:`_distinct`)."""
+    of a model shares them): ``qbar``, the mean over scenarios, its rows per set of MoE layers
+    (:func:`_layer_q`) and the distinct experts per ubatch size (:func:`_distinct`)."""
     if not isinstance(q, np.ndarray):
         return {"qbar": np.asarray(q).mean(axis=0)}
     hit = _TERMS.get(id(q))
@@ -140,6 +140,18 @@ def _routing_terms(q) -> dict:
 
 
 _TERMS: dict = {}
+
+
+def _layer_q(terms: dict, rows: np.ndarray) -> np.ndarray:
+    """qbar's rows of these MoE layers, read-only, kept in *terms* per row set: every quant and placement
+    of a model asks for the same few, and copying [layers, experts] per call costs more than the lookup."""
+    key = ("q", rows.tobytes())
+    hit = terms.get(key)
+    if hit is None:
+        hit = terms["qbar"][rows]
+        hit.flags.writeable = False
+        terms[key] = hit
+    return hit
 
 
 def _distinct(x: dict, n_tok: int, terms: "dict | None") -> np.ndarray:
@@ -167,6 +179,8 @@ def _expert_times(x: dict, dm: dict, hw: dict, n_tok: int, k: int, gemm: float, 
     reads = pairs if rowwise else distinct
     t_gpu = reads * share * eb / hw["gpu_bw"] + pairs * share * ef / gemm
     host_distinct, host_pairs = distinct * (1 - share), pairs * (1 - share)
+    if not (host_pairs > 0).any():
+        return t_gpu                # every used expert on the GPU: the host terms below would go unused
     t_cgpu = host_distinct * eb / hw["gpu_bw"] + host_pairs * ef / gemm
     if layerwise:
         # the layer's whole expert set crosses PCIe (double-buffered expert by expert), then the GPU

@@ -158,6 +158,20 @@ def kv_dtype_parts(name) -> tuple:
     if not isinstance(name, str):
         raise MoesimError(f"expected a KV dtype name, got {name!r}", "kv_dtype")
     t = _tables()
+    hit = _KV_PARTS.get(name)                 # a sweep asks for the same few names per group, many times
+    if hit is not None and hit[0] is t:
+        return hit[1]
+    parts = _kv_dtype_parts(name, t)
+    if len(_KV_PARTS) > 256:
+        _KV_PARTS.clear()
+    _KV_PARTS[name] = (t, parts)               # per catalog table object: a reloaded catalog parses again
+    return parts
+
+
+_KV_PARTS: dict = {}                           # name -> (the quant tables it was read from, its parts)
+
+
+def _kv_dtype_parts(name: str, t: dict) -> tuple:
     attn, plus, idx = name.strip().lower().partition("+")
     attn = t["kv_dtype_aliases"].get(attn.strip(), attn.strip())
     if attn not in t["kv_dtypes"]:

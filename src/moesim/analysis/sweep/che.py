@@ -48,12 +48,30 @@ _FP_BY_ARRAYS: dict = {}
 def sealed_routing(plan, rt: dict):
     """``rt`` checked once for the kernel (engine.glue.seal_routing), memoised per routing object in the plan:
     the analytic calls of every group that shares the routing skip the glue's routing checks."""
-    from ...engine.glue import seal_routing
     key = ("sealed_routing", id(rt))
     hit = plan._shared.get(key)
     if hit is not None and hit[0] is rt:
         return hit[1]
-    return plan.shared(key, lambda: (rt, seal_routing(rt)))[1]
+    return plan.shared(key, lambda: (rt, _sealed_for_process(rt)))[1]
+
+
+def _sealed_for_process(rt: dict):
+    """seal_routing(rt), memoised for the process on rt's items (tables by identity, scalars by value), as
+    :func:`fingerprint` is: each plan lowers a new dict around the same memoised routing tables, and sealing
+    copies them (megabytes for the window tables), so a later sweep of the same routing reuses the copy."""
+    from ...engine.glue import seal_routing
+    tables = tuple(v for v in rt.values() if isinstance(v, (np.ndarray, dict)))
+    ident = tuple((k, id(v) if isinstance(v, (np.ndarray, dict)) else v) for k, v in rt.items())
+    known = _SEALED.get(ident)
+    if known is None or any(a is not b for a, b in zip(known[0], tables)):
+        if len(_SEALED) > 256:
+            _SEALED.clear()
+        known = _SEALED[ident] = (tables, seal_routing(rt))       # the tables held: their ids stay theirs
+    return known[1]
+
+
+# (each routing item: key and id or value) -> (the tables, the sealed routing), for the process
+_SEALED: dict = {}
 
 
 def slots_of(dm: dict, policy: int, rt: dict) -> int:

@@ -19,6 +19,11 @@ from types import MappingProxyType
 
 import numpy as np
 
+from ...engine.decode import run
+from ...engine.glue import seal
+from ...engine.lower.decode_model import attention_key, kv_copies_of, lower_model, op_offload_threshold
+from ...engine.lower.machine import lower_machine, placement_key
+from ...engine.prefill import prefill
 from ...errors import KernelError
 from ...spec.placement import Placement
 from .che import columns as che_columns, fingerprint as che_fingerprint, sealed_routing, slots_of as che_slots_of
@@ -89,7 +94,6 @@ def _decode_cols(batches: tuple, policy: int, run_cfg: dict, che_cols: dict | No
                 warmup=np.full(n, run_cfg["warmup"], dtype=np.int64), policy=np.full(n, policy, dtype=np.int32),
                 mode=np.ones(n, dtype=np.int32), seed=np.full(n, int(run_cfg["seed"]) & 0xFFFFFFFFFFFFFFFF, dtype=np.uint64),
                 index=np.zeros(n, dtype=np.uint64), **(che_cols or {}))
-    from ...engine.glue import seal
     return seal("ms_decode_config_t[]", cols)
 
 
@@ -124,6 +128,8 @@ class DecodeVariants:
         those indices refer to (evaluate with its ``dec``, not with a later table)."""
         from ...engine import _kernel
         table = self.table
+        if not len(table):              # a new group: every key is unknown, no lookup needed to say so
+            table = self.add(keys)
         for _ in range(1000):
             unknown, missing = _kernel.sweep_lookup(keys, table.keys, variant)
             if unknown == 0:
@@ -136,7 +142,7 @@ class DecodeVariants:
         """Lower the variants of these keys (one analytic kernel run per placement and page-cache size)
         and swap in a table holding them; returns that table."""
         with self._lock:
-            new = sorted(set(int(k) for k in keys) - self._rows.keys())
+            new = sorted(set(np.asarray(keys, dtype=np.int64).tolist()) - self._rows.keys())
             if new:
                 self._lower(new)
                 self.table = self._build()
@@ -158,7 +164,6 @@ class DecodeVariants:
     def _lower_rows(self, j: int, lk: tuple, ps: int, items: list) -> None:
         """Variant rows of candidate j at page-cache size ps for (key, batch) items sharing one lowered
         model (lowering key lk, :meth:`_lowered`)."""
-        from ...engine.decode import run
         g = self.group
         run_cfg = g.plan.run
         dm, hw, _ = self._lowered(j, items[0][1])
@@ -198,16 +203,14 @@ class DecodeVariants:
 
     def _kv_copies(self, j: int) -> np.ndarray:
         """Per layer, the KV read factor of candidate j's multi-GPU layout (lower_model's)."""
-        from ...engine.lower.decode_model import kv_copies_of
         g = self.group
         p = g.cands[j]
-        return g.plan.shared(("kv_copies", g.ix["models"], g.ix["machines"], id(g.rt), p),
+        return g.plan.shared(("kv_copies", g.ix["models"], g.ix["machines"], id(g.rt), attention_key(p)),
                              lambda: _frozen(np.array(kv_copies_of(g.m, p, g.machine, g.rt), dtype=np.float64)))
 
     def _op_offload(self, p: Placement, tokens_per_step: int) -> bool:
         """decode.lower_model's choice to copy CPU experts to the GPU at this step size (the one thing
         about a placement's lowered model that depends on the batch)."""
-        from ...engine.lower.decode_model import op_offload_threshold
         g = self.group
         cpu_only = p.kind == "cpu-only" or g.machine.n_gpus == 0
         return not cpu_only and tokens_per_step >= op_offload_threshold(g.rt, g.m)
@@ -221,23 +224,19 @@ class DecodeVariants:
 
     def _lowered(self, j: int, b: int) -> tuple:
         """(decode model, machine, :meth:`lowering_key`) of candidate j at batch b."""
-        from ...engine.lower.decode_model import lower_model
-        from ...engine.glue import seal
-        from ...engine.lower.machine import lower_machine
         g = self.group
         p = g.cands[j]
         lk = self.lowering_key(j, b)
         if (j, lk) not in self._dm:
             self._dm[(j, lk)] = lower_model(g.m, g.low, p, g.machine, g.rt, 1, g.kv, b, routing=g.routing)
         if j not in self._hw:
-            # the machine's rates under one runtime, placement and kernel mix: shared by the plan's groups
-            self._hw[j] = g.plan.shared(("hw", g.ix["machines"], id(g.rt), p, g.kernel_mix),
+            # the machine's rates under one runtime, kind of placement and kernel mix: shared by the plan's groups
+            self._hw[j] = g.plan.shared(("hw", g.ix["machines"], id(g.rt), placement_key(p), g.kernel_mix),
                                         lambda: seal("ms_machine_t", lower_machine(g.machine, g.rt, p, g.kernel_mix)))
         return self._dm[(j, lk)], self._hw[j], lk
 
     def _prefill_time(self, j: int, lk: tuple, dm: dict, hw: dict) -> float:
         # the prompt is prefilled from an empty cache, so its time does not depend on the swept context
-        from ...engine.prefill import prefill
         if (j, lk) not in self._prefill:
             g = self.group
             self._prefill[(j, lk)] = prefill(g.m, dm, hw, g.routing, g.rt, g.plan.run["prompt"], 1)[1]

@@ -89,7 +89,11 @@ def query_heads_per_kv(m: Model) -> np.ndarray:
     """Per layer, the query heads that each read their KV head's share of the cache (read-only): a kernel
     that walks the cache once per query row and head reads ``heads x`` the layer's cache per row (GQA:
     n_heads / n_kv_heads; MLA and DeepSeek-V4 share one latent cache across all heads); recurrent layers
-    (0) carry a state, not a cache to walk."""
+    (0) carry a state, not a cache to walk. Computed once per model (every decode lowering reads it)."""
+    return m.cached_view("_cache_query_heads_per_kv", lambda: _query_heads_per_kv(m))
+
+
+def _query_heads_per_kv(m: Model) -> np.ndarray:
     heads = np.zeros(m.n_layers)
     for l, layer in enumerate(m.layers):
         a = layer.attention

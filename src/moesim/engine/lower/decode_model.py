@@ -25,6 +25,17 @@ def _params(model: Model) -> dict:
     return _lowering_cache.memo("layer_params", catalog_key(model), lambda: _count_params(model))
 
 
+@functools.lru_cache(maxsize=1024)
+def _flop_rows(model: Model) -> tuple:
+    """(attention + router, shared experts + dense FFN) FLOPs per token and layer, read-only: parameter
+    counts alone, so every lowering of a model shares them."""
+    par = _params(model)
+    rows = 2.0 * (par["attention"] + par["router"]), 2.0 * (par["shared_experts"] + par["dense_ffn"])
+    for a in rows:
+        a.flags.writeable = False
+    return rows
+
+
 def _count_params(model: Model) -> dict:
     L = model.n_layers
     per = {c: np.zeros(L) for c in ("attention", "router", "shared_experts", "routed_experts", "dense_ffn")}
@@ -68,8 +79,16 @@ def attention_copies(m: Model, on_gpu: np.ndarray, n: int, attn_tp: int) -> tupl
     (engine.lower.parallel.replication) where a layer's attention runs on the GPUs, 1 where the CPU runs it
     from host memory (one copy, not split over the GPUs)."""
     attn_c, kv_c = replication(m, n, attn_tp)
+    if attn_c == 1.0 and kv_c == 1.0:          # one copy wherever attention runs (a single GPU)
+        return np.ones(m.n_layers), np.ones(m.n_layers)
     gpu = np.asarray(on_gpu) != 0
     return np.where(gpu, attn_c, 1.0), np.where(gpu, kv_c, 1.0)
+
+
+def attention_key(p: Placement) -> tuple:
+    """All :func:`kv_copies_of` reads of a placement (CPU-only; how many layers keep attention on the GPU
+    under layers-gpu): what a cache of its rows keys on, so n-cpu-moe=1, =2, ... share one row."""
+    return p.kind == "cpu-only", p.arg if p.kind == "layers-gpu" else -1
 
 
 def kv_copies_of(m: Model, p: Placement, machine: Machine, rt: Runtime) -> np.ndarray:
@@ -87,6 +106,7 @@ def lower_model(m: Model, low, p: Placement, machine: Machine, rt: Runtime, cont
     busiest expert-parallel rank's load (engine.lower.parallel), without it every rank counts as balanced."""
     L = m.n_layers
     par = _params(m)
+    attn_flops, shared_flops = _flop_rows(m)
     kvb = Q.kv_dtype_bytes(kv_dtype)
     cpu_only = p.kind == "cpu-only" or machine.n_gpus == 0
     op_offload = not cpu_only and tokens_per_step >= op_offload_threshold(rt, m)
@@ -105,10 +125,10 @@ def lower_model(m: Model, low, p: Placement, machine: Machine, rt: Runtime, cont
     attn_copies, kv_copies = attention_copies(m, on_gpu, n, attn_tp)
     return dict(
         attn_bytes=(low.attn + low.router) * attn_copies,
-        attn_flops=2.0 * (par["attention"] + par["router"]),
+        attn_flops=attn_flops.copy(),
         kv_bytes=kv_bytes * kv_copies * cpu_fa_reads(m, rt, on_gpu), score_flops=score_flops,
         shared_bytes=low.shared + low.dense,
-        shared_flops=2.0 * (par["shared_experts"] + par["dense_ffn"]),
+        shared_flops=shared_flops.copy(),
         expert_bytes=np.array(low.expert_one, dtype=np.float64),
         expert_flops=2.0 * expert_params,
         attn_on_gpu=on_gpu, expert_mode=mode, slots=slots, page_slots=page_slots, moe_index=moe_index,

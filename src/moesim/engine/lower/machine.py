@@ -153,11 +153,17 @@ def graph_launch_us(d) -> float:
     return d.layer_kernels * d.kernel_us if d.layer_kernels > 0 else d.launch_us
 
 
+def placement_key(p: Placement) -> bool:
+    """All :func:`lower_machine` reads of a placement (whether it is CPU-only): what a cache of its tables
+    keys on, so placements that differ elsewhere (n-cpu-moe=1, =2, ...) share one table."""
+    return p.kind == "cpu-only"
+
+
 def lower_machine(machine: Machine, rt: Runtime, p: Placement, mix: Q.KernelMix) -> dict:
     """Effective rates (bytes/s, FLOP/s) and latencies (s) of ms_machine_t; ``mix`` is
     quants.kernel_mix of the configuration (the weight types set the CPU and GPU GEMM rates)."""
     d = rt.decode
-    cpu_only = p.kind == "cpu-only" or machine.n_gpus == 0
+    cpu_only = placement_key(p) or machine.n_gpus == 0
     if machine.unified:
         return _lower_unified(machine, rt, mix, cpu_only)
     host_bw = _host_bw(machine, d)
