@@ -235,17 +235,17 @@ def support(model: Model, values, idx) -> list:
     return out
 
 
-def free_parameters(model: Model, values, idx) -> list:
-    """Indices of the parameters rows of at least :data:`MIN_SOURCES` sources of *idx* depend on
-    (:func:`support` at *values*): the ones a fit may move."""
-    return [j for j, (_, sources) in enumerate(support(model, values, idx)) if len(sources) >= MIN_SOURCES]
+def free_parameters(held: list) -> list:
+    """Indices of the parameters that rows of at least :data:`MIN_SOURCES` sources depend on (*held*:
+    :func:`support`'s list): the ones a fit may move."""
+    return [j for j, (_, sources) in enumerate(held) if len(sources) >= MIN_SOURCES]
 
 
 def fit(model: Model, idx, x0=None, max_nfev: int = 60, prior_weight: float = PRIOR_WEIGHT,
         serving_rounds: int = SERVING_ROUNDS, free=None) -> np.ndarray:
     """Least-squares fit of the parameters on rows ``idx``; returns parameter values. Only the *free*
-    parameters move (default :func:`free_parameters` of *idx* at the start values); the others keep their
-    priors. With serving rows in *idx*, refits (up to *serving_rounds* fits) until their serve-sim
+    parameters move (default: :func:`free_parameters` of the support on *idx* at the start values); the
+    others keep their priors. With serving rows in *idx*, refits (up to *serving_rounds* fits) until their serve-sim
     ratios move less than :data:`SERVING_TOL` at the fitted values; the ratios are left fresh at the
     returned values."""
     from scipy.optimize import least_squares
@@ -253,7 +253,7 @@ def fit(model: Model, idx, x0=None, max_nfev: int = 60, prior_weight: float = PR
     prior = prior_vector(params)
     values = prior.copy() if x0 is None else np.asarray(x0, dtype=float).copy()
     model.refresh(values, idx)
-    free = free_parameters(model, values, idx) if free is None else list(free)
+    free = free_parameters(support(model, values, idx)) if free is None else list(free)
     fixed = [j for j in range(len(params)) if j not in free]
     values[fixed] = prior[fixed]
     if not free:
@@ -317,14 +317,14 @@ def calibrate(path, cross_validate: bool = True, max_nfev: int = 60, progress=No
     held = support(model, prior, idx)
     # which parameters are fitted is decided once, on every row (as the model's parameter list is): the
     # held-out fits below fit the same ones, so the held-out figures are of the shipped procedure
-    free = [j for j, (_, src) in enumerate(held) if len(src) >= MIN_SOURCES]
+    free = free_parameters(held)
     t0 = time.perf_counter()
     values = fit(model, idx, max_nfev=max_nfev, free=free)
     fit_s = time.perf_counter() - t0
     report = {
         "params": {p.name: float(v) for p, v in zip(PARAMS, values)},
-        "support": {p.name: {"rows": len(rows), "sources": len(src), "fitted": len(src) >= MIN_SOURCES}
-                    for p, (rows, src) in zip(PARAMS, held)},
+        "support": {p.name: {"rows": len(rows), "sources": len(src), "fitted": j in free}
+                    for j, (p, (rows, src)) in enumerate(zip(PARAMS, held))},
         "priors": {p.name: float(v) for p, v in zip(PARAMS, prior)},
         "bounds": {p.name: [p.lo, p.hi] for p in PARAMS},
         "rows_fitted": len(prepared), "rows_skipped": skipped, "fit_seconds": fit_s,

@@ -103,11 +103,11 @@ def sweep(spec=None, *, models=None, quants=None, machines=None, runtimes=None, 
     if local_workers is not None:
         local_workers = _count(local_workers, "local_workers", 0, MAX_THREADS)
     processes = 1 if processes is None else _count(processes, "processes", maximum=MAX_THREADS)
-    if processes > 1 and (out is not None or distributed):
-        raise _err("processes", "forked worker processes run in-memory sweeps; a sweep written to out= or "
-                                "run on dask takes local_workers or a scheduler instead")
     if processes > 1:
-        threads = max(1, threads // processes)
+        if out is not None or distributed:
+            raise _err("processes", "forked worker processes run in-memory sweeps; a sweep written to out= or "
+                                    "run on dask takes local_workers or a scheduler instead")
+        threads = max(1, threads // processes)        # the cores are shared among the processes
     plan = Plan(normalize_spec(s))
     if progress is None:
         progress = bool(out) and sys.stderr.isatty() and plan.total > plan.chunk_size
