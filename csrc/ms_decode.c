@@ -33,24 +33,23 @@ static double max_term(const double *t, const int *res, int n, int *winner)
     return best;
 }
 
-/* Attention, router, shared experts and dense FFN of layer l: weights once, KV per sequence
- * (ms_attention_time), then kernel launches and the tensor-parallel all-reduce. */
+/* Attention, router, shared experts and dense FFN of layer l: the weight GEMVs (weights once), then the
+ * attention over the KV cache (KV per sequence), each kernel group's time by ms_kernel_time; then kernel
+ * launches and the tensor-parallel all-reduce. */
 static double layer_attention(const ms_decode_model_t *m, const ms_machine_t *hw, int32_t l, double seqs, double toks,
                               ms_decode_result_t *acc)
 {
-    double bytes = m->attn_bytes[l] + m->shared_bytes[l] + seqs * m->kv_bytes[l];
-    double flops = toks * (m->attn_flops[l] + m->score_flops[l] + m->shared_flops[l]);
-    double total;
-    int win;
-    if (m->attn_on_gpu[l]) {
-        total = ms_attention_time(bytes / hw->gpu_bw, flops / hw->gpu_flops, MS_RES_GPU_MEM, MS_RES_GPU_COMPUTE, &win);
-        acc->bytes[MS_BYTES_GPU_MEM] += bytes;
-    } else {
-        total = ms_attention_time(bytes / hw->host_bw, flops / hw->cpu_flops, MS_RES_HOST_MEM, MS_RES_CPU_COMPUTE,
-                                  &win);
-        acc->bytes[MS_BYTES_HOST_MEM] += bytes;
-    }
-    attribute(acc, win, MS_PHASE_ATTENTION, total);
+    double w_bytes = m->attn_bytes[l] + m->shared_bytes[l], kv_bytes = seqs * m->kv_bytes[l];
+    double w_flops = toks * (m->attn_flops[l] + m->shared_flops[l]), s_flops = toks * m->score_flops[l];
+    int gpu = m->attn_on_gpu[l] != 0, win;
+    double bw = gpu ? hw->gpu_bw : hw->host_bw, fl = gpu ? hw->gpu_flops : hw->cpu_flops;
+    int res_mem = gpu ? MS_RES_GPU_MEM : MS_RES_HOST_MEM, res_flops = gpu ? MS_RES_GPU_COMPUTE : MS_RES_CPU_COMPUTE;
+    double tw = ms_kernel_time(w_bytes / bw, w_flops / fl, res_mem, res_flops, &win), ts, total;
+    attribute(acc, win, MS_PHASE_ATTENTION, tw);
+    ts = ms_kernel_time(kv_bytes / bw, s_flops / fl, res_mem, res_flops, &win);
+    attribute(acc, win, MS_PHASE_ATTENTION, ts);
+    acc->bytes[gpu ? MS_BYTES_GPU_MEM : MS_BYTES_HOST_MEM] += w_bytes + kv_bytes;
+    total = tw + ts;
     if (m->attn_on_gpu[l] && hw->launch_s > 0.0) {
         attribute(acc, MS_RES_LATENCY, MS_PHASE_SYNC, hw->launch_s);
         total += hw->launch_s;

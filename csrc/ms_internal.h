@@ -86,11 +86,13 @@ static inline int64_t ms_linear_context(const ms_mem_config_t *c, double g1, dou
 }
 
 /* ------------------------------------------------------------------------- decode: attention's time
- * A layer's attention (with its router, shared experts and dense FFN) in one step is the larger of its
- * memory term and its compute term, the memory term on a tie; *res gets the resource that set it.
- * One rule for the cost model (ms_decode.c layer_time) and the sweep's per-kind context terms
- * (ms_sweep.c variant_times). */
-static inline double ms_attention_time(double t_mem, double t_flops, int res_mem, int res_flops, int *res)
+ * A layer's attention (with its router, shared experts and dense FFN) in one step runs as two kernel groups
+ * in turn: the weight GEMVs (projections, router, shared experts, dense FFN) and the attention over the KV
+ * cache (scores and values). Each group takes the larger of its memory and compute terms, the memory term on
+ * a tie (*res gets the resource that set it), and the layer's attention is their sum: a compute-bound
+ * attention kernel at long context does not hide behind the memory-bound GEMVs before it. One rule for the
+ * cost model (ms_decode.c layer_attention) and the sweep's per-kind context terms (ms_sweep.c variant_times). */
+static inline double ms_kernel_time(double t_mem, double t_flops, int res_mem, int res_flops, int *res)
 {
     if (t_flops > t_mem) {
         *res = res_flops;

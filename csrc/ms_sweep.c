@@ -100,12 +100,13 @@ static void variant_times(const ms_sweep_decode_t *d, const ms_sweep_variant_t *
     double step = v->step0, db = (double) b;
     for (int32_t k = 0; k < v->n_kinds; k++) {
         const ms_sweep_kind_t *q = &d->kinds[v->kind0 + k];
-        double sf = sfv[q->fn];
         int win;
-        double t = ms_attention_time(q->t_bytes0 + db * kvv[q->fn] * q->kv_rate, db * (q->t_flops0 + sf * q->sf_rate),
-                                     q->res_mem, q->res_flops, &win);
-        res[win] += q->n * t;
-        step += q->n * t;
+        /* the weight GEMVs, then the attention over the cache (ms_kernel_time) */
+        double tw = ms_kernel_time(q->t_bytes0, db * q->t_flops0, q->res_mem, q->res_flops, &win), ts;
+        res[win] += q->n * tw;
+        ts = ms_kernel_time(db * kvv[q->fn] * q->kv_rate, db * (sfv[q->fn] * q->sf_rate), q->res_mem, q->res_flops, &win);
+        res[win] += q->n * ts;
+        step += q->n * tw + q->n * ts;
     }
     *step_out = step;
     *prefill_out = v->prefill0;          /* the prompt is prefilled from an empty cache: no context term */

@@ -283,6 +283,37 @@ def test_trace_replay_through_kernel_matches_cache_replay():
         assert sim["hit_rate"][0] == pytest.approx(direct.mean(), abs=1e-12)
 
 
+@pytest.mark.parametrize("engine", ["c", "reference"])
+def test_attention_over_the_cache_adds_to_the_weight_gemvs(engine):
+    """A layer's attention runs its weight GEMVs, then the attention over the KV cache: each kernel group is
+    the larger of its memory and compute terms and the layer pays both. A compute-bound attention kernel
+    (long context, many query heads over one latent head, as MLA) does not hide behind memory-bound GEMVs:
+    mlx-lm PR #839 (DeepSeek-V3 on an M3 Ultra) loses 19 % of its decode speed from 4k to 16k of context,
+    which a single max over the layer's memory and compute would put at 6 %."""
+    L, E, k = 4, 8, 2
+    rt = LRT.lower(LRT.RoutingDims(L, E, k), independent(0.0), seed=1)
+    c = cols(mode="analytic", steps=64, warmup=0)
+
+    def step(score_flops, kv_bytes):
+        dm, hw = synthetic(L, E, k, mode=CODES.EXP_GPU, launch_s=0.0, step_s=0.0)
+        dm["score_flops"] = np.full(L, score_flops)
+        dm["kv_bytes"] = np.full(L, kv_bytes)
+        r = KD.run(dm, hw, rt, c, engine=engine)
+        return float(r["step_mean"][0]), hw
+
+    base, hw = step(0.0, 0.0)
+    # the GEMVs are memory-bound (1e6 bytes at 1e12 B/s = 1 us; 1e6 FLOPs at 1e14 = 10 ns): scores of 1e10
+    # FLOPs (100 us per layer) add in full, though they are below nothing the GEMVs' memory term covers
+    slow, _ = step(1e10, 0.0)
+    assert slow - base == pytest.approx(L * 1e10 / hw["gpu_flops"], rel=1e-9)
+    # memory-bound on both sides, the KV bytes add as they always did
+    kv, _ = step(0.0, 1e6)
+    assert kv - base == pytest.approx(L * 1e6 / hw["gpu_bw"], rel=1e-9)
+    # within the attention over the cache, KV bytes and score FLOPs overlap: the larger counts
+    both, _ = step(1e10, 1e6)
+    assert both == pytest.approx(slow, rel=1e-12)
+
+
 # ------------------------------------------------------------------------------ end to end
 DESKTOP = dict(gpu="rtx-4090", host="ddr5-6000x2", host_mem_gb=192)
 

@@ -31,17 +31,21 @@ def _layer_time(dm, hw, l, w, seqs, toks, acc):
                 best = t
         return best
 
-    total = 0.0
-    nbytes = dm["attn_bytes"][l] + dm["shared_bytes"][l] + seqs * dm["kv_bytes"][l]
-    flops = toks * (dm["attn_flops"][l] + dm["score_flops"][l] + dm["shared_flops"][l])
-    if dm["attn_on_gpu"][l]:
-        ta, r = argmax([(nbytes / hw["gpu_bw"], RES_GPU_MEM), (flops / hw["gpu_flops"], RES_GPU_COMPUTE)])
-        acc["bytes"][BYTES_GPU_MEM] += nbytes
-    else:
-        ta, r = argmax([(nbytes / hw["host_bw"], RES_HOST_MEM), (flops / hw["cpu_flops"], RES_CPU_COMPUTE)])
-        acc["bytes"][BYTES_HOST_MEM] += nbytes
-    put(r, PHASE_ATTENTION, ta)
-    total += ta
+    # the weight GEMVs (projections, router, shared experts, dense FFN), then the attention over the KV cache:
+    # two kernel groups in turn, each the larger of its memory and compute terms (ms_kernel_time)
+    w_bytes = dm["attn_bytes"][l] + dm["shared_bytes"][l]
+    kv_bytes = seqs * dm["kv_bytes"][l]
+    w_flops = toks * (dm["attn_flops"][l] + dm["shared_flops"][l])
+    s_flops = toks * dm["score_flops"][l]
+    gpu = bool(dm["attn_on_gpu"][l])
+    bw, fl = (hw["gpu_bw"], hw["gpu_flops"]) if gpu else (hw["host_bw"], hw["cpu_flops"])
+    res_mem, res_flops = (RES_GPU_MEM, RES_GPU_COMPUTE) if gpu else (RES_HOST_MEM, RES_CPU_COMPUTE)
+    tw, r = argmax([(w_bytes / bw, res_mem), (w_flops / fl, res_flops)])
+    put(r, PHASE_ATTENTION, tw)
+    ts, r = argmax([(kv_bytes / bw, res_mem), (s_flops / fl, res_flops)])
+    put(r, PHASE_ATTENTION, ts)
+    acc["bytes"][BYTES_GPU_MEM if gpu else BYTES_HOST_MEM] += w_bytes + kv_bytes
+    total = tw + ts
     if dm["attn_on_gpu"][l] and hw["launch_s"] > 0:
         put(RES_LATENCY, PHASE_SYNC, hw["launch_s"])
         total += hw["launch_s"]

@@ -173,6 +173,11 @@ def _ctx_eval(f5, c4, c: int) -> float:
     return ctx_eval((tuple(float(x) for x in f5), tuple(int(x) for x in c4)), c)
 
 
+def _kernel_time(t_mem: float, t_flops: float, res_mem: int, res_flops: int) -> tuple:
+    """ms_kernel_time: (the larger of a kernel group's memory and compute terms, memory on a tie; its resource)."""
+    return (t_flops, res_flops) if t_flops > t_mem else (t_mem, res_mem)
+
+
 def analytic_one(d: dict, v: int, ctx: int, b: int) -> dict:
     """ms_sweep.c analytic_one for variant row v of the decode tables."""
     vf, vi = d["variant_f64"][v], d["variant_i32"][v]
@@ -184,15 +189,12 @@ def analytic_one(d: dict, v: int, ctx: int, b: int) -> dict:
     for k in range(int(vi[0]), int(vi[0]) + int(vi[1])):
         n, tb0, kv_rate, tf0, sf_rate = (float(x) for x in d["kind_f64"][k])
         res_mem, res_flops, fn = (int(x) for x in d["kind_i32"][k])
-        sf = sfv[fn]
-        t0 = tb0 + db * kvv[fn] * kv_rate
-        t1 = db * (tf0 + sf * sf_rate)
-        if t1 > t0:
-            res[res_flops] += n * t1
-            step += n * t1
-        else:
-            res[res_mem] += n * t0
-            step += n * t0
+        # the weight GEMVs, then the attention over the cache: each the larger of memory and compute
+        tw, rw = _kernel_time(tb0, db * tf0, res_mem, res_flops)
+        res[rw] += n * tw
+        ts, rs = _kernel_time(db * kvv[fn] * kv_rate, db * (sfv[fn] * sf_rate), res_mem, res_flops)
+        res[rs] += n * ts
+        step += n * tw + n * ts
     inv = 1.0 / (step * pf)
     rate = float(vf[9]) * (pf * inv)
     best = 0
