@@ -38,3 +38,25 @@ def test_dsa_span_follows_index_topk(tmp_path):
     wider = dataclasses.replace(layer, attention=dataclasses.replace(a, index_topk=4096))
     assert ctx_eval(score_fn(wider), 100_000) == pytest.approx(per * 4096 + idx * 100_000, rel=1e-12)
     assert REF.score_flops(wider, 100_000) == pytest.approx(per * 4096 + idx * 100_000, rel=1e-12)
+
+
+def test_mla_prefills_in_multi_head_form_and_decodes_on_the_latent():
+    """Dense MLA prefills with per-head keys and values decompressed from the cached latent (vLLM's MLA
+    backend; mlx-lm deepseek_v3.py): 2 H (d_nope + d_rope + d_v) FLOPs per key, plus the decompression,
+    2 r H (d_nope + d_v) per cached key and ubatch; decode stays absorbed, 2 H (2 r + d_rope). DSA layers
+    (an indexer) keep the latent form in prefill too."""
+    from moesim.engine.lower.attention import mla_decompress_flops, prefill_score_fn
+    m = moesim.model("deepseek-v3")
+    layer = m.layers[0]
+    a = layer.attention
+    H, r = a.n_heads, a.kv_lora_rank
+    assert ctx_eval(prefill_score_fn(layer), 1000) == 1000 * 2.0 * H * (a.qk_nope_head_dim + a.qk_rope_head_dim
+                                                                        + a.v_head_dim)
+    assert ctx_eval(score_fn(layer), 1000) == 1000 * 2.0 * H * (2 * r + a.qk_rope_head_dim)
+    assert mla_decompress_flops(m)[0] == 2.0 * r * H * (a.qk_nope_head_dim + a.v_head_dim)
+    dsa = moesim.model("deepseek-v3.2")
+    lay = next(x for x in dsa.layers if x.attention.kind == "mla")
+    assert lay.attention.index_heads > 0
+    assert prefill_score_fn(lay) == score_fn(lay) and mla_decompress_flops(dsa).max() == 0.0
+    gqa = moesim.model("qwen3-30b-a3b").layers[0]
+    assert prefill_score_fn(gqa) == score_fn(gqa) and mla_decompress_flops(moesim.model("qwen3-30b-a3b")).max() == 0.0

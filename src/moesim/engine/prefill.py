@@ -9,7 +9,7 @@ from ..spec.models import Model
 from ..spec.runtimes import Runtime
 from .codes import EXP_FETCH, EXP_GPU, EXP_NONE, EXP_SPLIT
 from .lower.decode_model import op_offload_threshold
-from .lower.attention import ctx_eval, prefill_score_flops
+from .lower.attention import ctx_eval, mla_decompress_flops, prefill_score_flops
 
 
 def prefill(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, prompt: int, batch: int = 1,
@@ -52,6 +52,8 @@ def prefill_seconds(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, promp
     bw = np.where(on_gpu, hw["gpu_bw"], hw["host_bw"])
     fl = np.where(on_gpu, gemm, cflops)
     score = prefill_score_flops(m, prompt, depth) / np.where(on_gpu, hw["prefill_attn_flops"], cflops)
+    # MLA's multi-head prefill decompresses the context's latent keys once per ubatch (a GEMM)
+    decompress = (depth + max(1, prompt // 2)) * mla_decompress_flops(m) / fl
     weights = np.asarray(dm["attn_bytes"]) + np.asarray(dm["shared_bytes"])
     per_tok = (np.asarray(dm["attn_flops"]) + np.asarray(dm["shared_flops"])) / fl + score
     experts = _expert_layers(dm, rtab, mode, moe_idx, terms)
@@ -61,7 +63,7 @@ def prefill_seconds(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, promp
         # a ubatch streams each weight matrix once and its tiles' loads are not hidden behind the
         # multiply-adds (llama.cpp PR #8495: LLaMA-8B Q5_K_S on a 4090 takes 9.1 ms per 16-token and
         # 48 ms per 512-token ubatch, weight reads + per-token work, not their max)
-        t = weights / bw + n_tok * per_tok + np.where(on_gpu, hw["launch_s"], 0.0)
+        t = weights / bw + n_tok * per_tok + decompress + np.where(on_gpu, hw["launch_s"], 0.0)
         if kv is not None:
             t += _kv_reads(dm, kv, n_tok) / hw["host_bw"]
         if experts is not None:

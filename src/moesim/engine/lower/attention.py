@@ -51,13 +51,48 @@ _KV_READ_ROWS: dict = {}                     # (model, cache columns, context, K
 # ------------------------------------------------------------------------------- prefill
 def prefill_score_flops(m: Model, prompt: int, depth: int = 0) -> np.ndarray:
     """Attention-score FLOPs per prompt token and layer: a prompt of ``prompt`` tokens appended to
-    ``depth`` cached ones attends, on average, over depth + prompt / 2 keys."""
-    return _score_row(m, depth + max(1, prompt // 2)).copy()
+    ``depth`` cached ones attends, on average, over depth + prompt / 2 keys (:func:`prefill_score_fn`)."""
+    return _prefill_score_row(m, depth + max(1, prompt // 2)).copy()
 
 
 @functools.lru_cache(maxsize=4096)
 def _score_row(m: Model, context: int) -> np.ndarray:
     return np.array([ctx_eval(fn, context) for fn in score_fns(m)])
+
+
+@functools.lru_cache(maxsize=4096)
+def _prefill_score_row(m: Model, context: int) -> np.ndarray:
+    return np.array([ctx_eval(prefill_score_fn(layer), context) for layer in m.layers])
+
+
+def prefill_score_fn(layer) -> tuple:
+    """Attention FLOPs per prompt token of a layer, as a context function: :func:`score_fn`, except that
+    dense MLA prefills in its multi-head form. Runtimes decompress the cached latent into per-head keys and
+    values for a prompt's attention (vLLM's MLA backend, "compute-friendly" prefill: k_nope = kv_c @ W_UK,
+    vllm/attention/backends/mla/common.py; mlx-lm deepseek_v3.py: embed_q / unembed_out of the latent cache
+    when more than one token runs), so a key costs 2 H (d_nope + d_rope + d_v) FLOPs, not the absorbed
+    decode form's 2 H (2 r + d_rope), 3.4x more for DeepSeek-V3. The decompression itself is
+    :func:`mla_decompress_flops`. DSA layers (an indexer) keep the decode form: their sparse attention runs
+    on the latent."""
+    a = layer.attention
+    if a.kind != "mla" or a.index_heads:
+        return score_fn(layer)
+    (_, a2, b1, b2, s), caps = score_fn(layer)
+    return (2.0 * a.n_heads * (a.qk_nope_head_dim + a.qk_rope_head_dim + a.v_head_dim), a2, b1, b2, s), caps
+
+
+@functools.lru_cache(maxsize=1024)
+def mla_decompress_flops(m: Model) -> np.ndarray:
+    """Per layer, the FLOPs of decompressing one cached key's latent into every head's key and value
+    (2 r H (d_nope + d_v)), which MLA's multi-head prefill (:func:`prefill_score_fn`) pays for every key of
+    the context once per ubatch (vLLM: per chunk of context; read-only); 0 for other layers."""
+    out = np.zeros(m.n_layers)
+    for l, layer in enumerate(m.layers):
+        a = layer.attention
+        if a.kind == "mla" and not a.index_heads:
+            out[l] = 2.0 * a.kv_lora_rank * a.n_heads * (a.qk_nope_head_dim + a.v_head_dim)
+    out.flags.writeable = False
+    return out
 
 
 @functools.lru_cache(maxsize=1024)
