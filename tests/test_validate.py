@@ -202,6 +202,15 @@ def test_validate_and_calibrate_commands(tmp_path, capsys):
     assert main(["calibrate", str(data), "--no-cv", "--out", str(out)]) == 0
     text = capsys.readouterr().out
     assert "decode median |err|" in text and out.read_text().startswith("# Fitted decode parameters")
+    # --rows: the leave-one-source-out rows the [intervals] of --out are built from, the command in both
+    loso = tmp_path / "loso.json"
+    assert main(["calibrate", str(data), "--out", str(out), "--rows", str(loso), "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    stored = json.loads(loso.read_text())
+    assert stored["rows"] == rep["intervals"]["rows"] and len(stored["rows"]) == 6
+    assert f'command = "{stored["command"]}"' in out.read_text() and "--rows" in stored["command"]
+    assert main(["calibrate", str(data), "--no-cv", "--rows", str(loso)]) == 2
+    assert "rows" in capsys.readouterr().err
     assert main(["validate", str(tmp_path / "nope.csv")]) == 2
     assert "cannot read" in capsys.readouterr().err
 

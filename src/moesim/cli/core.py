@@ -136,6 +136,8 @@ def _add_calibrate_parser(sub) -> None:
     c.add_argument("--holdout", choices=("source", "device-family", "both"), default="source",
                    help="cross-validate leaving out one source at a time (default), every row of one device "
                         "family at a time (nvidia-ada, apple-gpu, cpu-server, ...), or both")
+    c.add_argument("--rows", help="also write the leave-one-source-out rows the [intervals] are built from (JSON; "
+                                  "the repository keeps them in tests/data/loso_residuals.json)")
     c.add_argument("--json", action="store_true")
 
 
@@ -256,6 +258,17 @@ def _cmd_validate(args) -> int:
     return 0
 
 
+def _calibrate_command(args, data) -> str:
+    """The calibrate command line that reproduces this run (written into what it produces)."""
+    parts = ["moesim calibrate"] + ([data] if data else [])
+    if args.holdout != "source":
+        parts.append(f"--holdout {args.holdout}")
+    if args.no_cv:
+        parts.append("--no-cv")
+    parts += [f"--{f} {getattr(args, f)}" for f in ("out", "rows") if getattr(args, f)]
+    return " ".join(parts)
+
+
 def _cmd_calibrate(args) -> int:
     from ..analysis import calibrate as C
     from ..report.text import calibrate_text
@@ -264,16 +277,27 @@ def _cmd_calibrate(args) -> int:
         print(f"\rcross-validation {i}/{n}: {group[:60]:60}", end="" if i < n else "\n", file=sys.stderr,
               flush=True)
 
-    if args.out:
-        _writable(args.out, "out")
+    for field in ("out", "rows"):
+        if getattr(args, field):
+            _writable(getattr(args, field), field)
+    if args.rows and (args.no_cv or args.holdout == "device-family"):
+        raise MoesimError("--rows needs the leave-one-source-out cross-validation (--holdout source or both)", "rows")
+    given_data = args.data
     if args.data is None:
         from ..ingest.packaged import measurements_csv
         args.data = measurements_csv()
     holdout = ("source", "device-family") if args.holdout == "both" else (args.holdout,)
     rep = C.calibrate(args.data, cross_validate=not args.no_cv, progress=None if args.json else progress,
                       holdout=holdout)
+    command = _calibrate_command(args, given_data)
     if args.out:
-        C.write_toml(rep, args.out, "moesim calibrate " + " ".join(sys.argv[2:] if len(sys.argv) > 2 else [args.data]))
+        C.write_toml(rep, args.out, command)
+    if args.rows:
+        try:
+            with open(args.rows, "w", encoding="utf-8") as fh:
+                json.dump({"command": command, "rows": rep["intervals"]["rows"]}, fh, indent=1)
+        except OSError as exc:
+            raise MoesimError(f"cannot write {args.rows}: {exc.strerror or exc}", "rows") from None
     if args.json:
         return _print_json(rep)
     print(calibrate_text(rep))
