@@ -118,6 +118,8 @@ typedef struct {
     int32_t *need;       /* [E] == stamp: the current step still needs expert e (not evicted first); stamp in
                           * [0, MS_STAMP_MAX], restarted by ms_cache_begin_step */
     int32_t *slot;       /* [E] expert in slot i (first `used` valid) */
+    int32_t oldest, newest;   /* LRU: ends of the recency list of resident experts (-1: empty) */
+    int32_t *newer, *older;   /* [E] LRU: next more / less recently used resident expert, or -1 */
     double *freq;        /* [E] accesses so far (LFU) */
     double *last;        /* [E] tick of last access (LRU, LFU ties) */
     double *next_use;    /* [E] position (step x width + slot) of next use (Belady) */
@@ -126,7 +128,7 @@ typedef struct {
 /* Bytes one cache needs; carve its arrays from p and return the advanced pointer. */
 static inline int64_t ms_cache_bytes(int32_t n_experts)
 {
-    return (int64_t) n_experts * (3 * (int64_t) sizeof(double) + 4 * (int64_t) sizeof(int32_t));
+    return (int64_t) n_experts * (3 * (int64_t) sizeof(double) + 6 * (int64_t) sizeof(int32_t));
 }
 
 static inline char *ms_cache_carve(ms_cache_t *c, char *p, int32_t n_experts)
@@ -137,6 +139,8 @@ static inline char *ms_cache_carve(ms_cache_t *c, char *p, int32_t n_experts)
     c->next_use = (double *) p; p += e * sizeof(double);
     c->where = (int32_t *) p; p += e * sizeof(int32_t);
     c->slot = (int32_t *) p; p += e * sizeof(int32_t);
+    c->newer = (int32_t *) p; p += e * sizeof(int32_t);
+    c->older = (int32_t *) p; p += e * sizeof(int32_t);
     c->need = (int32_t *) p; p += 2 * e * sizeof(int32_t);   /* one array + padding to 8 bytes */
     return p;
 }
@@ -144,7 +148,8 @@ static inline char *ms_cache_carve(ms_cache_t *c, char *p, int32_t n_experts)
 void ms_cache_reset(ms_cache_t *c, int32_t n_experts, int32_t capacity, int32_t policy, const int32_t *hot);
 /* A new step will access the n distinct experts in sel: they are evicted only when nothing else can be. */
 void ms_cache_begin_step(ms_cache_t *c, const int32_t *sel, int32_t n);
-/* Access expert e at `tick` (its next use at step `next_use` for Belady). Returns 1 on a hit;
+/* Access expert e at `tick` (its next use at step `next_use` for Belady); ticks of one cache increase
+ * strictly from call to call (LRU keeps its order as a list, which is the order of the ticks). Returns 1 on a hit;
  * a miss inserts e (evicting per policy) unless the policy is static. */
 int ms_cache_access(ms_cache_t *c, int32_t e, double tick, double next_use);
 void ms_next_use(const int32_t *sel, const int32_t *nsel, int64_t n_steps, int32_t n_layers, int32_t width,
