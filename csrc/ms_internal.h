@@ -198,25 +198,44 @@ static inline double ms_rng_uniform_inline(ms_rng_t *rng)
     return ((double) (ms_rng_next_inline(rng) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
 }
 
+/* The ziggurat of the exponential distribution (Marsaglia & Tsang 2000, 256 strips, 53-bit values): the
+ * sampler's Exp(1) draws without a log in ~99 % of them (ms_route.c). */
+typedef struct {
+    uint64_t k[256];            /* strip i's fast-accept bound on the 53 high bits */
+    double w[256], f[256];      /* value per unit of those bits; exp(-x) at the strip's edge */
+} ms_zig_t;
+
+/* One expert group's state while a token races group-limited routing (ms_route.c): the smallest race
+ * keys of the group, generated in increasing order. */
+typedef struct {
+    double tot, rem;            /* the group's weight; the weight of its experts not yet drawn */
+    double c;                   /* the last key drawn */
+    double hk, k2, score;       /* the key at the head of the merge, the second key, the group's score */
+    int32_t n, he, e2, stage, pick;  /* keys drawn, experts of hk and k2, head is k2 (1) or later, allowed */
+    int32_t pad;
+} ms_group_t;
+
 /* The workspace of one configuration, carved by ws_layout (ms_decode.c). */
 typedef struct {
     int32_t E, K, L, B, W;      /* experts, top-k, routing layers, batch, union width */
     int64_t T;                  /* steps */
     int32_t *sel, *cnt, *nsel;  /* [T][L][W], [T][L][W], [T][L] */
     int32_t *nu;                /* [T][L][W] Belady next use */
+    int32_t NB;                 /* alias blocks per layer: n_group under group-limited routing, else 1 */
     double *w;                  /* [B][L][E] request weights (linear, > 0) */
+    double *aprob;              /* [B][L][E] alias tables of w, one per block of E / NB experts: keep chance */
+    int32_t *alias;             /* [B][L][E] ... and the alias (index within the block) */
+    double *btot;               /* [B][L][NB] weight of each block */
+    int32_t *stk;               /* [2E] scratch of the alias construction */
     int32_t *prev, *nprev;      /* [B][L][K], [B] */
     int32_t *hist, *nhist, *hhead;  /* [B][L][history][K] ring of older tokens' picks, [B][L] count, [B][L] next slot */
     int64_t *tok_in_req, *trace_pos;  /* [B] */
-    double *score;              /* [E] race keys (valid where keyed holds the token's stamp) */
-    double *unif;               /* [E] the race's uniforms */
-    int32_t *keyed;             /* [E] stamp of the token whose key score holds */
+    int32_t *seen;              /* [E] stamp of the token whose race key of expert e is drawn (groups) */
     int32_t *mark;              /* [L][E] union stamp */
     int32_t *pos;               /* [L][E] position in the step's union */
     int32_t *chosen;            /* [E] stamp of the current token's picks */
-    int32_t *allowed;           /* [E] group mask stamp */
-    double *gscore;             /* [n_group] */
-    int32_t *gpick;             /* [n_group] */
+    ms_group_t *grp;            /* [n_group] */
+    ms_zig_t *zig;              /* the exponential ziggurat (group-limited routing) */
     int32_t *usel, *ucnt;       /* [E] scratch: a step's union re-ordered by expert id */
     double *che, *lq;           /* analytic scratch: [E] Che rates, [n_scenarios][E] log(1 - q) */
     char *caches;               /* 2 x L caches (GPU, page) */
