@@ -104,9 +104,12 @@ int ms_cache_access(ms_cache_t *c, int32_t e, double tick, double next_use)
 {
     int hit = c->where[e] >= 0;
     c->need[e] = 0;
-    c->freq[e] += 1.0;
-    c->last[e] = tick;
-    c->next_use[e] = next_use;
+    if (c->policy != MS_POLICY_LRU) {
+        /* what the scan of victim() reads (LRU's order is its list) */
+        c->freq[e] += 1.0;
+        c->last[e] = tick;
+        c->next_use[e] = next_use;
+    }
     if (hit) {
         if (c->policy == MS_POLICY_LRU && c->newest != e) {
             lru_unlink(c, e);

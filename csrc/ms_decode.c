@@ -312,7 +312,7 @@ static void mc_layer(const ms_decode_model_t *m, const ms_routing_t *r, const ms
     k = ws->nsel[t * L + l];
     if (t >= c->warmup) a.distinct += k;
     ms_cache_begin_step(&gpu_c[l], ws->sel + row, k);
-    ms_cache_begin_step(&page_c[l], ws->sel + row, k);
+    if (m->page_slots[i] < E) ms_cache_begin_step(&page_c[l], ws->sel + row, k);   /* else never accessed */
     for (int32_t j = 0; j < k; j++) {
         int32_t e = ws->sel[row + j];
         double pairs = ws->cnt[row + j];

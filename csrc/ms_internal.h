@@ -120,9 +120,9 @@ typedef struct {
     int32_t *slot;       /* [E] expert in slot i (first `used` valid) */
     int32_t oldest, newest;   /* LRU: ends of the recency list of resident experts (-1: empty) */
     int32_t *newer, *older;   /* [E] LRU: next more / less recently used resident expert, or -1 */
-    double *freq;        /* [E] accesses so far (LFU) */
-    double *last;        /* [E] tick of last access (LRU, LFU ties) */
-    double *next_use;    /* [E] position (step x width + slot) of next use (Belady) */
+    double *freq;        /* [E] accesses so far (LFU; not kept under LRU, whose order is its list) */
+    double *last;        /* [E] tick of last access (LFU ties; not kept under LRU) */
+    double *next_use;    /* [E] position (step x width + slot) of next use (Belady; not kept under LRU) */
 } ms_cache_t;
 
 /* Bytes one cache needs; carve its arrays from p and return the advanced pointer. */

@@ -78,23 +78,13 @@ static double alias_build(const double *w, int32_t m, double *prob, int32_t *ali
     return tot;
 }
 
-/* One expert of block [base, base + m) in proportion to w among those not marked `stamp` in skip: up to
- * MS_ALIAS_TRIES alias draws of one uniform each (column floor(u m), its coin the fraction u m - column),
- * redrawn while they hit a skipped expert; then (rare: the skipped experts hold most of the weight) one
- * uniform against the cumulative weights of the others. Either way the pick has the same law, so every
- * pick of a token is the next of sampling without replacement. The block must hold an expert not skipped. */
-static int32_t alias_draw(const double *w, const double *prob, const int32_t *alias, int32_t base, int32_t m,
-                          const int32_t *skip, int32_t stamp, ms_rng_t *rng)
+/* The cumulative scan of alias_draw: one uniform against the cumulative weights of the experts of the
+ * block not marked `stamp` in skip. */
+static int32_t alias_scan(const double *w, int32_t base, int32_t m, const int32_t *skip, int32_t stamp,
+                          ms_rng_t *rng)
 {
     double tot = 0.0, u, cum = 0.0;
     int32_t last = -1;
-    for (int32_t a = 0; a < MS_ALIAS_TRIES; a++) {
-        double x = ms_rng_uniform_inline(rng) * m;
-        int32_t i = (int32_t) x, e;
-        if (i >= m) i = m - 1;
-        e = base + (x - i < prob[base + i] ? i : alias[base + i]);
-        if (skip[e] != stamp) return e;
-    }
     for (int32_t e = base; e < base + m; e++)
         if (skip[e] != stamp) tot += w[e];
     u = ms_rng_uniform_inline(rng) * tot;
@@ -107,7 +97,23 @@ static int32_t alias_draw(const double *w, const double *prob, const int32_t *al
     return last;
 }
 
-/* ------------------------------------------------------------------------- routing */
+/* One expert of block [base, base + m) in proportion to w among those not marked `stamp` in skip: up to
+ * MS_ALIAS_TRIES alias draws of one uniform each (column floor(u m), its coin the fraction u m - column),
+ * redrawn while they hit a skipped expert; then (rare: the skipped experts hold most of the weight) the
+ * cumulative scan. Either way the pick has the same law, so every pick of a token is the next of sampling
+ * without replacement. The block must hold an expert not skipped. */
+static inline int32_t alias_draw(const double *w, const double *prob, const int32_t *alias, int32_t base,
+                                 int32_t m, const int32_t *skip, int32_t stamp, ms_rng_t *rng)
+{
+    for (int32_t a = 0; a < MS_ALIAS_TRIES; a++) {
+        double x = ms_rng_uniform_inline(rng) * m;
+        int32_t i = (int32_t) x, e;
+        if (i >= m) i = m - 1;
+        e = base + (x - i < prob[base + i] ? i : alias[base + i]);
+        if (skip[e] != stamp) return e;
+    }
+    return alias_scan(w, base, m, skip, stamp, rng);
+}
 
 /* Fresh request for sequence b: per-layer weights w ~ Dirichlet(beta * E * g) (unnormalised: the
  * sampler only compares ratios), or w = g without per-request skew, and their alias tables (one per
@@ -384,11 +390,15 @@ static void order_unions(ws_t *ws, int64_t t)
                 ws->ucnt[j] = c;
             }
         } else {
+            /* a compaction without branches: every expert is written, the next slot taken only if marked
+             * (pos holds a position in 0..W-1 for every expert, so the count read is in the row) */
+            const int32_t *ps = ws->pos + (int64_t) l * E;
+            int32_t stamp = (int32_t) (t + 1);
             n = 0;
             for (int32_t e = 0; e < E; e++) {
-                if (mk[e] != (int32_t) (t + 1)) continue;
                 ws->usel[n] = e;
-                ws->ucnt[n++] = ws->cnt[row + ws->pos[(int64_t) l * E + e]];
+                ws->ucnt[n] = ws->cnt[row + ps[e]];
+                n += mk[e] == stamp;
             }
         }
         memcpy(ws->sel + row, ws->usel, (size_t) n * sizeof(int32_t));
@@ -480,6 +490,7 @@ int ms_route_generate(const ms_routing_t *r, const ms_decode_config_t *c, ws_t *
     if (ws->K > MS_MAX_TOP_K) return MS_ERR_BAD_ROUTING;
     if (check_memory(r)) return MS_ERR_BAD_ROUTING;
     memset(ws->mark, 0, (size_t) L * (size_t) E * sizeof(int32_t));
+    memset(ws->pos, 0, (size_t) L * (size_t) E * sizeof(int32_t));
     memset(ws->chosen, 0, (size_t) E * sizeof(int32_t));
     memset(ws->seen, 0, (size_t) E * sizeof(int32_t));
     if (ws->NB > 1) zig_build(ws->zig);
