@@ -15,8 +15,10 @@ void ms_cache_reset(ms_cache_t *c, int32_t n_experts, int32_t capacity, int32_t 
     c->policy = policy;
     c->used = 0;
     c->stamp = 0;
+    c->oldest = c->newest = -1;
     for (int32_t e = 0; e < n_experts; e++) {
         c->where[e] = -1;
+        c->newer[e] = c->older[e] = -1;
         c->need[e] = 0;
         c->freq[e] = 0.0;
         c->last[e] = -1.0;
@@ -41,6 +43,33 @@ void ms_cache_begin_step(ms_cache_t *c, const int32_t *sel, int32_t n)
     }
     c->stamp++;
     for (int32_t j = 0; j < n; j++) c->need[sel[j]] = c->stamp;
+}
+
+/* LRU's recency list: resident experts from the least recently used (oldest) to the newest. Every access
+ * moves its expert to the newest end, and ticks increase strictly, so the list is the order of `last`. */
+static void lru_unlink(ms_cache_t *c, int32_t e)
+{
+    int32_t o = c->older[e], n = c->newer[e];
+    if (o >= 0) c->newer[o] = n; else c->oldest = n;
+    if (n >= 0) c->older[n] = o; else c->newest = o;
+}
+
+static void lru_push(ms_cache_t *c, int32_t e)
+{
+    c->older[e] = c->newest;
+    c->newer[e] = -1;
+    if (c->newest >= 0) c->newer[c->newest] = e; else c->oldest = e;
+    c->newest = e;
+}
+
+/* LRU's victim slot: the oldest expert the step no longer needs, else the oldest of all -- the slot the
+ * scan of victim() picks (the smallest `last`: ticks are distinct, so there are no ties), without the scan. */
+static int32_t lru_victim(const ms_cache_t *c)
+{
+    int32_t x = c->oldest;
+    while (x >= 0 && c->need[x] == c->stamp) x = c->newer[x];
+    if (x < 0) x = c->oldest;
+    return c->where[x];
 }
 
 /* The slot to evict: least recent (LRU), least frequent then least recent (LFU), or the one
@@ -75,19 +104,31 @@ int ms_cache_access(ms_cache_t *c, int32_t e, double tick, double next_use)
 {
     int hit = c->where[e] >= 0;
     c->need[e] = 0;
-    c->freq[e] += 1.0;
-    c->last[e] = tick;
-    c->next_use[e] = next_use;
-    if (hit || c->policy == MS_POLICY_STATIC || c->capacity == 0) return hit;
+    if (c->policy != MS_POLICY_LRU) {
+        /* what the scan of victim() reads (LRU's order is its list) */
+        c->freq[e] += 1.0;
+        c->last[e] = tick;
+        c->next_use[e] = next_use;
+    }
+    if (hit) {
+        if (c->policy == MS_POLICY_LRU && c->newest != e) {
+            lru_unlink(c, e);
+            lru_push(c, e);
+        }
+        return hit;
+    }
+    if (c->policy == MS_POLICY_STATIC || c->capacity == 0) return hit;
     if (c->used < c->capacity) {
         c->slot[c->used] = e;
         c->where[e] = c->used++;
     } else {
-        int32_t i = victim(c);
+        int32_t i = c->policy == MS_POLICY_LRU ? lru_victim(c) : victim(c);
+        if (c->policy == MS_POLICY_LRU) lru_unlink(c, c->slot[i]);
         c->where[c->slot[i]] = -1;
         c->slot[i] = e;
         c->where[e] = i;
     }
+    if (c->policy == MS_POLICY_LRU) lru_push(c, e);
     return 0;
 }
 

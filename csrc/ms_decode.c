@@ -219,10 +219,13 @@ static int64_t ws_layout(const ms_decode_model_t *m, const ms_routing_t *r, cons
     TAKE(lt, double, m->n_layers + E);          /* + E: analytic scratch */
     TAKE(times, double, T > E ? T : E);
     TAKE(w, double, mc ? B * L * E : 0);
-    TAKE(score, double, E);
-    TAKE(unif, double, E);
-    TAKE(keyed, int32_t, E);
-    TAKE(gscore, double, G);
+    TAKE(aprob, double, mc ? B * L * E : 0);
+    TAKE(alias, int32_t, mc ? B * L * E : 0);
+    TAKE(btot, double, mc ? B * L * G : 0);
+    TAKE(stk, int32_t, 2 * E);
+    TAKE(seen, int32_t, E);
+    TAKE(grp, ms_group_t, G);
+    TAKE(zig, ms_zig_t, mc && G > 1 ? 1 : 0);
     TAKE(tok_in_req, int64_t, B);
     TAKE(trace_pos, int64_t, B);
     TAKE(sel, int32_t, T * L * W);
@@ -237,8 +240,6 @@ static int64_t ws_layout(const ms_decode_model_t *m, const ms_routing_t *r, cons
     TAKE(mark, int32_t, L * E);
     TAKE(pos, int32_t, L * E);
     TAKE(chosen, int32_t, E);
-    TAKE(allowed, int32_t, E);
-    TAKE(gpick, int32_t, G);
     TAKE(che, double, E);
     TAKE(lq, double, mc ? 0 : (int64_t) (r->n_scenarios > 0 ? r->n_scenarios : 1) * E);
     TAKE(usel, int32_t, E);
@@ -249,6 +250,7 @@ static int64_t ws_layout(const ms_decode_model_t *m, const ms_routing_t *r, cons
     if (ws) {
         ws->E = (int32_t) E; ws->K = (int32_t) K; ws->L = (int32_t) L; ws->B = (int32_t) B;
         ws->W = (int32_t) W; ws->T = T;
+        ws->NB = r->n_group > 1 && r->topk_group < r->n_group ? (int32_t) G : 1;
     }
     return off + 64;
 }
@@ -309,7 +311,7 @@ static void mc_layer(const ms_decode_model_t *m, const ms_routing_t *r, const ms
     k = ws->nsel[t * L + l];
     if (t >= c->warmup) a.distinct += k;
     ms_cache_begin_step(&gpu_c[l], ws->sel + row, k);
-    ms_cache_begin_step(&page_c[l], ws->sel + row, k);
+    if (m->page_slots[i] < E) ms_cache_begin_step(&page_c[l], ws->sel + row, k);   /* else never accessed */
     for (int32_t j = 0; j < k; j++) {
         int32_t e = ws->sel[row + j];
         double pairs = ws->cnt[row + j];

@@ -120,15 +120,17 @@ typedef struct {
     int32_t *need;       /* [E] == stamp: the current step still needs expert e (not evicted first); stamp in
                           * [0, MS_STAMP_MAX], restarted by ms_cache_begin_step */
     int32_t *slot;       /* [E] expert in slot i (first `used` valid) */
-    double *freq;        /* [E] accesses so far (LFU) */
-    double *last;        /* [E] tick of last access (LRU, LFU ties) */
-    double *next_use;    /* [E] position (step x width + slot) of next use (Belady) */
+    int32_t oldest, newest;   /* LRU: ends of the recency list of resident experts (-1: empty) */
+    int32_t *newer, *older;   /* [E] LRU: next more / less recently used resident expert, or -1 */
+    double *freq;        /* [E] accesses so far (LFU; not kept under LRU, whose order is its list) */
+    double *last;        /* [E] tick of last access (LFU ties; not kept under LRU) */
+    double *next_use;    /* [E] position (step x width + slot) of next use (Belady; not kept under LRU) */
 } ms_cache_t;
 
 /* Bytes one cache needs; carve its arrays from p and return the advanced pointer. */
 static inline int64_t ms_cache_bytes(int32_t n_experts)
 {
-    return (int64_t) n_experts * (3 * (int64_t) sizeof(double) + 4 * (int64_t) sizeof(int32_t));
+    return (int64_t) n_experts * (3 * (int64_t) sizeof(double) + 6 * (int64_t) sizeof(int32_t));
 }
 
 static inline char *ms_cache_carve(ms_cache_t *c, char *p, int32_t n_experts)
@@ -139,6 +141,8 @@ static inline char *ms_cache_carve(ms_cache_t *c, char *p, int32_t n_experts)
     c->next_use = (double *) p; p += e * sizeof(double);
     c->where = (int32_t *) p; p += e * sizeof(int32_t);
     c->slot = (int32_t *) p; p += e * sizeof(int32_t);
+    c->newer = (int32_t *) p; p += e * sizeof(int32_t);
+    c->older = (int32_t *) p; p += e * sizeof(int32_t);
     c->need = (int32_t *) p; p += 2 * e * sizeof(int32_t);   /* one array + padding to 8 bytes */
     return p;
 }
@@ -146,7 +150,8 @@ static inline char *ms_cache_carve(ms_cache_t *c, char *p, int32_t n_experts)
 void ms_cache_reset(ms_cache_t *c, int32_t n_experts, int32_t capacity, int32_t policy, const int32_t *hot);
 /* A new step will access the n distinct experts in sel: they are evicted only when nothing else can be. */
 void ms_cache_begin_step(ms_cache_t *c, const int32_t *sel, int32_t n);
-/* Access expert e at `tick` (its next use at step `next_use` for Belady). Returns 1 on a hit;
+/* Access expert e at `tick` (its next use at step `next_use` for Belady); ticks of one cache increase
+ * strictly from call to call (LRU keeps its order as a list, which is the order of the ticks). Returns 1 on a hit;
  * a miss inserts e (evicting per policy) unless the policy is static. */
 int ms_cache_access(ms_cache_t *c, int32_t e, double tick, double next_use);
 void ms_next_use(const int32_t *sel, const int32_t *nsel, int64_t n_steps, int32_t n_layers, int32_t width,
@@ -195,25 +200,44 @@ static inline double ms_rng_uniform_inline(ms_rng_t *rng)
     return ((double) (ms_rng_next_inline(rng) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
 }
 
+/* The ziggurat of the exponential distribution (Marsaglia & Tsang 2000, 256 strips, 53-bit values): the
+ * sampler's Exp(1) draws without a log in ~99 % of them (ms_route.c). */
+typedef struct {
+    uint64_t k[256];            /* strip i's fast-accept bound on the 53 high bits */
+    double w[256], f[256];      /* value per unit of those bits; exp(-x) at the strip's edge */
+} ms_zig_t;
+
+/* One expert group's state while a token races group-limited routing (ms_route.c): the smallest race
+ * keys of the group, generated in increasing order. */
+typedef struct {
+    double tot, rem;            /* the group's weight; the weight of its experts not yet drawn */
+    double c;                   /* the last key drawn */
+    double hk, k2, score;       /* the key at the head of the merge, the second key, the group's score */
+    int32_t n, he, e2, stage, pick;  /* keys drawn, experts of hk and k2, head is k2 (1) or later, allowed */
+    int32_t pad;
+} ms_group_t;
+
 /* The workspace of one configuration, carved by ws_layout (ms_decode.c). */
 typedef struct {
     int32_t E, K, L, B, W;      /* experts, top-k, routing layers, batch, union width */
     int64_t T;                  /* steps */
     int32_t *sel, *cnt, *nsel;  /* [T][L][W], [T][L][W], [T][L] */
     int32_t *nu;                /* [T][L][W] Belady next use */
+    int32_t NB;                 /* alias blocks per layer: n_group under group-limited routing, else 1 */
     double *w;                  /* [B][L][E] request weights (linear, > 0) */
+    double *aprob;              /* [B][L][E] alias tables of w, one per block of E / NB experts: keep chance */
+    int32_t *alias;             /* [B][L][E] ... and the alias (index within the block) */
+    double *btot;               /* [B][L][NB] weight of each block */
+    int32_t *stk;               /* [2E] scratch of the alias construction */
     int32_t *prev, *nprev;      /* [B][L][K], [B] */
     int32_t *hist, *nhist, *hhead;  /* [B][L][history][K] ring of older tokens' picks, [B][L] count, [B][L] next slot */
     int64_t *tok_in_req, *trace_pos;  /* [B] */
-    double *score;              /* [E] race keys (valid where keyed holds the token's stamp) */
-    double *unif;               /* [E] the race's uniforms */
-    int32_t *keyed;             /* [E] stamp of the token whose key score holds */
+    int32_t *seen;              /* [E] stamp of the token whose race key of expert e is drawn (groups) */
     int32_t *mark;              /* [L][E] union stamp */
     int32_t *pos;               /* [L][E] position in the step's union */
     int32_t *chosen;            /* [E] stamp of the current token's picks */
-    int32_t *allowed;           /* [E] group mask stamp */
-    double *gscore;             /* [n_group] */
-    int32_t *gpick;             /* [n_group] */
+    ms_group_t *grp;            /* [n_group] */
+    ms_zig_t *zig;              /* the exponential ziggurat (group-limited routing) */
     int32_t *usel, *ucnt;       /* [E] scratch: a step's union re-ordered by expert id */
     double *che, *lq;           /* analytic scratch: [E] Che rates, [n_scenarios][E] log(1 - q) */
     char *caches;               /* 2 x L caches (GPU, page) */

@@ -1,7 +1,8 @@
 /*
  * The routing sampler of the decode kernel: per-request popularity draws, one token's top-k (sticky
- * re-picks, Gumbel-top-k races, group-limited routing) or a recorded trace, and each step's union of
- * the batch's experts. Streams are named by (seed, configuration, sequence, step) (ms_rng.c).
+ * re-picks, weighted sampling without replacement, group-limited routing) or a recorded trace, and each
+ * step's union of the batch's experts. Streams are named by (seed, configuration, sequence, step)
+ * (ms_rng.c).
  */
 #include <math.h>
 #include <string.h>
@@ -9,17 +10,121 @@
 #include "ms_internal.h"
 
 #define MS_TINY 1e-300
+#define MS_ALIAS_TRIES 16      /* alias draws of one pick before the cumulative scan (alias_draw) */
 
-/* ------------------------------------------------------------------------- routing */
+/* ------------------------------------------------------------------------- Exp(1) draws */
+
+#define MS_ZIG_R 7.697117470131487         /* the ziggurat's rightmost strip edge */
+#define MS_ZIG_V 3.949659822581572e-3      /* the area of each strip */
+#define MS_TWO53 9007199254740992.0
+
+/* The tables of the exponential ziggurat (Marsaglia & Tsang 2000, zigset), scaled to 53-bit draws. */
+static void zig_build(ms_zig_t *z)
+{
+    double de = MS_ZIG_R, te = de, q = MS_ZIG_V / exp(-de);
+    z->k[0] = (uint64_t) (de / q * MS_TWO53);
+    z->k[1] = 0;
+    z->w[0] = q / MS_TWO53;
+    z->w[255] = de / MS_TWO53;
+    z->f[0] = 1.0;
+    z->f[255] = exp(-de);
+    for (int i = 254; i >= 1; i--) {
+        de = -log(MS_ZIG_V / de + exp(-de));
+        z->k[i + 1] = (uint64_t) (de / te * MS_TWO53);
+        te = de;
+        z->f[i] = exp(-de);
+        z->w[i] = de / MS_TWO53;
+    }
+}
+
+/* One Exp(1) draw: the low 8 bits of a step pick the strip, its high 53 bits the value; outside the
+ * strip's rectangle, the wedge test (one uniform, one exp) or the tail (r - log u), else a fresh step. */
+static inline double zig_exp(const ms_zig_t *z, ms_rng_t *rng)
+{
+    for (;;) {
+        uint64_t v = ms_rng_next_inline(rng), j = v >> 11;
+        int32_t i = (int32_t) (v & 255);
+        double x;
+        if (j < z->k[i]) return (double) j * z->w[i];
+        if (i == 0) return MS_ZIG_R - log(ms_rng_uniform_inline(rng));
+        x = (double) j * z->w[i];
+        if (z->f[i] + ms_rng_uniform_inline(rng) * (z->f[i - 1] - z->f[i]) < exp(-x)) return x;
+    }
+}
+
+/* ------------------------------------------------------------------------- alias tables */
+
+/* Walker's alias table of the m weights w (Vose's construction): column i keeps i with chance prob[i],
+ * else gives alias[i] (an index in 0..m-1). Returns the sum of the weights. stk: 2m ints of scratch. */
+static double alias_build(const double *w, int32_t m, double *prob, int32_t *alias, int32_t *stk)
+{
+    double tot = 0.0, scale;
+    int32_t *small = stk, *large = stk + m, ns = 0, nl = 0;
+    for (int32_t i = 0; i < m; i++) tot += w[i];
+    scale = (double) m / tot;
+    for (int32_t i = 0; i < m; i++) {
+        prob[i] = w[i] * scale;
+        alias[i] = i;
+        if (prob[i] < 1.0) small[ns++] = i; else large[nl++] = i;
+    }
+    while (ns > 0 && nl > 0) {
+        int32_t a = small[--ns], g = large[--nl];
+        alias[a] = g;
+        prob[g] = (prob[g] + prob[a]) - 1.0;
+        if (prob[g] < 1.0) small[ns++] = g; else large[nl++] = g;
+    }
+    while (nl > 0) prob[large[--nl]] = 1.0;
+    while (ns > 0) prob[small[--ns]] = 1.0;
+    return tot;
+}
+
+/* The cumulative scan of alias_draw: one uniform against the cumulative weights of the experts of the
+ * block not marked `stamp` in skip. */
+static int32_t alias_scan(const double *w, int32_t base, int32_t m, const int32_t *skip, int32_t stamp,
+                          ms_rng_t *rng)
+{
+    double tot = 0.0, u, cum = 0.0;
+    int32_t last = -1;
+    for (int32_t e = base; e < base + m; e++)
+        if (skip[e] != stamp) tot += w[e];
+    u = ms_rng_uniform_inline(rng) * tot;
+    for (int32_t e = base; e < base + m; e++) {
+        if (skip[e] == stamp) continue;
+        last = e;
+        cum += w[e];
+        if (u < cum) return e;
+    }
+    return last;
+}
+
+/* One expert of block [base, base + m) in proportion to w among those not marked `stamp` in skip: up to
+ * MS_ALIAS_TRIES alias draws of one uniform each (column floor(u m), its coin the fraction u m - column),
+ * redrawn while they hit a skipped expert; then (rare: the skipped experts hold most of the weight) the
+ * cumulative scan. Either way the pick has the same law, so every pick of a token is the next of sampling
+ * without replacement. The block must hold an expert not skipped. */
+static inline int32_t alias_draw(const double *w, const double *prob, const int32_t *alias, int32_t base,
+                                 int32_t m, const int32_t *skip, int32_t stamp, ms_rng_t *rng)
+{
+    for (int32_t a = 0; a < MS_ALIAS_TRIES; a++) {
+        double x = ms_rng_uniform_inline(rng) * m;
+        int32_t i = (int32_t) x, e;
+        if (i >= m) i = m - 1;
+        e = base + (x - i < prob[base + i] ? i : alias[base + i]);
+        if (skip[e] != stamp) return e;
+    }
+    return alias_scan(w, base, m, skip, stamp, rng);
+}
 
 /* Fresh request for sequence b: per-layer weights w ~ Dirichlet(beta * E * g) (unnormalised: the
- * race below only compares ratios), or w = g without per-request skew. */
+ * sampler only compares ratios), or w = g without per-request skew, and their alias tables (one per
+ * expert group under group-limited routing, else one per layer). */
 static void new_request(const ms_routing_t *r, ws_t *ws, int32_t b, ms_rng_t *rng)
 {
-    int32_t E = ws->E;
+    int32_t E = ws->E, NB = ws->NB, per = E / NB;
     for (int32_t l = 0; l < ws->L; l++) {
         const double *lp = r->log_pop + (int64_t) l * E;
-        double *w = ws->w + ((int64_t) b * ws->L + l) * E, mx = lp[0], z = 0.0;
+        int64_t row = ((int64_t) b * ws->L + l) * E;
+        double *w = ws->w + row, mx = lp[0], z = 0.0;
         ws->nprev[b * ws->L + l] = 0;
         ws->nhist[b * ws->L + l] = 0;
         ws->hhead[b * ws->L + l] = 0;
@@ -30,6 +135,9 @@ static void new_request(const ms_routing_t *r, ws_t *ws, int32_t b, ms_rng_t *rn
             double x = r->concentration > 0.0 ? ms_rng_gamma(rng, r->concentration * E * g) : g;
             w[e] = x > MS_TINY ? x : MS_TINY;
         }
+        for (int32_t g = 0; g < NB; g++)
+            ws->btot[((int64_t) b * ws->L + l) * NB + g] = alias_build(w + g * per, per, ws->aprob + row + g * per,
+                                                                      ws->alias + row + g * per, ws->stk);
     }
 }
 
@@ -88,75 +196,104 @@ static int32_t draw_lag(const ms_routing_t *r, ms_rng_t *rng)
     return r->history - 1;
 }
 
-/* Whether expert e's race key -log(u) / w cannot beat `bound` (key >= bound), decided without the log:
- * -log(u) >= 1 - u, so (1 - u) >= bound w means key >= bound. The 1e-12 margin covers the roundings of
- * both sides (1 - u >= 2^-54, so the product is never subnormal near the edge): the verdict is always
- * the one the key itself gives, and the sampler's picks are those of taking every log. */
-static inline int key_cannot_beat(double u, double w, double bound)
+/* The next smallest race key Exp(1) / w_e of group g (its experts g per .. g per + per - 1) and its expert
+ * (*e; -1 and an infinite key once every expert of the group is drawn). The keys of a group are independent
+ * exponentials of rates w_e, so the next one is the last plus Exp(1) / (the weight not yet drawn; Exp(1)
+ * from the ziggurat z) and its expert is drawn in proportion to w among those not yet drawn (memorylessness). */
+static double next_key(const ms_zig_t *z, const double *w, const double *prob, const int32_t *alias, int32_t g,
+                       int32_t per, ms_group_t *q, int32_t *seen, int32_t stamp, ms_rng_t *rng, int32_t *e)
 {
-    return 1.0 - u >= bound * w * (1.0 + 1e-12);
-}
-
-/* Expert e's race key Exp(1) / w_e = -log(u_e) / w_e, taken once per token (keyed marks it). */
-static inline double race_key(ws_t *ws, const double *w, int32_t e, int32_t stamp)
-{
-    if (ws->keyed[e] != stamp) {
-        ws->score[e] = -log(ws->unif[e]) / w[e];
-        ws->keyed[e] = stamp;
+    double k;
+    if (q->n == per) {
+        *e = -1;
+        return HUGE_VAL;
     }
-    return ws->score[e];
+    k = q->c + zig_exp(z, rng) / q->rem;
+    *e = alias_draw(w, prob, alias, g * per, per, seen, stamp, rng);
+    seen[*e] = stamp;
+    q->n++;
+    q->c = k;
+    q->rem -= w[*e];
+    if (q->n < per && !(q->rem > q->tot * 1e-9)) {
+        /* the running difference lost its digits: sum the weights not yet drawn */
+        q->rem = 0.0;
+        for (int32_t x = g * per; x < (g + 1) * per; x++)
+            if (seen[x] != stamp) q->rem += w[x];
+    }
+    return k;
 }
 
-/* Group-limited routing: draws the token's E uniforms (into unif, in expert order), then allows the
- * groups holding the n kept experts first and the best others by their two best race keys, up to
- * topk_group groups (allowed[e] = stamp). */
-static void allow_groups(const ms_routing_t *r, ws_t *ws, ms_rng_t *rng, int32_t stamp, const double *w,
-                         const int32_t *out, int32_t n)
+/* Group-limited routing, the free slots n..K-1 of a token: the race's keys Exp(1) / w_e are generated per
+ * group from the smallest up (next_key), so a group ranks by its two smallest after two draws, not one per
+ * expert: by a b, the order of log a + log b (the sum of its two best Gumbel scores) without the logs (keys
+ * are ~1 / the group's weight, so the product stays normal unless a group's weight is below ~1e-150). The groups of the n kept experts come
+ * first, the best others fill topk_group; the free slots take the smallest keys of the allowed groups not
+ * already picked, merged across groups in key order (ties to the lower group). */
+static void route_grouped(const ms_routing_t *r, ws_t *ws, const double *w, const double *prob,
+                          const int32_t *alias, const double *btot, ms_rng_t *rng, int32_t stamp, int32_t n,
+                          int32_t *out)
 {
-    int32_t E = ws->E, G = r->n_group, per = E / G, picked = 0;
-    ms_rng_t lr = *rng;          /* a local copy stays in registers */
-    for (int32_t e = 0; e < E; e++) ws->unif[e] = ms_rng_uniform_inline(&lr);
-    *rng = lr;
+    int32_t E = ws->E, K = ws->K, G = r->n_group, per = E / G, picked = 0;
+    ms_group_t *gr = ws->grp;
     for (int32_t g = 0; g < G; g++) {
-        double a = HUGE_VAL, bb = HUGE_VAL;
-        for (int32_t e = g * per; e < (g + 1) * per; e++) {
-            double k;
-            if (key_cannot_beat(ws->unif[e], w[e], bb)) continue;
-            k = race_key(ws, w, e, stamp);
-            if (k < a) { bb = a; a = k; } else if (k < bb) bb = k;
-        }
-        ws->gscore[g] = log(a) + (per > 1 ? log(bb) : 0.0);
-        ws->gpick[g] = 0;
+        ms_group_t *q = &gr[g];
+        double a;
+        q->tot = q->rem = btot[g];
+        q->c = 0.0;
+        q->n = q->stage = q->pick = 0;
+        a = next_key(ws->zig, w, prob, alias, g, per, q, ws->seen, stamp, rng, &q->he);
+        q->hk = a;
+        q->k2 = next_key(ws->zig, w, prob, alias, g, per, q, ws->seen, stamp, rng, &q->e2);
+        q->score = per > 1 ? a * q->k2 : a;
     }
     for (int32_t j = 0; j < n; j++) {
-        int32_t g = out[j] / per;
-        if (!ws->gpick[g]) { ws->gpick[g] = 1; picked++; }
+        ms_group_t *q = &gr[out[j] / per];
+        if (!q->pick) { q->pick = 1; picked++; }
     }
     while (picked < r->topk_group) {
         int32_t best = -1;
         for (int32_t g = 0; g < G; g++)
-            if (!ws->gpick[g] && (best < 0 || ws->gscore[g] < ws->gscore[best])) best = g;
-        ws->gpick[best] = 1;
+            if (!gr[g].pick && (best < 0 || gr[g].score < gr[best].score)) best = g;
+        gr[best].pick = 1;
         picked++;
     }
-    for (int32_t e = 0; e < E; e++) ws->allowed[e] = ws->gpick[e / per] ? stamp : 0;
+    while (n < K) {
+        int32_t best = -1, e;
+        ms_group_t *q;
+        for (int32_t g = 0; g < G; g++)
+            if (gr[g].pick && gr[g].he >= 0 && (best < 0 || gr[g].hk < gr[best].hk)) best = g;
+        q = &gr[best];
+        e = q->he;
+        if (q->stage == 0) {
+            q->hk = q->k2;
+            q->he = q->e2;
+            q->stage = 1;
+        } else {
+            q->hk = next_key(ws->zig, w, prob, alias, best, per, q, ws->seen, stamp, rng, &q->he);
+        }
+        if (ws->chosen[e] != stamp) {
+            out[n++] = e;
+            ws->chosen[e] = stamp;
+        }
+    }
 }
 
 /* One token's top-k in routing layer l for sequence b; writes `out` (k ids), returns overlap with
  * the previous token's picks (-1 for a request's first token). Each kept expert of the previous
- * token stays with probability p; the other slots go to the smallest race keys Exp(1) / w_e, which
- * is Gumbel-top-k on log w (Plackett-Luce sampling without replacement) at one uniform per expert, the
- * log only where the key can still win (key_cannot_beat).
- * Group-limited routing ranks groups by their two best keys (sum of the two best Gumbel scores). */
+ * token stays with probability p; the other slots are the next picks of sampling without replacement in
+ * proportion to the request's weights w (Plackett-Luce: the law of the K - n smallest race keys
+ * Exp(1) / w_e, i.e. Gumbel-top-k on log w), one alias draw each (a redraw where it meets a picked expert).
+ * Group-limited routing races the groups (route_grouped). */
 static int32_t route_token(const ms_routing_t *r, ws_t *ws, int32_t b, int32_t l, ms_rng_t *rng, int32_t stamp,
                            int32_t lag, const int32_t *up, int32_t *out)
 {
     int32_t E = ws->E, K = ws->K, n = 0, overlap = 0;
-    int32_t *prev = ws->prev + ((int64_t) b * ws->L + l) * K;
-    int32_t np = ws->nprev[b * ws->L + l];
-    const double *w = ws->w + ((int64_t) b * ws->L + l) * E;
-    double *key = ws->score, p = r->stickiness[l];
-    int grouped = r->n_group > 1 && r->topk_group < r->n_group;
+    int64_t bl = (int64_t) b * ws->L + l;
+    int32_t *prev = ws->prev + bl * K;
+    int32_t np = ws->nprev[bl];
+    const double *w = ws->w + bl * E, *prob = ws->aprob + bl * E;
+    const int32_t *alias = ws->alias + bl * E;
+    double p = r->stickiness[l];
     /* the path through the layers first, so the memory below re-picks what the partners leave free */
     if (r->coupling && up && r->coupling[l] > 0.0) n = follow_partners(r, ws, l, rng, stamp, w, up, n, out);
     for (int32_t j = 0; j < np; j++) {
@@ -167,43 +304,26 @@ static int32_t route_token(const ms_routing_t *r, ws_t *ws, int32_t b, int32_t l
         }
     }
     if (r->recency && np > 0) n = recall_older(r, ws, b, l, rng, stamp, lag, n, out);
-    /* one uniform per expert, drawn in expert order whatever is picked (the stream is the race's): all
-     * first where groups are ranked, else in the pass below */
-    if (grouped) allow_groups(r, ws, rng, stamp, w, out, n);
-    {   /* the K - n smallest keys in one pass (insertion into a short sorted list) */
-        int32_t need = K - n, have = 0, *top = out + n;
+    if (ws->NB > 1) {
+        route_grouped(r, ws, w, prob, alias, ws->btot + bl * ws->NB, rng, stamp, n, out);
+    } else {
         ms_rng_t lr = *rng;          /* a local copy stays in registers */
-        for (int32_t e = 0; e < E; e++) {
-            int32_t i;
-            double k, u = grouped ? ws->unif[e] : ms_rng_uniform_inline(&lr);
-            if (need == 0 || (grouped && ws->allowed[e] != stamp) || ws->chosen[e] == stamp) continue;
-            if (have == need && key_cannot_beat(u, w[e], key[top[have - 1]])) continue;
-            if (grouped) {
-                k = race_key(ws, w, e, stamp);
-            } else {
-                k = key[e] = -log(u) / w[e];     /* each expert met once: no memo */
-            }
-            if (have == need && !(k < key[top[have - 1]])) continue;
-            i = have < need ? have++ : have - 1;
-            while (i > 0 && k < key[top[i - 1]]) {
-                top[i] = top[i - 1];
-                i--;
-            }
-            top[i] = e;
+        for (; n < K; n++) {
+            int32_t e = alias_draw(w, prob, alias, 0, E, ws->chosen, stamp, &lr);
+            out[n] = e;
+            ws->chosen[e] = stamp;
         }
         *rng = lr;
-        for (int32_t j = 0; j < need; j++) ws->chosen[top[j]] = stamp;
-        n = K;
     }
     for (int32_t j = 0; j < np; j++) overlap += ws->chosen[prev[j]] == stamp;
     if (r->recency && np > 0) {   /* the previous token becomes lag 2 of the next */
-        int32_t bl = b * ws->L + l, H = r->history;
-        memcpy(ws->hist + ((int64_t) bl * H + ws->hhead[bl]) * K, prev, (size_t) K * sizeof(int32_t));
+        int32_t H = r->history;
+        memcpy(ws->hist + (bl * H + ws->hhead[bl]) * K, prev, (size_t) K * sizeof(int32_t));
         ws->hhead[bl] = (ws->hhead[bl] + 1) % H;
         if (ws->nhist[bl] < H) ws->nhist[bl]++;
     }
     for (int32_t j = 0; j < K; j++) prev[j] = out[j];
-    ws->nprev[b * ws->L + l] = K;
+    ws->nprev[bl] = K;
     return np > 0 ? overlap : -1;
 }
 
@@ -270,11 +390,15 @@ static void order_unions(ws_t *ws, int64_t t)
                 ws->ucnt[j] = c;
             }
         } else {
+            /* a compaction without branches: every expert is written, the next slot taken only if marked
+             * (pos holds a position in 0..W-1 for every expert, so the count read is in the row) */
+            const int32_t *ps = ws->pos + (int64_t) l * E;
+            int32_t stamp = (int32_t) (t + 1);
             n = 0;
             for (int32_t e = 0; e < E; e++) {
-                if (mk[e] != (int32_t) (t + 1)) continue;
                 ws->usel[n] = e;
-                ws->ucnt[n++] = ws->cnt[row + ws->pos[(int64_t) l * E + e]];
+                ws->ucnt[n] = ws->cnt[row + ps[e]];
+                n += mk[e] == stamp;
             }
         }
         memcpy(ws->sel + row, ws->usel, (size_t) n * sizeof(int32_t));
@@ -310,8 +434,7 @@ static int step_token(const ms_routing_t *r, const ms_decode_config_t *c, ws_t *
         if (*stamp >= MS_STAMP_MAX) {
             /* restart the stamp (see MS_STAMP_MAX): T x B x tokens x L increments pass INT32_MAX in long runs */
             memset(ws->chosen, 0, (size_t) ws->E * sizeof(int32_t));
-            memset(ws->allowed, 0, (size_t) ws->E * sizeof(int32_t));
-            memset(ws->keyed, 0, (size_t) ws->E * sizeof(int32_t));
+            memset(ws->seen, 0, (size_t) ws->E * sizeof(int32_t));
             *stamp = 0;
         }
         (*stamp)++;
@@ -367,9 +490,10 @@ int ms_route_generate(const ms_routing_t *r, const ms_decode_config_t *c, ws_t *
     if (ws->K > MS_MAX_TOP_K) return MS_ERR_BAD_ROUTING;
     if (check_memory(r)) return MS_ERR_BAD_ROUTING;
     memset(ws->mark, 0, (size_t) L * (size_t) E * sizeof(int32_t));
+    memset(ws->pos, 0, (size_t) L * (size_t) E * sizeof(int32_t));
     memset(ws->chosen, 0, (size_t) E * sizeof(int32_t));
-    memset(ws->allowed, 0, (size_t) E * sizeof(int32_t));
-    memset(ws->keyed, 0, (size_t) E * sizeof(int32_t));
+    memset(ws->seen, 0, (size_t) E * sizeof(int32_t));
+    if (ws->NB > 1) zig_build(ws->zig);
     for (int32_t b = 0; b < ws->B; b++) {
         ws->tok_in_req[b] = 0;
         ws->trace_pos[b] = r->trace ? (r->trace_tokens * b) / ws->B : 0;

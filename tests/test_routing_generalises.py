@@ -244,7 +244,6 @@ KNOWN_GAPS: dict = {
     ("mixtral-8x7b_humaneval.jsonl", "coact_recall"): +0.157,
     ("mixtral-8x7b_humaneval.jsonl", "gini"): +0.151,
     ("mixtral-8x7b_humaneval.jsonl", "replay_lru_2k"): +0.153,
-    ("olmoe-1b-7b_gsm8k_layer0.jsonl", "replay_lru_4k"): +0.050,
 }
 
 
