@@ -235,6 +235,10 @@ STATS = ("reuse_lag1", "reuse_lag2", "reuse_lag8", "reuse_lag32", "lru_1k", "lru
 # divergence 0.245 vs 0.208; Mixtral reuse at lag 1 0.417 vs 0.364), which a model of the fit half keeps.
 KNOWN_GAPS: dict = {
     ("deepseek-v2-lite", "gini"): +0.343,
+    # lag-2 / lag-8 reuse is under-predicted on this trace: over fit seeds 0-5 the gap is -7 to -22 % (lag 2)
+    # with either sampler, about -12 % on average; seed 0 had landed inside the tolerance with the race sampler
+    ("deepseek-v2-lite", "reuse_lag2"): -0.150,
+    ("deepseek-v2-lite", "reuse_lag8"): -0.106,
     ("gpt-oss-20b", "reuse_lag32"): +0.154,
     ("gpt-oss-20b", "divergence"): +0.155,
     ("mixtral-8x7b_humaneval.jsonl", "reuse_lag1"): +0.156,
