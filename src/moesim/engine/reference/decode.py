@@ -19,18 +19,27 @@ from .route import route
 from . import window as W
 
 
-def _layer_time(dm, hw, l, w, seqs, toks, acc):
+def _argmax(terms):
+    """The (time, resource) term with the largest time, the first on a tie (ms_decode.c max_term)."""
+    best = terms[0]
+    for t in terms[1:]:
+        if t[0] > best[0]:
+            best = t
+    return best
+
+
+def _put(acc, r, ph, t):
+    acc["res"][r] += t
+    acc["phase"][ph] += t
+
+
+def _attention_time(dm, hw, l, seqs, toks, acc):
+    """Layer l's attention, router, shared experts and dense FFN (ms_decode.c layer_attention), then its
+    launches and tensor-parallel all-reduce."""
     def put(r, ph, t):
-        acc["res"][r] += t
-        acc["phase"][ph] += t
+        _put(acc, r, ph, t)
 
-    def argmax(terms):
-        best = terms[0]
-        for t in terms[1:]:
-            if t[0] > best[0]:
-                best = t
-        return best
-
+    argmax = _argmax
     # the weight GEMVs (projections, router, shared experts, dense FFN), then the attention over the KV cache:
     # two kernel groups in turn, each the larger of its memory and compute terms (ms_kernel_time)
     w_bytes = dm["attn_bytes"][l] + dm["shared_bytes"][l]
@@ -53,6 +62,15 @@ def _layer_time(dm, hw, l, w, seqs, toks, acc):
         tr = hw["allreduce_s"] + toks * dm["allreduce_bytes"] / hw["interconnect_bw"]
         put(RES_INTERCONNECT, PHASE_TRANSFER, tr)
         total += tr
+    return total
+
+
+def _layer_time(dm, hw, l, w, seqs, toks, acc):
+    def put(r, ph, t):
+        _put(acc, r, ph, t)
+
+    argmax = _argmax
+    total = _attention_time(dm, hw, l, seqs, toks, acc)
     if dm["expert_mode"][l] == EXP_NONE:
         return total
     eb, ef = dm["expert_bytes"][l], dm["expert_flops"][l]

@@ -245,6 +245,31 @@ def _blocks(rt):
     return G if G > 1 and TG < G else 1
 
 
+def _new_request(log_pop, conc, rng, E: int, NB: int) -> tuple:
+    """A fresh request (ms_route.c new_request): per layer its weights w ~ Dirichlet(conc E g) (g without
+    per-request skew), the alias tables over each of the NB blocks and each block's total weight."""
+    rows, tabs, tots = [], [], []
+    for lp_row in log_pop:
+        lp = [float(x) for x in lp_row]
+        mx = max(lp)
+        z = sum(math.exp(x - mx) for x in lp)
+        row = []
+        for e in range(E):
+            g = math.exp(lp[e] - mx) / z
+            x = rng.gamma(conc * E * g) if conc > 0.0 else g
+            row.append(x if x > 1e-300 else 1e-300)
+        rows.append(row)
+        per, prob, alias, tot = E // NB, [], [], []
+        for g in range(NB):
+            pr, al, tt = _alias_build(row[g * per:(g + 1) * per])
+            prob += pr
+            alias += al
+            tot.append(tt)
+        tabs.append((prob, alias))
+        tots.append(tot)
+    return rows, tabs, tots
+
+
 def route(rt, c):
     """(sel, cnt, reuse_num, reuse_den, selections, tokens): step unions [T][L] lists of the
     Monte Carlo configuration c, and each token's picks [T][B][tps][L]."""
@@ -278,30 +303,9 @@ def route(rt, c):
                     tp = trace_pos[b] % len(trace)
                     trace_pos[b] = tp + 1
                 elif tok_in_req[b] == 0 or (req_tokens > 0 and tok_in_req[b] >= req_tokens):
-                    rows, tabs, tots = [], [], []
-                    for l in range(L):
-                        prev[b][l] = []
-                        hist[b][l] = []
-                        lp = [float(x) for x in log_pop[l]]
-                        mx = max(lp)
-                        z = sum(math.exp(x - mx) for x in lp)
-                        row = []
-                        for e in range(E):
-                            g = math.exp(lp[e] - mx) / z
-                            x = rng.gamma(conc * E * g) if conc > 0.0 else g
-                            row.append(x if x > 1e-300 else 1e-300)
-                        rows.append(row)
-                        per, prob, alias, tot = E // NB, [], [], []
-                        for g in range(NB):
-                            pr, al, tt = _alias_build(row[g * per:(g + 1) * per])
-                            prob += pr
-                            alias += al
-                            tot.append(tt)
-                        tabs.append((prob, alias))
-                        tots.append(tot)
-                    weights[b] = rows
-                    tables[b] = tabs
-                    btots[b] = tots
+                    prev[b] = [[] for _ in range(L)]
+                    hist[b] = [[] for _ in range(L)]
+                    weights[b], tables[b], btots[b] = _new_request(log_pop, conc, rng, E, NB)
                     tok_in_req[b] = 0
                 tok_in_req[b] += 1
                 up = None
