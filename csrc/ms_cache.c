@@ -72,9 +72,10 @@ static int32_t lru_victim(const ms_cache_t *c)
     return c->where[x];
 }
 
-/* The slot to evict: least recent (LRU), least frequent then least recent (LFU), or the one
- * used furthest in the future (Belady), among experts the current step no longer needs; only when
- * every resident expert is still needed does it fall back to all slots. Ties go to the lowest slot. */
+/* The slot to evict under LFU (least frequent, then least recent) or Belady (used furthest in the future),
+ * among experts the current step no longer needs; only when every resident expert is still needed does it
+ * fall back to all slots. Ties go to the lowest slot. LRU reads its recency list instead (lru_victim), the
+ * same slot this scan over `last` picked. */
 static int32_t victim(const ms_cache_t *c)
 {
     int32_t best = -1, pass;
@@ -84,16 +85,10 @@ static int32_t victim(const ms_cache_t *c)
         if (pass == 0 && c->need[e] == c->stamp) continue;
         if (best < 0) { best = i; continue; }
         b = c->slot[best];
-        switch (c->policy) {
-        case MS_POLICY_LFU:
-            if (c->freq[e] < c->freq[b] || (c->freq[e] == c->freq[b] && c->last[e] < c->last[b])) best = i;
-            break;
-        case MS_POLICY_BELADY:
+        if (c->policy == MS_POLICY_BELADY) {
             if (c->next_use[e] > c->next_use[b]) best = i;
-            break;
-        default:
-            if (c->last[e] < c->last[b]) best = i;
-            break;
+        } else if (c->freq[e] < c->freq[b] || (c->freq[e] == c->freq[b] && c->last[e] < c->last[b])) {
+            best = i;
         }
     }
     }

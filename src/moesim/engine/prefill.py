@@ -52,12 +52,13 @@ def prefill_seconds(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, promp
     bw = np.where(on_gpu, hw["gpu_bw"], hw["host_bw"])
     fl = np.where(on_gpu, gemm, cflops)
     score = prefill_score_flops(m, prompt, depth) / np.where(on_gpu, hw["prefill_attn_flops"], cflops)
+    mean_keys = depth + max(1, prompt // 2)     # the keys a prompt token attends to, on average
     # MLA's multi-head prefill decompresses the context's latent keys once per ubatch (a GEMM)
-    decompress = (depth + max(1, prompt // 2)) * mla_decompress_flops(m) / fl
+    decompress = mean_keys * mla_decompress_flops(m) / fl
     weights = np.asarray(dm["attn_bytes"]) + np.asarray(dm["shared_bytes"])
     per_tok = (np.asarray(dm["attn_flops"]) + np.asarray(dm["shared_flops"])) / fl + score
     experts = _expert_layers(dm, rtab, mode, moe_idx, terms)
-    kv = _cpu_kv_reads(dm, on_gpu, depth + max(1, prompt // 2))
+    kv = _cpu_kv_reads(dm, on_gpu, mean_keys)
     total = 0.0
     for n_tok, count in sizes:
         # a ubatch streams each weight matrix once and its tiles' loads are not hidden behind the

@@ -28,6 +28,12 @@ def _argmax(terms):
     return best
 
 
+def kernel_time(t_mem: float, t_flops: float, res_mem: int, res_flops: int) -> tuple:
+    """ms_kernel_time: (the larger of a kernel group's memory and compute terms, memory on a tie; its resource).
+    The sweep twin's per-kind context terms use it too."""
+    return (t_flops, res_flops) if t_flops > t_mem else (t_mem, res_mem)
+
+
 def _put(acc, r, ph, t):
     acc["res"][r] += t
     acc["phase"][ph] += t
@@ -36,10 +42,6 @@ def _put(acc, r, ph, t):
 def _attention_time(dm, hw, l, seqs, toks, acc):
     """Layer l's attention, router, shared experts and dense FFN (ms_decode.c layer_attention), then its
     launches and tensor-parallel all-reduce."""
-    def put(r, ph, t):
-        _put(acc, r, ph, t)
-
-    argmax = _argmax
     # the weight GEMVs (projections, router, shared experts, dense FFN), then the attention over the KV cache:
     # two kernel groups in turn, each the larger of its memory and compute terms (ms_kernel_time)
     w_bytes = dm["attn_bytes"][l] + dm["shared_bytes"][l]
@@ -49,27 +51,23 @@ def _attention_time(dm, hw, l, seqs, toks, acc):
     gpu = bool(dm["attn_on_gpu"][l])
     bw, fl = (hw["gpu_bw"], hw["gpu_flops"]) if gpu else (hw["host_bw"], hw["cpu_flops"])
     res_mem, res_flops = (RES_GPU_MEM, RES_GPU_COMPUTE) if gpu else (RES_HOST_MEM, RES_CPU_COMPUTE)
-    tw, r = argmax([(w_bytes / bw, res_mem), (w_flops / fl, res_flops)])
-    put(r, PHASE_ATTENTION, tw)
-    ts, r = argmax([(kv_bytes / bw, res_mem), (s_flops / fl, res_flops)])
-    put(r, PHASE_ATTENTION, ts)
+    tw, r = kernel_time(w_bytes / bw, w_flops / fl, res_mem, res_flops)
+    _put(acc, r, PHASE_ATTENTION, tw)
+    ts, r = kernel_time(kv_bytes / bw, s_flops / fl, res_mem, res_flops)
+    _put(acc, r, PHASE_ATTENTION, ts)
     acc["bytes"][BYTES_GPU_MEM if gpu else BYTES_HOST_MEM] += w_bytes + kv_bytes
     total = tw + ts
     if dm["attn_on_gpu"][l] and hw["launch_s"] > 0:
-        put(RES_LATENCY, PHASE_SYNC, hw["launch_s"])
+        _put(acc, RES_LATENCY, PHASE_SYNC, hw["launch_s"])
         total += hw["launch_s"]
     if dm["allreduce_bytes"] > 0 and dm["attn_on_gpu"][l]:
         tr = hw["allreduce_s"] + toks * dm["allreduce_bytes"] / hw["interconnect_bw"]
-        put(RES_INTERCONNECT, PHASE_TRANSFER, tr)
+        _put(acc, RES_INTERCONNECT, PHASE_TRANSFER, tr)
         total += tr
     return total
 
 
 def _layer_time(dm, hw, l, w, seqs, toks, acc):
-    def put(r, ph, t):
-        _put(acc, r, ph, t)
-
-    argmax = _argmax
     total = _attention_time(dm, hw, l, seqs, toks, acc)
     if dm["expert_mode"][l] == EXP_NONE:
         return total
@@ -90,34 +88,34 @@ def _layer_time(dm, hw, l, w, seqs, toks, acc):
     acc["bytes"][BYTES_PCIE] += (w["n_fetch"] + w["n_waste"]) * eb
     acc["bytes"][BYTES_STORAGE] += w["n_disk"] * eb
     if hw["overlap"]:
-        te, r = argmax([(t_g, r_g), (t_c, r_c), (t_p, RES_PCIE), (t_h, RES_HOST_MEM), (t_s, RES_STORAGE),
+        te, r = _argmax([(t_g, r_g), (t_c, r_c), (t_p, RES_PCIE), (t_h, RES_HOST_MEM), (t_s, RES_STORAGE),
                         ((g_bytes + c_bytes) / hw["gpu_bw"] if hw["unified"] else 0.0, RES_GPU_MEM)])
-        put(r, PHASE_TRANSFER if r == RES_PCIE else PHASE_EXPERTS, te)
+        _put(acc, r, PHASE_TRANSFER if r == RES_PCIE else PHASE_EXPERTS, te)
     else:
-        tcpu, r = argmax([(t_c, r_c), (t_h, RES_HOST_MEM), (t_s, RES_STORAGE)])
-        put(r, PHASE_EXPERTS, tcpu)
-        put(r_g, PHASE_EXPERTS, t_g)
-        put(RES_PCIE, PHASE_TRANSFER, t_p)
+        tcpu, r = _argmax([(t_c, r_c), (t_h, RES_HOST_MEM), (t_s, RES_STORAGE)])
+        _put(acc, r, PHASE_EXPERTS, tcpu)
+        _put(acc, r_g, PHASE_EXPERTS, t_g)
+        _put(acc, RES_PCIE, PHASE_TRANSFER, t_p)
         te = tcpu + t_g + t_p
         if hw["unified"] and (g_bytes + c_bytes) / hw["gpu_bw"] > t_g + tcpu:
             extra = (g_bytes + c_bytes) / hw["gpu_bw"] - (t_g + tcpu)
-            put(RES_GPU_MEM, PHASE_EXPERTS, extra)
+            _put(acc, RES_GPU_MEM, PHASE_EXPERTS, extra)
             te += extra
     total += te
     if w["n_cpu"] > 0:
         tact = toks * dm["act_bytes"] / hw["pcie_bw"]
-        put(RES_LATENCY, PHASE_SYNC, hw["sync_s"])
-        put(RES_PCIE, PHASE_TRANSFER, tact)
+        _put(acc, RES_LATENCY, PHASE_SYNC, hw["sync_s"])
+        _put(acc, RES_PCIE, PHASE_TRANSFER, tact)
         acc["bytes"][BYTES_PCIE] += toks * dm["act_bytes"]
         total += hw["sync_s"] + tact
     if w["n_fetch"] - w["n_pref"] > 0 and hw["dma_s"] > 0:
         td = (w["n_fetch"] - w["n_pref"]) * hw["dma_s"]
-        put(RES_LATENCY, PHASE_SYNC, td)
+        _put(acc, RES_LATENCY, PHASE_SYNC, td)
         total += td
     if dm["a2a_bytes"] > 0:
         # dispatch + combine all-to-all: latency plus one rank's bytes over its fabric share
         t2 = hw["a2a_s"] + toks * dm["a2a_bytes"] / hw["a2a_bw"]
-        put(RES_INTERCONNECT, PHASE_ALLTOALL, t2)
+        _put(acc, RES_INTERCONNECT, PHASE_ALLTOALL, t2)
         total += t2
     return total
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 from ..codes import CLASS_BUFFERS, CLASS_KV, CLASS_STATE
+from .decode import kernel_time
 from .memory import fits_rule
 
 
@@ -173,11 +174,6 @@ def _ctx_eval(f5, c4, c: int) -> float:
     return ctx_eval((tuple(float(x) for x in f5), tuple(int(x) for x in c4)), c)
 
 
-def _kernel_time(t_mem: float, t_flops: float, res_mem: int, res_flops: int) -> tuple:
-    """ms_kernel_time: (the larger of a kernel group's memory and compute terms, memory on a tie; its resource)."""
-    return (t_flops, res_flops) if t_flops > t_mem else (t_mem, res_mem)
-
-
 def analytic_one(d: dict, v: int, ctx: int, b: int) -> dict:
     """ms_sweep.c analytic_one for variant row v of the decode tables."""
     vf, vi = d["variant_f64"][v], d["variant_i32"][v]
@@ -190,9 +186,9 @@ def analytic_one(d: dict, v: int, ctx: int, b: int) -> dict:
         n, tb0, kv_rate, tf0, sf_rate = (float(x) for x in d["kind_f64"][k])
         res_mem, res_flops, fn = (int(x) for x in d["kind_i32"][k])
         # the weight GEMVs, then the attention over the cache: each the larger of memory and compute
-        tw, rw = _kernel_time(tb0, db * tf0, res_mem, res_flops)
+        tw, rw = kernel_time(tb0, db * tf0, res_mem, res_flops)
         res[rw] += n * tw
-        ts, rs = _kernel_time(db * kvv[fn] * kv_rate, db * (sfv[fn] * sf_rate), res_mem, res_flops)
+        ts, rs = kernel_time(db * kvv[fn] * kv_rate, db * (sfv[fn] * sf_rate), res_mem, res_flops)
         res[rs] += n * ts
         step += n * tw + n * ts
     inv = 1.0 / (step * pf)
