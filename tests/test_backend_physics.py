@@ -178,3 +178,86 @@ def _row(notes: str, gpu: str = "arc-a770-16gb", model: str = "qwen3-30b-a3b", q
 ])
 def test_validate_reads_the_backend_and_era_from_the_notes(notes, rid):
     assert build(_row(notes)).runtime == rid
+
+
+# ---------------------------------------------------------------- AMD: MXFP4 under HIP, unified chips, MoE tiles
+def test_the_mxfp4_mmq_factor_is_cudas_alone():
+    """gpu_mxfp4_mmq_rel was measured on CUDA cards: a CUDA card's gpt-oss prefill pays it, the same model under
+    HIP on an RDNA4 card does not (its rate is the card's int8 rate at the plain prefill share)."""
+    d = runtime("llama.cpp").decode
+    assert d.gpu_mxfp4_mmq_rel < 1.0
+    cuda = _hw("rtx-4090", "llama.cpp", model="gpt-oss-20b", quant="MXFP4")
+    tf = moesim.machine(gpu="rtx-4090").gpu_tflops
+    assert cuda["prefill_gemm_flops"] < tf["int8"] * 1e12 * d.prefill_flops_eff * 0.99
+    hip = _hw("rx-9070-xt", "llama.cpp-hip", model="gpt-oss-20b", quant="MXFP4")
+    tf = moesim.machine(gpu="rx-9070-xt").gpu_tflops
+    assert hip["prefill_gemm_flops"] == pytest.approx(tf["int8"] * 1e12 * d.prefill_flops_eff)
+
+
+def test_a_unified_amd_chip_prefills_through_its_backend():
+    """Strix Halo: under HIP the int8 MMQ path and under Vulkan the fp16 coopmat path, both capped by the
+    chip's measured 36.9 TFLOPS GEMM rate; neither applies the CUDA MXFP4 factor, so gpt-oss and a K-quant
+    model get one rate. GB10 (CUDA) keeps the factor."""
+    d = runtime("llama.cpp").decode
+    for rid in ("llama.cpp-hip", "llama.cpp-vulkan"):
+        oss = _hw("ryzen-ai-max-plus-395", rid, model="gpt-oss-20b", quant="MXFP4")
+        qwen = _hw("ryzen-ai-max-plus-395", rid)
+        assert oss["prefill_gemm_flops"] == pytest.approx(36.9e12 * d.prefill_flops_eff), rid
+        assert qwen["prefill_gemm_flops"] == pytest.approx(oss["prefill_gemm_flops"]), rid
+    spark_oss = _hw("dgx-spark", "llama.cpp", model="gpt-oss-20b", quant="MXFP4")
+    spark_q8 = _hw("dgx-spark", "llama.cpp", model="gpt-oss-20b", quant="Q8_0")
+    assert spark_oss["prefill_gemm_flops"] < 0.99 * spark_q8["prefill_gemm_flops"]
+
+
+def test_a_cpu_only_run_on_a_unified_chip_prefills_on_the_cpu():
+    m = moesim.model("gpt-oss-120b")
+    mach = moesim.machine(gpu="ryzen-ai-max-plus-395")
+    hw = lower_machine(mach, runtime("ik_llama.cpp"), parse_placement("cpu-only", m, mach),
+                       Q.kernel_mix(m, Q.resolve("MXFP4", m)))
+    for k in ("prefill_flops", "prefill_gemm_flops", "prefill_attn_flops", "prefill_expert_flops"):
+        assert hw[k] == hw["cpu_flops"], k
+    assert hw["prefill_moe_half_tokens"] == 0.0
+
+
+def test_amd_expert_gemms_lose_rate_on_few_tokens_per_expert():
+    """runtimes.toml moe_half_tokens: AMD GPUs under HIP or Vulkan run a ubatch's routed-expert GEMMs at
+    n / (n + 32) of the dense rate, n the tokens per used expert; CUDA has no such term. 8 experts, top-2,
+    uniform routing, a 16-token ubatch: n = 32 / 7.920 pairs per distinct expert."""
+    for gpu, rid in (("rx-9070-xt", "llama.cpp-hip"), ("rx-9070-xt", "llama.cpp-vulkan"),
+                     ("ryzen-ai-max-plus-395", "llama.cpp-vulkan"), ("ryzen-ai-max-plus-395", "llama.cpp-hip")):
+        assert _hw(gpu, rid)["prefill_moe_half_tokens"] == 32.0, (gpu, rid)
+    assert _hw("rtx-4090", "llama.cpp")["prefill_moe_half_tokens"] == 0.0
+    assert _hw("arc-b580", "llama.cpp-vulkan", model="qwen2.5-7b")["prefill_moe_half_tokens"] == 0.0
+    q = np.full(8, 2 / 8)
+    eb, ef, bw, gemm = 1e8, 2e8, 4e11, 5e12
+    hw = dict(gpu_bw=bw, host_bw=bw, pcie_bw=bw, pcie_links=1, overlap=0, amx_flops=0.0, sync_s=0.0)
+    dm = dict(amx_flops_per_cycle=0.0)
+    distinct = 8 * (1 - (6 / 8) ** 16)
+    n = 32 / distinct
+    slow = _expert_times(_one_layer(eb, ef, q), dm, dict(hw, prefill_moe_half_tokens=32.0), 16, 2, gemm, 1e12,
+                         None, layerwise=False, offload=False)
+    assert slow[0] == pytest.approx(distinct * eb / bw + 32 * ef / (gemm * n / (n + 32)))
+    plain = _expert_times(_one_layer(eb, ef, q), dm, hw, 16, 2, gemm, 1e12, None, layerwise=False, offload=False)
+    assert plain[0] == pytest.approx(distinct * eb / bw + 32 * ef / gemm)
+
+
+def test_the_moe_tile_loss_slows_moe_prefill_not_dense_prefill():
+    """On Strix Halo under Vulkan: a dense model's prefill is the same with or without the term; Qwen3-30B-A3B's
+    (128 experts, top-8: ~32 tokens per used expert in a 512-token ubatch) is slower with it."""
+    from moesim.engine.lower import machine as LM
+    kw = dict(machine=moesim.machine(gpu="ryzen-ai-max-plus-395"), runtime="llama.cpp-vulkan", quant="Q4_K_M",
+              context=512, prompt=512, mode="analytic")
+    dense = moesim.simulate("llama-3.1-8b", **kw).prefill_tok_s
+    moe = moesim.simulate("qwen3-30b-a3b", **kw).prefill_tok_s
+    original = LM.backend_terms
+
+    def without(rt, g):
+        return dict(original(rt, g), moe_half_tokens=0.0) if original(rt, g) else {}
+    LM.backend_terms = without
+    try:
+        dense0 = moesim.simulate("llama-3.1-8b", **kw).prefill_tok_s
+        moe0 = moesim.simulate("qwen3-30b-a3b", **kw).prefill_tok_s
+    finally:
+        LM.backend_terms = original
+    assert dense == pytest.approx(dense0)
+    assert moe < 0.8 * moe0

@@ -127,10 +127,12 @@ def _rates(cfg, pr) -> dict:
     terms on the card (runtimes.toml [backends.*]): which peak its GEMMs use, the MUL_MAT_ID and decode
     shares it measurably reaches."""
     hw = lower_machine(cfg.machine, pr.rt, pr.p, pr.kernel_mix)
-    g = _load_catalog("hardware")["gpu"].get(cfg.machine.gpu or "", {})
-    out = {k: float(hw[k]) for k in ("gpu_bw", "prefill_gemm_flops", "prefill_expert_flops", "prefill_attn_flops")
-           if k in hw}
-    terms = backend_terms(pr.rt, g) if g and not cfg.machine.unified else {}
+    hw_tables = _load_catalog("hardware")
+    g = hw_tables["unified" if cfg.machine.unified else "gpu"].get(cfg.machine.gpu or "", {})
+    out = {k: float(hw[k]) for k in ("gpu_bw", "prefill_gemm_flops", "prefill_expert_flops", "prefill_attn_flops",
+                                     "prefill_moe_half_tokens") if k in hw}
+    # Apple chips run Metal's own path (machine.py _lower_unified), not a backend table's terms
+    terms = backend_terms(pr.rt, g) if g and g.get("vendor") != "apple" else {}
     if terms:
         out["backend"] = terms
     return out

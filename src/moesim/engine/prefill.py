@@ -176,6 +176,12 @@ def _expert_times(x: dict, dm: dict, hw: dict, n_tok: int, k: int, gemm: float, 
     share, eb, ef = x["gpu_share"], x["eb"], x["ef"]
     distinct = _distinct(x, n_tok, terms)
     pairs = float(n_tok * k)
+    half = hw.get("prefill_moe_half_tokens", 0.0)
+    if half > 0:
+        # a backend whose expert GEMMs lose rate on the few tokens each used expert gets (per-expert tiles
+        # padded, launched one expert at a time): half the dense rate at `half` tokens per used expert
+        per_expert = pairs / np.maximum(distinct, 1e-300)
+        gemm = gemm * per_expert / (per_expert + half)
     # as for the dense GEMMs, each used expert's weights are read once per ubatch on top of its
     # multiply-adds (it serves only pairs / distinct tokens of the ubatch); a token-by-token MUL_MAT_ID
     # (llama.cpp before Jan 2024, PR #4406 / #4725) streams them once per token-expert pair, as decode does

@@ -335,6 +335,15 @@ def _pct_of(summary: dict, which: str) -> str:
     return "-" if v is None else f"{v:.1f} %"
 
 
+
+def _rate_text(name: str, value: float) -> str:
+    """One lowered rate of --explain: FLOP/s in T/s, bandwidths in GB/s, token counts as they are."""
+    if "flops" in name:
+        return f"{name} {value / 1e12:.2f} T/s"
+    if name.endswith("_tokens"):
+        return f"{name} {value:g} tokens per expert"
+    return f"{name} {value / 1e9:.1f} GB/s"
+
 def explain_text(d: dict) -> str:
     """``moesim validate --explain ID``: one row's configuration, prediction, breakdown and parameters."""
     lines = [f"{d['id']} (class {d['class']}, quality {d['quality']}): {d['source']}"]
@@ -356,8 +365,7 @@ def explain_text(d: dict) -> str:
     lines.append("bytes per token: " + ", ".join(f"{k} {v / 1e9:.3f} GB" for k, v in d["bytes_per_token"].items() if v))
     r = d.get("rates") or {}
     if r:
-        lines.append("rates: " + ", ".join(f"{k} {v / 1e12:.2f} T/s" if "flops" in k else f"{k} {v / 1e9:.1f} GB/s"
-                                           for k, v in r.items() if k != "backend"))
+        lines.append("rates: " + ", ".join(_rate_text(k, v) for k, v in r.items() if k != "backend"))
     if r.get("backend"):
         lines.append("llama.cpp backend (runtimes.toml [backends.*]): "
                      + ", ".join(f"{k} {v}" for k, v in r["backend"].items()))

@@ -68,10 +68,14 @@ def _cpu_flops(machine: Machine, d, mix: Q.KernelMix) -> float:
             * _rate_mix(mix.cpu_grid, d.cpu_iquant_rel) * _rate_mix(mix.cpu_fp8, d.cpu_fp8_rel))
 
 
-def _mmq_rel(mix: Q.KernelMix, d) -> float:
-    """Rate factor of llama.cpp's CUDA prefill GEMMs (MMQ) by weight type: K-quants ran without int8 tensor
-    cores before PR #7860 (gpu_kquant_mmq_rel); MXFP4 tiles go through a lookup to int8 (gpu_mxfp4_mmq_rel)."""
-    return _rate_mix(mix.mmq_kquant, d.gpu_kquant_mmq_rel) * _rate_mix(mix.mmq_mxfp4, d.gpu_mxfp4_mmq_rel)
+def _mmq_rel(mix: Q.KernelMix, d, backend: str = "cuda") -> float:
+    """Rate factor of llama.cpp's prefill GEMMs (MMQ) by weight type: K-quants ran without int8 tensor cores
+    before PR #7860 (gpu_kquant_mmq_rel); MXFP4 tiles go through a lookup to int8 (gpu_mxfp4_mmq_rel). The
+    MXFP4 factor was measured on CUDA cards (4090, 5090) only: under HIP the same MMQ code prefills gpt-oss
+    faster per FLOP than K-quant models on the same chip (Strix Halo rows of three sources, e.g. gpt-oss-20b
+    pp512 1,000-1,500 t/s vs Qwen3-30B-A3B Q4_K 300-1,100 t/s), so it applies to the CUDA backend alone."""
+    mxfp4 = d.gpu_mxfp4_mmq_rel if backend == "cuda" else 1.0
+    return _rate_mix(mix.mmq_kquant, d.gpu_kquant_mmq_rel) * _rate_mix(mix.mmq_mxfp4, mxfp4)
 
 
 # ------------------------------------------------------------------------------- llama.cpp GPU backends
@@ -82,8 +86,10 @@ def backend_terms(rt: Runtime, g: dict) -> dict:
     """The llama.cpp backend's terms on discrete GPU ``g`` (runtimes.toml [backends.*]): ``name``, ``peak``
     (which catalog rate its prompt GEMMs run at: "int8", "fp16" or "vector"), ``fp16_acc_rel`` (the fp16 path
     accumulating in fp16 at this multiple of the catalog's fp16 rate), ``moe_fp32_share`` (routed-expert
-    GEMMs at this share of the fp32 vector peak, 0: as the dense GEMMs) and ``bw_eff`` (decode share of peak
-    bandwidth, 0: the runtime's gddr / HBM share). Runtimes outside llama.cpp get {} (their own GEMM paths)."""
+    GEMMs at this share of the fp32 vector peak, 0: as the dense GEMMs), ``moe_half_tokens`` (the tokens per
+    used expert at which a ubatch's routed-expert GEMMs run at half the dense rate, 0: no such loss) and
+    ``bw_eff`` (decode share of peak bandwidth, 0: the runtime's gddr / HBM share). Runtimes outside llama.cpp
+    get {} (their own GEMM paths)."""
     if not rt.llama_cpp_family:
         return {}
     tables = _load_catalog("runtimes").get("backends", {})
@@ -94,6 +100,7 @@ def backend_terms(rt: Runtime, g: dict) -> dict:
     segment = f"{vendor}-{g.get('segment', '')}"
     return dict(name=name, peak=b.get("gemm", "int8") if matrix else b.get("no_matrix_gemm", "int8"),
                 moe_fp32_share=float(b.get("moe_fp32_share", {}).get(vendor, 0.0)),
+                moe_half_tokens=float(b.get("moe_half_tokens", {}).get(vendor, 0.0)),
                 bw_eff=float(b.get("bw_eff", {}).get(arch, 0.0)),
                 fp16_acc_rel=float(b.get("fp16_acc_rel", {}).get(segment, 1.0)))
 
@@ -105,12 +112,14 @@ def fp32_tflops(tf: dict, g: dict) -> float:
 
 
 # each per-family map of a backend and the key that must cite its numbers
-_TERM_SOURCES = {"moe_fp32_share": "moe_source", "bw_eff": "bw_source", "fp16_acc_rel": "acc_source"}
+_TERM_SOURCES = {"moe_fp32_share": "moe_source", "bw_eff": "bw_source", "fp16_acc_rel": "acc_source",
+                 "moe_half_tokens": "moe_half_source"}
 
 
 def backend_source_errors(tables: dict) -> list:
     """What in runtimes.toml [backends.*] ``tables`` lacks a source: a backend without ``source``, or a
-    per-family value (moe_fp32_share, bw_eff, fp16_acc_rel) whose key its ``*_source`` line does not name."""
+    per-family value (moe_fp32_share, bw_eff, fp16_acc_rel, moe_half_tokens) whose key its ``*_source`` line
+    does not name."""
     errors = []
     for name, b in tables.items():
         if not str(b.get("source", "")).strip():
@@ -195,6 +204,7 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement, mix: Q.KernelMix)
     expert = min(gemm, fp32 * 1e12 * share * tp) if share > 0 and fp32 > 0 else gemm
     return dict(gpu_bw=machine.gpu_bw_gbs * GB * bw_eff * tp, host_bw=host_bw, pcie_bw=pcie,
                 prefill_flops=pf, prefill_gemm_flops=gemm, prefill_attn_flops=attn, prefill_expert_flops=expert,
+                prefill_moe_half_tokens=terms.get("moe_half_tokens", 0.0),
                 gpu_moe_rowwise=int(d.moe_rowwise_prefill),
                 storage_bw=storage_bw, gpu_flops=peak_tflops * 1e12 * d.gpu_flops_eff * tp, cpu_flops=cpu_flops,
                 interconnect_bw=(scale_up or machine.pcie_gbs or 16.0) * GB, unified=0,
@@ -239,24 +249,41 @@ def _lower_unified(machine: Machine, rt: Runtime, mix: Q.KernelMix, cpu_only: bo
     cpu_flops = _cpu_flops(machine, d, mix)
     # chips without CUDA graphs (AMD iGPUs: HIP graphs off, Vulkan) pay the no-graph launch per layer
     launch = d.launch_us_metal if metal else (graph_launch_us(d) if u.get("cuda_graphs", True) else d.launch_us_nograph)
-    pf_eff = d.prefill_flops_eff_unified
+    pf_eff, terms = d.prefill_flops_eff_unified, {}
     if not metal:
-        # GB10 prefills like a discrete CUDA card: llama.cpp's int8 MMQ, whose Blackwell rate equals the
-        # fp8 rate (RTX 5090: int8 = fp8 = 838.4 TFLOPS in the catalog), at the GDDR cards' share of it
-        pf_eff = d.prefill_flops_eff * _mmq_rel(mix, d)
-        if rt.llama_cpp_family:
-            peak = machine.gpu_tflops.get("int8", machine.gpu_tflops.get("fp8", 0.0)) * 1e12 or peak
+        pf_eff, peak, terms = _unified_gemm(machine, rt, u, mix, peak)
         # a measured GEMM rate (Strix Halo: 36.9 of 59.4 TFLOPS) replaces the peak it falls short of
         if not cpu_only:
             peak = min(peak, float(u.get("gpu_measured_gemm_tflops", 0.0)) * 1e12 or peak)
-    pf = max(peak * pf_eff, cpu_flops)
+    # CPU-only: the prompt's GEMMs run on the CPU cores too (a CPU build, or -ngl 0 without a GPU backend)
+    pf = cpu_flops if cpu_only else max(peak * pf_eff, cpu_flops)
     return dict(gpu_bw=pool, host_bw=host, pcie_bw=pool, storage_bw=max(machine.storage_read_gbs, 1e-3) * GB,
                 gpu_flops=max(gpu_flops, cpu_flops), cpu_flops=cpu_flops, interconnect_bw=pool, unified=1,
                 prefill_flops=pf, prefill_gemm_flops=pf, prefill_attn_flops=pf, prefill_expert_flops=pf,
+                prefill_moe_half_tokens=0.0 if cpu_only else terms.get("moe_half_tokens", 0.0),
                 gpu_moe_rowwise=0 if cpu_only else int(d.moe_rowwise_prefill),
                 overlap=1 if d.overlap else 0, launch_s=0.0 if cpu_only else launch * 1e-6,
                 sync_s=0.0, dma_s=0.0, allreduce_s=0.0, step_s=d.step_us * 1e-6, seq_s=d.seq_us * 1e-6,
                 amx_flops=0.0, pcie_links=1, a2a_bw=pool, a2a_s=0.0)
+
+
+def _unified_gemm(machine: Machine, rt: Runtime, u: dict, mix: Q.KernelMix, peak: float) -> tuple:
+    """(prefill share, FLOP/s it is a share of, the backend's terms) of a unified chip other than Apple's: its GPU
+    prefills like a discrete card of its vendor under the runtime's backend (:func:`backend_terms`), at the GDDR
+    cards' share.
+    GB10 (CUDA) and Strix Halo under HIP run llama.cpp's int8 MMQ (GB10's int8 rate equals its fp8 rate, as the
+    RTX 5090's: int8 = fp8 = 838.4 TFLOPS in the catalog) with its per-type rates; under Vulkan the weights
+    are dequantized to fp16 tiles for the matrix cores (runtimes.toml [backends.vulkan]), which the MMQ rates
+    do not describe."""
+    d = rt.decode
+    if not rt.llama_cpp_family:
+        return d.prefill_flops_eff * _mmq_rel(mix, d), peak, {}
+    tf = machine.gpu_tflops
+    terms = backend_terms(rt, u)
+    if terms["peak"] == "int8" or not u.get("tensor_cores", False):
+        rate = tf.get("int8", tf.get("fp8", 0.0)) * 1e12 or peak
+        return d.prefill_flops_eff * _mmq_rel(mix, d, terms["name"]), rate, terms
+    return d.prefill_flops_eff, _gemm_peak(tf, u, terms, peak / 1e12) * 1e12, terms
 
 
 def _cpu_cluster_bw(machine: Machine, d) -> float:
@@ -307,7 +334,7 @@ def _gpu_prefill_flops(machine: Machine, rt: Runtime, g: dict, mix: Q.KernelMix,
     pf_eff = d.prefill_flops_eff_hbm if (hbm and tensor_cores) else d.prefill_flops_eff
     if tensor_cores and (terms or {}).get("peak", "int8") == "int8":
         # the K-quant / MXFP4 MMQ rates describe the int8 MMQ kernels, not fp16 dequantize-and-multiply paths
-        pf_eff *= _mmq_rel(mix, d)
+        pf_eff *= _mmq_rel(mix, d, (terms or {}).get("name", "cuda"))
     # llama.cpp multiplies quantized weights with int8 tensor-core MMQ kernels (ggml-cuda mmq): its
     # prefill scales with the int8 rate; served runtimes run bf16/fp8 GEMMs
     pf_peak = _gemm_peak(tf, g, terms or {}, peak_tflops) if rt.llama_cpp_family else peak_tflops
