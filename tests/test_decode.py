@@ -629,6 +629,30 @@ def test_cpu_matmul_rate_follows_runtime_kernels_and_quant_family():
     assert fast.prefill_tok_s > 2 * slow.prefill_tok_s
 
 
+def test_cpu_value_table_types_run_at_mainlines_lut_rate():
+    """IQ4_NL, IQ4_XS and MXFP4 index a 16-value table (quants.toml cpu_lut): mainline's CPU dot products run
+    them at cpu_lut_rel (0.67 from two same-machine pairs, runtimes.toml), ik_llama.cpp's kernels at its full
+    rate; K-quants and grid i-quants are not value-table types."""
+    from moesim.ingest import model
+    from moesim.spec.runtimes import runtime
+    oss, qwen = model("gpt-oss-20b"), model("qwen3-30b-a3b")
+    assert Q.kernel_mix(oss, "MXFP4").cpu_lut > 0.99      # the routed experts (their f32 biases aside)
+    assert Q.kernel_mix(qwen, "IQ4_XS").cpu_lut > 0.9 and Q.kernel_mix(qwen, "Q4_K_M").cpu_lut == 0.0
+    assert Q.kernel_mix(model("deepseek-r1"), "UD-IQ1_S").cpu_lut < 0.1
+    mach = hardware.machine(gpu=None, host="ddr5-6000x2", cpu="ryzen-9-7950x")
+    p = D.Placement("cpu-only")
+    main, ik = runtime("llama.cpp"), runtime("ik_llama.cpp")
+    assert 0.5 < main.decode.cpu_lut_rel < 0.8 and ik.decode.cpu_lut_rel == 1.0
+    plain, lut = Q.KernelMix(), Q.KernelMix(cpu_lut=1.0)
+    assert LHW.lower_machine(mach, main, p, lut)["cpu_flops"] == pytest.approx(
+        LHW.lower_machine(mach, main, p, plain)["cpu_flops"] * main.decode.cpu_lut_rel)
+    assert LHW.lower_machine(mach, ik, p, lut)["cpu_flops"] == LHW.lower_machine(mach, ik, p, plain)["cpu_flops"]
+    kw = dict(context=512, prompt=512, mode="analytic")
+    slow = simulate("gpt-oss-20b", mach, quant="MXFP4", **kw).prefill_tok_s
+    fast = simulate("gpt-oss-20b", mach, quant="MXFP4", runtime="ik_llama.cpp", **kw).prefill_tok_s
+    assert fast / slow > 2.5       # ik's 444 vs mainline's 142 t/s on one 7950X (ik_llama.cpp PR #683): 3.1x
+
+
 def test_kquant_prefill_before_int8_tensor_core_mmq():
     """llama.cpp builds before PR #7860 ran K-quant MMQ without int8 tensor cores: a Q4_K_M prefill
     on a 4090 is slower under the llama.cpp-2024h1 profile, a Q4_0 one (only its Q6_K output matrix is a

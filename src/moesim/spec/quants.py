@@ -428,7 +428,8 @@ def bytes_by_class(model: Model, quant: "str | Quant", include_mtp: bool = False
 class KernelMix:
     """Byte shares of a configuration's weights in types whose matmul kernels run at their own rate:
     ``cpu_grid``, codebook-grid i-quants among the weights the CPU multiplies (routed experts; every
-    linear layer of a model without them); ``mmq_kquant`` / ``mmq_mxfp4``, K-quants / MXFP4 among all
+    linear layer of a model without them); ``cpu_lut``, the value-table types (IQ4_NL, IQ4_XS, MXFP4) among
+    the same weights; ``mmq_kquant`` / ``mmq_mxfp4``, K-quants / MXFP4 among all
     linear weights (llama.cpp's GPU prefill GEMMs); ``fp8`` / ``cpu_fp8``, fp8 checkpoint weights among
     all linear weights (GPU GEMMs on fp8 tensor cores) and among those the CPU multiplies (converted to
     bf16 first); ``fp4_a4`` / ``fp4_a8``, fp4 checkpoint weights among all linear weights whose GEMMs run
@@ -436,6 +437,7 @@ class KernelMix:
     (quants.toml fp4_gemm)."""
 
     cpu_grid: float = 0.0
+    cpu_lut: float = 0.0
     mmq_kquant: float = 0.0
     mmq_mxfp4: float = 0.0
     fp8: float = 0.0
@@ -484,7 +486,7 @@ def _kernel_mix(model: Model, quant: Quant) -> KernelMix:
 
     cpu_cls = ("routed_experts",) if model.n_experts else ("attention", "dense_ffn", "shared_experts")
     linear = ("attention", "dense_ffn", "shared_experts", "routed_experts", "lm_head")
-    return KernelMix(cpu_grid=share(cpu_cls, "cpu_grid"), mmq_kquant=share(linear, "mmq_kquant"),
+    return KernelMix(cpu_grid=share(cpu_cls, "cpu_grid"), cpu_lut=share(cpu_cls, "cpu_lut"), mmq_kquant=share(linear, "mmq_kquant"),
                      mmq_mxfp4=share(linear, "mmq_mxfp4"), fp8=share(linear, "fp8"), cpu_fp8=share(cpu_cls, "fp8"),
                      fp4_a4=share(linear, "fp4_gemm", "fp4"), fp4_a8=share(linear, "fp4_gemm", "fp8"))
 

@@ -65,6 +65,7 @@ class DecodeParams:
     cpu_kernel_speedup: float
     cpu_fa_query_rows: float
     cpu_iquant_rel: float
+    cpu_lut_rel: float
     cpu_fp8_rel: float
     pcie_pageable: float
     launch_us: float

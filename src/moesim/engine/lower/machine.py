@@ -62,10 +62,12 @@ def _rate_mix(share: float, rel: float) -> float:
 
 
 def _cpu_flops(machine: Machine, d, mix: Q.KernelMix) -> float:
-    """CPU matmul FLOP/s of runtime parameters ``d``: codebook-grid i-quants run at cpu_iquant_rel, fp8
+    """CPU matmul FLOP/s of runtime parameters ``d``: codebook-grid i-quants run at cpu_iquant_rel, value-table
+    types (IQ4_NL, IQ4_XS, MXFP4) at cpu_lut_rel, fp8
     weights (no fp8 arithmetic on CPUs: converted to bf16 before the dot products) at cpu_fp8_rel."""
     return (_core_cycles(machine) * flops_per_cycle(machine) * d.cpu_flops_eff * d.cpu_kernel_speedup
-            * _rate_mix(mix.cpu_grid, d.cpu_iquant_rel) * _rate_mix(mix.cpu_fp8, d.cpu_fp8_rel))
+            * _rate_mix(mix.cpu_grid, d.cpu_iquant_rel) * _rate_mix(mix.cpu_lut, d.cpu_lut_rel)
+            * _rate_mix(mix.cpu_fp8, d.cpu_fp8_rel))
 
 
 def _mmq_rel(mix: Q.KernelMix, d, backend: str = "cuda") -> float:
