@@ -261,3 +261,21 @@ def test_the_moe_tile_loss_slows_moe_prefill_not_dense_prefill():
         LM.backend_terms = original
     assert dense == pytest.approx(dense0)
     assert moe < 0.8 * moe0
+
+
+def test_m5_neural_accelerators_multiply_the_prompt_gemms():
+    """hardware.toml gpu_tflops_matrix: the M5 GPU's Neural Accelerators (Apple: 4x+ peak GPU compute for AI
+    against M4), reached through Metal 4's tensor API by MLX and llama.cpp since PR #16634; earlier llama.cpp
+    profiles and every pre-M5 chip keep the ALU rate, and decode's GEMV rate does not change."""
+    for chip in ("m5", "m5-pro", "m5-max"):
+        tf = moesim.machine(gpu=chip).gpu_tflops
+        assert tf["matrix"] == pytest.approx(4 * tf["fp16"], rel=1e-3), chip
+    for rid in ("mlx", "llama.cpp"):
+        eff = runtime(rid).decode.prefill_flops_eff_unified
+        hw = _hw("m5-max", rid)
+        assert hw["prefill_gemm_flops"] == pytest.approx(4 * 15.04e12 * eff, rel=1e-3), rid
+        assert hw["gpu_flops"] == pytest.approx(15.04e12 * runtime(rid).decode.gpu_flops_eff), rid
+    old = _hw("m5-max", "llama.cpp-2024h1")
+    assert old["prefill_gemm_flops"] == pytest.approx(15.04e12 * runtime("llama.cpp-2024h1").decode.prefill_flops_eff_unified)
+    m4 = _hw("m4-max", "mlx")
+    assert m4["prefill_gemm_flops"] == pytest.approx(17.18e12 * runtime("mlx").decode.prefill_flops_eff_unified)

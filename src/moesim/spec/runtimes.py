@@ -66,6 +66,7 @@ class DecodeParams:
     cpu_fa_query_rows: float
     cpu_iquant_rel: float
     cpu_lut_rel: float
+    metal_tensor_api: bool
     cpu_fp8_rel: float
     pcie_pageable: float
     launch_us: float

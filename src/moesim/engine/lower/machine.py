@@ -252,6 +252,9 @@ def _lower_unified(machine: Machine, rt: Runtime, mix: Q.KernelMix, cpu_only: bo
     # chips without CUDA graphs (AMD iGPUs: HIP graphs off, Vulkan) pay the no-graph launch per layer
     launch = d.launch_us_metal if metal else (graph_launch_us(d) if u.get("cuda_graphs", True) else d.launch_us_nograph)
     pf_eff, terms = d.prefill_flops_eff_unified, {}
+    if metal and d.metal_tensor_api and not cpu_only:
+        # the M5 GPU's Neural Accelerators multiply the prompt's GEMMs (decode's GEMVs stay on the ALUs)
+        peak = machine.gpu_tflops.get("matrix", 0.0) * 1e12 or peak
     if not metal:
         pf_eff, peak, terms = _unified_gemm(machine, rt, u, mix, peak)
         # a measured GEMM rate (Strix Halo: 36.9 of 59.4 TFLOPS) replaces the peak it falls short of
