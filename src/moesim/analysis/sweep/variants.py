@@ -26,7 +26,8 @@ from ...engine.lower.machine import lower_machine, placement_key
 from ...engine.prefill import prefill
 from ...errors import KernelError
 from ...spec.placement import Placement
-from .che import columns as che_columns, fingerprint as che_fingerprint, sealed_routing, slots_of as che_slots_of
+from .che import (columns as che_columns, fingerprint as che_fingerprint, page_slots_of, sealed_routing,
+                  slots_of as che_slots_of)
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
@@ -181,11 +182,12 @@ class DecodeVariants:
             self._mc_machines.append(hw)
         else:
             batches = tuple(b for _, b in items)
-            # the analytic kernel reads its step counts and hit rates from tables (sweep.che): sealed columns per table
-            s = che_slots_of(dm, g.policy, g.routing)
-            ckey = () if s < 0 else (che_fingerprint(g.plan, g.routing), s)
+            # the analytic kernel reads its step counts, GPU and page-cache hit rates from tables (sweep.che): sealed
+            # columns per table
+            s, pps = che_slots_of(dm, g.policy, g.routing), page_slots_of(dm, g.routing)
+            ckey = () if s < 0 and pps < 0 else (che_fingerprint(g.plan, g.routing), s, pps)
             cols = g.plan.shared(("decode_cols", g.policy, batches) + ckey, lambda: _decode_cols(
-                batches, g.policy, run_cfg, {} if s < 0 else che_columns(g.plan, g.routing, dm, g.policy, batches, 1)))
+                batches, g.policy, run_cfg, che_columns(g.plan, g.routing, dm, g.policy, batches, 1)))
             res = run(_zeroed(dm, g.plan), hw, sealed_routing(g.plan, g.routing), cols)
         for i, (key, _) in enumerate(items):
             f64 = np.zeros(13)
