@@ -116,3 +116,23 @@ def test_analytic_agrees_with_montecarlo_on_a_memory_profile(batch):
         an = KD.run(dm, hw, rt, cols(batch, mode="analytic"))
         assert abs(mc["hit_rate"][0] - an["hit_rate"][0]) <= 0.01, (slots, mc["hit_rate"], an["hit_rate"])
         assert abs(an["distinct"][0] / mc["distinct"][0] - 1) <= 0.02
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_many_configurations_refuse_malformed_windows_at_the_first_analytic_one(threads):
+    """ms_decode_many checks the window tables once for all its analytic configurations (not once each): the
+    error names the first analytic configuration, and Monte Carlo ones, which never read the tables, run."""
+    dims = LRT.RoutingDims(2, 8, 2)
+    rt = dict(LRT.lower(dims, _memory_profile(), 0))
+    lq = rt["win_lq"].copy()
+    lq[1, 2, :] = 0.5
+    dm, hw = synthetic(2, 8, 2, slots=4)
+    c = cols(steps=20, warmup=2, n=4)
+    c["mode"] = [codes.MODES["montecarlo"], codes.MODES["montecarlo"], codes.MODES["analytic"], codes.MODES["analytic"]]
+    code, bad, _ = _kernel.decode_many(dm, hw, dict(rt, win_lq=lq), c, threads)
+    assert code == codes.ERR_BAD_ROUTING and bad == 2
+    code, bad, _ = _kernel.decode_many(dm, hw, rt, c, threads)
+    assert code == 0 and bad == -1
+    c["mode"] = [codes.MODES["montecarlo"]] * 4
+    code, bad, _ = _kernel.decode_many(dm, hw, dict(rt, win_lq=lq), c, threads)
+    assert code == 0 and bad == -1
