@@ -138,10 +138,11 @@ def page_slots_of(dm: dict, rt: dict) -> int:
     read from host memory) when the analytic kernel would read a page table for them (a routing with analytic
     tables), else -1 (layers whose page slots differ from the first paged layer's solve for themselves)."""
     E = rt.get("n_experts")
-    if rt.get("q") is None or not rt.get("n_layers") or not E:
+    ps = np.asarray(dm["page_slots"])
+    if rt.get("q") is None or not rt.get("n_layers") or not E or not (ps < E).any():
         return -1
-    mode, ps = np.asarray(dm["expert_mode"]), np.asarray(dm["page_slots"])
-    paged = (ps < E) & np.isin(mode, (EXP_CPU, EXP_SPLIT, EXP_FETCH)) & (np.asarray(dm["moe_index"]) >= 0)
+    mode = np.asarray(dm["expert_mode"])
+    paged = (ps < E) & ((mode == EXP_CPU) | (mode == EXP_SPLIT) | (mode == EXP_FETCH)) & (np.asarray(dm["moe_index"]) >= 0)
     return int(ps[paged][0]) if paged.any() else -1
 
 
