@@ -62,8 +62,7 @@ def test_reading_the_table_equals_solving(case, draw_ps):
     moe = [i for i, m in enumerate(dm["expert_mode"]) if m != codes.EXP_NONE]
     che = dict(che=KD.che_table(rt, [b], t, int(dm["slots"][moe[0]]), pol), che_slots=[int(dm["slots"][moe[0]])])
     for extra in ({}, che):
-        solved = KD.run(dm, hw, rt, dict(c0, **extra))
-        assert solved["page_hit_rate"][0] >= 0
+        solved = KD.run(dm, hw, rt, dict(c0, **extra))     # (a paged layer may read nothing from host memory)
         for slot_col in (ps, ps + 1000):
             cc = dict(c0, page_hit=tab, page_hit_slots=[slot_col], **extra)
             read = KD.run(dm, hw, rt, cc)

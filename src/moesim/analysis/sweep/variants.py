@@ -66,6 +66,12 @@ def check_separable(routing: dict) -> None:
                           f"{layers[:8].tolist()}")
 
 
+def _frozen_tables(d: dict) -> MappingProxyType:
+    """A lowered table several groups share, read-only: its arrays as read-only views (the arrays
+    themselves, which may be a lowering cache's, keep their flags) in a read-only mapping."""
+    return MappingProxyType({k: _frozen(v.view()) if isinstance(v, np.ndarray) else v for k, v in d.items()})
+
+
 def kind_row(n: int, on_gpu: bool, ab: float, af: float, fn: int, hw: dict, kv_copies: float = 1.0) -> tuple:
     """Precomputed decode coefficients of one attention kind (ms_sweep_kind_t; ab: attention + shared
     weight bytes, af: their FLOPs per token; kv_copies: the GPUs' KV read factor, lower_model's)."""
@@ -167,10 +173,10 @@ class DecodeVariants:
         model (lowering key lk, :meth:`_lowered`)."""
         g = self.group
         run_cfg = g.plan.run
-        dm, hw, _ = self._lowered(j, items[0][1])
-        dm = dict(dm)
+        dm0, hw, _ = self._lowered(j, items[0][1])
+        dm = dict(dm0)
         dm["page_slots"] = np.full(g.m.n_layers, ps, dtype=np.int32)
-        pf0 = self._prefill_time(j, lk, dm, hw)
+        pf0 = self._prefill_time(j, lk, dm0, hw)
         kind0, nk = self._kind_slice(j, dm, hw)
         res = None
         mc_index = -1
@@ -230,18 +236,29 @@ class DecodeVariants:
         p = g.cands[j]
         lk = self.lowering_key(j, b)
         if (j, lk) not in self._dm:
-            self._dm[(j, lk)] = lower_model(g.m, g.low, p, g.machine, g.rt, 1, g.kv, b, routing=g.routing)
+            # lower_model reads the machine only through its GPU count and the routing only under expert
+            # parallelism (where lk holds the tokens): the plan's groups that differ only in the machine's
+            # other properties, the policy or the prefetch recall share the lowered model, kept read-only
+            key = ("dm", g.ix["models"], g.ix["quants"], g.kv, id(g.rt), g.machine.n_gpus, p, lk,
+                   id(g.routing) if g.rt.decode.expert_parallel > 1 else None)
+            self._dm[(j, lk)] = g.plan.shared(key, lambda: _frozen_tables(
+                lower_model(g.m, g.low, p, g.machine, g.rt, 1, g.kv, b, routing=g.routing)))
         if j not in self._hw:
             # the machine's rates under one runtime, kind of placement and kernel mix: shared by the plan's groups
             self._hw[j] = g.plan.shared(("hw", g.ix["machines"], id(g.rt), placement_key(p), g.kernel_mix),
                                         lambda: seal("ms_machine_t", lower_machine(g.machine, g.rt, p, g.kernel_mix)))
         return self._dm[(j, lk)], self._hw[j], lk
 
-    def _prefill_time(self, j: int, lk: tuple, dm: dict, hw: dict) -> float:
-        # the prompt is prefilled from an empty cache, so its time does not depend on the swept context
+    def _prefill_time(self, j: int, lk: tuple, dm, hw) -> float:
+        """Seconds to prefill the prompt on candidate j's lowered model ``dm`` (:meth:`_lowered`'s, which the
+        plan keeps; prefill reads neither the page slots nor the swept context: the prompt is prefilled from
+        an empty cache) and machine rates ``hw``. Keyed by those objects, the routing and the runtime, so
+        the plan's groups that share them (groups that differ only in the policy) share the time."""
         if (j, lk) not in self._prefill:
             g = self.group
-            self._prefill[(j, lk)] = prefill(g.m, dm, hw, g.routing, g.rt, g.plan.run["prompt"], 1)[1]
+            key = ("prefill", id(dm), id(hw), id(g.routing), id(g.rt))
+            self._prefill[(j, lk)] = g.plan.shared(key, lambda: prefill(g.m, dm, hw, g.routing, g.rt,
+                                                                        g.plan.run["prompt"], 1)[1])
         return self._prefill[(j, lk)]
 
     def _kind_slice(self, j: int, dm: dict, hw: dict) -> tuple:
