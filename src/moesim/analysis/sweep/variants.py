@@ -213,7 +213,8 @@ class DecodeVariants:
         """Per layer, the KV read factor of candidate j's multi-GPU layout (lower_model's)."""
         g = self.group
         p = g.cands[j]
-        return g.plan.shared(("kv_copies", g.ix["models"], g.ix["machines"], id(g.rt), attention_key(p)),
+        # kv_copies_of reads the machine only through its GPU count: shared by the plan's machines alike in it
+        return g.plan.shared(("kv_copies", g.ix["models"], g.machine.n_gpus, id(g.rt), attention_key(p)),
                              lambda: _frozen(np.array(kv_copies_of(g.m, p, g.machine, g.rt), dtype=np.float64)))
 
     def _op_offload(self, p: Placement, tokens_per_step: int) -> bool:
