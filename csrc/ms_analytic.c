@@ -459,7 +459,7 @@ static int check_che(const ms_routing_t *r, int32_t batch, int32_t tps, int32_t 
     if (r->n_experts <= 0 || r->top_k <= 0 || r->top_k > r->n_experts || r->top_k > MS_MAX_TOP_K)
         return MS_ERR_BAD_ROUTING;
     if (r->n_scenarios <= 0 || r->q == NULL || r->qbar == NULL || r->lqbar == NULL || r->qsq == NULL
-        || r->hot == NULL || r->stickiness == NULL || ms_check_windows(r)) return MS_ERR_BAD_ROUTING;
+        || r->hot == NULL || r->stickiness == NULL || ms_windows_bad(r)) return MS_ERR_BAD_ROUTING;
     for (int64_t k = 0; k < (int64_t) r->n_layers * r->n_experts; k++)
         if (r->hot[k] < 0 || r->hot[k] >= r->n_experts) return MS_ERR_BAD_ROUTING;
     return 0;

@@ -401,8 +401,7 @@ static int montecarlo(const ms_decode_model_t *m, const ms_machine_t *hw, const 
 
 /* ------------------------------------------------------------------------- entry points */
 
-/* 0, or 1 when the token-memory window tables are malformed (nodes not increasing from 1, log
- * probabilities above 0, not finite or rising with the window). Shared with ms_che_table (ms_internal.h). */
+/* 0, or 1 when the token-memory window tables are malformed (moesim.h); the kernels test ms_windows_bad. */
 int ms_check_windows(const ms_routing_t *r)
 {
     int64_t rows = (int64_t) r->n_layers * r->n_experts;
@@ -443,7 +442,7 @@ static int check(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_ro
         if (c->mode == MS_MODE_ANALYTIC && (r->n_scenarios <= 0 || r->q == NULL || r->qbar == NULL
                                             || r->lqbar == NULL || r->qsq == NULL)) return MS_ERR_BAD_ROUTING;
         if (c->mode == MS_MODE_MONTECARLO && r->trace == NULL && r->log_pop == NULL) return MS_ERR_BAD_ROUTING;
-        if (c->mode == MS_MODE_ANALYTIC && (bad_windows < 0 ? ms_check_windows(r) : bad_windows))
+        if (c->mode == MS_MODE_ANALYTIC && (bad_windows < 0 ? ms_windows_bad(r) : bad_windows))
             return MS_ERR_BAD_ROUTING;
         if (r->trace && (r->trace_tokens <= 0 || r->trace_layers <= 0)) return MS_ERR_BAD_TRACE;
     }
@@ -518,7 +517,7 @@ int ms_decode_many(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_
     if (cfgs == NULL || out == NULL || workspace == NULL) return MS_ERR_NULL_ARGUMENT;
     /* the routing's window tables checked once for all analytic configurations, not once each */
     for (int64_t i = 0; i < n && bad_windows < 0 && r != NULL && r->n_layers > 0 && r->n_experts > 0; i++)
-        if (cfgs[i].mode == MS_MODE_ANALYTIC) bad_windows = ms_check_windows(r);
+        if (cfgs[i].mode == MS_MODE_ANALYTIC) bad_windows = ms_windows_bad(r);
     n_threads = ms_useful_threads(n, n_threads, 1);      /* a decode each: never more threads than rows */
 #ifdef MOESIM_HAVE_OPENMP
     #pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads)

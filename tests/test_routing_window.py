@@ -136,3 +136,28 @@ def test_many_configurations_refuse_malformed_windows_at_the_first_analytic_one(
     c["mode"] = [codes.MODES["montecarlo"]] * 4
     code, bad, _ = _kernel.decode_many(dm, hw, dict(rt, win_lq=lq), c, threads)
     assert code == 0 and bad == -1
+
+
+def test_sealed_routing_checks_its_windows_once():
+    """glue.seal_routing has the C check the window tables once and marks the sealed copy (the kernels then skip
+    the check): a sealed routing gives the results of the unsealed one; a malformed table is not marked, so
+    every call refuses it, sealed or not; a caller's own "windows_checked" item is not passed to C."""
+    from moesim.engine.glue import seal_routing
+    dims = LRT.RoutingDims(2, 8, 2)
+    rt = dict(LRT.lower(dims, _memory_profile(), 0))
+    dm, hw = synthetic(2, 8, 2, slots=4)
+    c = cols(mode="analytic", n=2)
+    sealed = seal_routing(rt)
+    assert sealed.checked["windows_checked"] == 1
+    plain, fast = KD.run(dm, hw, rt, c), KD.run(dm, hw, sealed, c)
+    for key in plain:
+        assert np.array_equal(plain[key], fast[key]), key
+    lq = rt["win_lq"].copy()
+    lq[1, 2, :] = 0.5
+    bad = seal_routing(dict(rt, win_lq=lq))
+    assert bad.checked["windows_checked"] == 0
+    for table in (bad, dict(rt, win_lq=lq, windows_checked=1)):
+        with pytest.raises(KernelError, match="routing"):
+            KD.run(dm, hw, table, c)
+    assert _kernel.check_windows(bad.checked) == 1 and _kernel.check_windows(sealed.checked) == 0
+    assert "windows_checked" not in seal_routing(LRT.lower(dims, R.profile("generic"), 5)).checked

@@ -467,6 +467,37 @@ static void test_page_table(void)
     free(tw);
 }
 
+/* Window tables: ms_check_windows judges them whatever windows_checked says; the kernels check them unless
+ * windows_checked marks them checked (the glue sets it once for the tables it seals). */
+static void test_windows_checked(void)
+{
+    static double nodes[2] = {1.0, 2.0}, lq[L * E * 2];
+    ms_machine_t h = make_machine();
+    ms_routing_t r = make_routing(1);
+    ms_decode_model_t m = make_decode_model(MS_EXP_CPU, 1);
+    ms_decode_config_t c = make_decode_config(2, 32, MS_POLICY_LRU, MS_MODE_ANALYTIC);
+    ms_decode_result_t plain, marked;
+    int64_t wsb = ms_che_table_workspace_size(&r);
+    void *tw = malloc((size_t) wsb);
+    double tab[L * MS_CHE_FIELDS];
+    for (int i = 0; i < L * E; i++) { lq[2 * i] = log1p(-(double) K / E); lq[2 * i + 1] = 1.8 * lq[2 * i]; }
+    r.n_window = 2; r.win_n = nodes; r.win_lq = lq;
+    CHECK(ms_check_windows(&r) == 0);
+    CHECK(run_decode(&m, &h, &r, &c, &plain) == 0);
+    r.windows_checked = 1;
+    CHECK(run_decode(&m, &h, &r, &c, &marked) == 0 && memcmp(&plain, &marked, sizeof(plain)) == 0);
+    lq[5] = 0.5;                                       /* malformed: a log probability above 0 */
+    CHECK(ms_check_windows(&r) == 1);                  /* judged whatever the mark says */
+    CHECK(run_decode(&m, &h, &r, &c, &marked) == 0);   /* marked: not checked again */
+    CHECK(ms_che_table(&r, 2, 1, 4, MS_POLICY_LRU, tw, wsb, tab) == 0);
+    r.windows_checked = 0;
+    CHECK(run_decode(&m, &h, &r, &c, &marked) == MS_ERR_BAD_ROUTING);
+    CHECK(ms_che_table(&r, 2, 1, 4, MS_POLICY_LRU, tw, wsb, tab) == MS_ERR_BAD_ROUTING);
+    CHECK(ms_page_table(&r, 2, 1, 4, tw, wsb, tab) == MS_ERR_BAD_ROUTING);
+    lq[5] = 1.8 * lq[4];
+    free(tw);
+}
+
 /* ---------------------------------------------------------------------------- routing and caches */
 static void test_route_and_cache(void)
 {
@@ -1137,6 +1168,7 @@ int main(void)
     test_decode();
     test_che_table();
     test_page_table();
+    test_windows_checked();
     test_route_and_cache();
     test_ctx_and_lookup();
     test_stamp_restart();

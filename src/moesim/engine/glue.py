@@ -394,7 +394,13 @@ def seal_routing(rt) -> Sealed:
         return v
 
     data = {k: frozen(v) for k, v in rt.items()}
-    return Sealed("ms_routing_t", data, check_routing(data), {})
+    checked = check_routing(data)
+    if checked.get("n_layers") and checked.get("win_lq") is not None:
+        from . import _kernel
+        # the C checks the window tables (L x E x W values) once here, not at every call: the copies sealed
+        # here never change (a malformed table stays unmarked, and every call refuses it)
+        checked["windows_checked"] = int(_kernel.check_windows(checked) == 0)
+    return Sealed("ms_routing_t", data, checked, {})
 
 
 def check_routing(rt) -> dict:
