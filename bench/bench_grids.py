@@ -4,6 +4,7 @@
     python bench/bench_grids.py --twin 40       # + the pure-Python twin on 40 of each grid's groups
     python bench/bench_grids.py --only "offload research" --only datacenter --twin 40
     python bench/bench_grids.py --processes 2   # forked into 2 worker processes (one per core here)
+    python bench/bench_grids.py --only "issue 19" --threads 2
 
 website: every catalog model x Q4_K_M, Q8_0 x 10 GPUs (each with 128 GB of DDR5-6000 x2) x 4 contexts x
 3 batches, automatic placement: many small groups, the shape of a fit table on a web page.
@@ -15,6 +16,12 @@ size 0..E (129), the three analytic policies (lru, lfu, static; belady needs run
 recall 0, .25, .5, .75, 1 and batches 1..128 at one context: 15,480 configurations in 1,935 groups of 8.
 datacenter: deepseek-r1 fp8 under vLLM on a DGX H200 (8 GPUs), five parallel layouts, MTP 0 and 1 (the
 catalog's measured acceptance for the family) and batches 1..1024 at 8k context.
+issue 19: wide in models, quants, machines and placements, narrow per group: deepseek-r1, qwen3-30b-a3b,
+gpt-oss-120b, mixtral-8x7b x Q4_K_M, Q8_0, Q2_K, IQ4_XS x RTX 4090, RTX 5090, H200, RTX 3090 (each with the
+machine's default host) x all-gpu, experts-cpu, n-cpu-moe=2..58 (step 4) x 256 contexts (1k..256k) x
+batches 1..128, analytic, inapplicable rows skipped: 641,024 configurations in many groups of 2,048, where
+the per-group work (lowering, prefill, decode variants; host page caches of models paged from NVMe under
+windowed routing) shows.
 
 Each grid runs twice in one process: the first time includes lowering every model and quant (cached
 afterwards), the second is what a long-lived process (a server, a notebook) pays. Rates are configurations
@@ -48,7 +55,7 @@ def grids() -> dict:
         except moesim.MoesimError:
             pass
     common = dict(filter={"skip_inapplicable": True, "allow_beyond_max_context": True}, progress=False)
-    return {**_research_grids(common),
+    return {**_research_grids(common), "issue 19": _issue19_grid(),
         "website": dict(models=M.model_ids(), quants=["Q4_K_M", "Q8_0"],
                         machines=[dict(gpu=g, host="ddr5-6000x2", host_mem_gb=128) for g in gpus],
                         contexts=[4096, 16384, 32768, 131072], batches=[1, 4, 16], **common),
@@ -82,6 +89,16 @@ def _research_grids(common: dict) -> dict:
                            parallel=["tp8", "ep8", "tp8-ep8", "tp8-ep8-attn-dp", "pipeline"], mtp=[0, 1],
                            contexts=[8192], batches=[2 ** i for i in range(11)], **common),
     }
+
+
+def _issue19_grid() -> dict:
+    """Issue 19's own grid, as its report gives it (the machines' default hosts; beyond-max contexts skipped)."""
+    return dict(models=["deepseek-r1", "qwen3-30b-a3b", "gpt-oss-120b", "mixtral-8x7b"],
+                quants=["Q4_K_M", "Q8_0", "Q2_K", "IQ4_XS"],
+                machines=[moesim.machine(gpu=g) for g in ("rtx-4090", "rtx-5090", "h200", "rtx-3090")],
+                contexts=list(range(1024, 1024 * 257, 1024)), batches=[1, 2, 4, 8, 16, 32, 64, 128],
+                placements=["all-gpu", "experts-cpu"] + [f"n-cpu-moe={n}" for n in range(2, 60, 4)],
+                mode="analytic", filter={"skip_inapplicable": True}, progress=False)
 
 
 def timed(kw: dict, threads: int, processes: int = 1) -> tuple:

@@ -5,7 +5,9 @@
 
 Grids: rank's (one 4090 + 64 GB), the website grid of bench_grids.py, an experts-cpu / n-cpu-moe grid with
 batches 1..64, a multi-GPU (h200 x 8, vllm) grid, and bench_grids.py's offload-research and
-datacenter grids (cache sizes x policies x prefetch recall; parallel layouts x MTP). Tables are stored as .npz, one array per column.
+datacenter grids (cache sizes x policies x prefetch recall; parallel layouts x MTP), and bench_grids.py's
+issue-19 grid at three contexts (models paged from NVMe through host page caches, with and without windowed
+routing; n-cpu-moe layouts). Tables are stored as .npz, one array per column.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ def grids() -> dict:
         "offload": dict(models=ids[:12], quants=["Q4_K_M"], placements=["experts-cpu", "n-cpu-moe=8"],
                         machines=[dict(gpu="rtx-4090", host="ddr5-6000x2", host_mem_gb=64)],
                         contexts=[4096, 32768], batches=[1, 2, 4, 8, 16, 32, 64], **COMMON),
+        "issue19": dict(web_grids()["issue 19"], contexts=[1024, 65536, 262144]),
         "multi_gpu": dict(models=ids[:12], quants=["Q4_K_M", "Q8_0"], runtimes=["vllm"],
                           machines=[dict(gpu="h200", gpus=8)], contexts=[8192], batches=[1, 16], **COMMON),
     }

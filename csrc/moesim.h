@@ -233,6 +233,9 @@ typedef struct {
     int32_t n_window;
     const double *win_n;         /* [n_window] window lengths in tokens */
     const double *win_lq;        /* [n_layers][n_experts][n_window] */
+    int32_t windows_checked;     /* 1: ms_check_windows found these window tables well formed and they have not
+                                  * changed since (engine.glue.seal_routing sets it on the copies it seals):
+                                  * kernels skip the check; 0: every kernel call checks them */
     /* Multi-lag memory (Monte Carlo only; NULL = off): each token draws one lag d from recency_lag
      * (entry i: lag i + 2) for all its layers, and at layer l each slot not kept from the previous token
      * copies, with probability recency[l], a uniformly chosen expert of the token d back in the request
@@ -270,6 +273,12 @@ typedef struct {
      * MS_ERR_BAD_ROUTING. The caller owns it and keeps it matched. */
     const double *che;
     int32_t che_slots;
+    /* Analytic path (NULL = solve per configuration): page_hit[l], l < the routing's n_layers, the host page
+     * cache's hit rate ms_page_table tabulated for these routing tables, batch and tokens per step at
+     * page_hit_slots page slots. Paged MoE layers holding page_hit_slots page slots read it instead of solving
+     * Che's equation; a rate outside [0, 1] is MS_ERR_BAD_ROUTING. The caller owns it and keeps it matched. */
+    const double *page_hit;
+    int32_t page_hit_slots;
 } ms_decode_config_t;
 
 typedef struct {
@@ -311,6 +320,21 @@ enum { MS_CHE_D = 0, MS_CHE_PINNED_Q, MS_CHE_PINNED_P, MS_CHE_FREE_Q, MS_CHE_FRE
 int64_t ms_che_table_workspace_size(const ms_routing_t *r);
 int ms_che_table(const ms_routing_t *r, int32_t batch, int32_t tokens_per_step, int32_t slots, int32_t policy,
                  void *workspace, int64_t workspace_bytes, double *out);
+
+/* 0, or 1 when a routing's token-memory window tables are malformed (nodes not increasing from 1, log
+ * probabilities above 0, not finite or rising with the window); 0 without them. Ignores windows_checked:
+ * what a caller runs once to set it (ms_decode.c). */
+int ms_check_windows(const ms_routing_t *r);
+
+/* The analytic path's host page-cache table (ms_analytic.c): out[l] = the hit rate (hits per step / distinct
+ * experts D; 0 when D is 0) of routing layer l's host page cache of `page_slots` experts over one step of
+ * `batch` sequences x `tokens_per_step` tokens: Che's approximation on the window tables of a token-memory
+ * routing, else on the step's inclusion probabilities (independent picks). It depends on nothing else (not
+ * the placement, GPU slots, policy, machine or context), so a sweep computes it once and passes it to every
+ * configuration that shares it (ms_decode_config_t.page_hit). Errors as ms_che_table (page_slots < 0 is
+ * MS_ERR_BAD_SIZE). Workspace: ms_che_table_workspace_size(r) bytes. */
+int ms_page_table(const ms_routing_t *r, int32_t batch, int32_t tokens_per_step, int32_t page_slots, void *workspace,
+                  int64_t workspace_bytes, double *out);
 
 /* Sample the routing only (Monte Carlo config c; another mode, or steps x n_experts >= INT32_MAX, is
  * MS_ERR_BAD_SIZE): writes every token's picks to tokens_out [steps][batch][tokens_per_step][n_layers][top_k].

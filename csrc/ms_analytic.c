@@ -326,14 +326,28 @@ static double fetch_layer(const ms_decode_model_t *m, const ms_routing_t *r, con
     return h;
 }
 
+/* The host page cache's hit rate of routing layer l at ps slots (its hits per step / D; 0 when the step has
+ * no experts): Che's approximation on the window tables, else on the step's inclusion probabilities p
+ * (independent picks; che: E doubles of scratch). What ms_page_table tabulates and a paged layer without a
+ * table solves. */
+static double page_layer(const ms_routing_t *r, int32_t l, int32_t batch, int32_t tps, double ps, double D,
+                         const double *p, double *che)
+{
+    if (D <= 0.0) return 0.0;
+    return (r->win_lq ? window_hits(r, l, (double) batch, (double) tps, ps, D) : che_hits(p, r->n_experts, ps, che)) / D;
+}
+
 /* Expected work of model layer i (routing layer l, expert mode `mode`) into ws->work[i]: from the
- * configuration's table row when it was tabulated for this layer's slots (ms_che_table), else counted here. */
+ * configuration's table row when it was tabulated for this layer's slots (ms_che_table), else counted here;
+ * a paged layer's page-cache hit rate from the configuration's page table when it was tabulated for this
+ * layer's page slots (ms_page_table), else solved here. */
 static void analytic_layer(const ms_decode_model_t *m, const ms_routing_t *r, const ms_decode_config_t *c, ws_t *ws,
                            int32_t i, an_tally_t *n)
 {
     int32_t E = r->n_experts, K = r->top_k;
     int32_t l = m->moe_index[i], mode = m->expert_mode[i];
     int paged = m->page_slots[i] < E && (mode == MS_EXP_CPU || mode == MS_EXP_SPLIT || mode == MS_EXP_FETCH);
+    int page_tabled = paged && c->page_hit && c->page_hit_slots == m->page_slots[i];
     layer_work_t *w = &ws->work[i];
     double toks = (double) c->batch * c->tokens_per_step, own[MS_CHE_FIELDS], D;
     const double *row = c->che && c->che_slots == m->slots[i] ? c->che + (int64_t) l * MS_CHE_FIELDS : NULL;
@@ -343,8 +357,8 @@ static void analytic_layer(const ms_decode_model_t *m, const ms_routing_t *r, co
     sc.che = ws->che;
     sc.lq = ws->lq;
     sc.usel = ws->usel;
-    /* the page cache's Che (independent picks) reads the inclusion probabilities themselves */
-    if (row == NULL || (paged && !r->win_lq)) {
+    /* the page cache's Che (independent picks) without a table reads the inclusion probabilities themselves */
+    if (row == NULL || (paged && !r->win_lq && !page_tabled)) {
         layer_counts(r, l, c->batch, c->tokens_per_step, m->slots[i], c->policy,
                      row == NULL && (mode == MS_EXP_SPLIT || mode == MS_EXP_FETCH), row == NULL && mode == MS_EXP_FETCH,
                      &sc, own);
@@ -373,10 +387,8 @@ static void analytic_layer(const ms_decode_model_t *m, const ms_routing_t *r, co
     }
     if (paged) {
         double host = mode == MS_EXP_FETCH ? w->n_fetch : w->n_cpu;
-        double ps = (double) m->page_slots[i];
-        double ph = D <= 0.0 ? 0.0
-                  : (r->win_lq ? window_hits(r, l, (double) c->batch, (double) c->tokens_per_step, ps, D)
-                               : che_hits(sc.p, E, ps, ws->che)) / D;
+        double ph = page_tabled ? c->page_hit[l]
+                  : page_layer(r, l, c->batch, c->tokens_per_step, (double) m->page_slots[i], D, sc.p, ws->che);
         w->n_disk = host * (1.0 - ph);
         n->phits += host * ph;
         n->ploads += host;
@@ -396,6 +408,14 @@ static int check_table(const ms_routing_t *r, const double *t)
     return bad ? MS_ERR_BAD_ROUTING : 0;
 }
 
+/* 0, or MS_ERR_BAD_ROUTING when a configuration's page table holds a hit rate outside [0, 1] (or NaN). */
+static int check_page_table(const ms_routing_t *r, const double *t)
+{
+    int bad = 0;
+    for (int32_t l = 0; l < r->n_layers; l++) bad |= !(t[l] >= 0.0 && t[l] <= 1.0);
+    return bad ? MS_ERR_BAD_ROUTING : 0;
+}
+
 int ms_analytic(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_routing_t *r,
                     const ms_decode_config_t *c, ws_t *ws, ms_decode_result_t *out)
 {
@@ -403,6 +423,7 @@ int ms_analytic(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_rou
     int32_t n_moe = 0;
     if (c->policy == MS_POLICY_BELADY) return MS_ERR_BAD_POLICY;
     if (c->che && check_table(r, c->che)) return MS_ERR_BAD_ROUTING;
+    if (c->page_hit && check_page_table(r, c->page_hit)) return MS_ERR_BAD_ROUTING;
     for (int32_t i = 0; i < m->n_layers; i++) {
         memset(&ws->work[i], 0, sizeof(ws->work[i]));
         if (m->moe_index[i] < 0 || m->expert_mode[i] == MS_EXP_NONE) continue;
@@ -438,7 +459,7 @@ static int check_che(const ms_routing_t *r, int32_t batch, int32_t tps, int32_t 
     if (r->n_experts <= 0 || r->top_k <= 0 || r->top_k > r->n_experts || r->top_k > MS_MAX_TOP_K)
         return MS_ERR_BAD_ROUTING;
     if (r->n_scenarios <= 0 || r->q == NULL || r->qbar == NULL || r->lqbar == NULL || r->qsq == NULL
-        || r->hot == NULL || r->stickiness == NULL || ms_check_windows(r)) return MS_ERR_BAD_ROUTING;
+        || r->hot == NULL || r->stickiness == NULL || ms_windows_bad(r)) return MS_ERR_BAD_ROUTING;
     for (int64_t k = 0; k < (int64_t) r->n_layers * r->n_experts; k++)
         if (r->hot[k] < 0 || r->hot[k] >= r->n_experts) return MS_ERR_BAD_ROUTING;
     return 0;
@@ -460,5 +481,27 @@ int ms_che_table(const ms_routing_t *r, int32_t batch, int32_t tokens_per_step, 
     sc.usel = (int32_t *) (sc.lq + (int64_t) r->n_scenarios * r->n_experts);
     for (int32_t l = 0; l < r->n_layers; l++)
         layer_counts(r, l, batch, tokens_per_step, slots, policy, 1, 1, &sc, out + (int64_t) l * MS_CHE_FIELDS);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------- the page-cache hit-rate table */
+
+int ms_page_table(const ms_routing_t *r, int32_t batch, int32_t tokens_per_step, int32_t page_slots, void *workspace,
+                  int64_t workspace_bytes, double *out)
+{
+    double *p, *che;
+    int rc;
+    if (r == NULL || out == NULL || workspace == NULL) return MS_ERR_NULL_ARGUMENT;
+    rc = check_che(r, batch, tokens_per_step, page_slots, MS_POLICY_LRU);
+    if (rc) return rc;
+    if (workspace_bytes < ms_che_table_workspace_size(r)) return MS_ERR_BAD_WORKSPACE;
+    p = (double *) workspace;
+    che = p + r->n_experts;
+    for (int32_t l = 0; l < r->n_layers; l++) {
+        /* the step's inclusion probabilities and D as layer_counts has them */
+        double D = r->win_lq ? window_inclusion(r, l, (double) batch, (double) tokens_per_step, p)
+                             : step_inclusion(r, l, (double) batch * tokens_per_step, p);
+        out[l] = page_layer(r, l, batch, tokens_per_step, (double) page_slots, D, p, che);
+    }
     return 0;
 }

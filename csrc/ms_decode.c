@@ -401,8 +401,7 @@ static int montecarlo(const ms_decode_model_t *m, const ms_machine_t *hw, const 
 
 /* ------------------------------------------------------------------------- entry points */
 
-/* 0, or 1 when the token-memory window tables are malformed (nodes not increasing from 1, log
- * probabilities above 0, not finite or rising with the window). Shared with ms_che_table (ms_internal.h). */
+/* 0, or 1 when the token-memory window tables are malformed (moesim.h); the kernels test ms_windows_bad. */
 int ms_check_windows(const ms_routing_t *r)
 {
     int64_t rows = (int64_t) r->n_layers * r->n_experts;
@@ -419,8 +418,10 @@ int ms_check_windows(const ms_routing_t *r)
     return 0;
 }
 
+/* bad_windows: ms_check_windows(r) computed once by a caller that checks many analytic configurations (the
+ * window tables are L x E x W values), or -1: check computes it where it needs it. */
 static int check(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_routing_t *r,
-                 const ms_decode_config_t *c)
+                 const ms_decode_config_t *c, int bad_windows)
 {
     if (m == NULL || hw == NULL || r == NULL || c == NULL) return MS_ERR_NULL_ARGUMENT;
     if (m->n_layers <= 0 || c->batch <= 0 || c->tokens_per_step <= 0 || c->drafts < 0) return MS_ERR_BAD_SIZE;
@@ -441,7 +442,8 @@ static int check(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_ro
         if (c->mode == MS_MODE_ANALYTIC && (r->n_scenarios <= 0 || r->q == NULL || r->qbar == NULL
                                             || r->lqbar == NULL || r->qsq == NULL)) return MS_ERR_BAD_ROUTING;
         if (c->mode == MS_MODE_MONTECARLO && r->trace == NULL && r->log_pop == NULL) return MS_ERR_BAD_ROUTING;
-        if (c->mode == MS_MODE_ANALYTIC && ms_check_windows(r)) return MS_ERR_BAD_ROUTING;
+        if (c->mode == MS_MODE_ANALYTIC && (bad_windows < 0 ? ms_windows_bad(r) : bad_windows))
+            return MS_ERR_BAD_ROUTING;
         if (r->trace && (r->trace_tokens <= 0 || r->trace_layers <= 0)) return MS_ERR_BAD_TRACE;
     }
     for (int32_t i = 0; i < m->n_layers; i++) {
@@ -454,11 +456,13 @@ static int check(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_ro
     return 0;
 }
 
-int ms_decode(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_routing_t *r,
-              const ms_decode_config_t *c, void *workspace, int64_t workspace_bytes, ms_decode_result_t *out)
+/* ms_decode with the routing's window verdict given (check's bad_windows). */
+static int decode_one(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_routing_t *r,
+                      const ms_decode_config_t *c, void *workspace, int64_t workspace_bytes, ms_decode_result_t *out,
+                      int bad_windows)
 {
     ws_t ws;
-    int rc = check(m, hw, r, c);
+    int rc = check(m, hw, r, c, bad_windows);
     if (rc) return rc;
     if (workspace == NULL || out == NULL) return MS_ERR_NULL_ARGUMENT;
     if (workspace_bytes < ms_decode_workspace_size(m, r, c)) return MS_ERR_BAD_WORKSPACE;
@@ -468,6 +472,12 @@ int ms_decode(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_routi
     out->accepted = c->accepted;
     if (c->mode == MS_MODE_ANALYTIC) return ms_analytic(m, hw, r, c, &ws, out);
     return montecarlo(m, hw, r, c, &ws, out);
+}
+
+int ms_decode(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_routing_t *r,
+              const ms_decode_config_t *c, void *workspace, int64_t workspace_bytes, ms_decode_result_t *out)
+{
+    return decode_one(m, hw, r, c, workspace, workspace_bytes, out, -1);
 }
 
 int ms_route_sample(const ms_routing_t *r, const ms_decode_config_t *c, int32_t *tokens_out, void *workspace,
@@ -502,9 +512,12 @@ int ms_decode_many(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_
                    const ms_decode_config_t *cfgs, int64_t n, ms_decode_result_t *out, int n_threads,
                    void *workspace, int64_t ws_bytes, int64_t *err_index)
 {
-    int first = 0;
+    int first = 0, bad_windows = -1;
     int64_t bad = -1;
     if (cfgs == NULL || out == NULL || workspace == NULL) return MS_ERR_NULL_ARGUMENT;
+    /* the routing's window tables checked once for all analytic configurations, not once each */
+    for (int64_t i = 0; i < n && bad_windows < 0 && r != NULL && r->n_layers > 0 && r->n_experts > 0; i++)
+        if (cfgs[i].mode == MS_MODE_ANALYTIC) bad_windows = ms_windows_bad(r);
     n_threads = ms_useful_threads(n, n_threads, 1);      /* a decode each: never more threads than rows */
 #ifdef MOESIM_HAVE_OPENMP
     #pragma omp parallel for schedule(dynamic, 1) num_threads(n_threads)
@@ -514,7 +527,8 @@ int ms_decode_many(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_
 #ifdef MOESIM_HAVE_OPENMP
         tid = omp_get_thread_num();
 #endif
-        int rc = ms_decode(m, hw, r, &cfgs[i], (char *) workspace + (int64_t) tid * ws_bytes, ws_bytes, &out[i]);
+        int rc = decode_one(m, hw, r, &cfgs[i], (char *) workspace + (int64_t) tid * ws_bytes, ws_bytes, &out[i],
+                            bad_windows);
         if (rc) {
 #ifdef MOESIM_HAVE_OPENMP
             #pragma omp critical

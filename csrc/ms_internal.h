@@ -254,8 +254,12 @@ double ms_step_time(const ms_decode_model_t *m, const ms_machine_t *hw, const ms
 /* Fill the step unions (sel / cnt / nsel) of every step, sampled or replayed; ms_route.c. */
 int ms_route_generate(const ms_routing_t *r, const ms_decode_config_t *c, ws_t *ws, double *reuse_num,
                       double *reuse_den, double *selections);
-/* 0, or 1 when a routing's token-memory window tables are malformed (ms_decode.c). */
-int ms_check_windows(const ms_routing_t *r);
+/* 0, or 1 when a routing's token-memory window tables are malformed and not marked checked (windows_checked):
+ * what the kernels test. */
+static inline int ms_windows_bad(const ms_routing_t *r)
+{
+    return !r->windows_checked && ms_check_windows(r);
+}
 /* The analytic path on a laid-out workspace; ms_analytic.c. */
 int ms_analytic(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_routing_t *r,
                 const ms_decode_config_t *c, ws_t *ws, ms_decode_result_t *out);

@@ -116,3 +116,48 @@ def test_analytic_agrees_with_montecarlo_on_a_memory_profile(batch):
         an = KD.run(dm, hw, rt, cols(batch, mode="analytic"))
         assert abs(mc["hit_rate"][0] - an["hit_rate"][0]) <= 0.01, (slots, mc["hit_rate"], an["hit_rate"])
         assert abs(an["distinct"][0] / mc["distinct"][0] - 1) <= 0.02
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_many_configurations_refuse_malformed_windows_at_the_first_analytic_one(threads):
+    """ms_decode_many checks the window tables once for all its analytic configurations (not once each): the
+    error names the first analytic configuration, and Monte Carlo ones, which never read the tables, run."""
+    dims = LRT.RoutingDims(2, 8, 2)
+    rt = dict(LRT.lower(dims, _memory_profile(), 0))
+    lq = rt["win_lq"].copy()
+    lq[1, 2, :] = 0.5
+    dm, hw = synthetic(2, 8, 2, slots=4)
+    c = cols(steps=20, warmup=2, n=4)
+    c["mode"] = [codes.MODES["montecarlo"], codes.MODES["montecarlo"], codes.MODES["analytic"], codes.MODES["analytic"]]
+    code, bad, _ = _kernel.decode_many(dm, hw, dict(rt, win_lq=lq), c, threads)
+    assert code == codes.ERR_BAD_ROUTING and bad == 2
+    code, bad, _ = _kernel.decode_many(dm, hw, rt, c, threads)
+    assert code == 0 and bad == -1
+    c["mode"] = [codes.MODES["montecarlo"]] * 4
+    code, bad, _ = _kernel.decode_many(dm, hw, dict(rt, win_lq=lq), c, threads)
+    assert code == 0 and bad == -1
+
+
+def test_sealed_routing_checks_its_windows_once():
+    """glue.seal_routing has the C check the window tables once and marks the sealed copy (the kernels then skip
+    the check): a sealed routing gives the results of the unsealed one; a malformed table is not marked, so
+    every call refuses it, sealed or not; a caller's own "windows_checked" item is not passed to C."""
+    from moesim.engine.glue import seal_routing
+    dims = LRT.RoutingDims(2, 8, 2)
+    rt = dict(LRT.lower(dims, _memory_profile(), 0))
+    dm, hw = synthetic(2, 8, 2, slots=4)
+    c = cols(mode="analytic", n=2)
+    sealed = seal_routing(rt)
+    assert sealed.checked["windows_checked"] == 1
+    plain, fast = KD.run(dm, hw, rt, c), KD.run(dm, hw, sealed, c)
+    for key in plain:
+        assert np.array_equal(plain[key], fast[key]), key
+    lq = rt["win_lq"].copy()
+    lq[1, 2, :] = 0.5
+    bad = seal_routing(dict(rt, win_lq=lq))
+    assert bad.checked["windows_checked"] == 0
+    for table in (bad, dict(rt, win_lq=lq, windows_checked=1)):
+        with pytest.raises(KernelError, match="routing"):
+            KD.run(dm, hw, table, c)
+    assert _kernel.check_windows(bad.checked) == 1 and _kernel.check_windows(sealed.checked) == 0
+    assert "windows_checked" not in seal_routing(LRT.lower(dims, R.profile("generic"), 5)).checked

@@ -410,6 +410,94 @@ static void test_che_table(void)
     free(tw);
 }
 
+/* The page-cache table: paged layers reading it give the result of solving Che themselves, bit for bit,
+ * under every analytic policy and expert mode that reads host memory; bad arguments and rates are refused. */
+static void test_page_table(void)
+{
+    enum { F = MS_CHE_FIELDS };
+    static int32_t few_pages[L] = {6, 6, 6, 6, 6, 6};
+    ms_machine_t h = make_machine();
+    ms_routing_t r = make_routing(1), none = make_routing(0);
+    int32_t modes[] = {MS_EXP_CPU, MS_EXP_SPLIT, MS_EXP_FETCH};
+    int64_t wsb = ms_che_table_workspace_size(&r);
+    void *tw = malloc((size_t) wsb);
+    double page[L], ones[L], che[L * F];
+    ms_decode_result_t solved, read;
+    for (int l = 0; l < L; l++) ones[l] = 1.0;
+    for (int mi = 0; mi < 3; mi++) {
+        ms_decode_model_t m = make_decode_model(modes[mi], 1);
+        m.page_slots = few_pages;
+        for (int32_t pol = 0; pol < MS_POLICY_BELADY; pol++) {
+            for (int32_t b = 1; b <= 9; b += 4) {
+                ms_decode_config_t c = make_decode_config(b, 32, pol, MS_MODE_ANALYTIC);
+                CHECK(ms_page_table(&r, b, 1, 6, tw, wsb, page) == 0);
+                for (int l = 0; l < L; l++) CHECK(page[l] >= 0.0 && page[l] <= 1.0);
+                CHECK(run_decode(&m, &h, &r, &c, &solved) == 0 && solved.page_hit_rate < 1.0);
+                c.page_hit = page; c.page_hit_slots = 6;
+                CHECK(run_decode(&m, &h, &r, &c, &read) == 0 && memcmp(&solved, &read, sizeof(solved)) == 0);
+                CHECK(ms_che_table(&r, b, 1, 4, pol, tw, wsb, che) == 0);
+                c.che = che; c.che_slots = 4;       /* both tables: still the solved result */
+                CHECK(run_decode(&m, &h, &r, &c, &read) == 0 && memcmp(&solved, &read, sizeof(solved)) == 0);
+                c.che = NULL; c.che_slots = -1;
+                c.page_hit = ones; c.page_hit_slots = 7;   /* a table for another page-slot count is not read */
+                CHECK(run_decode(&m, &h, &r, &c, &read) == 0 && memcmp(&solved, &read, sizeof(solved)) == 0);
+                c.page_hit_slots = 6;
+                CHECK(run_decode(&m, &h, &r, &c, &read) == 0 && read.page_hit_rate == 1.0);
+                ones[1] = 1.5;
+                CHECK(run_decode(&m, &h, &r, &c, &read) == MS_ERR_BAD_ROUTING);
+                ones[1] = NAN;
+                CHECK(run_decode(&m, &h, &r, &c, &read) == MS_ERR_BAD_ROUTING);
+                ones[1] = -0.5;
+                CHECK(run_decode(&m, &h, &r, &c, &read) == MS_ERR_BAD_ROUTING);
+                ones[1] = 1.0;
+            }
+        }
+    }
+    CHECK(ms_page_table(&r, 2, 1, 0, tw, wsb, page) == 0 && page[0] == 0.0);
+    CHECK(ms_page_table(&r, 2, 1, E, tw, wsb, page) == 0 && page[0] == 1.0);
+    CHECK(ms_page_table(NULL, 1, 1, 4, tw, wsb, page) == MS_ERR_NULL_ARGUMENT);
+    CHECK(ms_page_table(&r, 1, 1, 4, tw, wsb, NULL) == MS_ERR_NULL_ARGUMENT);
+    CHECK(ms_page_table(&r, 0, 1, 4, tw, wsb, page) == MS_ERR_BAD_SIZE);
+    CHECK(ms_page_table(&r, 1, 0, 4, tw, wsb, page) == MS_ERR_BAD_SIZE);
+    CHECK(ms_page_table(&r, 1, 1, -1, tw, wsb, page) == MS_ERR_BAD_SIZE);
+    CHECK(ms_page_table(&r, 1, 1, 4, tw, wsb - 8, page) == MS_ERR_BAD_WORKSPACE);
+    CHECK(ms_page_table(&none, 1, 1, 4, tw, wsb, page) != 0);
+    ms_routing_t noq = r; noq.q = NULL;
+    CHECK(ms_page_table(&noq, 1, 1, 4, tw, wsb, page) == MS_ERR_BAD_ROUTING);
+    free(tw);
+}
+
+/* Window tables: ms_check_windows judges them whatever windows_checked says; the kernels check them unless
+ * windows_checked marks them checked (the glue sets it once for the tables it seals). */
+static void test_windows_checked(void)
+{
+    static double nodes[2] = {1.0, 2.0}, lq[L * E * 2];
+    ms_machine_t h = make_machine();
+    ms_routing_t r = make_routing(1);
+    ms_decode_model_t m = make_decode_model(MS_EXP_CPU, 1);
+    ms_decode_config_t c = make_decode_config(2, 32, MS_POLICY_LRU, MS_MODE_ANALYTIC);
+    ms_decode_result_t plain, marked;
+    int64_t wsb = ms_che_table_workspace_size(&r);
+    void *tw = malloc((size_t) wsb);
+    double tab[L * MS_CHE_FIELDS];
+    for (int i = 0; i < L * E; i++) { lq[2 * i] = log1p(-(double) K / E); lq[2 * i + 1] = 1.8 * lq[2 * i]; }
+    r.n_window = 2; r.win_n = nodes; r.win_lq = lq;
+    CHECK(ms_check_windows(&r) == 0);
+    CHECK(run_decode(&m, &h, &r, &c, &plain) == 0);
+    r.windows_checked = 1;
+    CHECK(run_decode(&m, &h, &r, &c, &marked) == 0 && memcmp(&plain, &marked, sizeof(plain)) == 0);
+    lq[5] = 0.5;                                       /* malformed: a log probability above 0 */
+    CHECK(ms_check_windows(&r) == 1);                  /* judged whatever the mark says */
+    CHECK(run_decode(&m, &h, &r, &c, &marked) == 0);   /* marked: not checked again */
+    CHECK(ms_che_table(&r, 2, 1, 4, MS_POLICY_LRU, tw, wsb, tab) == 0);
+    r.windows_checked = 0;
+    CHECK(run_decode(&m, &h, &r, &c, &marked) == MS_ERR_BAD_ROUTING);
+    CHECK(ms_che_table(&r, 2, 1, 4, MS_POLICY_LRU, tw, wsb, tab) == MS_ERR_BAD_ROUTING);
+    CHECK(ms_page_table(&r, 2, 1, 4, tw, wsb, tab) == MS_ERR_BAD_ROUTING);
+    lq[5] = 1.8 * lq[4];
+    free(tw);
+}
+
 /* ---------------------------------------------------------------------------- routing and caches */
 static void test_route_and_cache(void)
 {
@@ -1079,6 +1167,8 @@ int main(void)
     test_memory();
     test_decode();
     test_che_table();
+    test_page_table();
+    test_windows_checked();
     test_route_and_cache();
     test_ctx_and_lookup();
     test_stamp_restart();

@@ -131,6 +131,7 @@ cdef extern from "moesim.h" nogil:
         int32_t n_window
         const double *win_n
         const double *win_lq
+        int32_t windows_checked
         const double *recency
         const double *recency_lag
         int32_t history
@@ -153,6 +154,8 @@ cdef extern from "moesim.h" nogil:
         unsigned long long index
         const double *che
         int32_t che_slots
+        const double *page_hit
+        int32_t page_hit_slots
 
     ctypedef struct ms_decode_result_t:
         double step_mean, step_p50, step_p99
@@ -178,6 +181,9 @@ cdef extern from "moesim.h" nogil:
     int64_t ms_che_table_workspace_size(const ms_routing_t *r)
     int ms_che_table(const ms_routing_t *r, int32_t batch, int32_t tokens_per_step, int32_t slots, int32_t policy,
                      void *workspace, int64_t workspace_bytes, double *out) nogil
+    int ms_check_windows(const ms_routing_t *r)
+    int ms_page_table(const ms_routing_t *r, int32_t batch, int32_t tokens_per_step, int32_t page_slots,
+                      void *workspace, int64_t workspace_bytes, double *out) nogil
     int ms_route_sample(const ms_routing_t *r, const ms_decode_config_t *c, int32_t *tokens_out, void *workspace,
                         int64_t workspace_bytes)
     int64_t ms_window_workspace_size(int32_t n_experts, int32_t max_window)

@@ -55,17 +55,27 @@ cdef void _fill_configs(ms_decode_config_t *cfg, dict c, Py_ssize_t n):
     cdef const uint64_t[::1] seed = c["seed"], index = c["index"]
     cdef const double[:, :, ::1] che
     cdef const int32_t[::1] che_slots
-    cdef bint tabled = c.get("che") is not None
+    cdef const double[:, ::1] page_hit
+    cdef const int32_t[::1] page_hit_slots
+    cdef bint tabled = c.get("che") is not None, paged = c.get("page_hit") is not None
     cdef Py_ssize_t i
     if tabled:
         che = c["che"]
         che_slots = c["che_slots"]
+    if paged:
+        page_hit = c["page_hit"]
+        page_hit_slots = c["page_hit_slots"]
     for i in range(n):
         cfg[i].che = NULL
         cfg[i].che_slots = -1
+        cfg[i].page_hit = NULL
+        cfg[i].page_hit_slots = -1
         if tabled and che_slots[i] >= 0 and che.shape[1] > 0:
             cfg[i].che = &che[i, 0, 0]
             cfg[i].che_slots = che_slots[i]
+        if paged and page_hit_slots[i] >= 0 and page_hit.shape[1] > 0:
+            cfg[i].page_hit = &page_hit[i, 0]
+            cfg[i].page_hit_slots = page_hit_slots[i]
         cfg[i].batch = batch[i]
         cfg[i].tokens_per_step = tps[i]
         cfg[i].drafts = drafts[i]
@@ -174,6 +184,37 @@ def che_table(rt, batches, tokens_per_step, int slots, int policy):
         with nogil:
             for i in range(n):
                 code = ms_che_table(&r, b[i], t[i], slots, policy, ws, wsb, &v[i, 0, 0])
+                if code:
+                    bad = i
+                    break
+    finally:
+        free(ws)
+    return code, bad, out[:, :r.n_layers]
+
+
+def page_table(rt, batches, tokens_per_step, int page_slots):
+    """(code, index of the first bad row or -1, [n, L] rates): ms_page_table for each (batches[i],
+    tokens_per_step[i]) at `page_slots` host page slots (engine.decode.page_table checks the arguments)."""
+    cdef ms_routing_t r
+    keep = {}
+    _fill_routing(&r, check_routing(rt), keep)
+    cdef const int32_t[::1] b = np.ascontiguousarray(batches, dtype=np.int32)
+    cdef const int32_t[::1] t = np.ascontiguousarray(tokens_per_step, dtype=np.int32)
+    cdef Py_ssize_t n = b.shape[0], i
+    if t.shape[0] != n:
+        raise StructError("ms_page_table()", "tokens_per_step", f"{t.shape[0]} rows, expected {n}")
+    out = np.zeros((n, max(r.n_layers, 1)), dtype=np.float64)
+    cdef double[:, ::1] v = out
+    cdef int64_t wsb = ms_che_table_workspace_size(&r)
+    cdef char *ws = <char *> malloc(max(wsb, 64))
+    cdef int code = 0
+    cdef int64_t bad = -1
+    if ws == NULL:
+        raise MemoryError()
+    try:
+        with nogil:
+            for i in range(n):
+                code = ms_page_table(&r, b[i], t[i], page_slots, ws, wsb, &v[i, 0])
                 if code:
                     bad = i
                     break

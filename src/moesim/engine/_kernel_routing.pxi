@@ -33,6 +33,7 @@ cdef void _fill_routing(ms_routing_t *r, dict t, dict keep):
     r.win_n = <double *> _data(keep, "win_n", t["win_n"])
     r.win_lq = <double *> _data(keep, "win_lq", t["win_lq"])
     r.n_window = t["win_n"].shape[0] if t["win_n"] is not None else 0
+    r.windows_checked = t.get("windows_checked", 0)     # set by glue.seal_routing alone
     r.recency = <double *> _data(keep, "recency", t["recency"])
     r.recency_lag = <double *> _data(keep, "recency_lag", t["recency_lag"])
     r.history = t["recency_lag"].shape[0] if t["recency_lag"] is not None else 0
@@ -42,6 +43,15 @@ cdef void _fill_routing(ms_routing_t *r, dict t, dict keep):
     r.trace = <int32_t *> _data(keep, "trace", t["trace"])
     r.trace_tokens = t["trace"].shape[0] if t["trace"] is not None else 0
     r.trace_layers = t["trace"].shape[1] if t["trace"] is not None else 0
+
+
+def check_windows(dict checked):
+    """ms_check_windows of a routing checked by glue.check_routing (0: well formed or none, 1: malformed)."""
+    cdef ms_routing_t r
+    keep = {}
+    _fill_routing(&r, checked, keep)
+    r.windows_checked = 0
+    return ms_check_windows(&r)
 
 
 # the workspace of ms_route_sample is that of a one-layer dense model (the sampler needs only the routing buffers)

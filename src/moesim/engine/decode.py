@@ -11,7 +11,8 @@ PHASES = ("attention", "experts", "transfer", "sync_launch", "head_drafts", "ste
 LINKS = ("gpu_memory", "host_memory", "pcie", "storage")
 CONFIG_FIELDS = ("batch", "tokens_per_step", "drafts", "accepted", "steps", "warmup", "policy", "mode", "seed",
                  "index")
-# optional columns: "che" [n, routing layers, CHE_FIELDS] and "che_slots" [n] (che_table's rows; -1: none)
+# optional columns: "che" [n, routing layers, CHE_FIELDS] and "che_slots" [n] (che_table's rows; -1: none);
+# "page_hit" [n, routing layers] and "page_hit_slots" [n] (page_table's rows; -1: none)
 
 
 # ------------------------------------------------------------------------------- running
@@ -48,18 +49,9 @@ def che_table(rt: dict, batches, tokens_per_step, slots: int, policy: int = 0, e
     kernel then reads them instead of counting experts and solving Che. Bad arguments raise MoesimError."""
     import numpy as np
     from .codes import CHE_FIELDS, POLICY_BELADY, POLICIES
-    b = np.atleast_1d(np.asarray(batches))
-    t = np.broadcast_to(np.asarray(tokens_per_step), b.shape) if b.ndim == 1 else None
-    if t is None or b.dtype.kind not in "iu" or t.dtype.kind not in "iu":
-        raise MoesimError("che_table: batches and tokens_per_step must be integers (one row each)", "batches")
-    if b.size and (b.min() < 1 or b.max() > 2**31 - 1 or t.min() < 1 or t.max() > 2**31 - 1):
-        raise MoesimError("che_table: batch and tokens per step must be in [1, 2**31 - 1]", "batches")
-    if isinstance(slots, bool) or not isinstance(slots, (int, np.integer)) or not 0 <= int(slots) <= 2**31 - 1:
-        raise MoesimError(f"che_table: slots must be an integer >= 0, got {slots!r}", "slots")
+    b, t = _table_args(rt, batches, tokens_per_step, slots, "che_table", "slots")
     if policy not in POLICIES.values() or policy == POLICY_BELADY:
         raise MoesimError(f"che_table: policy must be the code of lru, lfu or static, got {policy!r}", "policy")
-    if not rt.get("n_layers") or rt.get("q") is None:
-        raise MoesimError("che_table: the routing has no analytic tables (a dense model or a trace)", "rt")
     if engine == "reference":
         from .reference import decode as reference
         rows = [reference.che_table(rt, int(x), int(y), int(slots), int(policy)) for x, y in zip(b, t)]
@@ -69,4 +61,43 @@ def che_table(rt: dict, batches, tokens_per_step, slots: int, policy: int = 0, e
     from . import _kernel
     code, bad, out = _kernel.che_table(rt, b, t, int(slots), int(policy))
     handle_library_error(code, "ms_che_table", bad)
+    return out
+
+
+def _table_args(rt: dict, batches, tokens_per_step, slots, name: str, what: str) -> tuple:
+    """(batches, tokens per step) of an analytic table call as integer arrays, its slot count and routing
+    checked (MoesimError naming ``name``)."""
+    import numpy as np
+    b = np.atleast_1d(np.asarray(batches))
+    t = np.broadcast_to(np.asarray(tokens_per_step), b.shape) if b.ndim == 1 else None
+    if t is None or b.dtype.kind not in "iu" or t.dtype.kind not in "iu":
+        raise MoesimError(f"{name}: batches and tokens_per_step must be integers (one row each)", "batches")
+    if b.size and (b.min() < 1 or b.max() > 2**31 - 1 or t.min() < 1 or t.max() > 2**31 - 1):
+        raise MoesimError(f"{name}: batch and tokens per step must be in [1, 2**31 - 1]", "batches")
+    if isinstance(slots, bool) or not isinstance(slots, (int, np.integer)) or not 0 <= int(slots) <= 2**31 - 1:
+        raise MoesimError(f"{name}: {what} must be an integer >= 0, got {slots!r}", what)
+    if not rt.get("n_layers") or rt.get("q") is None:
+        raise MoesimError(f"{name}: the routing has no analytic tables (a dense model or a trace)", "rt")
+    return b, t
+
+
+def page_table(rt: dict, batches, tokens_per_step, page_slots: int, engine: str = "c"):
+    """The analytic path's host page-cache hit rate of every routing layer, one ``[n_layers]`` row per
+    (batches[i], tokens_per_step[i]) at ``page_slots`` page slots (Che's approximation on the window tables
+    under token memory, else on the step's inclusion probabilities; 0 for a step without experts). It
+    depends on the routing's tables, batch, tokens per step and page slots only (not the placement, GPU
+    slots, policy, machine or context), so a sweep computes it once and passes it as the ``page_hit`` /
+    ``page_hit_slots`` config columns of every configuration that shares it; the kernel's paged layers of
+    that many page slots then read it instead of solving Che. Bad arguments raise MoesimError."""
+    import numpy as np
+    b, t = _table_args(rt, batches, tokens_per_step, page_slots, "page_table", "page_slots")
+    if engine == "reference":
+        from .reference import decode as reference
+        rows = [reference.page_table(rt, int(x), int(y), int(page_slots)) for x, y in zip(b, t)]
+        return np.array(rows, dtype=np.float64).reshape(len(b), int(rt["n_layers"]))
+    if engine != "c":
+        raise MoesimError(f"engine must be 'c' or 'reference', got {engine!r}", "engine")
+    from . import _kernel
+    code, bad, out = _kernel.page_table(rt, b, t, int(page_slots))
+    handle_library_error(code, "ms_page_table", bad)
     return out

@@ -134,7 +134,13 @@ DECODE_CONFIG_COLUMNS = (_arrays(I32, ("n",), "batch", "tokens_per_step", "draft
                          + (Field("che", F64, ("n", "che_layers", len(CHE_FIELDS)), optional=True,
                                   note="ms_che_table's step counts and hit rate per configuration and routing layer"),
                             Field("che_slots", I32, ("n",), optional=True,
-                                  note="the slot count each che row was tabulated for (-1: no table)")))
+                                  note="the slot count each che row was tabulated for (-1: no table)"),
+                            # host page-cache tables (engine.decode.page_table): row i for configuration i, read
+                            # by its paged MoE layers of page_hit_slots[i] page slots (-1: none; both or neither)
+                            Field("page_hit", F64, ("n", "page_layers"), optional=True,
+                                  note="ms_page_table's page-cache hit rate per configuration and routing layer"),
+                            Field("page_hit_slots", I32, ("n",), optional=True,
+                                  note="the page slot count each page_hit row was tabulated for (-1: no table)")))
 
 # ms_sweep_place_t as columns of a group's candidate placements, and ms_sweep_mem_t (analysis.sweep
 # Group._memory_tables); K layer kinds.
@@ -363,16 +369,15 @@ def check_columns(struct: str, cols, n: int | None = None) -> dict:
 
 
 def check_che_columns(c: dict, n_layers: int) -> None:
-    """The optional table columns of checked config columns: both or neither, one row per routing layer (the
-    C refuses a count that is negative or not finite, or a hit rate above 1, on a row that names a slot count:
-    MS_ERR_BAD_ROUTING)."""
-    che, slots = c.get("che"), c.get("che_slots")
-    if (che is None) != (slots is None):
-        raise StructError("ms_decode_config_t[]", "che", "che and che_slots go together")
-    if che is None:
-        return
-    if che.shape[1] != n_layers:
-        raise StructError("ms_decode_config_t[]", "che", f"{che.shape[1]} layers, the routing has {n_layers}")
+    """The optional table columns of checked config columns (che / che_slots, page_hit / page_hit_slots): both
+    or neither, one row per routing layer (the C refuses a count that is negative or not finite, or a hit rate
+    above 1, on a che row that names a slot count, and a page_hit rate outside [0, 1]: MS_ERR_BAD_ROUTING)."""
+    for name in ("che", "page_hit"):
+        tab, slots = c.get(name), c.get(name + "_slots")
+        if (tab is None) != (slots is None):
+            raise StructError("ms_decode_config_t[]", name, f"{name} and {name}_slots go together")
+        if tab is not None and tab.shape[1] != n_layers:
+            raise StructError("ms_decode_config_t[]", name, f"{tab.shape[1]} layers, the routing has {n_layers}")
 
 
 def seal_routing(rt) -> Sealed:
@@ -389,7 +394,13 @@ def seal_routing(rt) -> Sealed:
         return v
 
     data = {k: frozen(v) for k, v in rt.items()}
-    return Sealed("ms_routing_t", data, check_routing(data), {})
+    checked = check_routing(data)
+    if checked.get("n_layers") and checked.get("win_lq") is not None:
+        from . import _kernel
+        # the C checks the window tables (L x E x W values) once here, not at every call: the copies sealed
+        # here never change (a malformed table stays unmarked, and every call refuses it)
+        checked["windows_checked"] = int(_kernel.check_windows(checked) == 0)
+    return Sealed("ms_routing_t", data, checked, {})
 
 
 def check_routing(rt) -> dict:

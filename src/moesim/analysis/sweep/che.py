@@ -2,7 +2,10 @@
 approximation for LRU) computed once per (routing tables, GPU slots, policy, batch, tokens per step) and
 passed to the analytic kernel as its ``che`` / ``che_slots`` config columns
 (:func:`moesim.engine.decode.che_table`), instead of being counted and solved again for every prefetch
-recall, machine, context, quant and group that shares them. The rows are memoised for the process under
+recall, machine, context, quant and group that shares them; likewise the host page cache's hit rate per
+(routing tables, page slots, batch, tokens per step) as the ``page_hit`` / ``page_hit_slots`` columns
+(:func:`moesim.engine.decode.page_table`; models paged from storage, whose every placement and machine with
+the same page slots shares it). The rows are memoised for the process under
 a fingerprint of the routing's tables (memoised per routing object in the plan), so routings lowered
 separately with equal tables (one per prefetch recall) and later sweeps share them. Results are those of
 the kernel counting each configuration itself: the table holds the values it would compute, by the same
@@ -13,7 +16,7 @@ import hashlib
 
 import numpy as np
 
-from ...engine.codes import EXP_NONE, POLICY_LFU, POLICY_LRU, POLICY_STATIC
+from ...engine.codes import EXP_CPU, EXP_FETCH, EXP_NONE, EXP_SPLIT, POLICY_LFU, POLICY_LRU, POLICY_STATIC
 
 
 def fingerprint(plan, rt: dict) -> str:
@@ -93,17 +96,13 @@ _MAX_BYTES = 64 << 20
 _bytes = [0]
 
 
-def rows(plan, rt: dict, slots: int, policy: int, batches, tps: int) -> np.ndarray:
-    """[len(batches), n_layers, CHE_FIELDS] table rows at ``slots`` slots, ``policy`` and ``tps`` tokens per
-    step, each computed once (one kernel call for the rows not yet there)."""
-    from ...engine.decode import che_table
-    fp = fingerprint(plan, rt)
-    keys = [(fp, int(slots), int(policy), int(b), int(tps)) for b in batches]
+def _memoised(keys: list, compute) -> np.ndarray:
+    """The rows of these _ROWS keys stacked, those not there yet computed by one ``compute(indices)`` call
+    (an array of their rows in that order) and kept."""
     got = [_ROWS.get(k) for k in keys]
     miss = [i for i, r in enumerate(got) if r is None]
     if miss:
-        tab = che_table(sealed_routing(plan, rt), np.array([batches[i] for i in miss], dtype=np.int64), int(tps),
-                        int(slots), int(policy))
+        tab = compute(miss)
         tab.flags.writeable = False
         if _bytes[0] + tab.nbytes > _MAX_BYTES:
             _ROWS.clear()
@@ -114,18 +113,56 @@ def rows(plan, rt: dict, slots: int, policy: int, batches, tps: int) -> np.ndarr
     return np.stack(got)
 
 
+def rows(plan, rt: dict, slots: int, policy: int, batches, tps: int) -> np.ndarray:
+    """[len(batches), n_layers, CHE_FIELDS] table rows at ``slots`` slots, ``policy`` and ``tps`` tokens per
+    step, each computed once (one kernel call for the rows not yet there)."""
+    from ...engine.decode import che_table
+    fp = fingerprint(plan, rt)
+    keys = [(fp, int(slots), int(policy), int(b), int(tps)) for b in batches]
+    return _memoised(keys, lambda miss: che_table(sealed_routing(plan, rt), np.array([batches[i] for i in miss],
+                                                  dtype=np.int64), int(tps), int(slots), int(policy)))
+
+
+def page_rows(plan, rt: dict, page_slots: int, batches, tps: int) -> np.ndarray:
+    """[len(batches), n_layers] host page-cache hit rates at ``page_slots`` page slots and ``tps`` tokens per
+    step (engine.decode.page_table), each computed once for the process like :func:`rows`."""
+    from ...engine.decode import page_table
+    fp = fingerprint(plan, rt)
+    keys = [(fp, "page", int(page_slots), int(b), int(tps)) for b in batches]
+    return _memoised(keys, lambda miss: page_table(sealed_routing(plan, rt), np.array([batches[i] for i in miss],
+                                                   dtype=np.int64), int(tps), int(page_slots)))
+
+
+def page_slots_of(dm: dict, rt: dict) -> int:
+    """The host page-slot count of a lowered model's paged MoE layers (fewer page slots than experts, experts
+    read from host memory) when the analytic kernel would read a page table for them (a routing with analytic
+    tables), else -1 (layers whose page slots differ from the first paged layer's solve for themselves)."""
+    E = rt.get("n_experts")
+    ps = np.asarray(dm["page_slots"])
+    if rt.get("q") is None or not rt.get("n_layers") or not E or not (ps < E).any():
+        return -1
+    mode = np.asarray(dm["expert_mode"])
+    paged = (ps < E) & ((mode == EXP_CPU) | (mode == EXP_SPLIT) | (mode == EXP_FETCH)) & (np.asarray(dm["moe_index"]) >= 0)
+    return int(ps[paged][0]) if paged.any() else -1
+
+
 def columns(plan, rt: dict, dm: dict, policy: int, batches, tps: int) -> dict:
-    """The ``che`` / ``che_slots`` config columns for these batches of one lowered model (``{}`` where the
-    kernel has no table to read); read-only arrays, the same ones for every group of the plan that asks."""
-    s = slots_of(dm, policy, rt)
-    if s < 0:
+    """The ``che`` / ``che_slots`` and ``page_hit`` / ``page_hit_slots`` config columns for these batches of
+    one lowered model (either pair absent, ``{}`` for both, where the kernel has no table to read); read-only
+    arrays, the same ones for every group of the plan that asks."""
+    s, ps = slots_of(dm, policy, rt), page_slots_of(dm, rt)
+    if s < 0 and ps < 0:
         return {}
-    key = ("che_cols", fingerprint(plan, rt), s, int(policy), tuple(int(b) for b in batches), int(tps))
+    key = ("che_cols", fingerprint(plan, rt), s, ps, int(policy), tuple(int(b) for b in batches), int(tps))
     hit = plan._shared.get(key)
     if hit is None:
-        che = rows(plan, rt, s, policy, batches, tps)
-        che.flags.writeable = False
-        slots = np.full(len(batches), s, dtype=np.int32)
-        slots.flags.writeable = False
-        hit = plan.shared(key, lambda: dict(che=che, che_slots=slots))
+        cols = {}
+        if s >= 0:
+            cols.update(che=rows(plan, rt, s, policy, batches, tps), che_slots=np.full(len(batches), s, dtype=np.int32))
+        if ps >= 0:
+            cols.update(page_hit=page_rows(plan, rt, ps, batches, tps),
+                        page_hit_slots=np.full(len(batches), ps, dtype=np.int32))
+        for v in cols.values():
+            v.flags.writeable = False
+        hit = plan.shared(key, lambda: cols)
     return hit

@@ -26,7 +26,8 @@ from ...engine.lower.machine import lower_machine, placement_key
 from ...engine.prefill import prefill
 from ...errors import KernelError
 from ...spec.placement import Placement
-from .che import columns as che_columns, fingerprint as che_fingerprint, sealed_routing, slots_of as che_slots_of
+from .che import (columns as che_columns, fingerprint as che_fingerprint, page_slots_of, sealed_routing,
+                  slots_of as che_slots_of)
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
@@ -63,6 +64,12 @@ def check_separable(routing: dict) -> None:
         raise KernelError("sweep: analytic decode variants need prefetch off (step time = step with attention "
                           f"zeroed + attention terms holds only then); routing recall > 0 in layers "
                           f"{layers[:8].tolist()}")
+
+
+def _frozen_tables(d: dict) -> MappingProxyType:
+    """A lowered table several groups share, read-only: its arrays as read-only views (the arrays
+    themselves, which may be a lowering cache's, keep their flags) in a read-only mapping."""
+    return MappingProxyType({k: _frozen(v.view()) if isinstance(v, np.ndarray) else v for k, v in d.items()})
 
 
 def kind_row(n: int, on_gpu: bool, ab: float, af: float, fn: int, hw: dict, kv_copies: float = 1.0) -> tuple:
@@ -166,10 +173,10 @@ class DecodeVariants:
         model (lowering key lk, :meth:`_lowered`)."""
         g = self.group
         run_cfg = g.plan.run
-        dm, hw, _ = self._lowered(j, items[0][1])
-        dm = dict(dm)
+        dm0, hw, _ = self._lowered(j, items[0][1])
+        dm = dict(dm0)
         dm["page_slots"] = np.full(g.m.n_layers, ps, dtype=np.int32)
-        pf0 = self._prefill_time(j, lk, dm, hw)
+        pf0 = self._prefill_time(j, lk, dm0, hw)
         kind0, nk = self._kind_slice(j, dm, hw)
         res = None
         mc_index = -1
@@ -181,11 +188,12 @@ class DecodeVariants:
             self._mc_machines.append(hw)
         else:
             batches = tuple(b for _, b in items)
-            # the analytic kernel reads its step counts and hit rates from tables (sweep.che): sealed columns per table
-            s = che_slots_of(dm, g.policy, g.routing)
-            ckey = () if s < 0 else (che_fingerprint(g.plan, g.routing), s)
+            # the analytic kernel reads its step counts, GPU and page-cache hit rates from tables (sweep.che): sealed
+            # columns per table
+            s, pps = che_slots_of(dm, g.policy, g.routing), page_slots_of(dm, g.routing)
+            ckey = () if s < 0 and pps < 0 else (che_fingerprint(g.plan, g.routing), s, pps)
             cols = g.plan.shared(("decode_cols", g.policy, batches) + ckey, lambda: _decode_cols(
-                batches, g.policy, run_cfg, {} if s < 0 else che_columns(g.plan, g.routing, dm, g.policy, batches, 1)))
+                batches, g.policy, run_cfg, che_columns(g.plan, g.routing, dm, g.policy, batches, 1)))
             res = run(_zeroed(dm, g.plan), hw, sealed_routing(g.plan, g.routing), cols)
         for i, (key, _) in enumerate(items):
             f64 = np.zeros(13)
@@ -205,7 +213,8 @@ class DecodeVariants:
         """Per layer, the KV read factor of candidate j's multi-GPU layout (lower_model's)."""
         g = self.group
         p = g.cands[j]
-        return g.plan.shared(("kv_copies", g.ix["models"], g.ix["machines"], id(g.rt), attention_key(p)),
+        # kv_copies_of reads the machine only through its GPU count: shared by the plan's machines alike in it
+        return g.plan.shared(("kv_copies", g.ix["models"], g.machine.n_gpus, id(g.rt), attention_key(p)),
                              lambda: _frozen(np.array(kv_copies_of(g.m, p, g.machine, g.rt), dtype=np.float64)))
 
     def _op_offload(self, p: Placement, tokens_per_step: int) -> bool:
@@ -228,18 +237,29 @@ class DecodeVariants:
         p = g.cands[j]
         lk = self.lowering_key(j, b)
         if (j, lk) not in self._dm:
-            self._dm[(j, lk)] = lower_model(g.m, g.low, p, g.machine, g.rt, 1, g.kv, b, routing=g.routing)
+            # lower_model reads the machine only through its GPU count and the routing only under expert
+            # parallelism (where lk holds the tokens): the plan's groups that differ only in the machine's
+            # other properties, the policy or the prefetch recall share the lowered model, kept read-only
+            key = ("dm", g.ix["models"], g.ix["quants"], g.kv, id(g.rt), g.machine.n_gpus, p, lk,
+                   id(g.routing) if g.rt.decode.expert_parallel > 1 else None)
+            self._dm[(j, lk)] = g.plan.shared(key, lambda: _frozen_tables(
+                lower_model(g.m, g.low, p, g.machine, g.rt, 1, g.kv, b, routing=g.routing)))
         if j not in self._hw:
             # the machine's rates under one runtime, kind of placement and kernel mix: shared by the plan's groups
             self._hw[j] = g.plan.shared(("hw", g.ix["machines"], id(g.rt), placement_key(p), g.kernel_mix),
                                         lambda: seal("ms_machine_t", lower_machine(g.machine, g.rt, p, g.kernel_mix)))
         return self._dm[(j, lk)], self._hw[j], lk
 
-    def _prefill_time(self, j: int, lk: tuple, dm: dict, hw: dict) -> float:
-        # the prompt is prefilled from an empty cache, so its time does not depend on the swept context
+    def _prefill_time(self, j: int, lk: tuple, dm, hw) -> float:
+        """Seconds to prefill the prompt on candidate j's lowered model ``dm`` (:meth:`_lowered`'s, which the
+        plan keeps; prefill reads neither the page slots nor the swept context: the prompt is prefilled from
+        an empty cache) and machine rates ``hw``. Keyed by those objects, the routing and the runtime, so
+        the plan's groups that share them (groups that differ only in the policy) share the time."""
         if (j, lk) not in self._prefill:
             g = self.group
-            self._prefill[(j, lk)] = prefill(g.m, dm, hw, g.routing, g.rt, g.plan.run["prompt"], 1)[1]
+            key = ("prefill", id(dm), id(hw), id(g.routing), id(g.rt))
+            self._prefill[(j, lk)] = g.plan.shared(key, lambda: prefill(g.m, dm, hw, g.routing, g.rt,
+                                                                        g.plan.run["prompt"], 1)[1])
         return self._prefill[(j, lk)]
 
     def _kind_slice(self, j: int, dm: dict, hw: dict) -> tuple:

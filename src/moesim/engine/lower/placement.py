@@ -22,17 +22,25 @@ def placement_candidates(m, mach: Machine, rt, spec: str) -> tuple:
     """(candidate placements, rule) the group's configurations choose from (moesim.fit.auto_placement
     resolved per configuration in C for llama.cpp and ktransformers)."""
     if spec != "auto":
-        return [parse_placement(spec, m, mach)], SWEEP_FIXED
+        return _one(parse_placement(spec, m, mach)), SWEEP_FIXED
     if mach.unified:
-        return [Placement("unified")], SWEEP_FIXED
+        return _one(Placement("unified")), SWEEP_FIXED
     if mach.n_gpus == 0:
-        return [Placement("cpu-only")], SWEEP_FIXED
+        return _one(Placement("cpu-only")), SWEEP_FIXED
     L, E = m.n_layers, m.n_experts
     if rt.family == "ktransformers" and E:
         return _auto_candidates("ktransformers", L, E), SWEEP_AUTO_KT
     if not rt.llama_cpp_family:
-        return [Placement("all-gpu")], SWEEP_FIXED
+        return _one(Placement("all-gpu")), SWEEP_FIXED
     return _auto_candidates("llama.cpp", L, E), SWEEP_AUTO_LLAMA
+
+
+@functools.lru_cache(maxsize=1024)
+def _one(p: Placement) -> tuple:
+    """A fixed placement as its one-candidate tuple, one object per placement value: the tables keyed on a
+    candidate tuple's identity (:func:`_by_identity`) find it for every group, machine and sweep naming it
+    (a list built per call missed them every time)."""
+    return (p,)
 
 
 @functools.lru_cache(maxsize=256)

@@ -490,16 +490,37 @@ def _lru_hit_rate(q, l, E, B, tps, C):
     return hsum / dsum if dsum > 0 else 0.0
 
 
-def _page_work(dm, rt, c, i, l, mode, p, D, w, tally):
-    """Host reads that miss the page cache are read from storage (``w["n_disk"]``)."""
-    host = w["n_fetch"] if mode == EXP_FETCH else w["n_cpu"]
-    ps = float(dm["page_slots"][i])
+def _page_layer(rt, l, B, tps, ps, D, p):
+    """Twin of ms_analytic.c page_layer: routing layer ``l``'s host page-cache hit rate at ``ps`` slots (Che on
+    the window tables under token memory, else on the step's inclusion probabilities ``p``; 0 when D is 0)."""
     if D <= 0:
-        ph = 0.0
-    elif rt.get("win_lq") is not None:
-        ph = W.window_hits(rt, l, c["batch"], c["tokens_per_step"], ps, D) / D
+        return 0.0
+    if rt.get("win_lq") is not None:
+        return W.window_hits(rt, l, B, tps, ps, D) / D
+    return che_hits(p, ps) / D
+
+
+def page_table(rt, batch, tokens_per_step, page_slots):
+    """Twin of ms_page_table: every routing layer's host page-cache hit rate at (batch, tokens_per_step,
+    page_slots); a bad argument raises ValueError (the C returns an error code)."""
+    if batch < 1 or tokens_per_step < 1 or page_slots < 0:
+        raise ValueError("batch and tokens_per_step must be >= 1, page_slots >= 0")
+    out = []
+    for l in range(int(rt["n_layers"])):
+        row, p = _layer_counts(rt, rt["q"], l, batch, tokens_per_step, 0, POLICY_LRU, hit=False)
+        out.append(_page_layer(rt, l, batch, tokens_per_step, float(page_slots), row[0], p))
+    return out
+
+
+def _page_work(dm, rt, c, i, l, mode, p, D, w, tally):
+    """Host reads that miss the page cache are read from storage (``w["n_disk"]``); the hit rate from the
+    configuration's page table when it has one for this layer's page slots, as the C reads it."""
+    host = w["n_fetch"] if mode == EXP_FETCH else w["n_cpu"]
+    ps = int(dm["page_slots"][i])
+    if c.get("page_hit") is not None and c["page_hit_slots"] == ps:
+        ph = float(c["page_hit"][l])
     else:
-        ph = che_hits(p, ps) / D
+        ph = _page_layer(rt, l, c["batch"], c["tokens_per_step"], float(ps), D, p)
     w["n_disk"] = host * (1.0 - ph)
     tally["phits"] += host * ph
     tally["ploads"] += host
@@ -510,11 +531,13 @@ def decode_many(dm, hw, rt, cols):
     n = len(cols["batch"])
     rows = []
     for i in range(n):
-        c = {k: (float(cols[k][i]) if k == "accepted" else int(cols[k][i])) for k in cols if k != "che"}
-        if cols.get("che") is not None and int(cols["che_slots"][i]) >= 0:
-            c["che"] = cols["che"][i]
-        else:
-            c.pop("che_slots", None)
+        c = {k: (float(cols[k][i]) if k == "accepted" else int(cols[k][i])) for k in cols
+             if k not in ("che", "page_hit")}
+        for name in ("che", "page_hit"):
+            if cols.get(name) is not None and int(cols[name + "_slots"][i]) >= 0:
+                c[name] = cols[name][i]
+            else:
+                c.pop(name + "_slots", None)
         r = decode_analytic(dm, hw, rt, c) if c["mode"] == 1 else decode_montecarlo(dm, hw, rt, c)
         rows.append(r)
     out = {k: np.array([r[k] for r in rows], dtype=np.float64) for k in rows[0]} if rows else {}

@@ -1,0 +1,66 @@
+"""Per-group work a sweep plan shares across groups (issue 19): the lowered decode model of groups that differ
+only in what lower_model does not read (the machine beyond its GPU count, the policy), and the prefill time
+of groups that share the lowered model, machine rates, routing and runtime (the policy). Shared, the rows
+still equal ``simulate(mode="analytic")``'s, which lowers and prefills each configuration itself; a
+two-GPU machine gets its own lowered model."""
+from __future__ import annotations
+
+import moesim
+from moesim.analysis.sweep import variants as V
+
+import test_sweep_axes as TSA
+
+M5090 = {"gpu": "rtx-5090", "host": "ddr5-6000x2", "host_mem_gb": 64, "name": "5090-64g"}
+M4090X2 = {"gpu": "rtx-4090", "gpus": 2, "host": "ddr5-6000x2", "host_mem_gb": 64, "name": "4090x2-64g"}
+H200 = {"gpu": "h200", "name": "h200"}
+H800 = {"gpu": "h800", "name": "h800"}
+H200X2 = {"gpu": "h200", "gpus": 2, "name": "h200x2"}
+
+
+def _counting(monkeypatch) -> dict:
+    """Counts of the variants path's lower_model calls (the machine's GPU count each) and prefill calls."""
+    calls = {"lower_model": [], "prefill": 0}
+    lower, prefill = V.lower_model, V.prefill
+
+    def counting_lower(m, low, p, machine, *a, **k):
+        calls["lower_model"].append(machine.n_gpus)
+        return lower(m, low, p, machine, *a, **k)
+
+    def counting_prefill(*a, **k):
+        calls["prefill"] += 1
+        return prefill(*a, **k)
+
+    monkeypatch.setattr(V, "lower_model", counting_lower)
+    monkeypatch.setattr(V, "prefill", counting_prefill)
+    for mach in (M5090, M4090X2, H200, H800, H200X2):
+        monkeypatch.setitem(TSA.MACHINES, mach["name"], mach)
+    return calls
+
+
+def test_one_lowered_model_per_gpu_count(monkeypatch):
+    """vLLM on one H200, one H800 and two H200s (tensor parallel: the lowered model depends on the GPU
+    count): two lowered models for six groups, and every row equals simulate's."""
+    calls = _counting(monkeypatch)
+    tab = moesim.sweep(models=["qwen3-30b-a3b"], quants=["fp8"], runtimes=["vllm"], machines=[H200, H800, H200X2],
+                       policies=["lru", "static"], contexts=[4096], batches=[1, 64], filter=TSA.SKIP, progress=False)
+    assert sorted(calls["lower_model"]) == [1, 2]
+    assert TSA._check_against_simulate(tab, ("policy",), runtime="vllm") == 12
+
+
+def test_shared_lowering_and_prefill_equal_simulate(monkeypatch):
+    """llama.cpp with experts in host memory on a 4090, a 5090 and two 4090s, two policies: lowered models
+    shared by the single-GPU machines, prefill by the policies, and every row equals simulate's."""
+    calls = _counting(monkeypatch)
+    n = 0
+    for placement in ("experts-cpu", "n-cpu-moe=8"):
+        calls["lower_model"].clear()
+        calls["prefill"] = 0
+        tab = moesim.sweep(models=["qwen3-30b-a3b"], quants=["Q4_K_M"], machines=[TSA.M64, M5090, M4090X2],
+                           placements=[placement], policies=["lru", "static"], contexts=[4096], batches=[1, 64],
+                           filter=TSA.SKIP, progress=False)
+        # 3 machines x 2 policies = 6 groups, each with 2 lowering keys (op offload below / at 64 tokens): the
+        # single-GPU machines share 2 lowered models, the two-GPU one has its own 2; prefill once per machine
+        assert sorted(calls["lower_model"]) == [1, 1, 2, 2]
+        assert calls["prefill"] == 6
+        n += TSA._check_against_simulate(tab, ("policy",), placement=placement)
+    assert n == 24
