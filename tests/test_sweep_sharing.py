@@ -18,9 +18,10 @@ H200X2 = {"gpu": "h200", "gpus": 2, "name": "h200x2"}
 
 
 def _counting(monkeypatch) -> dict:
-    """Counts of the variants path's lower_model calls (the machine's GPU count each) and prefill calls."""
-    calls = {"lower_model": [], "prefill": 0}
-    lower, prefill = V.lower_model, V.prefill
+    """Counts of the variants path's lower_model calls (the machine's GPU count each), prefill calls and
+    prefill_terms calls (what prefill reads besides the machine rates)."""
+    calls = {"lower_model": [], "prefill": 0, "prefill_terms": 0}
+    lower, prefill, terms = V.lower_model, V.prefill_seconds, V.prefill_terms
 
     def counting_lower(m, low, p, machine, *a, **k):
         calls["lower_model"].append(machine.n_gpus)
@@ -30,8 +31,13 @@ def _counting(monkeypatch) -> dict:
         calls["prefill"] += 1
         return prefill(*a, **k)
 
+    def counting_terms(*a, **k):
+        calls["prefill_terms"] += 1
+        return terms(*a, **k)
+
     monkeypatch.setattr(V, "lower_model", counting_lower)
-    monkeypatch.setattr(V, "prefill", counting_prefill)
+    monkeypatch.setattr(V, "prefill_seconds", counting_prefill)
+    monkeypatch.setattr(V, "prefill_terms", counting_terms)
     for mach in (M5090, M4090X2, H200, H800, H200X2):
         monkeypatch.setitem(TSA.MACHINES, mach["name"], mach)
     return calls
@@ -54,7 +60,7 @@ def test_shared_lowering_and_prefill_equal_simulate(monkeypatch):
     n = 0
     for placement in ("experts-cpu", "n-cpu-moe=8"):
         calls["lower_model"].clear()
-        calls["prefill"] = 0
+        calls["prefill"] = calls["prefill_terms"] = 0
         tab = moesim.sweep(models=["qwen3-30b-a3b"], quants=["Q4_K_M"], machines=[TSA.M64, M5090, M4090X2],
                            placements=[placement], policies=["lru", "static"], contexts=[4096], batches=[1, 64],
                            filter=TSA.SKIP, progress=False)
@@ -62,5 +68,9 @@ def test_shared_lowering_and_prefill_equal_simulate(monkeypatch):
         # single-GPU machines share 2 lowered models, the two-GPU one has its own 2; prefill once per machine
         assert sorted(calls["lower_model"]) == [1, 1, 2, 2]
         assert calls["prefill"] == 6
+        # prefill's terms other than the machine rates: once per lowered model (the 4090 and 5090 share them;
+        # rows equal to simulate's below hold that they read no machine rate)
+        assert calls["prefill_terms"] == 4
         n += TSA._check_against_simulate(tab, ("policy",), placement=placement)
     assert n == 24
+

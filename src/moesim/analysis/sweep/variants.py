@@ -23,7 +23,7 @@ from ...engine.decode import run
 from ...engine.glue import seal
 from ...engine.lower.decode_model import attention_key, kv_copies_of, lower_model, op_offload_threshold
 from ...engine.lower.machine import lower_machine, placement_key
-from ...engine.prefill import prefill
+from ...engine.prefill import prefill_seconds, prefill_terms, rate_ttft
 from ...errors import KernelError
 from ...spec.placement import Placement
 from .che import (columns as che_columns, fingerprint as che_fingerprint, page_slots_of, sealed_routing,
@@ -177,7 +177,7 @@ class DecodeVariants:
         dm = dict(dm0)
         dm["page_slots"] = np.full(g.m.n_layers, ps, dtype=np.int32)
         pf0 = self._prefill_time(j, lk, dm0, hw)
-        kind0, nk = self._kind_slice(j, dm, hw)
+        kind0, nk = self._kind_slice(j, dm0, hw)
         res = None
         mc_index = -1
         if self.mc:
@@ -257,23 +257,32 @@ class DecodeVariants:
         the plan's groups that share them (groups that differ only in the policy) share the time."""
         if (j, lk) not in self._prefill:
             g = self.group
+            prompt = g.plan.run["prompt"]
+            # what prefill reads besides the machine rates, shared by the machines that share the lowered model
+            terms = g.plan.shared(("prefill_terms", id(dm), id(g.routing), id(g.rt)),
+                                  lambda: prefill_terms(g.m, dm, g.routing, g.rt, prompt))
             key = ("prefill", id(dm), id(hw), id(g.routing), id(g.rt))
-            self._prefill[(j, lk)] = g.plan.shared(key, lambda: prefill(g.m, dm, hw, g.routing, g.rt,
-                                                                        g.plan.run["prompt"], 1)[1])
+            self._prefill[(j, lk)] = g.plan.shared(key, lambda: rate_ttft(
+                prompt, prefill_seconds(g.m, dm, hw, g.routing, g.rt, prompt, terms=terms), 1)[1])
         return self._prefill[(j, lk)]
 
     def _kind_slice(self, j: int, dm: dict, hw: dict) -> tuple:
+        """(first row, rows) of candidate j's attention kinds in the group's kind table; ``dm``: a lowered
+        model the plan keeps (:meth:`_lowered`'s)."""
         if j in self._kinds:
             return self._kinds[j]
         g = self.group
+        kvc = self._kv_copies(j)
         # layers alike in (attention on the GPU, bytes, FLOPs, context function, KV copies), in first-seen
-        # order (Counter counts in C and keeps first-seen order)
-        table = Counter(zip((np.asarray(dm["attn_on_gpu"]) != 0).tolist(),
-                            (np.asarray(dm["attn_bytes"], dtype=np.float64) + np.asarray(dm["shared_bytes"])).tolist(),
-                            (np.asarray(dm["attn_flops"], dtype=np.float64) + np.asarray(dm["shared_flops"])).tolist(),
-                            np.asarray(g.layer_fn).tolist(), self._kv_copies(j).tolist()))
+        # order (Counter counts in C and keeps first-seen order): read from the lowered model alone, so the
+        # plan's machines that share it share the count
+        table = g.plan.shared(("kinds", id(dm), id(g.layer_fn), id(kvc)), lambda: tuple(Counter(zip(
+            (np.asarray(dm["attn_on_gpu"]) != 0).tolist(),
+            (np.asarray(dm["attn_bytes"], dtype=np.float64) + np.asarray(dm["shared_bytes"])).tolist(),
+            (np.asarray(dm["attn_flops"], dtype=np.float64) + np.asarray(dm["shared_flops"])).tolist(),
+            np.asarray(g.layer_fn).tolist(), kvc.tolist())).items()))
         start = len(self._kind_rows)
-        for (on, ab, af, fn, copies), n in table.items():
+        for (on, ab, af, fn, copies), n in table:
             self._kind_rows.append(kind_row(n, on, ab, af, int(fn), hw, copies))
         self._kinds[j] = (start, len(table))
         return self._kinds[j]
