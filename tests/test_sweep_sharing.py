@@ -74,3 +74,34 @@ def test_shared_lowering_and_prefill_equal_simulate(monkeypatch):
         n += TSA._check_against_simulate(tab, ("policy",), placement=placement)
     assert n == 24
 
+
+def test_evicted_groups_are_freed_without_a_collection(monkeypatch):
+    """The plan's cache keeps its recent groups; the others go by reference counting (their decode variants
+    point back weakly, and a chunk holds each group's ChunkFacts, not the group), so the full collections of
+    a wide grid of narrow groups do not walk every group it evaluated. Counted when the chunk's check runs
+    (every group evaluated) and after the sweep; fails if either reference holds a group again."""
+    import gc
+    import weakref
+    from moesim.analysis.sweep import run as SR
+    from moesim.analysis.sweep.group import Group
+    refs, init, check, alive = [], Group.__init__, SR.check_chunk, []
+
+    def tracked(self, plan, g):
+        refs.append(weakref.ref(self))
+        init(self, plan, g)
+
+    def counting_check(*a, **k):
+        alive.append(sum(r() is not None for r in refs))
+        return check(*a, **k)
+    monkeypatch.setattr(Group, "__init__", tracked)
+    monkeypatch.setattr(SR, "check_chunk", counting_check)
+    gc.collect()
+    gc.disable()
+    try:
+        moesim.sweep(models=["qwen3-30b-a3b"], quants=["Q4_K_M", "Q8_0"], machines=[TSA.M64, M5090],
+                     placements=["experts-cpu", "n-cpu-moe=8", "all-gpu"], policies=["lru", "static"],
+                     contexts=[4096], batches=[1, 4], filter=TSA.SKIP, progress=False)
+        alive.append(sum(r() is not None for r in refs))
+    finally:
+        gc.enable()
+    assert len(refs) == 24 and max(alive) <= 8, (len(refs), alive)

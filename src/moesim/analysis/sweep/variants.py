@@ -13,6 +13,7 @@ the group."""
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import Counter
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -108,7 +109,9 @@ class DecodeVariants:
     """The growing set of a group's decode variants and their current :class:`VariantTable`."""
 
     def __init__(self, group):
-        self.group = group
+        # a weak reference: the group holds this object, and a cycle would keep every group the plan's
+        # cache evicts alive until a full collection (whose cost grows with them: issue 19's wide grids)
+        self._group = weakref.ref(group)
         self.mc = group.plan.mode == "montecarlo"
         if not self.mc and not group.direct:
             check_separable(group.routing)
@@ -122,6 +125,10 @@ class DecodeVariants:
         self._kinds: dict = {}
         self._prefill: dict = {}
         self.table = EMPTY
+
+    @property
+    def group(self):
+        return self._group()
 
     def decode_key(self, key: int) -> tuple:
         n_b = self.group.plan.n_b
