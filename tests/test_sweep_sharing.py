@@ -79,15 +79,17 @@ def test_evicted_groups_are_freed_without_a_collection(monkeypatch):
     """The plan's cache keeps its recent groups; the others go by reference counting (their decode variants
     point back weakly, and a chunk holds each group's ChunkFacts, not the group), so the full collections of
     a wide grid of narrow groups do not walk every group it evaluated. Counted when the chunk's check runs
-    (every group evaluated) and after the sweep; fails if either reference holds a group again."""
+    (every group evaluated) and after the sweep; fails if either reference holds a group again, or if the
+    plan's cache of groups outlives the sweep (a cycle through the plan)."""
     import gc
     import weakref
     from moesim.analysis.sweep import run as SR
     from moesim.analysis.sweep.group import Group
-    refs, init, check, alive = [], Group.__init__, SR.check_chunk, []
+    refs, init, check, alive, plans = [], Group.__init__, SR.check_chunk, [], set()
 
     def tracked(self, plan, g):
         refs.append(weakref.ref(self))
+        plans.add(weakref.ref(plan))
         init(self, plan, g)
 
     def counting_check(*a, **k):
@@ -104,4 +106,7 @@ def test_evicted_groups_are_freed_without_a_collection(monkeypatch):
         alive.append(sum(r() is not None for r in refs))
     finally:
         gc.enable()
-    assert len(refs) == 24 and max(alive) <= 8, (len(refs), alive)
+    # at the chunk's check the plan's cache holds the recent groups; after the sweep nothing holds them or the
+    # plan (sweep drops the plan's groups, which point back to it)
+    assert len(refs) == 24 and alive[0] <= 8 and alive[-1] == 0, (len(refs), alive)
+    assert len(plans) == 1 and all(r() is None for r in plans)
