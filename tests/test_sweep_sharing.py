@@ -110,3 +110,28 @@ def test_evicted_groups_are_freed_without_a_collection(monkeypatch):
     # plan (sweep drops the plan's groups, which point back to it)
     assert len(refs) == 24 and alive[0] <= 8 and alive[-1] == 0, (len(refs), alive)
     assert len(plans) == 1 and all(r() is None for r in plans)
+
+
+
+def test_decode_columns_kept_per_run_settings(monkeypatch):
+    """The sealed decode columns are kept for the process (variants._kept_cols) keyed by what they hold: the
+    same grid swept again under another seed must get columns holding that seed, not the first sweep's
+    (the analytic path fixes steps and warmup at run's defaults, which the columns hold too). Fails if the
+    key drops the seed."""
+    from moesim.analysis.sweep.spec import RUN_DEFAULTS
+    seen = []
+    run = V.run
+
+    def recording(dm, hw, rt, cols, *a, **k):
+        seen.append((int(cols["steps"][0]), int(cols["warmup"][0]), int(cols["seed"][0])))
+        return run(dm, hw, rt, cols, *a, **k)
+    monkeypatch.setattr(V, "run", recording)
+    # a dense model (no analytic tables, so no routing digest in the key) and a MoE one (whose digest changes
+    # with the seed's routing)
+    grid = dict(models=["gemma-2-2b", "qwen3-30b-a3b"], quants=["Q4_K_M"], machines=[TSA.M64], contexts=[4096],
+                batches=[1, 4], filter=TSA.SKIP, progress=False)
+    tokens = RUN_DEFAULTS["tokens"]
+    for seed in (1, 2, 1):
+        seen.clear()
+        moesim.sweep(**grid, seed=seed)
+        assert seen and set(seen) == {(tokens, min(32, tokens // 4), seed)}, seen

@@ -105,6 +105,21 @@ def _decode_cols(batches: tuple, policy: int, run_cfg: dict, che_cols: dict | No
     return seal("ms_decode_config_t[]", cols)
 
 
+def _kept_cols(key: tuple, build) -> "object":
+    """Sealed decode columns kept for the process by everything they hold (policy, batches, the run's steps,
+    warmup and seed, and the analytic tables' routing digest, GPU and page slots), as sweep.che keeps the
+    table rows they are made of: a later sweep's groups reuse them instead of stacking and sealing again."""
+    hit = _COLS.get(key)
+    if hit is None:
+        if len(_COLS) > 4096:
+            _COLS.clear()
+        hit = _COLS[key] = build()
+    return hit
+
+
+_COLS: dict = {}
+
+
 class DecodeVariants:
     """The growing set of a group's decode variants and their current :class:`VariantTable`."""
 
@@ -199,8 +214,9 @@ class DecodeVariants:
             # columns per table
             s, pps = che_slots_of(dm, g.policy, g.routing), page_slots_of(dm, g.routing)
             ckey = () if s < 0 and pps < 0 else (che_fingerprint(g.plan, g.routing), s, pps)
-            cols = g.plan.shared(("decode_cols", g.policy, batches) + ckey, lambda: _decode_cols(
-                batches, g.policy, run_cfg, che_columns(g.plan, g.routing, dm, g.policy, batches, 1)))
+            key = ("decode_cols", g.policy, batches, run_cfg["tokens"], run_cfg["warmup"], int(run_cfg["seed"])) + ckey
+            cols = g.plan.shared(key, lambda: _kept_cols(key, lambda: _decode_cols(
+                batches, g.policy, run_cfg, che_columns(g.plan, g.routing, dm, g.policy, batches, 1))))
             res = run(_zeroed(dm, g.plan), hw, sealed_routing(g.plan, g.routing), cols)
         for i, (key, _) in enumerate(items):
             f64 = np.zeros(13)
