@@ -111,13 +111,19 @@ def _kept_cols(key: tuple, build) -> "object":
     table rows they are made of: a later sweep's groups reuse them instead of stacking and sealing again."""
     hit = _COLS.get(key)
     if hit is None:
-        if len(_COLS) > 4096:
+        hit = build()
+        size = sum(v.nbytes for v in hit.values() if isinstance(v, np.ndarray))
+        if _cols_bytes[0] + size > _MAX_COLS_BYTES:         # bounded like sweep.che's rows
             _COLS.clear()
-        hit = _COLS[key] = build()
+            _cols_bytes[0] = 0
+        _cols_bytes[0] += size
+        hit = _COLS.setdefault(key, hit)
     return hit
 
 
 _COLS: dict = {}
+_MAX_COLS_BYTES = 32 << 20
+_cols_bytes = [0]
 
 
 class DecodeVariants:
