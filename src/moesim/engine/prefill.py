@@ -31,8 +31,42 @@ def rate_ttft(prompt: int, seconds: float, batch: int) -> tuple:
     return prompt * batch / ttft, ttft
 
 
-def prefill_seconds(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, prompt: int, depth: int = 0) -> float:
-    """Seconds to prefill one ``prompt``-token prompt (:func:`prefill`'s sum over ubatches)."""
+def prefill_seconds(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, prompt: int, depth: int = 0,
+                    terms: "dict | None" = None) -> float:
+    """Seconds to prefill one ``prompt``-token prompt (:func:`prefill`'s sum over ubatches). ``terms``:
+    :func:`prefill_terms` of these arguments (a sweep keeps them per lowered model and routing)."""
+    x = prefill_terms(m, dm, rtab, rt, prompt, depth) if terms is None else terms
+    on_gpu, threshold, k = x["on_gpu"], x["threshold"], x["k"]
+    gflops, gemm, cflops = hw["prefill_flops"], hw["prefill_gemm_flops"], hw["cpu_flops"]
+    bw = np.where(on_gpu, hw["gpu_bw"], hw["host_bw"])
+    fl = np.where(on_gpu, gemm, cflops)
+    score = x["score_flops"] / np.where(on_gpu, hw["prefill_attn_flops"], cflops)
+    # MLA's multi-head prefill decompresses the context's latent keys once per ubatch (a GEMM)
+    decompress = x["decompress_flops"] / fl
+    per_tok = x["flops"] / fl + score
+    experts, kv = x["experts"], x["kv"]
+    total = 0.0
+    for n_tok, count in x["sizes"]:
+        # a ubatch streams each weight matrix once and its tiles' loads are not hidden behind the
+        # multiply-adds (llama.cpp PR #8495: LLaMA-8B Q5_K_S on a 4090 takes 9.1 ms per 16-token and
+        # 48 ms per 512-token ubatch, weight reads + per-token work, not their max)
+        t = x["weights"] / bw + n_tok * per_tok + decompress + np.where(on_gpu, hw["launch_s"], 0.0)
+        if kv is not None:
+            t += _kv_reads(dm, kv, n_tok) / hw["host_bw"]
+        if experts is not None:
+            # KT switches per forward: a chunk of num_tokens >= the threshold streams (KTSGL kt_ep_wrapper.py)
+            t[experts["layers"]] += _expert_times(experts, dm, hw, n_tok, k, hw.get("prefill_expert_flops", gemm),
+                                                  cflops, x["terms"], layerwise=0 < threshold <= n_tok,
+                                                  offload=x["offload"], rowwise=bool(hw.get("gpu_moe_rowwise", 0)))
+        t_ub = float(t.sum()) + dm["head_bytes"] / hw["gpu_bw"] + dm["head_flops"] / gflops
+        total += count * t_ub
+    return total
+
+
+def prefill_terms(m: Model, dm: dict, rtab: dict, rt: Runtime, prompt: int, depth: int = 0) -> dict:
+    """What :func:`prefill_seconds` reads of its arguments besides the machine rates: the ubatch sizes, the
+    layers' placement, weights and FLOPs, the routed-expert and CPU-KV terms. They depend on the lowered
+    model, routing, runtime, prompt and depth alone, so machines that share a lowered model share them."""
     threshold = dm.get("layerwise_prefill", 0)
     if threshold > 0:
         # kt-kernel under SGLang: the scheduler cuts a prompt into chunked-prefill-size forwards
@@ -40,41 +74,22 @@ def prefill_seconds(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, promp
     else:
         ub = max(1, min(prompt, rt.ubatch or rt.prefill_step or 2048))
     n_full, last = divmod(prompt, ub)
-    sizes = [(ub, n_full)] + ([(last, 1)] if last else [])
-    offload = ub >= op_offload_threshold(rt, m)
-    gflops, gemm, cflops = hw["prefill_flops"], hw["prefill_gemm_flops"], hw["cpu_flops"]
     on_gpu = np.asarray(dm["attn_on_gpu"], dtype=bool)
     mode = np.asarray(dm["expert_mode"])
-    moe_idx = np.asarray(dm["moe_index"])
-    k = rtab.get("top_k", 0)
     # prompt tokens route by the profile's prefill regime (or a trace's recorded prompts) where it has one
     terms = _routing_terms(rtab.get("prefill_q", rtab.get("q"))) if rtab.get("n_layers") else None
-    bw = np.where(on_gpu, hw["gpu_bw"], hw["host_bw"])
-    fl = np.where(on_gpu, gemm, cflops)
-    score = prefill_score_flops(m, prompt, depth) / np.where(on_gpu, hw["prefill_attn_flops"], cflops)
     mean_keys = depth + max(1, prompt // 2)     # the keys a prompt token attends to, on average
-    # MLA's multi-head prefill decompresses the context's latent keys once per ubatch (a GEMM)
-    decompress = mean_keys * mla_decompress_flops(m) / fl
-    weights = np.asarray(dm["attn_bytes"]) + np.asarray(dm["shared_bytes"])
-    per_tok = (np.asarray(dm["attn_flops"]) + np.asarray(dm["shared_flops"])) / fl + score
-    experts = _expert_layers(dm, rtab, mode, moe_idx, terms)
-    kv = _cpu_kv_reads(dm, on_gpu, mean_keys)
-    total = 0.0
-    for n_tok, count in sizes:
-        # a ubatch streams each weight matrix once and its tiles' loads are not hidden behind the
-        # multiply-adds (llama.cpp PR #8495: LLaMA-8B Q5_K_S on a 4090 takes 9.1 ms per 16-token and
-        # 48 ms per 512-token ubatch, weight reads + per-token work, not their max)
-        t = weights / bw + n_tok * per_tok + decompress + np.where(on_gpu, hw["launch_s"], 0.0)
-        if kv is not None:
-            t += _kv_reads(dm, kv, n_tok) / hw["host_bw"]
-        if experts is not None:
-            # KT switches per forward: a chunk of num_tokens >= the threshold streams (KTSGL kt_ep_wrapper.py)
-            t[experts["layers"]] += _expert_times(experts, dm, hw, n_tok, k, hw.get("prefill_expert_flops", gemm),
-                                                  cflops, terms, layerwise=0 < threshold <= n_tok,
-                                                  offload=offload, rowwise=bool(hw.get("gpu_moe_rowwise", 0)))
-        t_ub = float(t.sum()) + dm["head_bytes"] / hw["gpu_bw"] + dm["head_flops"] / gflops
-        total += count * t_ub
-    return total
+    out = dict(threshold=threshold, sizes=[(ub, n_full)] + ([(last, 1)] if last else []),
+                offload=ub >= op_offload_threshold(rt, m), on_gpu=on_gpu, k=rtab.get("top_k", 0), terms=terms,
+                score_flops=prefill_score_flops(m, prompt, depth), decompress_flops=mean_keys * mla_decompress_flops(m),
+                weights=np.asarray(dm["attn_bytes"]) + np.asarray(dm["shared_bytes"]),
+                flops=np.asarray(dm["attn_flops"]) + np.asarray(dm["shared_flops"]),
+                experts=_expert_layers(dm, rtab, mode, np.asarray(dm["moe_index"]), terms),
+                kv=_cpu_kv_reads(dm, on_gpu, mean_keys))
+    for v in out.values():
+        if isinstance(v, np.ndarray):
+            v.flags.writeable = False   # read-only: every machine's prefill of this lowered model reads them
+    return out
 
 
 def _cpu_kv_reads(dm: dict, on_gpu: np.ndarray, context: int):

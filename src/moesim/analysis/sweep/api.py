@@ -111,6 +111,11 @@ def sweep(spec=None, *, models=None, quants=None, machines=None, runtimes=None, 
     plan = Plan(normalize_spec(s))
     if progress is None:
         progress = bool(out) and sys.stderr.isatty() and plan.total > plan.chunk_size
-    if out is None:
-        return _in_memory(plan, format, threads, scheduler, local_workers, progress, processes)
-    return _to_directory(plan, out, format, threads, scheduler, local_workers, progress)
+    try:
+        if out is None:
+            return _in_memory(plan, format, threads, scheduler, local_workers, progress, processes)
+        return _to_directory(plan, out, format, threads, scheduler, local_workers, progress)
+    finally:
+        # the plan's cached groups point back to it: without them the plan goes by reference counting as the
+        # sweep returns, not in a later full collection that walks everything it shared (the next sweep's)
+        plan.drop_groups()

@@ -65,6 +65,19 @@ def _build_layer_functions(m, low, kvb: float) -> tuple:
     return layer_fn, fns, tables
 
 
+class ChunkFacts:
+    """What a chunk's consistency check reads of a group (analysis.consistency.check_chunk: its memory
+    configurations, lowered model and cache bytes per token), held by the chunk in the group's place: a
+    chunk of many narrow groups then does not keep every group's tables and decode variants alive to its
+    end (the plan's cache keeps the recent few), which a full collection would walk and free."""
+
+    __slots__ = ("mem_tables", "low", "kv_bytes_per_token")
+
+    def __init__(self, grp):
+        self.mem_tables = {"cfg": grp.mem_tables["cfg"]}
+        self.low, self.kv_bytes_per_token = grp.low, grp.kv_bytes_per_token
+
+
 class Group:
     """One group's lowered tables: memory (``mem``, a SweepMemory over ``mem_tables``) and decode variants.
 
@@ -115,6 +128,7 @@ class Group:
         cfg = plan.shared(("cfg0",) + mkey + (self.cands[0], self.mtp), lambda: tuple(sorted(
             configure(m, self.low, self.machine, self.rt, self.cands[0], 1, 1, self.kv, self.mtp).items())))
         self.kv_bytes_per_token = _kv_bytes_per_token(self.low, cfg)
+        self.facts = ChunkFacts(self)
         # simulate's routing tables (seed = run.seed); prefetch is on only where prefetch_recall > 0
         routing, recall = self.opts["routing"], self.opts["prefetch_recall"]
         self.routing = plan.shared(("routing", ix["models"], routing, recall), lambda: routing_table(

@@ -298,6 +298,10 @@ class Plan:
             hit = self._shared.setdefault(key, build())
         return hit
 
+    def drop_groups(self) -> None:
+        """Forget the cached groups (rebuilt if asked for again): they hold the plan, a cycle."""
+        self._groups.clear()
+
     def group(self, g: int):
         """Group g's lowered tables, built once (by one thread) and shared; the eight most recent are kept."""
         return self._groups.get(g, lambda: Group(self, g))

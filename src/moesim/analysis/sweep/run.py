@@ -106,7 +106,7 @@ def run_range(plan, start: int, end: int, threads: int = 1, buffers: dict | None
             keep[a - start:b - start] = False
             continue
         _run_group(plan, grp, cols, key, variant, a, b, start, threads)
-        segments.append((a - start, b - start, grp))
+        segments.append((a - start, b - start, grp.facts))     # not the group: see ChunkFacts
         limit = grp.m.max_context
         if limit > 0 and not plan.norm["filter"].get("allow_beyond_max_context", False):
             beyond = cols["context"][a - start:b - start] > limit

@@ -13,6 +13,7 @@ the group."""
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import Counter
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -23,7 +24,7 @@ from ...engine.decode import run
 from ...engine.glue import seal
 from ...engine.lower.decode_model import attention_key, kv_copies_of, lower_model, op_offload_threshold
 from ...engine.lower.machine import lower_machine, placement_key
-from ...engine.prefill import prefill
+from ...engine.prefill import prefill_seconds, prefill_terms, rate_ttft
 from ...errors import KernelError
 from ...spec.placement import Placement
 from .che import (columns as che_columns, fingerprint as che_fingerprint, page_slots_of, sealed_routing,
@@ -104,11 +105,34 @@ def _decode_cols(batches: tuple, policy: int, run_cfg: dict, che_cols: dict | No
     return seal("ms_decode_config_t[]", cols)
 
 
+def _kept_cols(key: tuple, build) -> "object":
+    """Sealed decode columns kept for the process by everything they hold (policy, batches, the run's steps,
+    warmup and seed, and the analytic tables' routing digest, GPU and page slots), as sweep.che keeps the
+    table rows they are made of: a later sweep's groups reuse them instead of stacking and sealing again."""
+    hit = _COLS.get(key)
+    if hit is None:
+        hit = build()
+        size = sum(v.nbytes for v in hit.values() if isinstance(v, np.ndarray))
+        if _cols_bytes[0] + size > _MAX_COLS_BYTES:         # bounded like sweep.che's rows
+            _COLS.clear()
+            _cols_bytes[0] = 0
+        _cols_bytes[0] += size
+        hit = _COLS.setdefault(key, hit)
+    return hit
+
+
+_COLS: dict = {}
+_MAX_COLS_BYTES = 32 << 20
+_cols_bytes = [0]
+
+
 class DecodeVariants:
     """The growing set of a group's decode variants and their current :class:`VariantTable`."""
 
     def __init__(self, group):
-        self.group = group
+        # a weak reference: the group holds this object, and a cycle would keep every group the plan's
+        # cache evicts alive until a full collection (whose cost grows with them: issue 19's wide grids)
+        self._group = weakref.ref(group)
         self.mc = group.plan.mode == "montecarlo"
         if not self.mc and not group.direct:
             check_separable(group.routing)
@@ -122,6 +146,10 @@ class DecodeVariants:
         self._kinds: dict = {}
         self._prefill: dict = {}
         self.table = EMPTY
+
+    @property
+    def group(self):
+        return self._group()
 
     def decode_key(self, key: int) -> tuple:
         n_b = self.group.plan.n_b
@@ -177,7 +205,7 @@ class DecodeVariants:
         dm = dict(dm0)
         dm["page_slots"] = np.full(g.m.n_layers, ps, dtype=np.int32)
         pf0 = self._prefill_time(j, lk, dm0, hw)
-        kind0, nk = self._kind_slice(j, dm, hw)
+        kind0, nk = self._kind_slice(j, dm0, hw)
         res = None
         mc_index = -1
         if self.mc:
@@ -192,8 +220,9 @@ class DecodeVariants:
             # columns per table
             s, pps = che_slots_of(dm, g.policy, g.routing), page_slots_of(dm, g.routing)
             ckey = () if s < 0 and pps < 0 else (che_fingerprint(g.plan, g.routing), s, pps)
-            cols = g.plan.shared(("decode_cols", g.policy, batches) + ckey, lambda: _decode_cols(
-                batches, g.policy, run_cfg, che_columns(g.plan, g.routing, dm, g.policy, batches, 1)))
+            key = ("decode_cols", g.policy, batches, run_cfg["tokens"], run_cfg["warmup"], int(run_cfg["seed"])) + ckey
+            cols = g.plan.shared(key, lambda: _kept_cols(key, lambda: _decode_cols(
+                batches, g.policy, run_cfg, che_columns(g.plan, g.routing, dm, g.policy, batches, 1))))
             res = run(_zeroed(dm, g.plan), hw, sealed_routing(g.plan, g.routing), cols)
         for i, (key, _) in enumerate(items):
             f64 = np.zeros(13)
@@ -257,23 +286,32 @@ class DecodeVariants:
         the plan's groups that share them (groups that differ only in the policy) share the time."""
         if (j, lk) not in self._prefill:
             g = self.group
+            prompt = g.plan.run["prompt"]
+            # what prefill reads besides the machine rates, shared by the machines that share the lowered model
+            terms = g.plan.shared(("prefill_terms", id(dm), id(g.routing), id(g.rt)),
+                                  lambda: prefill_terms(g.m, dm, g.routing, g.rt, prompt))
             key = ("prefill", id(dm), id(hw), id(g.routing), id(g.rt))
-            self._prefill[(j, lk)] = g.plan.shared(key, lambda: prefill(g.m, dm, hw, g.routing, g.rt,
-                                                                        g.plan.run["prompt"], 1)[1])
+            self._prefill[(j, lk)] = g.plan.shared(key, lambda: rate_ttft(
+                prompt, prefill_seconds(g.m, dm, hw, g.routing, g.rt, prompt, terms=terms), 1)[1])
         return self._prefill[(j, lk)]
 
     def _kind_slice(self, j: int, dm: dict, hw: dict) -> tuple:
+        """(first row, rows) of candidate j's attention kinds in the group's kind table; ``dm``: a lowered
+        model the plan keeps (:meth:`_lowered`'s)."""
         if j in self._kinds:
             return self._kinds[j]
         g = self.group
+        kvc = self._kv_copies(j)
         # layers alike in (attention on the GPU, bytes, FLOPs, context function, KV copies), in first-seen
-        # order (Counter counts in C and keeps first-seen order)
-        table = Counter(zip((np.asarray(dm["attn_on_gpu"]) != 0).tolist(),
-                            (np.asarray(dm["attn_bytes"], dtype=np.float64) + np.asarray(dm["shared_bytes"])).tolist(),
-                            (np.asarray(dm["attn_flops"], dtype=np.float64) + np.asarray(dm["shared_flops"])).tolist(),
-                            np.asarray(g.layer_fn).tolist(), self._kv_copies(j).tolist()))
+        # order (Counter counts in C and keeps first-seen order): read from the lowered model alone, so the
+        # plan's machines that share it share the count
+        table = g.plan.shared(("kinds", id(dm), id(g.layer_fn), id(kvc)), lambda: tuple(Counter(zip(
+            (np.asarray(dm["attn_on_gpu"]) != 0).tolist(),
+            (np.asarray(dm["attn_bytes"], dtype=np.float64) + np.asarray(dm["shared_bytes"])).tolist(),
+            (np.asarray(dm["attn_flops"], dtype=np.float64) + np.asarray(dm["shared_flops"])).tolist(),
+            np.asarray(g.layer_fn).tolist(), kvc.tolist())).items()))
         start = len(self._kind_rows)
-        for (on, ab, af, fn, copies), n in table.items():
+        for (on, ab, af, fn, copies), n in table:
             self._kind_rows.append(kind_row(n, on, ab, af, int(fn), hw, copies))
         self._kinds[j] = (start, len(table))
         return self._kinds[j]
