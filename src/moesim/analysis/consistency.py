@@ -342,8 +342,8 @@ def _screen_lut(plan) -> np.ndarray:
 def check_chunk(plan, cols: dict, segments: list, threads: int = 1, engine: str = "c") -> None:
     """The sweep's rows ``cols[k][s0:s1]`` of each evaluated group ``(s0, s1, group)`` in *segments* (the
     group, or anything with its ``mem_tables["cfg"]``, ``low`` and ``kv_bytes_per_token``: a sweep passes
-    its ``sweep.group.ChunkFacts``) satisfy the record guarantees: bytes finite and >= 0, tiers >= weights + KV + state, fits against
-    the capacities (GPU and storage tiers included), max_context and max_batch covering what fits,
+    its ``sweep.group.ChunkFacts``) satisfy the record guarantees: bytes finite and >= 0, tiers >= weights + KV +
+    state, fits against the capacities (GPU and storage tiers included), max_context and max_batch covering what fits,
     decode figures finite and > 0 with aggregate = per sequence x batch and TPOT = 1000 / tok/s,
     p99 >= p50, hit rate NaN (does not apply) or in [0, 1].
 

@@ -335,7 +335,6 @@ def _pct_of(summary: dict, which: str) -> str:
     return "-" if v is None else f"{v:.1f} %"
 
 
-
 def _rate_text(name: str, value: float) -> str:
     """One lowered rate of --explain: FLOP/s in T/s, bandwidths in GB/s, token counts as they are."""
     if "flops" in name:
@@ -343,6 +342,7 @@ def _rate_text(name: str, value: float) -> str:
     if name.endswith("_tokens"):
         return f"{name} {value:g} tokens per expert"
     return f"{name} {value / 1e9:.1f} GB/s"
+
 
 def explain_text(d: dict) -> str:
     """``moesim validate --explain ID``: one row's configuration, prediction, breakdown and parameters."""

@@ -486,7 +486,8 @@ def _kernel_mix(model: Model, quant: Quant) -> KernelMix:
 
     cpu_cls = ("routed_experts",) if model.n_experts else ("attention", "dense_ffn", "shared_experts")
     linear = ("attention", "dense_ffn", "shared_experts", "routed_experts", "lm_head")
-    return KernelMix(cpu_grid=share(cpu_cls, "cpu_grid"), cpu_lut=share(cpu_cls, "cpu_lut"), mmq_kquant=share(linear, "mmq_kquant"),
+    return KernelMix(cpu_grid=share(cpu_cls, "cpu_grid"), cpu_lut=share(cpu_cls, "cpu_lut"),
+                     mmq_kquant=share(linear, "mmq_kquant"),
                      mmq_mxfp4=share(linear, "mmq_mxfp4"), fp8=share(linear, "fp8"), cpu_fp8=share(cpu_cls, "fp8"),
                      fp4_a4=share(linear, "fp4_gemm", "fp4"), fp4_a8=share(linear, "fp4_gemm", "fp8"))
 

@@ -142,7 +142,8 @@ def page_slots_of(dm: dict, rt: dict) -> int:
     if rt.get("q") is None or not rt.get("n_layers") or not E or not (ps < E).any():
         return -1
     mode = np.asarray(dm["expert_mode"])
-    paged = (ps < E) & ((mode == EXP_CPU) | (mode == EXP_SPLIT) | (mode == EXP_FETCH)) & (np.asarray(dm["moe_index"]) >= 0)
+    host = (mode == EXP_CPU) | (mode == EXP_SPLIT) | (mode == EXP_FETCH)
+    paged = (ps < E) & host & (np.asarray(dm["moe_index"]) >= 0)
     return int(ps[paged][0]) if paged.any() else -1
 
 
