@@ -15,6 +15,7 @@ from moesim.spec import hardware
 from moesim.engine import memory as mem
 from moesim import ingest as INGEST
 from moesim.spec import models
+from moesim.spec import gguf_types as GT
 from moesim.spec import quants
 from moesim.spec.models import Model
 
@@ -418,8 +419,12 @@ def test_fallback_for_rows_not_divisible_by_block():
     # gpt-oss rows are 2880 long (not a multiple of 256): K-quants fall back (LQ).
     types = _types("gpt-oss-20b", "Q4_K_M")
     assert types["blk.0.attn_q.weight"] == "Q5_0"
-    assert types["blk.0.ffn_down_exps.weight"] == "Q8_0"        # Q6_K (use_more_bits) -> Q8_0
-    assert types["blk.4.ffn_down_exps.weight"] == "Q5_0"        # Q4_K -> Q5_0
+    assert types["blk.0.ffn_down_exps.weight"] == "MXFP4"       # the checkpoint's MXFP4 experts stay (gguf_native_experts)
+    # llama.cpp's own rule for those experts, as it quantizes a bf16 copy of them
+    m = INGEST.model("gpt-oss-20b")
+    walk = {t.name: typ for t, typ, _ in GT.gguf_assign(m, "Q4_K_M", "Q4_K", quants.ggml_types(), False)}
+    assert walk["blk.0.ffn_down_exps.weight"] == "Q8_0"         # Q6_K (use_more_bits) -> Q8_0
+    assert walk["blk.4.ffn_down_exps.weight"] == "Q5_0"         # Q4_K -> Q5_0
 
 
 # ------------------------------------------------------------------------------------ HF round trip

@@ -835,7 +835,7 @@ def test_mxfp4_prefill_gemms_run_at_their_own_mmq_rate():
     from moesim.spec.runtimes import runtime
     m = model("gpt-oss-20b")
     mix = Q.kernel_mix(m, "MXFP4")
-    assert mix.mmq_mxfp4 > 0.8 and Q.kernel_mix(m, "Q4_0").mmq_mxfp4 == 0.0
+    assert mix.mmq_mxfp4 > 0.8 and Q.kernel_mix(model("qwen3-30b-a3b"), "Q4_0").mmq_mxfp4 == 0.0
     lc = runtime("llama.cpp")
     full = dataclasses.replace(lc, decode=dataclasses.replace(lc.decode, gpu_mxfp4_mmq_rel=1.0))
     assert lc.decode.gpu_mxfp4_mmq_rel < 0.5

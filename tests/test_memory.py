@@ -245,7 +245,8 @@ def test_smaller_quant_never_needs_more(mid):
     sizes = [sum(nb for _t, _ty, nb in quants.assign(m, q)) for q in ORDERED_GGUF]
     for (qa, a), (qb, b) in zip(zip(ORDERED_GGUF, sizes), zip(ORDERED_GGUF[1:], sizes[1:])):
         assert a <= b, f"{mid}: {qa} {a} > {qb} {b}"
-    assert sizes[0] < sizes[-1] / 3
+    if quants.native_expert_type(m) is None:     # gpt-oss's experts stay MXFP4 in every file type
+        assert sizes[0] < sizes[-1] / 3
     # The same order through the whole memory() path.
     machine = hardware.machine("dgx-h200")
     totals = [EMEM.memory(mid, machine, q, context=4096).tier.sum() for q in ORDERED_GGUF]

@@ -143,11 +143,14 @@ def test_decode_refuses_bad_tables():
 
 
 def test_sweep_reading_page_tables_equals_simulate(monkeypatch):
-    """deepseek-r1 (independent picks) and gpt-oss-120b (windowed routing) at Q2_K on a 4090 + 64 GB, experts on
-    the CPU and n-cpu-moe: both paged from storage, so the sweep reads page tables (checked), and every row
-    equals simulate(mode="analytic")'s, which solves per configuration."""
+    """deepseek-r1 (independent picks) and gpt-oss-120b (windowed routing; its Q2_K file is 58 GiB, its experts
+    staying MXFP4) at Q2_K on a 4090 + 48 GB, experts on the CPU and n-cpu-moe: both paged from storage, so the
+    sweep reads page tables (checked), and every row equals simulate(mode="analytic")'s, which solves per
+    configuration."""
     from moesim.analysis.sweep import che
-    from test_sweep_axes import M64, SKIP, _check_against_simulate
+    from test_sweep_axes import M64, MACHINES, SKIP, _check_against_simulate
+    m48 = dict(M64, host_mem_gb=48, name="4090-48g")
+    monkeypatch.setitem(MACHINES, m48["name"], m48)
     seen = set()
     orig = che.page_rows
 
@@ -159,7 +162,7 @@ def test_sweep_reading_page_tables_equals_simulate(monkeypatch):
     che._ROWS.clear()
     n = 0
     for placement in ("experts-cpu", "n-cpu-moe=10"):
-        tab = moesim.sweep(models=["deepseek-r1", "gpt-oss-120b"], quants=["Q2_K"], machines=[M64],
+        tab = moesim.sweep(models=["deepseek-r1", "gpt-oss-120b"], quants=["Q2_K"], machines=[m48],
                            placements=[placement], contexts=[4096], batches=[1, 8], filter=SKIP, progress=False)
         n += _check_against_simulate(tab, (), placement=placement)
     assert seen == {False, True} and n == 8

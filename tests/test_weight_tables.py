@@ -28,9 +28,10 @@ def _sample_models() -> list:
     return [m for m in SAMPLE if m in ids] or sorted(ids)[:6]
 
 
-def _plain_walk(model, ftype: str, base: str, types: dict, include_mtp: bool) -> list:
+def _plain_walk(model, ftype: str, base: str, types: dict, include_mtp: bool, native=None) -> list:
     """llama.cpp's walk as one loop over every tensor in file order (the algorithm gguf_type_index
-    shortcuts): counters advance on each quantized tensor in turn."""
+    shortcuts): counters advance on each quantized tensor in turn; routed experts stored in a ggml type
+    by the checkpoint (*native*) keep it."""
     tensors = model.tensors(include_mtp)
     plan = GT._WalkPlan(model, include_mtp)
     s = GT._GGUFState(model, plan, types)
@@ -42,6 +43,8 @@ def _plain_walk(model, ftype: str, base: str, types: dict, include_mtp: bool) ->
             typ = base if quantizable else "F32"
         else:
             typ = GT._gguf_type(ftype, base, t, s, types)
+        if native is not None and quantizable and t.cls == "routed_experts":
+            typ = native
         info = types[typ]
         out.append((t, typ, math.prod(t.shape) // info["block"] * info["bytes"]))
     return out
@@ -51,10 +54,11 @@ def _plain_walk(model, ftype: str, base: str, types: dict, include_mtp: bool) ->
 def test_gguf_types_equal_the_walk_over_every_tensor(mid):
     m = moesim.model(mid)
     types, ftypes = Q.ggml_types(), Q._tables()["ftypes"]
+    native = Q.native_expert_type(m)
     for ftype in sorted(ftypes):
         for include_mtp in (False, True):
-            want = _plain_walk(m, ftype, ftypes[ftype]["base"], types, include_mtp)
-            got = GT.gguf_assign(m, ftype, ftypes[ftype]["base"], types, include_mtp)
+            want = _plain_walk(m, ftype, ftypes[ftype]["base"], types, include_mtp, native)
+            got = GT.gguf_assign(m, ftype, ftypes[ftype]["base"], types, include_mtp, native)
             assert [(t.name, typ, nb) for t, typ, nb in got] == [(t.name, typ, nb) for t, typ, nb in want], ftype
 
 

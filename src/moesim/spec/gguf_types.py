@@ -239,6 +239,7 @@ class _WalkPlan:
         self.counted_at = counted_at
         self.walked_iq3_xs = sorted(counted_at + gate_up_at)
         self.numel = np.array([math.prod(t.shape) for t in tensors], dtype=np.int64)   # Tensor.n_elements
+        self.routed = np.array([t.cls == "routed_experts" for t in tensors], dtype=bool)
         self.n_attention_wv = sum(1 for t in tensors if t.name.endswith("attn_v.weight"))
         self.has_output = any(t.name == "output.weight" for t in tensors)
 
@@ -248,12 +249,15 @@ def _walk_plan(model: Model, include_mtp: bool) -> _WalkPlan:
                              lambda: _WalkPlan(model, include_mtp))
 
 
-def gguf_type_index(model: Model, ftype: str, base: str, types: dict, include_mtp: bool) -> tuple:
+def gguf_type_index(model: Model, ftype: str, base: str, types: dict, include_mtp: bool,
+                    native_experts: "str | None" = None) -> tuple:
     """(ggml type names, each tensor's index into them, each tensor's bytes as int64), in file order:
     llama.cpp's per-tensor types for file type *ftype* (base type *base*; *types*: quants.toml's
     ggml_types). A tensor whose type depends on neither its layer nor the walk's counters gets its (role,
     shape)'s type, computed once; only the others are walked, in file order (the counters advance on them
-    alone, so the walk over them equals llama.cpp's over every tensor)."""
+    alone, so the walk over them equals llama.cpp's over every tensor). *native_experts*: the ggml type
+    the checkpoint's routed experts already have, which they keep whatever the file type (quants.toml
+    gguf_native_experts); the walk's counters still advance over them, as llama.cpp's do."""
     plan = _walk_plan(model, include_mtp)
     s = _GGUFState(model, plan, types)
     mixture = types[base]["block"] > 1  # llama.cpp applies its rules only to quantized ftypes
@@ -270,14 +274,18 @@ def gguf_type_index(model: Model, ftype: str, base: str, types: dict, include_mt
         s = _GGUFState(model, plan, types)
         for i in plan.walked_iq3_xs if ftype == "IQ3_XS" else plan.counted_at:
             tix[i] = names.setdefault(_gguf_type(ftype, base, plan.tensors[i], s, types), len(names))
+    if native_experts is not None:
+        quantizable = np.array([r[1] for r in plan.reps], dtype=bool)[plan.key_of]
+        tix[plan.routed & quantizable] = names.setdefault(native_experts, len(names))
     order = list(names)
     block = np.array([types[n]["block"] for n in order], dtype=np.int64)
     per_block = np.array([types[n]["bytes"] for n in order], dtype=np.int64)
     return order, tix, plan.numel // block[tix] * per_block[tix]
 
 
-def gguf_assign(model: Model, ftype: str, base: str, types: dict, include_mtp: bool) -> list:
+def gguf_assign(model: Model, ftype: str, base: str, types: dict, include_mtp: bool,
+                native_experts: "str | None" = None) -> list:
     """[(Tensor, ggml type, bytes)]: :func:`gguf_type_index` as one entry per tensor, in file order."""
-    order, tix, nbytes = gguf_type_index(model, ftype, base, types, include_mtp)
+    order, tix, nbytes = gguf_type_index(model, ftype, base, types, include_mtp, native_experts)
     return [(t, order[i], nb) for t, i, nb in zip(_walk_plan(model, include_mtp).tensors, tix.tolist(),
                                                     nbytes.tolist())]

@@ -330,6 +330,22 @@ def _mtp_class(name: str) -> str:
     return "attention"
 
 
+def native_expert_type(model: Model) -> "str | None":
+    """The ggml type *model*'s checkpoint already stores its routed experts in, which every GGUF file type
+    of the model keeps (quants.toml gguf_native_experts: gpt-oss's MXFP4 experts), else None."""
+    scheme = model.quant_scheme
+    if scheme is None:
+        return None
+    for g in scheme.groups:
+        if "cls:routed_experts" not in g.targets:
+            continue
+        fmt = dict(g.fmt)
+        for typ, layout in _tables().get("gguf_native_experts", {}).items():
+            if all(fmt.get(k) == layout[k] for k in ("bits", "group", "scale_bits")):
+                return typ
+    return None
+
+
 def check_applicable(model: Model, q: Quant) -> None:
     if q.kind == "stored":
         if model.stored is None or q.origin != f"{model.stored.container}:{model.stored.key}":
@@ -359,7 +375,8 @@ def _assign_cached(model: Model, q: Quant, include_mtp: bool) -> list:
     if q.kind == "stored":
         return [e for e in model.stored.table if include_mtp or e[0].cls != "mtp"]
     if q.kind == "gguf":
-        return gguf_assign(model, q.id, _tables()["ftypes"][q.id]["base"], ggml_types(), include_mtp)
+        return gguf_assign(model, q.id, _tables()["ftypes"][q.id]["base"], ggml_types(), include_mtp,
+                           native_expert_type(model))
     return _format_assign(model, q, model.tensors(include_mtp=include_mtp))
 
 
@@ -395,7 +412,7 @@ def weight_table(model: Model, quant: "str | Quant", include_mtp: bool = False) 
 def _weight_table_cached(model: Model, q: Quant, include_mtp: bool) -> WeightTable:
     if q.kind == "gguf":
         types, type_of, nbytes = gguf_type_index(model, q.id, _tables()["ftypes"][q.id]["base"], ggml_types(),
-                                                 include_mtp)
+                                                 include_mtp, native_expert_type(model))
         cls, layer = _tensor_columns(model, include_mtp)
         return WeightTable(cls, layer, tuple(types), type_of, nbytes.astype(np.float64))
     rows = _assign_cached(model, q, include_mtp)
