@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .. import _catalog
 from ..errors import MoesimError, unknown_id
@@ -161,7 +161,38 @@ def machine(id: str | None = None, *, gpu: str | None = None, gpus: int | None =
     sockets = _positive(sockets, "sockets", integer=True)
     cores = _positive(cores, "cores", integer=True)
     host_mem_gb = _positive(host_mem_gb, "host_mem_gb")
-    gpu_id = _gpu_id(h, gpu, base)
+    gpu_id, named = _named_card(h, _gpu_id(h, gpu, base), gpu_mem_gb)
+    m = _build_machine(h, id, base, gpu_id, gpu=gpu, gpus=gpus, gpu_mem_gb=gpu_mem_gb, custom=custom, host=host,
+                       sockets=sockets, cores=cores, host_mem_gb=host_mem_gb, pcie=pcie, storage=storage, cpu=cpu)
+    return m if named is None else replace(m, assumptions=(named,) + tuple(m.assumptions))
+
+
+def _named_card(h: dict, gpu_id, gpu_mem_gb) -> tuple:
+    """(catalog id, the assumption it took or None) for a name the catalog lists as several cards
+    (hardware.toml [gpu_names]): the first listed, or with *gpu_mem_gb* the one whose memory is nearest."""
+    entry = h.get("gpu_names", {}).get(gpu_id) if gpu_id is not None else None
+    if entry is None or gpu_id in h["gpu"] or gpu_id in h["unified"]:
+        return gpu_id, None
+    cards = list(entry["cards"])
+    chosen = cards[0]
+    if gpu_mem_gb is not None:
+        chosen = min(cards, key=lambda c: abs(_card_memory_gb(h, c) - gpu_mem_gb))
+    if len(cards) == 1:
+        return chosen, f"gpu {gpu_id!r} is the catalog's {chosen}"
+    why = f"nearest {gpu_mem_gb:g} GB" if gpu_mem_gb is not None else "the usual one"
+    others = ", ".join(c for c in cards if c != chosen)
+    return chosen, f"gpu {gpu_id!r} taken as {chosen} ({why}; also listed: {others}; --gpu ID to choose)"
+
+
+def _card_memory_gb(h: dict, card: str) -> float:
+    if card in h["unified"]:
+        return float(h["unified"][card].get("default_memory_gb", 0.0))
+    return float(h["gpu"][card].get("memory_bytes", 0.0)) / 2 ** 30     # nominal GB are GiB on cards
+
+
+def _build_machine(h: dict, id, base: dict, gpu_id, *, gpu, gpus, gpu_mem_gb, custom: dict, host, sockets, cores,
+                   host_mem_gb, pcie, storage, cpu) -> Machine:
+    """:func:`machine` once its arguments are checked and the GPU named by its catalog id."""
     if gpu_id == CUSTOM_GPU or (gpu_id is None and (custom["gpu_bw_gbs"] or custom["gpu_tflops"]) and gpus != 0):
         gpu_id = _custom_gpu(gpu_mem_gb, custom)
     if id is None and gpu_id is None and host is None:
