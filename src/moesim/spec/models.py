@@ -9,6 +9,8 @@ row (input) length. Quantization rules and ``-ot`` placement work on those names
 """
 from __future__ import annotations
 
+import re
+
 import dataclasses
 
 import copy
@@ -493,12 +495,36 @@ def _hf_alias_index() -> dict:
 
 
 def resolve_model_id(text: str) -> str | None:
-    """The catalog id that *text* names: a catalog id or a Hugging Face repo id listed in an entry's
-    ``hf_ids`` (both case-insensitive); None when it names none."""
-    key = text.strip().lower()
-    if key in _catalog.load("models")["models"]:
-        return key
-    return _hf_alias_index().get(key)
+    """The catalog id that *text* names, case-insensitively: a catalog id, a Hugging Face repo id listed in
+    an entry's ``hf_ids``, or such a repo's name without its organisation (``Qwen3-30B-A3B-Instruct-2507``);
+    an Ollama tag (``gpt-oss:20b``) or a chat-tuned name (``llama-3-8b-instruct``) names the id it
+    differs from only by that spelling or suffix (the same architecture). None when it names none."""
+    key = text.strip().lower().replace(":", "-")
+    entries = _catalog.load("models")["models"]
+    for candidate in (key, _TUNED_SUFFIX.sub(r"\1", key)):
+        if candidate in entries:
+            return candidate
+        mid = _hf_alias_index().get(candidate) or _hf_repo_name_index().get(candidate)
+        if mid is not None:
+            return mid
+    return None
+
+
+# a chat- or instruction-tuned release's suffix, before an optional date tag (-2507): the base model's numbers
+_TUNED_SUFFIX = re.compile(r"-(?:instruct|chat|it|base)(-\d{4})?$")
+
+
+def _hf_repo_name_index() -> dict:
+    """Lower-cased repo name without its organisation -> catalog id, for names only one entry lists."""
+    index = _HF_INDEX.get("names")
+    if index is None:
+        seen: dict = {}
+        for alias, mid in _hf_alias_index().items():
+            seen.setdefault(alias.split("/", 1)[1], set()).add(mid)
+        entries = _catalog.load("models")["models"]
+        index = {k: next(iter(v)) for k, v in seen.items() if len(v) == 1 and k not in entries}
+        _HF_INDEX["names"] = index
+    return index
 
 
 def hf_ids(id: str) -> list:
