@@ -154,8 +154,10 @@ def runtime(id_or_rt: "str | Runtime", calibrated: bool = True, model: str | Non
     ([runtimes.<id>.models.<model>], e.g. what `kt run` passes for that model)."""
     if isinstance(id_or_rt, Runtime):
         return id_or_rt
-    table = _catalog.load("runtimes")["runtimes"]
+    catalog = _catalog.load("runtimes")
+    table = catalog["runtimes"]
     key = str(id_or_rt).strip().lower()
+    key = catalog.get("runtime_aliases", {}).get(key, key)
     if key not in table:
         raise unknown_id("runtime", id_or_rt, table, "runtime")
     e = _entry(key, table)
