@@ -36,7 +36,7 @@ from .resolve import memory_of, resolve
 from .speculation import accepted_per_step, default_acceptance
 from .._catalog import load as _load_catalog
 from ..errors import MoesimError
-from ..spec.hardware import GB, Machine, machine as make_machine
+from ..spec.hardware import GB, Machine, catalog_cpu_id, machine as make_machine
 from ..spec.limits import ARCH_BOUNDS, MAX_BATCH, MAX_DRAFTS
 from ..ingest import model as get_model
 from ..spec.limits import check_context
@@ -134,10 +134,7 @@ def measurements(row) -> tuple:
 
 def _cpu_id(name: str) -> str | None:
     """Catalog CPU id for a CPU named in the data ("Xeon Gold 6454S" -> xeon-gold-6454s)."""
-    if not name:
-        return None
-    key = re.sub(r"\s+", "-", re.sub(r"^(intel|amd)\s+", "", name.strip().lower()))
-    return key if key in _load_catalog("hardware")["cpu"] else None
+    return catalog_cpu_id(name) if name else None
 
 
 def _parallel_for(row: dict) -> str | None:

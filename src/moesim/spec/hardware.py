@@ -379,7 +379,24 @@ def _catalog_part(table: dict, value, kind: str, field: str) -> tuple:
 
 def _cpu_part(h: dict, cpu_id) -> tuple:
     """(CPU id, its catalog entry); the entry supplies channel, core, socket and ISA defaults."""
-    return _catalog_part(h["cpu"], cpu_id, "CPU", "cpu")
+    return _catalog_part(h["cpu"], (cpu_id and catalog_cpu_id(str(cpu_id))) or cpu_id, "CPU", "cpu")
+
+
+def catalog_cpu_id(name: str) -> "str | None":
+    """The catalog CPU a name means, as people, spec sheets and lscpu write it ("AMD EPYC 9654 96-Core
+    Processor", "Intel(R) Core(TM) i9-13900K", "Ryzen Threadripper PRO 7965WX", "Xeon Platinum 8480+"),
+    through hardware.toml [cpu_names] for variants modelled as another entry; None when it names none."""
+    full = re.sub(r"\((?:r|tm)\)|[®™]", "", name.strip().lower())
+    full = re.sub(r"@.*$|\b\d+-cores?\b|\bprocessor\b|\bcpu\b", "", full).strip()
+    h = _hw()
+    for key in (re.sub(r"^(?:intel|amd|nvidia)\s+", "", full), full):
+        key = key.replace("ryzen threadripper", "threadripper").replace("+", " plus")
+        key = re.sub(r"^(?:core\s+)?(i[3579])[\s-]", r"core-\1-", key)
+        key = re.sub(r"[\s_]+", "-", key.strip())
+        hit = key if key in h["cpu"] else h.get("cpu_names", {}).get(key)
+        if hit:
+            return hit
+    return None
 
 
 def _host_memory(h: dict, host, base: dict, cpu_info: dict, assumptions: list) -> tuple:
