@@ -74,6 +74,11 @@ ACTIVE_CHECKS = {
     # "A3B" names: derived 2.95B without the table (-1.8 %).
     "qwen3.5-35b-a3b": (3e9, "no_embed", 0.35),
     "qwen3.6-35b-a3b": (3e9, "no_embed", 0.35),
+    # Qwen3.5 cards: 17B activated of 397B (derived 17.35B, +2.1 %), 10B of 122B (9.77B, -2.3 %); 27B dense
+    "qwen3.5-397b-a17b": (17e9, "all", 0.03),
+    "qwen3.5-122b-a10b": (10e9, "all", 0.03),
+    # Qwen3-Coder-Next = the Qwen3-Next-80B-A3B architecture ("A3B" rounds 3.56B down, +18.8 %, as in test_catalog)
+    "qwen3-coder-next": (3e9, "no_embed", 0.35),
     # gpt-oss-safeguard = gpt-oss weights: active excludes the embedding table (+0.6 %, +0.2 %).
     "gpt-oss-safeguard-120b": (5.1e9, "no_embed", 0.03),
     "gpt-oss-safeguard-20b": (3.6e9, "no_embed", 0.03),

@@ -203,14 +203,17 @@ def _parse_qwen_moe(c, hidden, id):
     return layers, {}
 
 
-def _parse_qwen3_next(c, hidden, id):
+def _parse_qwen3_next(c, hidden, id, dense: bool = False):
+    """Qwen3-Next / Qwen3.5 (MoE, or *dense*: the qwen3_5_text models' SwiGLU MLP of intermediate_size)."""
     n = _req(c, "num_hidden_layers", id)
     types = c.get("layer_types")
     interval = _opt_int(c, "full_attention_interval", 4) or 4
     if types is not None and (not isinstance(types, list) or len(types) != n):
         raise MoesimError(f"needs {n} entries", "layer_types")
-    e, k = _req(c, "num_experts", id), _req(c, "num_experts_per_tok", id)
-    _check_moe(e, k, id)
+    e, k = (0, 0) if dense else (_req(c, "num_experts", id), _req(c, "num_experts_per_tok", id))
+    if not dense:
+        _check_moe(e, k, id)
+    ff_dense = _req(c, "intermediate_size", id) if dense else 0
     shared_ff = _opt_int(c, "shared_expert_intermediate_size", 0)
     layers = []
     for i in range(n):
@@ -223,11 +226,15 @@ def _parse_qwen3_next(c, hidden, id):
                             lin_v_heads=_req(c, "linear_num_value_heads", id),
                             lin_k_dim=_req(c, "linear_key_head_dim", id), lin_v_dim=_req(c, "linear_value_head_dim", id),
                             conv_kernel=_opt_int(c, "linear_conv_kernel_dim", 4))
-        ffn = _moe_or_dense(False, c, hidden, ff_dense=0, experts=e, top_k=k,
-                            expert_ff=_req(c, "moe_intermediate_size", id),
+        ffn = _moe_or_dense(dense, c, hidden, ff_dense=ff_dense, experts=e, top_k=k,
+                            expert_ff=0 if dense else _req(c, "moe_intermediate_size", id),
                             shared=1 if shared_ff else 0, shared_ff=shared_ff, shared_gate=bool(shared_ff))
         layers.append(Layer(i, att, ffn))
     return layers, {"mtp_layers": _mtp(c)}
+
+
+def _parse_qwen3_5_dense(c, hidden, id):
+    return _parse_qwen3_next(c, hidden, id, dense=True)
 
 
 def _parse_gpt_oss(c, hidden, id):

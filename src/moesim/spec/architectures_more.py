@@ -13,7 +13,7 @@ from typing import Mapping
 
 from ..errors import MoesimError
 from .architectures import (_check_moe, _dense_first_moe_ffns, _gqa, _int_list, _moe_or_dense, _mtp, _opt,
-                            _opt_int, _parse_mixtral, _parse_qwen3_next, _parse_qwen_moe, _req)
+                            _opt_int, _parse_mixtral, _parse_qwen3_5_dense, _parse_qwen3_next, _parse_qwen_moe, _req)
 from .layers import FFN, Attention, Layer
 
 
@@ -235,6 +235,7 @@ MORE_PARSERS = {
     # Qwen3.5 / Qwen3.6 MoE language model (the text_config of Qwen3_5MoeForConditionalGeneration): the
     # Qwen3-Next layer pattern -- gated DeltaNet with every 4th layer gated GQA, MoE with a shared expert
     "qwen3_5_moe_text": _parse_qwen3_next,
+    "qwen3_5_text": _parse_qwen3_5_dense,         # the dense Qwen3.5 models (27B): the same layers, a SwiGLU MLP
     # Grok-1 (the HF ports' model_type): 8 experts, top-2, each a gated GELU MLP of 3 matrices like
     # Mixtral's SwiGLU ones, over GQA -- the Mixtral reader's fields and shapes
     "grok-1": _parse_mixtral,
