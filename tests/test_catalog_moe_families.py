@@ -79,6 +79,11 @@ ACTIVE_CHECKS = {
     "qwen3.5-122b-a10b": (10e9, "all", 0.03),
     # Qwen3-Coder-Next = the Qwen3-Next-80B-A3B architecture ("A3B" rounds 3.56B down, +18.8 %, as in test_catalog)
     "qwen3-coder-next": (3e9, "no_embed", 0.35),
+    # MiniMax-M2.5 / M2.1 = the MiniMax-M2 geometry (10B activated, as minimax-m2 in test_catalog: +4.2 %);
+    # Kimi-K2.5's text backbone = Kimi-K2-Thinking's (32B activated without the table)
+    "minimax-m2.5": (10e9, "no_embed", 0.35),
+    "minimax-m2.1": (10e9, "no_embed", 0.35),
+    "kimi-k2.5": (32e9, "no_embed", 0.03),
     # gpt-oss-safeguard = gpt-oss weights: active excludes the embedding table (+0.6 %, +0.2 %).
     "gpt-oss-safeguard-120b": (5.1e9, "no_embed", 0.03),
     "gpt-oss-safeguard-20b": (3.6e9, "no_embed", 0.03),
