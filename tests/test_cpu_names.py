@@ -40,3 +40,16 @@ def test_every_cpu_name_points_at_a_catalog_cpu():
     h = _catalog.load("hardware")
     for alias, target in h["cpu_names"].items():
         assert target in h["cpu"] and alias not in h["cpu"], alias
+
+
+@pytest.mark.parametrize("host,gbs", [("ddr5-7200x2", 115.2), ("ddr5-8000x2", 128.0), ("ddr4-2400x8", 153.6)])
+def test_unlisted_dimm_speeds_derive_their_bandwidth(host, gbs):
+    m = moesim.machine(host=host)
+    assert m.host_bw_gbs == pytest.approx(gbs)
+    assert any("derived from its rate" in a for a in m.assumptions)
+
+
+@pytest.mark.parametrize("host", ["ddr3-1600x2", "ddr5-99999x2", "ddr5-800x2"])
+def test_other_memory_parts_still_error(host):
+    with pytest.raises(moesim.MoesimError, match="host memory part"):
+        moesim.machine(host=host)

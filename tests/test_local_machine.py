@@ -162,7 +162,8 @@ def test_detection_failures_name_the_flags(tmp_path, mac):
     ("Tesla P40", "gpu", "tesla-p40"), ("Apple M3", "unified", "m3"), ("Apple M2 Ultra", "unified", "m2-ultra"),
     ("Intel(R) Xeon(R) Platinum 8480C", "cpu", "xeon-platinum-8480c"), ("AMD EPYC 9654 96-Core Processor", "cpu",
                                                                          "epyc-9654"),
-    ("13th Gen Intel(R) Core(TM) i9-13900K", "cpu", None), ("AMD EPYC", "cpu", None),
+    ("13th Gen Intel(R) Core(TM) i9-13900K", "cpu", "core-i9-13900k"),
+    ("12th Gen Intel(R) Core(TM) i7-12700K", "cpu", None), ("AMD EPYC", "cpu", None),
 ])
 def test_names_match_catalog_ids(name, table, want):
     assert match_catalog(name, load("hardware")[table])[0] == want

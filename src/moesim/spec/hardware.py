@@ -123,6 +123,28 @@ def _positive(value, field_name: str, integer: bool = False, allow_zero: bool = 
     return float(value)
 
 
+# a DDR4 / DDR5 DIMM part the catalog does not list: its bandwidth follows from its transfer rate alone
+_DIMM_PART = re.compile(r"^(ddr[45])-(\d{4,5})$")
+_DIMM_MT_S = {"ddr4": (1600, 5600), "ddr5": (3200, 12800)}     # JEDEC and overclocked kits, generously
+
+
+def memory_part(part) -> "dict | None":
+    """The [host_memory] entry of a DRAM part, or for an unlisted DDR4/DDR5 speed (ddr5-7200) one derived
+    as the catalog derives its own: MT/s x 8 B per 64-bit channel; None for anything else."""
+    parts = _hw()["host_memory"]
+    if part in parts:
+        return parts[part]
+    m = _DIMM_PART.match(str(part or ""))
+    if m is None:
+        return None
+    kind, mt_s = m.group(1), int(m.group(2))
+    lo, hi = _DIMM_MT_S[kind]
+    if not lo <= mt_s <= hi:
+        return None
+    return {"kind": kind, "mt_s": mt_s, "channel_gbs": mt_s * 8 / 1000,
+            "source": "derived from its rate: MT/s x 8 B per 64-bit channel (HW §4 formula)"}
+
+
 def parse_host(spec: str) -> tuple:
     """``ddr5-4800x8`` -> (part id, channels or None)."""
     if not isinstance(spec, str):
@@ -130,7 +152,7 @@ def parse_host(spec: str) -> tuple:
     text = spec.strip().lower()
     m = _HOST_RE.match(text)
     parts = _hw()["host_memory"]
-    if not m or m.group(1) not in parts:
+    if not m or memory_part(m.group(1)) is None:
         # the longest known part the text starts with: "ddr5-6000xx" is ddr5-6000 with a bad channel count
         known = [p for p in parts if text.startswith(p + "x")]
         part = max(known, key=len) if known else (text.rsplit("x", 1)[0] if "x" in text else text)
@@ -346,7 +368,7 @@ def _discrete_machine(h: dict, id, gpu_id, base: dict, *, gpu, gpus, gpu_mem_gb,
         flash_attention=g.get("flash_attention", True), unified=False,
         host_memory=part, channels=int(channels), sockets=n_sockets, cores=n_cores, cpu=cpu_id,
         cpu_isa=tuple(cpu_info.get("isa", ())), host_mem_bytes=host_gb * GB,
-        host_bw_gbs=float(h["host_memory"][part]["channel_gbs"]) * channels * n_sockets,
+        host_bw_gbs=float(memory_part(part)["channel_gbs"]) * channels * n_sockets,
         pcie=link, pcie_gbs=float(link_info.get("gbs", 0.0)), pcie_pinned_gbs=float(link_info.get("pinned_h2d_gbs", 0.0)),
         storage=st, storage_read_gbs=st_info[0], storage_bytes=st_info[1], assumptions=tuple(assumptions))
 
@@ -409,8 +431,11 @@ def _host_memory(h: dict, host, base: dict, cpu_info: dict, assumptions: list) -
     if part is None:
         part = cpu_info.get("memory") or "ddr5"
         assumptions.append(f"host memory part not given: assumed {part}")
-    if part not in h["host_memory"]:
+    entry = memory_part(part)
+    if entry is None:
         raise unknown_id("host memory part", part, h["host_memory"], "host")
+    if part not in h["host_memory"]:
+        assumptions.append(f"{part}: {entry['channel_gbs']:g} GB/s per channel, {entry['source']}")
     channels = ch or base.get("channels") or cpu_info.get("channels")
     if not channels:
         channels = 2
