@@ -45,3 +45,19 @@ def test_every_runtime_alias_names_a_profile_and_unknown_runtimes_error():
         assert target in t["runtimes"] and alias not in t["runtimes"], alias
     with pytest.raises(moesim.MoesimError, match="runtime"):
         R.runtime("exllamav2")
+
+
+@pytest.mark.parametrize("flag,name", [("--cpu-moe", "experts-cpu"), ("-ot exps=CPU", "experts-cpu"),
+                                       ("--n-cpu-moe 30", "n-cpu-moe=30"), ("ncmoe=30", "n-cpu-moe=30"),
+                                       ("-ngl 20", "layers-gpu=20"), ("--n-gpu-layers 20", "layers-gpu=20"),
+                                       ("n-cpu-moe=12", "n-cpu-moe=12"), ("cpu", "cpu-only")])
+def test_llama_cpp_flag_spellings_name_placements(flag, name):
+    from moesim.spec.placement import parse
+    assert str(parse(flag)) == name
+
+
+def test_unknown_placements_and_missing_counts_still_error():
+    from moesim.spec.placement import parse
+    for bad in ("hybrid", "n-cpu-moe", "--n-cpu-moe"):
+        with pytest.raises(moesim.MoesimError, match="placement"):
+            parse(bad)

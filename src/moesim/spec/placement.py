@@ -12,6 +12,23 @@ PLACEMENTS = ("all-gpu", "experts-cpu", "n-cpu-moe", "gpu-experts", "layers-gpu"
 _NEEDS_ARG = {"n-cpu-moe", "gpu-experts", "layers-gpu"}
 _OPTIONAL_ARG = {"offload-cache"}
 _COUNTED = frozenset(_NEEDS_ARG | _OPTIONAL_ARG)     # names spelled with their count
+# llama.cpp's own flags for these placements, as measurements and users write them ("--n-cpu-moe 30",
+# "-ngl 20", "-ot exps=CPU"): the name each means (llama.cpp tools/main README; runtimes.md §1.7)
+_FLAG_NAMES = {"cpu-moe": "experts-cpu", "ot-exps=cpu": "experts-cpu", "ot-.ffn_.*_exps.=cpu": "experts-cpu",
+               "ncmoe": "n-cpu-moe", "ngl": "layers-gpu", "n-gpu-layers": "layers-gpu", "gpu-layers": "layers-gpu",
+               "full-gpu": "all-gpu", "gpu": "all-gpu", "cpu": "cpu-only"}
+
+
+def _flag_spelling(text: str) -> str:
+    """``--n-cpu-moe 30`` -> ``n-cpu-moe=30``, ``-ngl 20`` -> ``layers-gpu=20``, ``-ot exps=CPU`` -> ``experts-cpu``;
+    a placement name is returned as it is."""
+    t = text.strip().lower().lstrip("-")
+    whole = t.replace(" ", "-")
+    if whole in _FLAG_NAMES:
+        return _FLAG_NAMES[whole]
+    name, sep, arg = t.replace(" ", "=", 1).partition("=")
+    name = _FLAG_NAMES.get(name, name)
+    return f"{name}{sep}{arg}" if sep else name
 
 
 @dataclass(frozen=True)
@@ -30,7 +47,7 @@ def parse(spec: "str | Placement", model=None, machine=None) -> Placement:
     else:
         if not isinstance(spec, str) or not spec.strip():
             raise MoesimError(f"expected a placement name, got {spec!r}", "placement")
-        name, _, arg = spec.strip().lower().partition("=")
+        name, _, arg = _flag_spelling(spec).partition("=")
         if name not in PLACEMENTS:
             from ..errors import unknown_id
             raise unknown_id("placement", name, list(PLACEMENTS), "placement")
