@@ -142,8 +142,14 @@ static double layer_time(const ms_decode_model_t *m, const ms_machine_t *hw, int
                          double seqs, double toks, ms_decode_result_t *acc)
 {
     double total = layer_attention(m, hw, l, seqs, toks, acc);
-    if (m->expert_mode[l] != MS_EXP_NONE)
+    if (m->expert_mode[l] != MS_EXP_NONE) {
         total = layer_experts(m, hw, l, w, toks, total, acc) + layer_alltoall(m, hw, toks, acc);
+        if (m->attn_on_gpu[l] && hw->moe_s > 0.0) {
+            /* the router, top-k, weighting and combining kernels beside the expert GEMMs */
+            attribute(acc, MS_RES_LATENCY, MS_PHASE_SYNC, hw->moe_s);
+            total += hw->moe_s;
+        }
+    }
     return total;
 }
 
@@ -431,6 +437,7 @@ static int check(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_ro
     if (!(hw->gpu_bw > 0.0 && hw->host_bw > 0.0 && hw->pcie_bw > 0.0 && hw->storage_bw > 0.0
           && hw->gpu_flops > 0.0 && hw->cpu_flops > 0.0 && hw->interconnect_bw > 0.0)) return MS_ERR_BAD_MACHINE;
     if (m->a2a_bytes > 0.0 && !(hw->a2a_bw > 0.0 && hw->a2a_s >= 0.0)) return MS_ERR_BAD_MACHINE;
+    if (!(hw->moe_s >= 0.0)) return MS_ERR_BAD_MACHINE;
     if (!(m->a2a_bytes >= 0.0)) return MS_ERR_BAD_SIZE;
     if (r->n_layers > 0) {
         if (r->n_experts <= 0 || r->top_k <= 0 || r->top_k > r->n_experts) return MS_ERR_BAD_ROUTING;

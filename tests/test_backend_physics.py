@@ -280,3 +280,32 @@ def test_m5_neural_accelerators_multiply_the_prompt_gemms():
     assert old["prefill_gemm_flops"] == pytest.approx(15.04e12 * old_eff)
     m4 = _hw("m4-max", "mlx")
     assert m4["prefill_gemm_flops"] == pytest.approx(17.18e12 * runtime("mlx").decode.prefill_flops_eff_unified)
+
+
+def test_moe_layers_on_a_gpu_pay_the_routing_and_combining_kernels():
+    """llama.cpp's build_moe_ffn adds 8 + (k - 1) small kernels beside the expert GEMMs of every MoE layer
+    (runtimes.toml moe_layer_us): the step of a MoE model on a GPU grows by that latency per MoE layer, a dense
+    model's does not, nor does a CPU-only run, nor Apple's Metal path (its launch_us_metal is per MoE layer)."""
+    d = runtime("llama.cpp").decode
+    assert d.moe_layer_us > 0
+    assert _hw("rtx-4090", "llama.cpp")["moe_s"] == pytest.approx(d.moe_layer_us * 1e-6)
+    assert _hw("m3-max", "llama.cpp")["moe_s"] == 0.0
+    assert runtime("vllm").decode.moe_layer_us == 0.0
+    mach = moesim.machine(gpu="rtx-4090")
+    base = moesim.simulate("qwen3-30b-a3b", mach, quant="Q4_K_M", mode="analytic")
+    zero = dataclasses_replace_moe(0.0)
+    off = moesim.simulate("qwen3-30b-a3b", mach, quant="Q4_K_M", runtime=zero, mode="analytic")
+    n_moe = sum(1 for layer in moesim.model("qwen3-30b-a3b").layers if layer.ffn.kind == "moe")
+    assert base.tpot_ms["mean"] - off.tpot_ms["mean"] == pytest.approx(n_moe * d.moe_layer_us * 1e-3, rel=1e-6)
+    dense = [moesim.simulate("llama-3-8b", mach, quant="Q4_K_M", runtime=r, mode="analytic").tpot_ms["mean"]
+             for r in ("llama.cpp", zero)]
+    assert dense[0] == pytest.approx(dense[1], rel=1e-12)
+    cpu = [moesim.simulate("qwen3-30b-a3b", moesim.machine(host="ddr5-6000x2"), quant="Q4_K_M", runtime=r,
+                           mode="analytic").tpot_ms["mean"] for r in ("llama.cpp", zero)]
+    assert cpu[0] == pytest.approx(cpu[1], rel=1e-12)
+
+
+def dataclasses_replace_moe(us: float):
+    import dataclasses
+    rt = runtime("llama.cpp")
+    return dataclasses.replace(rt, decode=dataclasses.replace(rt.decode, moe_layer_us=us))

@@ -117,6 +117,10 @@ def _layer_time(dm, hw, l, w, seqs, toks, acc):
         t2 = hw["a2a_s"] + toks * dm["a2a_bytes"] / hw["a2a_bw"]
         _put(acc, RES_INTERCONNECT, PHASE_ALLTOALL, t2)
         total += t2
+    if dm["attn_on_gpu"][l] and hw["moe_s"] > 0:
+        # the router, top-k, weighting and combining kernels beside the expert GEMMs
+        _put(acc, RES_LATENCY, PHASE_SYNC, hw["moe_s"])
+        total += hw["moe_s"]
     return total
 
 
