@@ -419,7 +419,7 @@ def test_fallback_for_rows_not_divisible_by_block():
     # gpt-oss rows are 2880 long (not a multiple of 256): K-quants fall back (LQ).
     types = _types("gpt-oss-20b", "Q4_K_M")
     assert types["blk.0.attn_q.weight"] == "Q5_0"
-    assert types["blk.0.ffn_down_exps.weight"] == "MXFP4"       # the checkpoint's MXFP4 experts stay (gguf_native_experts)
+    assert types["blk.0.ffn_down_exps.weight"] == "MXFP4"       # the checkpoint's experts stay (gguf_native_experts)
     # llama.cpp's own rule for those experts, as it quantizes a bf16 copy of them
     m = INGEST.model("gpt-oss-20b")
     walk = {t.name: typ for t, typ, _ in GT.gguf_assign(m, "Q4_K_M", "Q4_K", quants.ggml_types(), False)}
