@@ -293,7 +293,7 @@ def test_moe_layers_on_a_gpu_pay_the_routing_and_combining_kernels():
     assert runtime("vllm").decode.moe_layer_us == 0.0
     mach = moesim.machine(gpu="rtx-4090")
     base = moesim.simulate("qwen3-30b-a3b", mach, quant="Q4_K_M", mode="analytic")
-    zero = dataclasses_replace_moe(0.0)
+    zero = _runtime_with_moe_us(0.0)
     off = moesim.simulate("qwen3-30b-a3b", mach, quant="Q4_K_M", runtime=zero, mode="analytic")
     n_moe = sum(1 for layer in moesim.model("qwen3-30b-a3b").layers if layer.ffn.kind == "moe")
     assert base.tpot_ms["mean"] - off.tpot_ms["mean"] == pytest.approx(n_moe * d.moe_layer_us * 1e-3, rel=1e-6)
@@ -305,7 +305,7 @@ def test_moe_layers_on_a_gpu_pay_the_routing_and_combining_kernels():
     assert cpu[0] == pytest.approx(cpu[1], rel=1e-12)
 
 
-def dataclasses_replace_moe(us: float):
+def _runtime_with_moe_us(us: float):
     import dataclasses
     rt = runtime("llama.cpp")
     return dataclasses.replace(rt, decode=dataclasses.replace(rt.decode, moe_layer_us=us))

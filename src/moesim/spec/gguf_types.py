@@ -239,7 +239,9 @@ class _WalkPlan:
         self.counted_at = counted_at
         self.walked_iq3_xs = sorted(counted_at + gate_up_at)
         self.numel = np.array([math.prod(t.shape) for t in tensors], dtype=np.int64)   # Tensor.n_elements
-        self.routed = np.array([t.cls == "routed_experts" for t in tensors], dtype=bool)
+        # quantized routed-expert tensors: what keeps a checkpoint's native expert type (gguf_type_index)
+        self.routed_quantized = np.array([t.cls == "routed_experts" and self.reps[k][1]
+                                          for t, k in zip(tensors, key_of)], dtype=bool)
         self.n_attention_wv = sum(1 for t in tensors if t.name.endswith("attn_v.weight"))
         self.has_output = any(t.name == "output.weight" for t in tensors)
 
@@ -275,8 +277,7 @@ def gguf_type_index(model: Model, ftype: str, base: str, types: dict, include_mt
         for i in plan.walked_iq3_xs if ftype == "IQ3_XS" else plan.counted_at:
             tix[i] = names.setdefault(_gguf_type(ftype, base, plan.tensors[i], s, types), len(names))
     if native_experts is not None:
-        quantizable = np.array([r[1] for r in plan.reps], dtype=bool)[plan.key_of]
-        tix[plan.routed & quantizable] = names.setdefault(native_experts, len(names))
+        tix[plan.routed_quantized] = names.setdefault(native_experts, len(names))
     order = list(names)
     block = np.array([types[n]["block"] for n in order], dtype=np.int64)
     per_block = np.array([types[n]["bytes"] for n in order], dtype=np.int64)

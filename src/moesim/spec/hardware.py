@@ -193,7 +193,7 @@ def _named_card(h: dict, gpu_id, gpu_mem_gb) -> tuple:
     """(catalog id, the assumption it took or None) for a name the catalog lists as several cards
     (hardware.toml [gpu_names]): the first listed, or with *gpu_mem_gb* the one whose memory is nearest."""
     entry = h.get("gpu_names", {}).get(gpu_id) if gpu_id is not None else None
-    if entry is None or gpu_id in h["gpu"] or gpu_id in h["unified"]:
+    if entry is None:       # a catalog id, or no name of several cards (a [gpu_names] key is never an id)
         return gpu_id, None
     cards = list(entry["cards"])
     chosen = cards[0]
