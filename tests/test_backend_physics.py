@@ -309,3 +309,27 @@ def _runtime_with_moe_us(us: float):
     import dataclasses
     rt = runtime("llama.cpp")
     return dataclasses.replace(rt, decode=dataclasses.replace(rt.decode, moe_layer_us=us))
+
+
+def test_amd_flash_attention_runs_at_its_sourced_share_of_the_fp32_rate():
+    """runtimes.toml fa_fp32_share: llama.cpp's prompt attention on RDNA3 / RDNA4 runs at the sourced share of
+    the fp32 vector rate (HIP 0.21, Vulkan on RDNA3 0.11), below the GEMM rate; NVIDIA, CDNA and RDNA2 keep
+    attention at the GEMM rate; a long prompt slows more than a short one."""
+    for gpu, rid, share, fp32 in (("ryzen-ai-max-plus-395", "llama.cpp-hip", 0.21, 29.7),
+                                  ("ryzen-ai-max-plus-395", "llama.cpp-vulkan", 0.11, 29.7),
+                                  ("rx-7900-xtx", "llama.cpp-hip", 0.21, 61.44),
+                                  ("radeon-ai-pro-r9700", "llama.cpp-hip", 0.21, 47.8)):
+        hw = _hw(gpu, rid, model="llama-3.1-8b", quant="Q4_0")
+        assert hw["prefill_attn_flops"] == pytest.approx(share * fp32 * 1e12), (gpu, rid)
+        assert hw["prefill_attn_flops"] < hw["prefill_gemm_flops"], (gpu, rid)
+    for gpu, rid in (("rtx-4090", "llama.cpp"), ("mi300x", "llama.cpp-hip"), ("rx-6800-xt", "llama.cpp-hip"),
+                     ("radeon-ai-pro-r9700", "llama.cpp-vulkan")):
+        hw = _hw(gpu, rid, model="llama-3.1-8b", quant="Q4_0")
+        assert hw["prefill_attn_flops"] == hw["prefill_gemm_flops"], (gpu, rid)
+    kw = dict(machine=moesim.machine(gpu="ryzen-ai-max-plus-395"), runtime="llama.cpp-hip", quant="Q4_0",
+              context=8192, mode="analytic")
+    short = moesim.simulate("llama-3.1-8b", prompt=512, **kw).prefill_tok_s
+    long = moesim.simulate("llama-3.1-8b", prompt=8192, **kw).prefill_tok_s
+    # 512-token ubatches alike but for the keys: a mean of 4096 instead of 256 for each prompt token, over
+    # 32 layers x 16384 FLOPs per key, at 0.21 x 29.7 TFLOPS
+    assert 1 / long - 1 / short == pytest.approx((4096 - 256) * 32 * 16384 / (0.21 * 29.7e12), rel=0.02)

@@ -90,8 +90,9 @@ def backend_terms(rt: Runtime, g: dict) -> dict:
     accumulating in fp16 at this multiple of the catalog's fp16 rate), ``moe_fp32_share`` (routed-expert
     GEMMs at this share of the fp32 vector peak, 0: as the dense GEMMs), ``moe_half_tokens`` (the tokens per
     used expert at which a ubatch's routed-expert GEMMs run at half the dense rate, 0: no such loss) and
-    ``bw_eff`` (decode share of peak bandwidth, 0: the runtime's gddr / HBM share). Runtimes outside llama.cpp
-    get {} (their own GEMM paths)."""
+    ``bw_eff`` (decode share of peak bandwidth, 0: the runtime's gddr / HBM share) and ``fa_fp32_share`` (the
+    prompt's flash attention at this share of the fp32 vector peak where that is below its GEMM rate, 0: at
+    the GEMM rate). Runtimes outside llama.cpp get {} (their own GEMM paths)."""
     if not rt.llama_cpp_family:
         return {}
     tables = _load_catalog("runtimes").get("backends", {})
@@ -104,7 +105,15 @@ def backend_terms(rt: Runtime, g: dict) -> dict:
                 moe_fp32_share=float(b.get("moe_fp32_share", {}).get(vendor, 0.0)),
                 moe_half_tokens=float(b.get("moe_half_tokens", {}).get(vendor, 0.0)),
                 bw_eff=float(b.get("bw_eff", {}).get(arch, 0.0)),
+                fa_fp32_share=_arch_value(b.get("fa_fp32_share", {}), arch),
                 fp16_acc_rel=float(b.get("fp16_acc_rel", {}).get(segment, 1.0)))
+
+
+def _arch_value(table: dict, arch: str) -> float:
+    """The value of ``table`` under the longest key that prefixes ``arch`` (gfx11 covers gfx1100 ... gfx1151);
+    0 where none does."""
+    keys = [k for k in table if arch.startswith(str(k))]
+    return float(table[max(keys, key=len)]) if keys and arch else 0.0
 
 
 def fp32_tflops(tf: dict, g: dict) -> float:
@@ -115,12 +124,12 @@ def fp32_tflops(tf: dict, g: dict) -> float:
 
 # each per-family map of a backend and the key that must cite its numbers
 _TERM_SOURCES = {"moe_fp32_share": "moe_source", "bw_eff": "bw_source", "fp16_acc_rel": "acc_source",
-                 "moe_half_tokens": "moe_half_source"}
+                 "moe_half_tokens": "moe_half_source", "fa_fp32_share": "fa_source"}
 
 
 def backend_source_errors(tables: dict) -> list:
     """What in runtimes.toml [backends.*] ``tables`` lacks a source: a backend without ``source``, or a
-    per-family value (moe_fp32_share, bw_eff, fp16_acc_rel, moe_half_tokens) whose key its ``*_source`` line
+    per-family value (moe_fp32_share, bw_eff, fp16_acc_rel, moe_half_tokens, fa_fp32_share) whose key its ``*_source`` line
     does not name."""
     errors = []
     for name, b in tables.items():
@@ -264,7 +273,8 @@ def _lower_unified(machine: Machine, rt: Runtime, mix: Q.KernelMix, cpu_only: bo
     pf = cpu_flops if cpu_only else max(peak * pf_eff, cpu_flops)
     return dict(gpu_bw=pool, host_bw=host, pcie_bw=pool, storage_bw=max(machine.storage_read_gbs, 1e-3) * GB,
                 gpu_flops=max(gpu_flops, cpu_flops), cpu_flops=cpu_flops, interconnect_bw=pool, unified=1,
-                prefill_flops=pf, prefill_gemm_flops=pf, prefill_attn_flops=pf, prefill_expert_flops=pf,
+                prefill_flops=pf, prefill_gemm_flops=pf, prefill_expert_flops=pf,
+                prefill_attn_flops=pf if cpu_only else flash_attention_flops(pf, machine.gpu_tflops, u, terms),
                 prefill_moe_half_tokens=0.0 if cpu_only else terms.get("moe_half_tokens", 0.0),
                 gpu_moe_rowwise=0 if cpu_only else int(d.moe_rowwise_prefill),
                 overlap=1 if d.overlap else 0, launch_s=0.0 if cpu_only else launch * 1e-6,
@@ -353,4 +363,13 @@ def _gpu_prefill_flops(machine: Machine, rt: Runtime, g: dict, mix: Q.KernelMix,
         # 16-bit peak; llama.cpp's prefill share covers its whole ubatch
         gemm = pf * _served_gemm_rel(tf, mix, peak_tflops)
         attn = peak_tflops * 1e12 * d.attn_flops_eff * tp
-    return pf, gemm, attn
+    return pf, gemm, flash_attention_flops(attn, tf, g, terms or {}, tp)
+
+
+def flash_attention_flops(attn: float, tf: dict, g: dict, terms: dict, n: int = 1) -> float:
+    """A llama.cpp backend's prompt attention rate: its GEMM rate ``attn``, or the share of the fp32 vector
+    peak its flash-attention kernels measurably reach where that is lower (backend_terms ``fa_fp32_share``:
+    AMD's tile kernels on the shader ALUs), on ``n`` GPUs."""
+    share = terms.get("fa_fp32_share", 0.0)
+    fp32 = fp32_tflops(tf, g)
+    return min(attn, share * fp32 * 1e12 * n) if share > 0 and fp32 > 0 else attn
