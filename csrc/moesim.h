@@ -204,6 +204,8 @@ typedef struct {
     double allreduce_s;                           /* per layer per step under tensor parallelism */
     double a2a_bw;                                /* one rank's all-to-all bytes/s (scale-up fabric x efficiency) */
     double a2a_s;                                 /* dispatch + combine latency per MoE layer per step */
+    double cpu_layer_s;                           /* per layer whose attention runs on the CPU, per step: the CPU
+                                                   * graph's thread barriers and small ops */
     double moe_s;                                 /* routing / weighting / combining kernels per MoE layer on the
                                                    * GPU per step (latency beside the expert GEMMs) */
     double step_s;                                /* per step host overhead (sampling, scheduling) */

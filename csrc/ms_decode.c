@@ -54,6 +54,11 @@ static double layer_attention(const ms_decode_model_t *m, const ms_machine_t *hw
         attribute(acc, MS_RES_LATENCY, MS_PHASE_SYNC, hw->launch_s);
         total += hw->launch_s;
     }
+    if (!m->attn_on_gpu[l] && hw->cpu_layer_s > 0.0) {
+        /* a CPU layer's graph nodes each end in a barrier across the threads */
+        attribute(acc, MS_RES_LATENCY, MS_PHASE_SYNC, hw->cpu_layer_s);
+        total += hw->cpu_layer_s;
+    }
     if (m->allreduce_bytes > 0.0 && m->attn_on_gpu[l]) {
         double tr = hw->allreduce_s + toks * m->allreduce_bytes / hw->interconnect_bw;
         attribute(acc, MS_RES_INTERCONNECT, MS_PHASE_TRANSFER, tr);
@@ -438,6 +443,7 @@ static int check(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_ro
           && hw->gpu_flops > 0.0 && hw->cpu_flops > 0.0 && hw->interconnect_bw > 0.0)) return MS_ERR_BAD_MACHINE;
     if (m->a2a_bytes > 0.0 && !(hw->a2a_bw > 0.0 && hw->a2a_s >= 0.0)) return MS_ERR_BAD_MACHINE;
     if (!(hw->moe_s >= 0.0)) return MS_ERR_BAD_MACHINE;
+    if (!(hw->cpu_layer_s >= 0.0)) return MS_ERR_BAD_MACHINE;
     if (!(m->a2a_bytes >= 0.0)) return MS_ERR_BAD_SIZE;
     if (r->n_layers > 0) {
         if (r->n_experts <= 0 || r->top_k <= 0 || r->top_k > r->n_experts) return MS_ERR_BAD_ROUTING;

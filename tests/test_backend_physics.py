@@ -293,7 +293,7 @@ def test_moe_layers_on_a_gpu_pay_the_routing_and_combining_kernels():
     assert runtime("vllm").decode.moe_layer_us == 0.0
     mach = moesim.machine(gpu="rtx-4090")
     base = moesim.simulate("qwen3-30b-a3b", mach, quant="Q4_K_M", mode="analytic")
-    zero = _runtime_with_moe_us(0.0)
+    zero = _llama_cpp_with(moe_layer_us=0.0)
     off = moesim.simulate("qwen3-30b-a3b", mach, quant="Q4_K_M", runtime=zero, mode="analytic")
     n_moe = sum(1 for layer in moesim.model("qwen3-30b-a3b").layers if layer.ffn.kind == "moe")
     assert base.tpot_ms["mean"] - off.tpot_ms["mean"] == pytest.approx(n_moe * d.moe_layer_us * 1e-3, rel=1e-6)
@@ -305,10 +305,11 @@ def test_moe_layers_on_a_gpu_pay_the_routing_and_combining_kernels():
     assert cpu[0] == pytest.approx(cpu[1], rel=1e-12)
 
 
-def _runtime_with_moe_us(us: float):
+def _llama_cpp_with(**decode):
+    """llama.cpp's runtime with these decode terms replaced."""
     import dataclasses
     rt = runtime("llama.cpp")
-    return dataclasses.replace(rt, decode=dataclasses.replace(rt.decode, moe_layer_us=us))
+    return dataclasses.replace(rt, decode=dataclasses.replace(rt.decode, **decode))
 
 
 def test_amd_flash_attention_runs_at_its_sourced_share_of_the_fp32_rate():
@@ -333,3 +334,19 @@ def test_amd_flash_attention_runs_at_its_sourced_share_of_the_fp32_rate():
     # 512-token ubatches alike but for the keys: a mean of 4096 instead of 256 for each prompt token, over
     # 32 layers x 16384 FLOPs per key, at 0.21 x 29.7 TFLOPS
     assert 1 / long - 1 / short == pytest.approx((4096 - 256) * 32 * 16384 / (0.21 * 29.7e12), rel=0.02)
+
+
+def test_a_cpu_layer_pays_the_cpu_graphs_barriers():
+    """runtimes.toml cpu_layer_us: under llama.cpp each layer computed on the CPU (CPU-only, or below -ngl) adds
+    its graph's barrier latency to the step; GPU layers and runtimes without the term (vLLM) do not."""
+    d = runtime("llama.cpp").decode
+    assert d.cpu_layer_us > 0 and runtime("vllm").decode.cpu_layer_us == 0.0
+    m = moesim.model("qwen3-30b-a3b")
+    kw = dict(machine=moesim.machine(gpu="none", host="ddr5-6000x2"), quant="Q4_K_M", placement="cpu-only",
+              context=512, mode="analytic")
+    base = moesim.simulate(m, runtime="llama.cpp", **kw)
+    off = moesim.simulate(m, runtime=_llama_cpp_with(cpu_layer_us=0.0), **kw)
+    assert base.tpot_ms["mean"] - off.tpot_ms["mean"] == pytest.approx(m.n_layers * d.cpu_layer_us * 1e-3, rel=1e-6)
+    gpu = dict(machine=moesim.machine(gpu="rtx-4090"), quant="Q4_K_M", placement="all-gpu", context=512, mode="analytic")
+    assert moesim.simulate(m, runtime="llama.cpp", **gpu).tpot_ms["mean"] == pytest.approx(
+        moesim.simulate(m, runtime=_llama_cpp_with(cpu_layer_us=0.0), **gpu).tpot_ms["mean"])

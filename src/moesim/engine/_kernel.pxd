@@ -112,7 +112,7 @@ cdef extern from "moesim.h" nogil:
         int32_t overlap
         double launch_s, sync_s, dma_s, allreduce_s, step_s, seq_s
         double a2a_bw, a2a_s
-        double moe_s
+        double moe_s, cpu_layer_s
 
     ctypedef struct ms_routing_t:
         int32_t n_layers

@@ -44,6 +44,7 @@ cdef void _fill_machine(ms_machine_t *h, dict hw):
     h.launch_s = hw["launch_s"]; h.sync_s = hw["sync_s"]; h.dma_s = hw["dma_s"]
     h.allreduce_s = hw["allreduce_s"]; h.step_s = hw["step_s"]; h.seq_s = hw["seq_s"]
     h.a2a_bw = hw["a2a_bw"]; h.a2a_s = hw["a2a_s"]; h.moe_s = hw["moe_s"]
+    h.cpu_layer_s = hw["cpu_layer_s"]
 
 
 cdef void _fill_configs(ms_decode_config_t *cfg, dict c, Py_ssize_t n):

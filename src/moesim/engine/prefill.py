@@ -50,7 +50,7 @@ def prefill_seconds(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, promp
         # a ubatch streams each weight matrix once and its tiles' loads are not hidden behind the
         # multiply-adds (llama.cpp PR #8495: LLaMA-8B Q5_K_S on a 4090 takes 9.1 ms per 16-token and
         # 48 ms per 512-token ubatch, weight reads + per-token work, not their max)
-        t = x["weights"] / bw + n_tok * per_tok + decompress + np.where(on_gpu, hw["launch_s"], 0.0)
+        t = x["weights"] / bw + n_tok * per_tok + decompress + np.where(on_gpu, hw["launch_s"], hw["cpu_layer_s"])
         if kv is not None:
             t += _kv_reads(dm, kv, n_tok) / hw["host_bw"]
         if experts is not None:

@@ -196,7 +196,8 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement, mix: Q.KernelMix)
                     prefill_expert_flops=cpu_flops, gpu_moe_rowwise=0,
                     cpu_flops=cpu_flops, interconnect_bw=host_bw, unified=0, overlap=0, launch_s=0.0, sync_s=0.0,
                     dma_s=0.0, allreduce_s=0.0, step_s=d.step_us * 1e-6, seq_s=d.seq_us * 1e-6,
-                    amx_flops=amx, pcie_links=1, a2a_bw=host_bw, a2a_s=0.0, moe_s=0.0)
+                    amx_flops=amx, pcie_links=1, a2a_bw=host_bw, a2a_s=0.0, moe_s=0.0,
+                    cpu_layer_s=d.cpu_layer_us * 1e-6)
     g = _load_catalog("hardware")["gpu"].get(machine.gpu, {})
     tp = machine.n_gpus if (d.tensor_parallel and machine.n_gpus > 1) else 1
     tf = machine.gpu_tflops
@@ -224,7 +225,8 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement, mix: Q.KernelMix)
                 dma_s=d.dma_us * 1e-6, allreduce_s=_allreduce_s(machine, rt) if tp > 1 else 0.0,
                 step_s=d.step_us * 1e-6, seq_s=d.seq_us * 1e-6 / max(1, d.data_parallel),
                 amx_flops=amx, pcie_links=tp, a2a_bw=_alltoall_gbs(machine, g) * GB * d.alltoall_bw_eff,
-                a2a_s=2.0 * d.alltoall_us * 1e-6, moe_s=d.moe_layer_us * 1e-6)
+                a2a_s=2.0 * d.alltoall_us * 1e-6, moe_s=d.moe_layer_us * 1e-6,
+                cpu_layer_s=d.cpu_layer_us * 1e-6)
 
 
 def _allreduce_s(machine: Machine, rt: Runtime) -> float:
@@ -281,7 +283,7 @@ def _lower_unified(machine: Machine, rt: Runtime, mix: Q.KernelMix, cpu_only: bo
                 sync_s=0.0, dma_s=0.0, allreduce_s=0.0, step_s=d.step_us * 1e-6, seq_s=d.seq_us * 1e-6,
                 amx_flops=0.0, pcie_links=1, a2a_bw=pool, a2a_s=0.0,
                 # Metal's per-MoE-layer cost is launch_us_metal already
-                moe_s=0.0 if (cpu_only or metal) else d.moe_layer_us * 1e-6)
+                moe_s=0.0 if (cpu_only or metal) else d.moe_layer_us * 1e-6, cpu_layer_s=d.cpu_layer_us * 1e-6)
 
 
 def _unified_gemm(machine: Machine, rt: Runtime, u: dict, mix: Q.KernelMix, peak: float) -> tuple:

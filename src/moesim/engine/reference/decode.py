@@ -60,6 +60,10 @@ def _attention_time(dm, hw, l, seqs, toks, acc):
     if dm["attn_on_gpu"][l] and hw["launch_s"] > 0:
         _put(acc, RES_LATENCY, PHASE_SYNC, hw["launch_s"])
         total += hw["launch_s"]
+    if not dm["attn_on_gpu"][l] and hw["cpu_layer_s"] > 0:
+        # a CPU layer's graph nodes each end in a barrier across the threads
+        _put(acc, RES_LATENCY, PHASE_SYNC, hw["cpu_layer_s"])
+        total += hw["cpu_layer_s"]
     if dm["allreduce_bytes"] > 0 and dm["attn_on_gpu"][l]:
         tr = hw["allreduce_s"] + toks * dm["allreduce_bytes"] / hw["interconnect_bw"]
         _put(acc, RES_INTERCONNECT, PHASE_TRANSFER, tr)
