@@ -347,6 +347,7 @@ def test_a_cpu_layer_pays_the_cpu_graphs_barriers():
     base = moesim.simulate(m, runtime="llama.cpp", **kw)
     off = moesim.simulate(m, runtime=_llama_cpp_with(cpu_layer_us=0.0), **kw)
     assert base.tpot_ms["mean"] - off.tpot_ms["mean"] == pytest.approx(m.n_layers * d.cpu_layer_us * 1e-3, rel=1e-6)
-    gpu = dict(machine=moesim.machine(gpu="rtx-4090"), quant="Q4_K_M", placement="all-gpu", context=512, mode="analytic")
+    gpu = dict(machine=moesim.machine(gpu="rtx-4090"), quant="Q4_K_M", placement="all-gpu", context=512,
+               mode="analytic")
     assert moesim.simulate(m, runtime="llama.cpp", **gpu).tpot_ms["mean"] == pytest.approx(
         moesim.simulate(m, runtime=_llama_cpp_with(cpu_layer_us=0.0), **gpu).tpot_ms["mean"])

@@ -129,8 +129,8 @@ _TERM_SOURCES = {"moe_fp32_share": "moe_source", "bw_eff": "bw_source", "fp16_ac
 
 def backend_source_errors(tables: dict) -> list:
     """What in runtimes.toml [backends.*] ``tables`` lacks a source: a backend without ``source``, or a
-    per-family value (moe_fp32_share, bw_eff, fp16_acc_rel, moe_half_tokens, fa_fp32_share) whose key its ``*_source`` line
-    does not name."""
+    per-family value (moe_fp32_share, bw_eff, fp16_acc_rel, moe_half_tokens, fa_fp32_share) whose key its
+    ``*_source`` line does not name."""
     errors = []
     for name, b in tables.items():
         if not str(b.get("source", "")).strip():
