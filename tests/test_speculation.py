@@ -46,6 +46,24 @@ def test_default_is_the_family_measurement_nearest_the_depth():
     assert set(datasets("deepseek_v3")) == {"generation-topics", "unstated", "mt-bench+humaneval+gsm8k"}
 
 
+def test_drafts_past_the_first_reuse_the_module_at_the_deeper_measurements_decay():
+    """A one-draft measurement used for more drafts: drafts after the first are accepted at the decay the
+    family's deepest accept-length measurement shows (nebius K = 7: 3.20 tokens per step after a first draft
+    accepted at 0.85 gives 0.63), so tokens per step level off as the TensorRT-LLM MTP 1..5 ladder does
+    (DeepSeek-R1 on 8x B200: 198, 250, 253, 245, 239 tok/s) instead of growing as 1 + a + ... + a^n."""
+    from moesim.analysis.speculation import decay_after_first
+    r = decay_after_first(0.85, 7, 3.20)
+    assert 1 + 0.85 * sum(r ** i for i in range(7)) == pytest.approx(3.20, abs=1e-9) and 0.62 < r < 0.64
+    steps = [accepted_per_step(d, default_acceptance("deepseek_v3", d).rate) for d in range(1, 8)]
+    assert steps[0] == pytest.approx(1.85)
+    assert steps[1] == pytest.approx(1 + 0.85 * (1 + r))
+    assert steps[-1] == pytest.approx(3.20, abs=1e-6)
+    assert all(b > a for a, b in zip(steps, steps[1:]))                       # more drafts never fewer tokens
+    assert steps[2] < accepted_per_step(3, 0.85) - 0.4                         # but far fewer than the constant chain
+    assert "0.629 of their predecessor" in default_acceptance("deepseek_v3", 3).source
+    assert decay_after_first(0.85, 3, 1.5) == 0.0 and decay_after_first(0.5, 3, 3.9) == 1.0
+
+
 def test_simulate_uses_and_names_the_default():
     d = moesim.simulate("deepseek-v3", DGX, quant="fp8", runtime="vllm", mtp=1, mode="analytic").to_dict()
     assert d["mtp_acceptance"] == 0.85 and d["mtp_dataset"] == "generation-topics"

@@ -67,7 +67,43 @@ def default_acceptance(family: str, drafts: int, dataset: str | None = None) -> 
         rate = acceptance_from_length(int(best["drafts"]), float(best["accept_length"]))
     depth = "" if best["drafts"] == drafts else f" (measured at {best['drafts']} drafts, used for {drafts})"
     how = "" if "acceptance" in best else f", per-draft rate solved from accept length {best['accept_length']:g}"
-    return Acceptance(rate, f"{family} MTP on {want}{depth}{how}: {best['source']}", want, int(best["drafts"]))
+    source = f"{family} MTP on {want}{depth}{how}: {best['source']}"
+    deeper = _deeper_measurement(t, int(best["drafts"]), drafts)
+    if deeper is not None:
+        # the module is trained one token ahead: reused for later drafts it is accepted less often, at the decay
+        # the family's deepest chain measurement shows after a first draft accepted at this dataset's rate
+        decay = decay_after_first(rate, int(deeper["drafts"]), float(deeper["accept_length"]))
+        length = 1.0 + rate * sum(decay ** i for i in range(drafts))
+        rate = acceptance_from_length(drafts, length)
+        source += (f"; drafts after the first accepted at {decay:.3f} of their predecessor (solved from accept "
+                   f"length {deeper['accept_length']:g} at {deeper['drafts']} drafts, {deeper['dataset']}: "
+                   f"{deeper['source']}), i.e. {length:.3f} tokens per step, a chain rate of {rate:.3f}")
+    return Acceptance(rate, source, want, int(best["drafts"]))
+
+
+def _deeper_measurement(t: dict, measured: int, drafts: int) -> dict | None:
+    """The family's deepest accept-length measurement, where a run asks for more drafts than its dataset's
+    nearest measurement has and that measurement holds more than the first draft."""
+    if drafts <= measured:
+        return None
+    deep = [x for x in t["measurements"] if "accept_length" in x and int(x["drafts"]) >= 2]
+    return max(deep, key=lambda x: int(x["drafts"])) if deep else None
+
+
+def decay_after_first(first: float, drafts: int, accept_length: float) -> float:
+    """The acceptance r of every draft after the first (each given its predecessor was accepted) with
+    1 + first (1 + r + ... + r^(drafts - 1)) = accept_length (bisection); clipped to [0, 1]."""
+    def length(r: float) -> float:
+        return 1.0 + first * sum(r ** i for i in range(drafts))
+    if length(0.0) >= accept_length:
+        return 0.0
+    if length(1.0) <= accept_length:
+        return 1.0
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if length(mid) < accept_length else (lo, mid)
+    return 0.5 * (lo + hi)
 
 
 def resolve_acceptance(family: str, drafts: int, acceptance=None, dataset: str | None = None) -> Acceptance:
