@@ -21,10 +21,15 @@ def acceptance_from_length(drafts: int, accept_length: float) -> float:
     grows with a on [0, 1])."""
     if not (1.0 <= accept_length <= drafts + 1):
         raise MoesimError(f"an accept length of {accept_length:g} is impossible with {drafts} drafts", "accept_length")
+    return _rate_for(lambda a: accepted_per_step(drafts, a), accept_length)
+
+
+def _rate_for(length, accept_length: float) -> float:
+    """The rate in [0, 1] at which ``length`` (increasing on [0, 1]) reaches ``accept_length`` (bisection)."""
     lo, hi = 0.0, 1.0
     for _ in range(60):
         mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if accepted_per_step(drafts, mid) < accept_length else (lo, mid)
+        lo, hi = (mid, hi) if length(mid) < accept_length else (lo, mid)
     return 0.5 * (lo + hi)
 
 
@@ -99,11 +104,7 @@ def decay_after_first(first: float, drafts: int, accept_length: float) -> float:
         return 0.0
     if length(1.0) <= accept_length:
         return 1.0
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if length(mid) < accept_length else (lo, mid)
-    return 0.5 * (lo + hi)
+    return _rate_for(length, accept_length)
 
 
 def resolve_acceptance(family: str, drafts: int, acceptance=None, dataset: str | None = None) -> Acceptance:
