@@ -1,5 +1,5 @@
-"""simulate's options as sweep axes (issue 19): cache_experts, prefetch_recall, mtp, mtp_acceptance, parallel
-and routing. Every row of a sweep over random points equals ``simulate(mode="analytic")`` of the same
+"""simulate's options as sweep axes (issue 19): cache_experts, prefetch_recall, mtp, mtp_acceptance, parallel,
+routing, prompt and ubatch. Every row of a sweep over random points equals ``simulate(mode="analytic")`` of the same
 configuration; a spec without them gives the table it gave before; bad values name axes.<name>[i]."""
 import math
 
@@ -36,7 +36,7 @@ def _check_against_simulate(tab, options: tuple, runtime=None, placement=None) -
     rows = tab.to_dicts()
     for row in rows:
         kw = {a: (None if row[a] == "auto" else row[a]) for a in options}
-        for a in ("cache_experts", "mtp"):
+        for a in ("cache_experts", "mtp", "prompt", "ubatch"):
             if a in kw:
                 kw[a] = int(kw[a])
         r = moesim.simulate(row["model"], _machine(row["machine"]), quant=row["quant"], context=int(row["context"]),
@@ -141,6 +141,52 @@ def test_routing_equals_simulate(data):
     assert _check_against_simulate(tab, ("routing",) + (("cache_experts",) if ce else ())) > 0
 
 
+@SETTINGS
+@given(st.data())
+def test_prompt_and_ubatch_equal_simulate(data):
+    """The prefill axes: prompt lengths and llama.cpp physical batches, under hybrid and GPU placements
+    (the ubatch sets each pass's expert union and, with op offload, the experts copied per pass)."""
+    kw = _grid(data.draw)
+    prompt = data.draw(st.lists(st.sampled_from([1, 100, 512, 4096, 20000]), min_size=1, max_size=2, unique=True))
+    ub = data.draw(st.lists(st.sampled_from([1, 31, 32, 128, 512, 2048, 8192]), min_size=1, max_size=2, unique=True))
+    placements = [data.draw(st.sampled_from(["auto", "n-cpu-moe=8", "experts-cpu"]))]
+    tab = sweep(**kw, prompt=prompt, ubatch=ub, placements=placements)
+    assert set(tab["prompt"].tolist()) <= set(prompt) and set(tab["ubatch"].tolist()) <= set(ub)
+    fixed = None if placements == ["auto"] else placements[0]
+    assert _check_against_simulate(tab, ("prompt", "ubatch"), placement=fixed) > 0
+
+
+def test_ubatch_changes_prefill_not_decode_and_drops_serving_runtimes():
+    """A larger physical batch reads each expert once for more tokens: hybrid prefill rises with it up to
+    the prompt, decode does not move; runtimes without the setting are inapplicable (dropped with skip)."""
+    tab = sweep(models=["qwen3-30b-a3b"], quants=["Q4_K_M"], machines=[M64], placements=["n-cpu-moe=30"],
+                runtimes=["llama.cpp", "vllm"], prompt=[8192], ubatch=[64, 512, 4096, 16384],
+                filter={"skip_inapplicable": True}, progress=False)
+    assert set(tab["runtime"].tolist()) == {"llama.cpp"}
+    pf = dict(zip(tab["ubatch"].tolist(), tab["prefill_tok_s"].tolist()))
+    assert pf[64] < pf[512] < pf[4096] <= pf[16384] * (1 + 1e-9)
+    assert len(set(np.round(tab["decode_tok_s"], 9).tolist())) == 1
+    # one prompt length is the run option (no column, as before); a list is the axis
+    assert "prompt" not in sweep(models=["qwen3-30b-a3b"], quants=["Q4_K_M"], machines=[M64], prompt=1024,
+                                 progress=False).column_names
+    with pytest.raises(MoesimError, match="axes.prompt"):
+        sweep({"axes": {"models": ["qwen3-30b-a3b"], "quants": ["Q4_K_M"], "machines": [M64], "prompt": [512]},
+               "run": {"prompt": 512}}, progress=False)
+
+
+def test_simulate_ubatch_sets_the_launch_line_and_refuses_serving_runtimes():
+    r = moesim.simulate("qwen3-30b-a3b", _machine("4090-64g"), quant="Q4_K_M", placement="n-cpu-moe=30",
+                        prompt=8192, ubatch=4096, mode="analytic")
+    assert "-ub 4096 -b 4096" in " ".join(r.memory["advice"]["args"])
+    base = moesim.simulate("qwen3-30b-a3b", _machine("4090-64g"), quant="Q4_K_M", placement="n-cpu-moe=30",
+                           prompt=8192, mode="analytic")
+    assert r.prefill_tok_s > base.prefill_tok_s and _close(r.decode_tok_s, base.decode_tok_s)
+    with pytest.raises(MoesimError, match="ubatch"):
+        moesim.simulate("qwen3-30b-a3b", "dgx-h200", quant="fp8", runtime="vllm", ubatch=256, mode="analytic")
+    with pytest.raises(MoesimError, match="ubatch"):
+        moesim.simulate("qwen3-30b-a3b", _machine("4090-64g"), ubatch=0, mode="analytic")
+
+
 def test_zipped_option_axes_and_directory(tmp_path):
     """Option axes zip with other slow axes, and a sweep directory keeps their columns."""
     kw = dict(models=["qwen3-30b-a3b", "mixtral-8x7b"], quants=["Q4_K_M"], machines=[M64], routing=["qwen", "mixtral"],
@@ -172,6 +218,9 @@ def test_zipped_option_axes_and_directory(tmp_path):
     (dict(mtp=[], ), "axes.mtp", "empty"),
     (dict(mtp=[1], models=MTP_MODELS, mode="montecarlo"), "axes.mtp", "analytic"),
     (dict(prefetch_recall=[0.5], mode="montecarlo"), "axes.prefetch_recall", "analytic"),
+    (dict(prompt=[512, 0]), "axes.prompt[1]", "0"),
+    (dict(ubatch=[1 << 18]), "axes.ubatch[0]", "262,144"),
+    (dict(ubatch=[256], runtimes=["vllm"], machines=[H200X8]), "axes.ubatch[0]", "llama.cpp family"),
 ])
 def test_bad_values_name_the_axis(kw, where, value):
     args = dict(models=["qwen3-30b-a3b"], quants=["Q4_K_M"], machines=[M64], progress=False)

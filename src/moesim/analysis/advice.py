@@ -29,6 +29,7 @@ import shlex
 from .._catalog import load as _load_catalog
 from ..spec.overrides import n_blocks
 from ..spec import quants as Q
+from ..spec.runtimes import runtime as get_runtime
 from .speculation import accepted_per_step
 
 GB = 1e9
@@ -118,6 +119,12 @@ def llama_launch(p, rt, m, machine, quant, context: int, kv: str, batch: int, mt
     kv_args, kv_why = _llama_kv(rt, kv)
     args += kv_args
     why += kv_why
+    default_ub = get_runtime(rt.id).ubatch
+    if rt.ubatch and rt.ubatch != default_ub:
+        # llama.cpp clamps -ub to -b (2048 by default): a larger physical batch needs the logical one too
+        ub = ["-ub", str(rt.ubatch)] + (["-b", str(rt.ubatch)] if rt.ubatch > 2048 else [])
+        args += ub
+        why.append(f"{' '.join(ub)}: prefill passes of {rt.ubatch} prompt tokens (default {default_ub})")
     exact = exact and not (kv_why and not kv_args)
     if parallel and machine.n_gpus > 1:
         # -sm layer (the default) / row, and -sm tensor, llama.cpp's tensor-parallel split (used with

@@ -50,7 +50,7 @@ def fit(model, machine: Machine, quants=None, context: int = 4096, batch: int = 
         placement: str | None = None, runtime: str | None = None, mtp: int = 0, overrides=None,
         allow_beyond_max_context: bool = False, parallel: str | None = None, cache_experts: int | None = None,
         policy: str = "lru", prefetch_recall: float | None = None, routing=None, mtp_acceptance: float | None = None,
-        mtp_dataset: str | None = None, redundant_experts: int = 0) -> list:
+        mtp_dataset: str | None = None, redundant_experts: int = 0, ubatch: int | None = None) -> list:
     """One dict per quantization with the memory view (JSON field names of DESIGN §4).
 
     *model* may be a catalog id, a :class:`Model` or a path (GGUF, config.json, safetensors); a model
@@ -62,7 +62,8 @@ def fit(model, machine: Machine, quants=None, context: int = 4096, batch: int = 
     (multi-GPU layout) and *redundant_experts* (EPLB replicas per MoE layer under EP), *mtp* / *mtp_acceptance* /
     *mtp_dataset*, *cache_experts* (offload-cache slots per MoE layer),
     *policy*, *prefetch_recall* and *routing* (the analytic decode estimate's cache policy, next-layer
-    prefetch and routing profile); memory, fit and limits equal simulate's for the same options."""
+    prefetch and routing profile), *ubatch* (llama.cpp -ub: compute buffers and prefill passes); memory,
+    fit and limits equal simulate's for the same options."""
     from .simulate import _check_fraction, _policy_and_mode
     from .speculation import resolve_acceptance
     m = get_model(model)
@@ -91,7 +92,7 @@ def fit(model, machine: Machine, quants=None, context: int = 4096, batch: int = 
     out = []
     for qname in quants:
         c = configure_run(m, qname, machine, runtime, placement, context, batch, kv_dtype, mtp, parallel,
-                          cache_experts, redundant_experts)
+                          cache_experts, redundant_experts, ubatch)
         rec = memory_record(m, c, machine, qname, context, batch, mtp, notes, runtime, kv_dtype, placement, options)
         rec["decode_tok_s"] = rec["prefill_tok_s"] = None
         if c.mem.fits_bits:

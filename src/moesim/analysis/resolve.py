@@ -127,17 +127,34 @@ def checkpoint_quant(m: Model):
     return q
 
 
+def with_ubatch(rt: Runtime, ubatch) -> Runtime:
+    """The runtime with the prompt's physical batch set (llama.cpp ``-ub`` / ``--ubatch-size``): the tokens
+    one prefill pass multiplies, whose expert union each pass reads, and its compute buffers. None keeps
+    the runtime's default (512 for the llama.cpp family); runtimes without the setting (serving engines
+    chunk prompts by their own rules) refuse it."""
+    if ubatch is None:
+        return rt
+    from ..spec.limits import MAX_UBATCH, check_count
+    ub = check_count(ubatch, "ubatch", maximum=MAX_UBATCH)
+    if not rt.ubatch:
+        raise MoesimError(f"{rt.id} has no physical batch setting: ubatch applies to the llama.cpp family (-ub)",
+                          "ubatch")
+    return rt if ub == rt.ubatch else dataclasses.replace(rt, ubatch=ub)
+
+
 def resolve(m: Model, quant, machine: Machine, runtime=None, placement=None, context: int = 4096, batch: int = 1,
-            kv_dtype: str | None = None, mtp: int = 0, parallel: str | None = None, redundant_experts: int = 0) -> tuple:
+            kv_dtype: str | None = None, mtp: int = 0, parallel: str | None = None, redundant_experts: int = 0,
+            ubatch: int | None = None) -> tuple:
     """(quant, runtime, KV dtype, lowered model, placement) of one configuration: the runtime the
-    format implies unless given, its default KV dtype, and the placement its own fitting would pick
-    for ``placement`` None / "auto". Shared by fit, simulate and validate. On several datacenter GPUs
-    with no runtime asked, ``native`` is the checkpoint a serving runtime loads (:func:`checkpoint_quant`)."""
+    format implies unless given (its physical batch set by *ubatch*, :func:`with_ubatch`), its default KV
+    dtype, and the placement its own fitting would pick for ``placement`` None / "auto". Shared by fit,
+    simulate and validate. On several datacenter GPUs with no runtime asked, ``native`` is the checkpoint a
+    serving runtime loads (:func:`checkpoint_quant`)."""
     if runtime is None and machine.datacenter and isinstance(quant, str) and quant.strip().lower() == "native":
         quant = checkpoint_quant(m)
     q = Q.resolve(quant, m)
     rt = get_runtime(runtime, model=m.id) if runtime is not None else default_runtime(q, machine)
-    rt = with_parallel(rt, parallel, machine, redundant_experts)
+    rt = with_ubatch(with_parallel(rt, parallel, machine, redundant_experts), ubatch)
     _check_expert_parallel(m, rt)
     kv = Q.canonical_kv_dtype(kv_dtype or default_kv_dtype(q, rt, m))
     low = lower(m, q, kv)
@@ -197,13 +214,14 @@ class Configured:
 
 def configure_run(m: Model, quant, machine: Machine, runtime=None, placement=None, context: int = 4096,
                   batch: int = 1, kv_dtype: str | None = None, mtp: int = 0, parallel: str | None = None,
-                  cache_experts: int | None = None, redundant_experts: int = 0) -> Configured:
+                  cache_experts: int | None = None, redundant_experts: int = 0,
+                  ubatch: int | None = None) -> Configured:
     """Resolve (:func:`resolve`) and evaluate one configuration. *cache_experts* (GPU expert-cache slots
     per MoE layer) turns the placement into ``offload-cache=N``; given with another fixed placement it is
     refused. The placement counts as the runtime's own choice (``auto``) only when neither was given."""
     from ..spec.limits import check_count
     q, rt, kv, low, p = resolve(m, quant, machine, runtime, placement, context, batch, kv_dtype, mtp, parallel,
-                                redundant_experts)
+                                redundant_experts, ubatch)
     if cache_experts is not None:
         cache_experts = check_count(cache_experts, "cache_experts", minimum=0)
         if p.kind != "offload-cache" and placement not in (None, "auto"):

@@ -84,7 +84,8 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
              prefetch_recall: float | None = None, tokens: int = 256, warmup: int | None = None, seed: int = 0,
              mode: str = "montecarlo", trace=None, routing=None, mtp: int = 0, mtp_acceptance: float | None = None,
              prompt: int = 512, parallel: str | None = None, engine: str = "c",
-             allow_beyond_max_context: bool = False, redundant_experts: int = 0, mtp_dataset: str | None = None) -> Result:
+             allow_beyond_max_context: bool = False, redundant_experts: int = 0, mtp_dataset: str | None = None,
+             ubatch: int | None = None) -> Result:
     """Simulate decoding ``tokens`` steps of ``batch`` sequences at KV depth ``context`` (see DESIGN §3).
 
     *parallel*: the multi-GPU layout (tp8, ep8, tp8-ep2, tp8-ep8-attn-dp, layer-split, ...); expert-parallel
@@ -92,6 +93,8 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
     *redundant_experts*: EPLB replicas of the hottest experts per MoE layer over the EP ranks.
     With *mtp* drafts and no *mtp_acceptance*, the acceptance is the model family's measured one on
     *mtp_dataset* (default: the family's own, ``catalog/speculation.toml``); the result names its source.
+    *ubatch*: the prompt's physical batch (llama.cpp ``-ub``; default the runtime's, 512), the tokens each
+    prefill pass multiplies and reads its experts for.
 
     *machine*: a :func:`moesim.machine`, a catalog machine id or a dict of its keywords. A context above
     the model's trained maximum is refused unless *allow_beyond_max_context*."""
@@ -117,7 +120,7 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
         raise MoesimError(f"must be smaller than tokens ({tokens}), got {warmup}", "warmup")
 
     c = configure_run(m, quant, machine, runtime, placement, context, batch, kv_dtype, mtp, parallel, cache_experts,
-                      redundant_experts)
+                      redundant_experts, ubatch)
     q, rt, kv, low, p, mem = c.quant, c.runtime, c.kv, c.low, c.placement, c.mem
     options = dict(parallel=parallel, redundant_experts=redundant_experts, mtp_acceptance=acc.rate,
                    cache_experts=cache_experts, policy=policy,

@@ -49,6 +49,8 @@ def _add_speed_options(p) -> None:
                    "family's measured one, catalog/speculation.toml)")
     p.add_argument("--mtp-dataset", help="the dataset whose measured MTP acceptance is the default "
                    "(where the family has several)")
+    p.add_argument("--ubatch", type=_positive_int, help="the prompt's physical batch (llama.cpp -ub; default the "
+                   "runtime's, 512): tokens per prefill pass and its compute buffers")
 
 
 def _add_simulate_parser(sub) -> None:
@@ -108,7 +110,8 @@ def _add_sweep_parser(sub) -> None:
     w = sub.add_parser("sweep", help="evaluate a grid of configurations (SPEC.toml) into chunked Parquet/CSV/JSONL "
                                      "files; resumable; optionally on dask.distributed")
     w.add_argument("spec", help="sweep spec TOML: [axes] models, quants, machines, contexts, batches, placements, "
-                                "cache_experts, prefetch_recall, mtp, mtp_acceptance, parallel, routing, ...; "
+                                "cache_experts, prefetch_recall, mtp, mtp_acceptance, parallel, routing, prompt, "
+                                "ubatch, ...; "
                                 "[zip] groups; [filter] fits; [run] mode, seed, chunk_size")
     w.add_argument("--out", required=True, help="output directory (chunk files + _manifest.json); rerun the same "
                                                 "command to resume")
@@ -185,7 +188,7 @@ def _cmd_fit(args) -> int:
                overrides=args.tensor_overrides, allow_beyond_max_context=args.allow_beyond_max_context,
                parallel=args.parallel, cache_experts=args.cache_experts, policy=args.policy,
                prefetch_recall=args.prefetch_recall, routing=args.routing, mtp_acceptance=args.mtp_acceptance,
-               redundant_experts=args.redundant_experts, mtp_dataset=args.mtp_dataset)
+               redundant_experts=args.redundant_experts, mtp_dataset=args.mtp_dataset, ubatch=args.ubatch)
     if args.json:
         return _print_json(rows)
     print(fit_text(rows, args.context, args.batch))
@@ -211,7 +214,7 @@ def _cmd_simulate(args) -> int:
                  mode=args.mode, trace=trace_path(args.trace), routing=args.routing, mtp=args.mtp,
                  mtp_acceptance=args.mtp_acceptance, prompt=args.prompt, parallel=args.parallel,
                  allow_beyond_max_context=args.allow_beyond_max_context, redundant_experts=args.redundant_experts,
-                 mtp_dataset=args.mtp_dataset)
+                 mtp_dataset=args.mtp_dataset, ubatch=args.ubatch)
     d = r.to_dict()
     if args.json:
         return _print_json(d)

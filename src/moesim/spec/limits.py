@@ -39,6 +39,9 @@ MAX_DRAFTS = 64
 # trained context but one (models.toml).
 MAX_BATCH = 1 << 16
 MAX_STEPS = 1 << 20
+# Prompt tokens one prefill pass multiplies (llama.cpp -ub, at most -b, 2048 by default): 131,072 is past any
+# context a pass is run at on one machine.
+MAX_UBATCH = 1 << 17
 # Monte Carlo work: steps x layers x expert choices per step (tokens per step x top-k, at least 1 for a
 # dense layer). The kernel draws about 2 million choices a second on one core (docs/speed.md), so 2**28
 # is a couple of minutes, the longest one call should run (a million-token DeepSeek-V3 decode is twice

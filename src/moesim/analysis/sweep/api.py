@@ -62,7 +62,8 @@ def _write_directory(plan: Plan, outp: Path, fmt: str, threads: int, scheduler, 
 
 def sweep(spec=None, *, models=None, quants=None, machines=None, runtimes=None, kv_dtypes=None, placements=None,
           policies=None, cache_experts=None, prefetch_recall=None, mtp=None, mtp_acceptance=None, parallel=None,
-          routing=None, contexts=None, batches=None, zip=None, filter=None, mode=None, seed=None, chunk_size=None,
+          routing=None, ubatch=None, contexts=None, batches=None, zip=None, filter=None, mode=None, seed=None,
+          chunk_size=None,
           prompt=None, tokens=None, warmup=None, out=None, format: str = "parquet", threads: int | None = None,
           scheduler: str | None = None, local_workers: int | None = None, progress: bool | None = None,
           processes: int | None = None):
@@ -73,8 +74,9 @@ def sweep(spec=None, *, models=None, quants=None, machines=None, runtimes=None, 
     ``runtimes``, ``kv_dtypes``, ``placements`` (``"auto"`` = what the runtime's own fitting picks, per
     configuration), ``policies``, ``contexts``, ``batches``, and simulate's options ``cache_experts`` (GPU
     expert-cache slots per MoE layer: placement offload-cache=N), ``prefetch_recall``, ``mtp`` (drafts),
-    ``mtp_acceptance``, ``parallel`` (``"auto"`` or tp2, ep8, ...) and ``routing`` (profile ids or
-    ``"auto"``), each a column when given; ``zip=[["models", "quants"]]`` varies axes
+    ``mtp_acceptance``, ``parallel`` (``"auto"`` or tp2, ep8, ...), ``routing`` (profile ids or
+    ``"auto"``), ``ubatch`` (llama.cpp -ub) and ``prompt`` (a list of prompt lengths; one number is the
+    run option), each a column when given; ``zip=[["models", "quants"]]`` varies axes
     together; ``filter={"fits": True}`` keeps configurations that fit. ``mode`` is ``"analytic"`` or
     ``"montecarlo"`` (stream (seed, global index) per configuration).
 
@@ -90,7 +92,7 @@ def sweep(spec=None, *, models=None, quants=None, machines=None, runtimes=None, 
     s = build_spec(spec, models=models, quants=quants, machines=machines, runtimes=runtimes, kv_dtypes=kv_dtypes,
                    placements=placements, policies=policies, cache_experts=cache_experts,
                    prefetch_recall=prefetch_recall, mtp=mtp, mtp_acceptance=mtp_acceptance, parallel=parallel,
-                   routing=routing, contexts=contexts, batches=batches, zip=zip,
+                   routing=routing, ubatch=ubatch, contexts=contexts, batches=batches, zip=zip,
                    filter=filter, mode=mode, seed=seed, chunk_size=chunk_size, prompt=prompt, tokens=tokens,
                    warmup=warmup)
     if format not in FORMATS:

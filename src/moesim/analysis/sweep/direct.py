@@ -30,7 +30,7 @@ def _many(grp, j: int, ps: int, context: int, batches: list) -> np.ndarray:
         dm = lower_model(m, grp.low, p, grp.machine, grp.rt, context, grp.kv, batches[0] * tps, routing=grp.routing)
         dm["page_slots"] = np.full(m.n_layers, ps, dtype=np.int32)
         hw = lower_machine(grp.machine, grp.rt, p, grp.kernel_mix)
-        seconds = prefill_seconds(m, dm, hw, grp.routing, grp.rt, run_cfg["prompt"])
+        seconds = prefill_seconds(m, dm, hw, grp.routing, grp.rt, grp.prompt)
         # checked once and read-only (engine.glue.seal): the groups that share them skip the glue's checks
         return seal("ms_decode_model_t", dm), seal("ms_machine_t", hw), seconds
 
@@ -49,7 +49,7 @@ def _many(grp, j: int, ps: int, context: int, batches: list) -> np.ndarray:
     res = run(dm, hw, sealed_routing(plan, grp.routing), cols)
     out = np.empty((n, 4))
     out[:, 0] = np.asarray(res["accepted"], dtype=np.float64) / np.asarray(res["step_mean"], dtype=np.float64)
-    out[:, 1] = [rate_ttft(run_cfg["prompt"], seconds, b)[0] for b in batches]
+    out[:, 1] = [rate_ttft(grp.prompt, seconds, b)[0] for b in batches]
     hit = np.asarray(res["hit_rate"], dtype=np.float64)
     out[:, 2] = np.where(hit < 0, np.nan, hit)
     out[:, 3] = np.argmax(np.asarray(res["by_resource"]), axis=1)

@@ -105,7 +105,8 @@ class Group:
         self.machine = plan.machines[ix["machines"]]
         self.rt = plan.resolved[("rt",) + r]
         self.kv = plan.resolved[("kv",) + r + (ix["kv_dtypes"],)]
-        pkey = (ix["models"], ix["machines"], ix["placements"], ix["cache_experts"], self.rt.id, ix["parallel"])
+        pkey = (ix["models"], ix["machines"], ix["placements"], ix["cache_experts"], self.rt.id, ix["parallel"],
+                ix["ubatch"])
         self.cands, self.rule = plan.resolved[("p",) + pkey]
         self.policy = POLICIES[self.labels["policy"]]
         self.low = lower(m, self.q, self.kv)
@@ -117,6 +118,7 @@ class Group:
         self.codes.update({k: plan._codes[k][self.opts[k]] for k in ("parallel", "routing") if k in plan.options})
         self.option_values = {k: self.opts[k] for k in plan.options if k not in ("parallel", "routing")}
         self.mtp = self.opts["mtp"] or 0
+        self.prompt = self.opts["prompt"] or plan.run["prompt"]      # the prompt axis, else run.prompt
         self.accepted = plan.resolved[("acc", ix["models"], ix["mtp"], ix["mtp_acceptance"])]
         self.place_codes = plan.resolved[("pc",) + pkey]
         self.E = m.n_experts

@@ -208,7 +208,23 @@ class Plan:
                     self._bad(("par", mi, qi, hi, ri, ai), skip, f"axes.parallel[{ai}]",
                               f"{par!r} on {m.id} / {machine_label(hv)}: {exc}")
                     continue
-                self._check_runtime(m, mi, q, qi, hi, hv, ri, ai, rt, skip)
+                for ui, ub in enumerate(v["ubatch"]):
+                    try:
+                        rtu = self._with_ubatch(rt, ub)
+                    except MoesimError as exc:
+                        self._bad(("ub", mi, qi, hi, ri, ai, ui), skip, f"axes.ubatch[{ui}]",
+                                  f"{ub!r} on {m.id} / {machine_label(hv)}: {exc}")
+                        continue
+                    self._check_runtime(m, mi, q, qi, hi, hv, (ri, ai, ui), rtu, skip)
+
+    def _with_ubatch(self, rt, ubatch):
+        """resolve.with_ubatch, one object per (runtime, ubatch) of the plan (groups key on its identity)."""
+        from ..resolve import with_ubatch
+        key = ("ub", id(rt), ubatch)
+        hit = self._runtimes.get(key)
+        if hit is None:
+            hit = self._runtimes[key] = (rt, with_ubatch(rt, ubatch))     # holds rt: its id stays its own
+        return hit[1]
 
     def _runtime(self, rname: str, q, m, mach):
         """The runtime profile of a runtimes-axis value for quant q of model m on machine mach, built once
@@ -222,28 +238,31 @@ class Plan:
             hit = self._runtimes[key] = next((x for x in self._runtimes.values() if x == rt), rt)
         return hit
 
-    def _check_runtime(self, m, mi: int, q, qi: int, hi: int, hv, ri: int, ai: int, rt, skip: bool) -> None:
+    def _check_runtime(self, m, mi: int, q, qi: int, hi: int, hv, rix: tuple, rt, skip: bool) -> None:
+        """KV dtypes and placements under runtime rt; ``rix``: its (runtimes, parallel, ubatch) indices."""
         v = self.values
         mach = self.machines[hi]
-        self.resolved[("rt", mi, qi, hi, ri, ai)] = rt
+        r = (mi, qi, hi) + rix
+        self.resolved[("rt",) + r] = rt
         self._code("runtime", rt.id)
         for ki, kname in enumerate(v["kv_dtypes"]):
             kv = Q.canonical_kv_dtype(default_kv_dtype(q, rt, m) if kname == "auto" else kname)
-            self.resolved[("kv", mi, qi, hi, ri, ai, ki)] = kv
+            self.resolved[("kv",) + r + (ki,)] = kv
             self._code("kv_dtype", kv)
         for pi, pname in enumerate(v["placements"]):
             try:
                 check_runtime_applies(rt, mach, str(pname))
             except MoesimError as exc:
-                self._bad(("rhp", mi, qi, hi, ri, ai, pi), skip, f"axes.runtimes[{ri}]",
+                self._bad(("rhp",) + r + (pi,), skip, f"axes.runtimes[{rix[0]}]",
                           f"{m.id} / {machine_label(hv)}: {exc}")
                 continue
             for ci, ce in enumerate(v["cache_experts"]):
-                self._check_placement(m, mi, hi, hv, pi, pname, ci, ce, ai, rt, skip)
+                self._check_placement(m, mi, hi, hv, pi, pname, ci, ce, rix[1:], rt, skip)
 
-    def _check_placement(self, m, mi: int, hi: int, hv, pi: int, pname, ci: int, ce, ai: int, rt, skip: bool):
+    def _check_placement(self, m, mi: int, hi: int, hv, pi: int, pname, ci: int, ce, aix: tuple, rt, skip: bool):
+        """Placement candidates; ``aix``: the (parallel, ubatch) indices (the ubatch sets compute buffers)."""
         mach = self.machines[hi]
-        key = ("p", mi, hi, pi, ci, rt.id, ai)
+        key = ("p", mi, hi, pi, ci, rt.id) + aix
         if key in self.resolved or ("mhp", mi, hi, pi, ci) in self.bad:
             return
         eff = option_placement(str(pname), ce, m)
@@ -276,15 +295,16 @@ class Plan:
         return codes[value]
 
     def rt_key(self, ix: dict) -> tuple:
-        """(model, quant, machine, runtime, parallel) indices of group axes ix: its runtime's key."""
-        return ix["models"], ix["quants"], ix["machines"], ix["runtimes"], ix["parallel"]
+        """(model, quant, machine, runtime, parallel, ubatch) indices of group axes ix: its runtime's key."""
+        return ix["models"], ix["quants"], ix["machines"], ix["runtimes"], ix["parallel"], ix["ubatch"]
 
     def skipped(self, ix: dict) -> bool:
         r = self.rt_key(ix)
         return (("mq", ix["models"], ix["quants"]) in self.bad
                 or ("mt", ix["models"], ix["mtp"]) in self.bad
                 or ("acc", ix["models"], ix["mtp"], ix["mtp_acceptance"]) in self.bad
-                or ("par",) + r in self.bad
+                or ("par",) + r[:5] in self.bad
+                or ("ub",) + r in self.bad
                 or ("mhp", ix["models"], ix["machines"], ix["placements"], ix["cache_experts"]) in self.bad
                 or ("rhp",) + r + (ix["placements"],) in self.bad)
 

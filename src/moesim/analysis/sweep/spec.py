@@ -26,8 +26,10 @@ from ...spec.runtimes import runtime as get_runtime
 # simulate()'s options as axes (issue 19). A sweep that leaves one out runs simulate's default (None: no
 # expert cache, no prefetch, no drafts, the family's acceptance, the runtime's layout, the family's routing);
 # the normalized spec (and its hash) and the output columns hold only those the spec gives, so a sweep that
-# gives none is the one it was before they existed.
-OPTION_AXES = ("cache_experts", "prefetch_recall", "mtp", "mtp_acceptance", "parallel", "routing")
+# gives none is the one it was before they existed. ``prompt`` (prompt tokens; as an axis it replaces
+# run.prompt) and ``ubatch`` (llama.cpp -ub; the llama.cpp family only) set what prefill reads.
+OPTION_AXES = ("cache_experts", "prefetch_recall", "mtp", "mtp_acceptance", "parallel", "routing", "prompt",
+               "ubatch")
 AXES = ("models", "quants", "machines", "runtimes", "kv_dtypes", "placements", "policies") + OPTION_AXES + (
     "contexts", "batches")
 SLOW_AXES = AXES[:-2]
@@ -273,13 +275,16 @@ def _number(v, where: str, lo: float, hi: float, lo_open: bool = False) -> float
 
 def _option_axis(name: str, value, where: str) -> list:
     """cache_experts (GPU expert-cache slots, ints >= 0), prefetch_recall ([0, 1]), mtp (drafts, 0..64),
-    mtp_acceptance ((0, 1]): simulate's checks, naming axes.<name>[i] and the value."""
-    from ...spec.limits import MAX_DRAFTS
+    mtp_acceptance ((0, 1]), prompt (tokens >= 1), ubatch (1..MAX_UBATCH): simulate's checks, naming
+    axes.<name>[i] and the value."""
+    from ...spec.limits import MAX_DRAFTS, MAX_UBATCH
     out = []
     for i, v in enumerate(_as_list(value, where)):
         w = f"{where}[{i}]"
         if name in ("cache_experts", "mtp"):
             out.append(_count(v, w, 0, MAX_DRAFTS if name == "mtp" else 2**31 - 1))
+        elif name in ("prompt", "ubatch"):
+            out.append(_count(v, w, 1, MAX_UBATCH if name == "ubatch" else 2**40))
         else:
             out.append(_number(v, w, 0.0, 1.0, lo_open=name == "mtp_acceptance"))
     return out
@@ -289,7 +294,7 @@ def _normalize_axis(name: str, value, models=()) -> "list | dict":
     where = f"axes.{name}"
     if name in ("contexts", "batches"):
         return _int_axis(value, where)
-    if name in ("cache_experts", "prefetch_recall", "mtp", "mtp_acceptance"):
+    if name in ("cache_experts", "prefetch_recall", "mtp", "mtp_acceptance", "prompt", "ubatch"):
         return _option_axis(name, value, where)
     out = []
     for i, v in enumerate(_as_list(value, where)):
@@ -394,6 +399,8 @@ def _normalize_run(rin, axes: dict) -> dict:
     for k in rin:
         if k not in RUN_DEFAULTS:
             raise unknown_id("run option", k, RUN_DEFAULTS, f"run.{k}")
+    if rin.get("prompt") is not None and "prompt" in axes:
+        raise _err("run.prompt", "the prompt is an axis of this spec (axes.prompt): give it there alone")
     run = dict(RUN_DEFAULTS)
     run.update({k: v for k, v in rin.items() if v is not None})
     if not isinstance(run["mode"], str) or run["mode"].lower() not in MODES:
@@ -476,8 +483,12 @@ def build_spec(spec=None, **kw) -> dict:
         raise _err("spec", f"expected a TOML path or a dict, got {type(spec).__name__}")
     for k in SECTIONS:
         s.setdefault(k, {} if k != "zip" else [])
+    prompt = kw.get("prompt")
+    if isinstance(prompt, (list, tuple, np.ndarray)):
+        s["axes"]["prompt"] = list(prompt)      # several prompt lengths: the prompt axis
+        kw = dict(kw, prompt=None)
     for a in AXES:
-        if kw.get(a) is not None:
+        if a != "prompt" and kw.get(a) is not None:       # one prompt length is the run option
             s["axes"][a] = kw[a]
     if kw.get("zip") is not None:
         s["zip"] = [list(g) for g in kw["zip"]]

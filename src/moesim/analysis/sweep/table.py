@@ -20,7 +20,7 @@ DECODE_COLUMNS = ("decode_tok_s", "aggregate_tok_s", "tpot_ms", "tpot_p50_ms", "
                   "expert_hit_rate", "bottleneck")
 # 80 % prediction interval of decode and prefill tok/s (analysis.intervals), after the decode columns
 INTERVAL_COLUMNS = ("decode_tok_s_lo", "decode_tok_s_hi", "prefill_tok_s_lo", "prefill_tok_s_hi")
-_INT_COLUMNS = {"context", "batch", "max_context", "max_batch", "cache_experts", "mtp"}
+_INT_COLUMNS = {"context", "batch", "max_context", "max_batch", "cache_experts", "mtp", "prompt", "ubatch"}
 _MC_ONLY = ("tpot_p50_ms", "tpot_p99_ms")
 
 
@@ -31,8 +31,8 @@ def decode_columns(mode: str) -> tuple:
 
 def column_names(mode: str, options: tuple = ()) -> tuple:
     """Output columns, in order, for a sweep of this mode; *options*: the option axes the spec gives
-    (spec.OPTION_AXES: cache_experts, prefetch_recall, mtp, mtp_acceptance, parallel, routing), a column
-    each after policy."""
+    (spec.OPTION_AXES: cache_experts, prefetch_recall, mtp, mtp_acceptance, parallel, routing, prompt,
+    ubatch), a column each after policy."""
     return ("model", "quant", "machine", "runtime", "kv_dtype", "placement", "policy") + tuple(options) + (
         "context", "batch", "fits") + MEMORY_COLUMNS + decode_columns(mode) + INTERVAL_COLUMNS
 

@@ -286,11 +286,11 @@ class DecodeVariants:
         the plan's groups that share them (groups that differ only in the policy) share the time."""
         if (j, lk) not in self._prefill:
             g = self.group
-            prompt = g.plan.run["prompt"]
+            prompt = g.prompt
             # what prefill reads besides the machine rates, shared by the machines that share the lowered model
-            terms = g.plan.shared(("prefill_terms", id(dm), id(g.routing), id(g.rt)),
+            terms = g.plan.shared(("prefill_terms", id(dm), id(g.routing), id(g.rt), prompt),
                                   lambda: prefill_terms(g.m, dm, g.routing, g.rt, prompt))
-            key = ("prefill", id(dm), id(hw), id(g.routing), id(g.rt))
+            key = ("prefill", id(dm), id(hw), id(g.routing), id(g.rt), prompt)
             self._prefill[(j, lk)] = g.plan.shared(key, lambda: rate_ttft(
                 prompt, prefill_seconds(g.m, dm, hw, g.routing, g.rt, prompt, terms=terms), 1)[1])
         return self._prefill[(j, lk)]
@@ -328,7 +328,7 @@ class DecodeVariants:
                  variant_i32=np.array([r[1] for r in rows]).reshape(-1, 3),
                  kind_f64=np.array([r[0] for r in kr]).reshape(-1, 5),
                  kind_i32=np.array([r[1] for r in kr], dtype=np.int32).reshape(-1, 3),
-                 **g.fn_tables, prompt=float(g.plan.run["prompt"]))
+                 **g.fn_tables, prompt=float(g.prompt))
         if self.mc:
             run_cfg = g.plan.run
             t["mc"] = MappingProxyType(dict(
