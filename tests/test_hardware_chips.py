@@ -173,8 +173,9 @@ def test_only_apple_chips_take_metal_rates(uid):
     chip = _hw()["unified"][uid]
     eff = rt.decode.metal_bw_eff if uid in APPLE else rt.decode.gddr_bw_eff
     graphs = chip.get("cuda_graphs", True)          # Strix Halo: none (tests/test_unified_amd.py)
-    launch = rt.decode.launch_us if graphs else rt.decode.launch_us_nograph
-    launch = rt.decode.launch_us_metal if uid in APPLE else launch
+    d = rt.decode
+    launch = d.layer_kernels * d.kernel_us + (0.0 if graphs else d.launch_us_nograph)
+    launch = d.launch_us_metal if uid in APPLE else launch
     bw = chip.get("gpu_measured_bw_gbs", mach.gpu_bw_gbs)
     assert math.isclose(hw["gpu_bw"], bw * 1e9 * eff)
     assert math.isclose(hw["launch_s"], launch * 1e-6)

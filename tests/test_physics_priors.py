@@ -46,7 +46,8 @@ def test_served_per_layer_latency_is_kernels_times_one_kernels_latency(rid):
 
 def test_served_per_layer_latency_by_hand():
     """8x B200 under TensorRT-LLM at the priors: 13 kernels x 3 us = 39 us per layer in the graph; two
-    all-reduces of tp8 (allreduce_us / 2 each) apart. llama.cpp, which counts no kernels, keeps launch_us."""
+    all-reduces of tp8 (allreduce_us / 2 each) apart. llama.cpp counts its 15 kernels per layer the same
+    way (45 us), and without CUDA graphs (a Pascal card) pays each kernel's launch on top (launch_us_nograph)."""
     m = moesim.model("deepseek-r1")
     mach = moesim.machine(gpu="b200", gpus=8)
     rt = runtime("trtllm", calibrated=False)
@@ -57,9 +58,13 @@ def test_served_per_layer_latency_by_hand():
     lc = runtime("llama.cpp", calibrated=False)
     m8 = moesim.model("llama-3-8b")
     hw = lower_machine(one, lc, parse_placement("all-gpu", m8, one), Q.kernel_mix(m8, Q.resolve("Q4_K_M", m8)))
-    assert lc.decode.layer_kernels == 0 and hw["launch_s"] == pytest.approx(lc.decode.launch_us * 1e-6)
+    assert lc.decode.layer_kernels == 15 and hw["launch_s"] == pytest.approx(45e-6)
+    assert not any(p.field in ("launch_us", "layer_kernels", "kernel_us") for p in PARAMS)
+    p40 = moesim.machine(gpu="tesla-p40")
+    hw = lower_machine(p40, lc, parse_placement("all-gpu", m8, p40), Q.kernel_mix(m8, Q.resolve("Q4_K_M", m8)))
+    assert hw["launch_s"] == pytest.approx((45.0 + lc.decode.launch_us_nograph) * 1e-6)
     off = runtime("offload", calibrated=False).decode         # eager PyTorch: no graph, no kernel count
-    assert off.layer_kernels == 0 and graph_launch_us(off) == off.launch_us
+    assert off.layer_kernels == 0 and graph_launch_us(off) == off.launch_us and off.launch_us_nograph == 0
 
 
 def test_served_kernel_terms_cite_their_sources():

@@ -93,7 +93,7 @@ class DecodeParams:
     alltoall_scale_bytes: float = 0.0
     kernel_us: float = 3.0        # constant latency of one graph-replayed kernel (AIC's 3 us per memory op)
     layer_kernels: float = 0.0    # graph-replayed kernels per decoder layer; > 0: the per-layer latency under
-                                  # CUDA graphs is layer_kernels x kernel_us (served runtimes), else launch_us
+                                  # CUDA graphs is layer_kernels x kernel_us (llama.cpp, served runtimes), else launch_us
     data_parallel: int = 1        # attention data-parallel ranks (tpN-epN-attn-dp): one scheduler per rank
     expert_parallel: int = 1      # expert-parallel ranks (epN, tpN-epM): routed experts sharded, all-to-all per MoE layer
     redundant_experts: int = 0    # EPLB replicas of the hottest experts per MoE layer (--redundant-experts)

@@ -168,9 +168,16 @@ _AMX_FLOPS_PER_CYCLE = {"int8": 4096.0, "int4": 4096.0, "int4-g32": 4096.0, "bf1
 
 def graph_launch_us(d) -> float:
     """Per-layer latency of a decode step replayed as a CUDA graph: each of the runtime's ``layer_kernels``
-    graph nodes per decoder layer pays ``kernel_us`` whatever it reads (the serving runtimes, runtimes.toml);
-    a runtime that does not count its kernels keeps its per-layer ``launch_us`` (llama.cpp)."""
+    graph nodes per decoder layer pays ``kernel_us`` whatever it reads (llama.cpp and the serving runtimes,
+    runtimes.toml); a runtime that does not count its kernels keeps its per-layer ``launch_us`` (eager
+    engines)."""
     return d.layer_kernels * d.kernel_us if d.layer_kernels > 0 else d.launch_us
+
+
+def layer_launch_us(d, graphs: bool) -> float:
+    """Per-layer kernel latency of a decode step: the graph-replayed kernels' (:func:`graph_launch_us`), and
+    without CUDA / HIP graphs each kernel's launch on top (``launch_us_nograph``, what graphs save)."""
+    return graph_launch_us(d) + (0.0 if graphs else d.launch_us_nograph)
 
 
 def placement_key(p: Placement) -> bool:
@@ -221,7 +228,7 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement, mix: Q.KernelMix)
                 storage_bw=storage_bw, gpu_flops=peak_tflops * 1e12 * d.gpu_flops_eff * tp, cpu_flops=cpu_flops,
                 interconnect_bw=(scale_up or machine.pcie_gbs or 16.0) * GB, unified=0,
                 overlap=1 if d.overlap else 0,
-                launch_s=(graph_launch_us(d) if graphs else d.launch_us_nograph) * 1e-6, sync_s=d.sync_us * 1e-6,
+                launch_s=layer_launch_us(d, graphs) * 1e-6, sync_s=d.sync_us * 1e-6,
                 dma_s=d.dma_us * 1e-6, allreduce_s=_allreduce_s(machine, rt) if tp > 1 else 0.0,
                 step_s=d.step_us * 1e-6, seq_s=d.seq_us * 1e-6 / max(1, d.data_parallel),
                 amx_flops=amx, pcie_links=tp, a2a_bw=_alltoall_gbs(machine, g) * GB * d.alltoall_bw_eff,
@@ -261,7 +268,7 @@ def _lower_unified(machine: Machine, rt: Runtime, mix: Q.KernelMix, cpu_only: bo
     gpu_flops = peak * d.gpu_flops_eff
     cpu_flops = _cpu_flops(machine, d, mix)
     # chips without CUDA graphs (AMD iGPUs: HIP graphs off, Vulkan) pay the no-graph launch per layer
-    launch = d.launch_us_metal if metal else (graph_launch_us(d) if u.get("cuda_graphs", True) else d.launch_us_nograph)
+    launch = d.launch_us_metal if metal else layer_launch_us(d, u.get("cuda_graphs", True))
     pf_eff, terms = d.prefill_flops_eff_unified, {}
     if metal and d.metal_tensor_api and not cpu_only:
         # the M5 GPU's Neural Accelerators multiply the prompt's GEMMs (decode's GEMVs stay on the ALUs)
