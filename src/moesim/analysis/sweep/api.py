@@ -63,10 +63,9 @@ def _write_directory(plan: Plan, outp: Path, fmt: str, threads: int, scheduler, 
 def sweep(spec=None, *, models=None, quants=None, machines=None, runtimes=None, kv_dtypes=None, placements=None,
           policies=None, cache_experts=None, prefetch_recall=None, mtp=None, mtp_acceptance=None, parallel=None,
           routing=None, ubatch=None, contexts=None, batches=None, zip=None, filter=None, mode=None, seed=None,
-          chunk_size=None,
-          prompt=None, tokens=None, warmup=None, out=None, format: str = "parquet", threads: int | None = None,
-          scheduler: str | None = None, local_workers: int | None = None, progress: bool | None = None,
-          processes: int | None = None):
+          chunk_size=None, prompt=None, tokens=None, warmup=None, out=None, format: str = "parquet",
+          threads: int | None = None, scheduler: str | None = None, local_workers: int | None = None,
+          progress: bool | None = None, processes: int | None = None):
     """Evaluate a grid of configurations (DESIGN §4 ``moesim.sweep``).
 
     Axes (lists; contexts/batches also ``{start, stop, num, log}`` ranges): ``models``, ``quants``,

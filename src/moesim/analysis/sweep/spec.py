@@ -284,7 +284,7 @@ def _option_axis(name: str, value, where: str) -> list:
         if name in ("cache_experts", "mtp"):
             out.append(_count(v, w, 0, MAX_DRAFTS if name == "mtp" else 2**31 - 1))
         elif name in ("prompt", "ubatch"):
-            out.append(_count(v, w, 1, MAX_UBATCH if name == "ubatch" else 2**40))
+            out.append(_count(v, w, 1, MAX_UBATCH) if name == "ubatch" else _count(v, w))
         else:
             out.append(_number(v, w, 0.0, 1.0, lo_open=name == "mtp_acceptance"))
     return out
