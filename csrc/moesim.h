@@ -190,6 +190,9 @@ typedef struct {
     const double *ep_load_experts;
     const double *ep_load_pairs;
     double a2a_bytes;                /* dispatch + combine bytes one rank sends per step token per MoE layer (0 = no EP) */
+    /* graph nodes layer l runs per step beyond the runtime's count for an attention layer (an unfused
+     * recurrence: Gated DeltaNet before ggml's fused op), each at op_s on the GPU, cpu_op_s on the CPU; NULL = none */
+    const double *layer_ops;
 } ms_decode_model_t;
 
 typedef struct {
@@ -210,6 +213,8 @@ typedef struct {
                                                    * GPU per step (latency beside the expert GEMMs) */
     double step_s;                                /* per step host overhead (sampling, scheduling) */
     double seq_s;                                 /* per sequence per step host overhead (batch bookkeeping) */
+    double op_s, cpu_op_s;                        /* per extra graph node of a layer (layer_ops) on the GPU, on
+                                                   * the CPU */
 } ms_machine_t;
 
 /* A dense model routes nothing: with n_layers 0 every array below may be NULL. */

@@ -59,6 +59,11 @@ static double layer_attention(const ms_decode_model_t *m, const ms_machine_t *hw
         attribute(acc, MS_RES_LATENCY, MS_PHASE_SYNC, hw->cpu_layer_s);
         total += hw->cpu_layer_s;
     }
+    if (m->layer_ops && m->layer_ops[l] > 0.0) {
+        double to = m->layer_ops[l] * (gpu ? hw->op_s : hw->cpu_op_s);
+        attribute(acc, MS_RES_LATENCY, MS_PHASE_SYNC, to);
+        total += to;
+    }
     if (m->allreduce_bytes > 0.0 && m->attn_on_gpu[l]) {
         double tr = hw->allreduce_s + toks * m->allreduce_bytes / hw->interconnect_bw;
         attribute(acc, MS_RES_INTERCONNECT, MS_PHASE_TRANSFER, tr);
@@ -444,6 +449,7 @@ static int check(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_ro
     if (m->a2a_bytes > 0.0 && !(hw->a2a_bw > 0.0 && hw->a2a_s >= 0.0)) return MS_ERR_BAD_MACHINE;
     if (!(hw->moe_s >= 0.0)) return MS_ERR_BAD_MACHINE;
     if (!(hw->cpu_layer_s >= 0.0)) return MS_ERR_BAD_MACHINE;
+    if (!(hw->op_s >= 0.0) || !(hw->cpu_op_s >= 0.0)) return MS_ERR_BAD_MACHINE;
     if (!(m->a2a_bytes >= 0.0)) return MS_ERR_BAD_SIZE;
     if (r->n_layers > 0) {
         if (r->n_experts <= 0 || r->top_k <= 0 || r->top_k > r->n_experts) return MS_ERR_BAD_ROUTING;
@@ -461,6 +467,7 @@ static int check(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_ro
     }
     for (int32_t i = 0; i < m->n_layers; i++) {
         if (m->expert_mode[i] < 0 || m->expert_mode[i] >= MS_N_EXP_MODES) return MS_ERR_BAD_PLACEMENT;
+        if (m->layer_ops && !(m->layer_ops[i] >= 0.0)) return MS_ERR_BAD_SIZE;
         /* a routing row must exist for every layer that names one (the Monte Carlo caches are per row) */
         if ((m->expert_mode[i] != MS_EXP_NONE && m->moe_index[i] < 0) || m->moe_index[i] >= r->n_layers)
             return MS_ERR_BAD_ROUTING;

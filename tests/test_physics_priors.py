@@ -174,3 +174,52 @@ def test_served_gemm_rate_follows_the_weight_path(gpu, quant, model, want_rate):
 
 def test_served_gemm_rate_without_quantized_weights_is_the_16_bit_peak():
     assert _served_gemm_rel({"bf16": 2250.0, "fp8": 4500.0, "fp4": 9000.0}, Q.KernelMix(), 2250.0) == 1.0
+
+
+def test_unfused_delta_net_layers_pay_their_extra_graph_nodes():
+    """llama.cpp builds before ggml's fused GATED_DELTA_NET op ran each Gated DeltaNet layer's decode recurrence as
+    a decomposed 23-op graph (PR #20091): delta_net_unfused_ops more nodes per such layer, each a replayed kernel
+    (kernel_us) on a GPU with graphs, plus its launch share without them, and a barrier (cpu_node_us) on the CPU.
+    Current builds pay nothing extra; ik_llama.cpp leaves its fused delta-net off by default."""
+    from moesim.analysis.validate import prepare, RowConfig
+    from moesim.engine.lower.decode_model import delta_net_ops
+    m = moesim.model("qwen3-next-80b-a3b")
+    n_gdn = sum(layer.attention.kind == "gdn" for layer in m.layers)
+    lc = runtime("llama.cpp", calibrated=False)
+    assert (lc.decode.delta_net_ops, lc.decode.delta_net_unfused_ops, n_gdn) == (0.0, 22.0, 36)
+    assert runtime("ik_llama.cpp", calibrated=False).decode.delta_net_ops == 22.0
+    ops = delta_net_ops(m, 22.0)
+    assert ops.sum() == 22.0 * n_gdn and not ops[[layer.attention.kind != "gdn" for layer in m.layers]].any()
+    mix = Q.kernel_mix(m, Q.resolve("Q4_K_M", m))
+    one = moesim.machine(gpu="rtx-4090")
+    hw = lower_machine(one, lc, parse_placement("all-gpu", m, one), mix)
+    assert hw["op_s"] == pytest.approx(3e-6) and hw["cpu_op_s"] == pytest.approx(2.5e-6)
+    p40 = moesim.machine(gpu="tesla-p40")
+    hw = lower_machine(p40, lc, parse_placement("all-gpu", m, p40), mix)
+    assert hw["op_s"] == pytest.approx((3.0 + lc.decode.launch_us_nograph / 15) * 1e-6)
+
+    def step(fused, gpu):
+        mach = moesim.machine(gpu="rtx-4090", host_mem_gb=128) if gpu else moesim.machine(host="ddr5-5200x2", host_mem_gb=128)
+        cfg = RowConfig(row={}, model=m.id, quant="Q4_K_M", machine=mach, runtime="llama.cpp",
+                        placement="experts-cpu" if gpu else "cpu-only", parallel=None, context=4096, prompt=512,
+                        batch=1, mtp=0, kv_dtype=None, delta_net_fused=fused)
+        return float(prepare(cfg, calibrated=False).steps()[0]["step_mean"][0])
+
+    # every layer's attention on the GPU (experts on the CPU): 36 x 22 kernels of 3 us each
+    assert step(False, True) - step(True, True) == pytest.approx(n_gdn * 22 * 3e-6, rel=1e-9)
+    assert step(False, False) - step(True, False) == pytest.approx(n_gdn * 22 * 2.5e-6, rel=1e-9)
+
+
+def test_delta_net_fusion_follows_the_row_date_and_notes():
+    """Validation rows: mainline llama.cpp / Ollama runs dated before March 2026 ran the recurrence unfused;
+    ik_llama.cpp's -fdn turns its fused one on; models without Gated DeltaNet layers are untouched."""
+    from moesim.analysis.row_notes import delta_net_fused
+    nxt, dense = moesim.model("qwen3-next-80b-a3b"), moesim.model("qwen3-30b-a3b")
+    feb, apr = {"date": "2026-02-15"}, {"date": "2026-04-02"}
+    assert delta_net_fused(nxt, feb, "", "llama.cpp-vulkan", notes := []) is False and notes
+    assert delta_net_fused(nxt, feb, "", "ollama", []) is False
+    assert delta_net_fused(nxt, apr, "", "llama.cpp", []) is None
+    assert delta_net_fused(nxt, {}, "", "llama.cpp", []) is None
+    assert delta_net_fused(dense, feb, "", "llama.cpp", []) is None
+    assert delta_net_fused(nxt, feb, "llama-bench -fdn 16", "ik_llama.cpp", []) is True
+    assert delta_net_fused(nxt, feb, "llama-bench -t 64", "ik_llama.cpp", []) is None

@@ -109,6 +109,33 @@ def flash_month(row: dict, notes: str, runtime: str | None) -> tuple | None:
     return row_month(row, notes) if mainline and cpu_attention else None
 
 
+# llama.cpp ran a Gated DeltaNet layer's decode recurrence as small ops until ggml's fused GATED_DELTA_NET op
+# (PR #19504, 2026-02-11, added without wiring it into the model graphs) replaced them; llama.cpp PR #20091
+# of 2026-03-03 still describes the decomposed graph, so mainline runs dated before March 2026 are unfused.
+# ik_llama.cpp's fused delta-net is off unless -fdn / --fused-delta-net turns it on (its PR #1315).
+_DELTA_NET_FUSED_SINCE = (2026, 3)
+_FUSED_DELTA_NET_NOTE = re.compile(r"(?<![\w-])(?:-fdn|--fused-delta-net)\b")
+
+
+def delta_net_fused(m, row: dict, notes: str, runtime: str | None, assumed: list) -> bool | None:
+    """Whether the run's build fused the Gated DeltaNet / KDA recurrence (runtimes.toml delta_net_ops), where
+    its notes or date say; None: the runtime profile's default (or no such layers)."""
+    if not any(layer.attention.kind in ("gdn", "kda") for layer in m.layers):
+        return None
+    rid = runtime or "llama.cpp"
+    if rid.startswith("ik_llama.cpp"):
+        if _FUSED_DELTA_NET_NOTE.search(notes):
+            assumed.append("fused delta-net on (notes: -fdn)")
+            return True
+        return None
+    when = row_month(row, notes)
+    if (rid.startswith("llama.cpp") or rid == "ollama") and when is not None and when < _DELTA_NET_FUSED_SINCE:
+        assumed.append(f"Gated DeltaNet recurrence unfused: dated {when[0]}-{when[1]:02d}, before llama.cpp's "
+                       "fused GATED_DELTA_NET op reached the model graphs (2026-03)")
+        return False
+    return None
+
+
 def row_month(row: dict, notes: str) -> tuple | None:
     """(year, month) of a run: the row's date column, else a month and year in the notes, else a dated
     source address; None when nothing dates it."""

@@ -31,7 +31,7 @@ from ..engine.prefill import prefill
 from .consistency import capacities, check_prediction, check_record
 from .intervals import device_family
 from .records import default_notes, record
-from .row_notes import Skip, flash_month, note_settings, runtime_for
+from .row_notes import Skip, delta_net_fused, flash_month, note_settings, runtime_for
 from .resolve import memory_of, resolve
 from .speculation import accepted_per_step, default_acceptance
 from .._catalog import load as _load_catalog
@@ -83,6 +83,7 @@ class RowConfig:
     kt_chunk: int = 0               # ktransformers' chunked-prefill size the notes state; 0: the profile's
     decode_threads: int = 0         # threads of the decode run when the notes give it apart from the prompt's
     no_flash: bool = False          # the notes say flash attention was off: CPU attention runs as mul_mat
+    delta_net_fused: bool | None = None  # the build's Gated DeltaNet recurrence fused or not (None: the profile's)
 
 
 def load_rows(path) -> list:
@@ -252,6 +253,7 @@ def build(row: dict) -> RowConfig:
     return RowConfig(row=row, model=m.id, quant=row["quant"], machine=mach, runtime=runtime, placement=placement,
                      parallel=par, context=max(1, context), prompt=max(1, prompt or context or 512), batch=batch,
                      mtp=mtp, kv_dtype=kv, assumed=assumed, prompt_depth=prompt_depth,
+                     delta_net_fused=delta_net_fused(m, row, notes, runtime, assumed),
                      **note_settings(notes, runtime, assumed, flash_month(row, notes, runtime)))
 
 
@@ -299,6 +301,9 @@ def prepare(cfg: RowConfig, calibrated: bool = True) -> Prepared:
             rt = dataclasses.replace(rt, ubatch=cfg.ubatch)
         if rt is not None and cfg.no_flash:
             rt = dataclasses.replace(rt, decode=dataclasses.replace(rt.decode, cpu_fa_query_rows=0.0))
+        if rt is not None and cfg.delta_net_fused is not None:
+            ops = 0.0 if cfg.delta_net_fused else rt.decode.delta_net_unfused_ops
+            rt = dataclasses.replace(rt, decode=dataclasses.replace(rt.decode, delta_net_ops=ops))
         if rt is not None and (cfg.kt_threshold or cfg.kt_chunk):
             rt = dataclasses.replace(rt, decode=dataclasses.replace(
                 rt.decode, layerwise_prefill_tokens=cfg.kt_threshold or rt.decode.layerwise_prefill_tokens,

@@ -103,6 +103,7 @@ cdef extern from "moesim.h" nogil:
         const double *ep_load_experts
         const double *ep_load_pairs
         double a2a_bytes
+        const double *layer_ops
 
     ctypedef struct ms_machine_t:
         double gpu_bw, host_bw, pcie_bw, storage_bw
@@ -113,6 +114,7 @@ cdef extern from "moesim.h" nogil:
         double launch_s, sync_s, dma_s, allreduce_s, step_s, seq_s
         double a2a_bw, a2a_s
         double moe_s, cpu_layer_s
+        double op_s, cpu_op_s
 
     ctypedef struct ms_routing_t:
         int32_t n_layers

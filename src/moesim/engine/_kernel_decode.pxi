@@ -2,7 +2,7 @@
 # included by _kernel.pyx (ms_routing_t is _kernel_routing.pxi).
 
 DECODE_MODEL_F64 = ("attn_bytes", "attn_flops", "kv_bytes", "score_flops", "shared_bytes", "shared_flops",
-                    "expert_bytes", "expert_flops", "ep_load_experts", "ep_load_pairs")
+                    "expert_bytes", "expert_flops", "ep_load_experts", "ep_load_pairs", "layer_ops")
 DECODE_MODEL_I32 = ("attn_on_gpu", "expert_mode", "slots", "page_slots", "moe_index")
 DECODE_RESULT_F64 = ("step_mean", "step_p50", "step_p99", "accepted", "hit_rate", "page_hit_rate", "distinct", "reuse",
                      "selections")
@@ -34,6 +34,7 @@ cdef void _fill_decode_model(ms_decode_model_t *m, dict d, dict keep):
     m.ep_load_experts = <double *> _data(keep, "ep_load_experts", d["ep_load_experts"])
     m.ep_load_pairs = <double *> _data(keep, "ep_load_pairs", d["ep_load_pairs"])
     m.a2a_bytes = d["a2a_bytes"]
+    m.layer_ops = <double *> _data(keep, "layer_ops", d["layer_ops"])
 
 
 cdef void _fill_machine(ms_machine_t *h, dict hw):
@@ -45,6 +46,7 @@ cdef void _fill_machine(ms_machine_t *h, dict hw):
     h.allreduce_s = hw["allreduce_s"]; h.step_s = hw["step_s"]; h.seq_s = hw["seq_s"]
     h.a2a_bw = hw["a2a_bw"]; h.a2a_s = hw["a2a_s"]; h.moe_s = hw["moe_s"]
     h.cpu_layer_s = hw["cpu_layer_s"]
+    h.op_s = hw["op_s"]; h.cpu_op_s = hw["cpu_op_s"]
 
 
 cdef void _fill_configs(ms_decode_config_t *cfg, dict c, Py_ssize_t n):

@@ -91,7 +91,8 @@ MEM_CONFIG = (_scalars(INT, *(f for f in MEM_CONFIG_INT if f not in ("context", 
 
 # ms_decode_model_t (engine.lower.decode_model.lower_model); L = its layers.
 DECODE_MODEL = (_arrays(F64, ("n_layers",), "attn_bytes", "attn_flops", "kv_bytes", "score_flops", "shared_bytes",
-                        "shared_flops", "expert_bytes", "expert_flops", "ep_load_experts", "ep_load_pairs")
+                        "shared_flops", "expert_bytes", "expert_flops", "ep_load_experts", "ep_load_pairs",
+                        "layer_ops")
                 + _arrays(I32, ("n_layers",), "attn_on_gpu", "expert_mode", "slots", "page_slots", "moe_index")
                 + _scalars(REAL, "head_bytes", "head_flops") + _scalars(INT, "head_on_gpu")
                 + _scalars(REAL, "draft_bytes", "draft_flops", "act_bytes", "allreduce_bytes", "a2a_bytes"))
@@ -100,7 +101,7 @@ DECODE_MODEL = (_arrays(F64, ("n_layers",), "attn_bytes", "attn_flops", "kv_byte
 MACHINE = (_scalars(REAL, "gpu_bw", "host_bw", "pcie_bw", "storage_bw", "gpu_flops", "cpu_flops", "interconnect_bw")
            + _scalars(INT, "unified", "overlap")
            + _scalars(REAL, "launch_s", "sync_s", "dma_s", "allreduce_s", "step_s", "seq_s", "a2a_bw", "a2a_s",
-                      "moe_s", "cpu_layer_s"))
+                      "moe_s", "cpu_layer_s", "op_s", "cpu_op_s"))
 
 # ms_routing_t (engine.lower.routing.lower / lower_trace); L MoE layers, E experts, S request scenarios.
 # A dense model (n_layers 0) has no per-layer tables: ROUTING_LAYERS are then absent and C gets NULL.

@@ -103,6 +103,10 @@ class DecodeParams:
     moe_layer_us: float = 0.0     # per MoE layer on a GPU: the routing, weighting and combining kernels beside
                                   # the expert GEMMs (latency whatever they read); 0 where the runtime's layer
                                   # cost already holds them
+    cpu_node_us: float = 0.0      # one graph node's thread barrier on the CPU (layer_ops' CPU cost)
+    delta_net_ops: float = 0.0    # graph nodes a Gated DeltaNet / KDA layer runs per decode step beyond an attention
+                                  # layer's (0: a fused recurrence op; delta_net_unfused_ops before it)
+    delta_net_unfused_ops: float = 0.0  # the same for builds that decompose the recurrence into small ops
 
 
 def runtime_ids() -> list:

@@ -149,7 +149,14 @@ def lower_model(m: Model, low, p: Placement, machine: Machine, rt: Runtime, cont
         allreduce_bytes=allreduce_bytes(m.hidden, n, attn_tp, ep),
         ep_load_experts=load_e, ep_load_pairs=load_p,
         a2a_bytes=alltoall_bytes(m.hidden, m.top_k, ep, rt.decode, n // attn_tp),
+        layer_ops=delta_net_ops(m, rt.decode.delta_net_ops),
     )
+
+
+def delta_net_ops(m: Model, ops: float) -> np.ndarray:
+    """Per layer, the graph nodes beyond an attention layer's (ms_decode_model_t.layer_ops): *ops* on each
+    Gated DeltaNet / KDA layer, whose recurrence a runtime may run as many small ops, 0 elsewhere."""
+    return np.array([ops if layer.attention.kind in ("gdn", "kda") else 0.0 for layer in m.layers])
 
 
 @functools.lru_cache(maxsize=4096)

@@ -180,6 +180,13 @@ def layer_launch_us(d, graphs: bool) -> float:
     return graph_launch_us(d) + (0.0 if graphs else d.launch_us_nograph)
 
 
+def node_op_us(d, graphs: bool) -> float:
+    """One extra graph node of a layer on the GPU (a decode model's ``layer_ops``): a replayed kernel's
+    ``kernel_us``, and without graphs its share of the layer's launches on top."""
+    share = d.launch_us_nograph / d.layer_kernels if d.layer_kernels > 0 else 0.0
+    return d.kernel_us + (0.0 if graphs else share)
+
+
 def placement_key(p: Placement) -> bool:
     """All :func:`lower_machine` reads of a placement (whether it is CPU-only): what a cache of its tables
     keys on, so placements that differ elsewhere (n-cpu-moe=1, =2, ...) share one table."""
@@ -204,7 +211,7 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement, mix: Q.KernelMix)
                     cpu_flops=cpu_flops, interconnect_bw=host_bw, unified=0, overlap=0, launch_s=0.0, sync_s=0.0,
                     dma_s=0.0, allreduce_s=0.0, step_s=d.step_us * 1e-6, seq_s=d.seq_us * 1e-6,
                     amx_flops=amx, pcie_links=1, a2a_bw=host_bw, a2a_s=0.0, moe_s=0.0,
-                    cpu_layer_s=d.cpu_layer_us * 1e-6)
+                    cpu_layer_s=d.cpu_layer_us * 1e-6, op_s=0.0, cpu_op_s=d.cpu_node_us * 1e-6)
     g = _load_catalog("hardware")["gpu"].get(machine.gpu, {})
     tp = machine.n_gpus if (d.tensor_parallel and machine.n_gpus > 1) else 1
     tf = machine.gpu_tflops
@@ -233,7 +240,8 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement, mix: Q.KernelMix)
                 step_s=d.step_us * 1e-6, seq_s=d.seq_us * 1e-6 / max(1, d.data_parallel),
                 amx_flops=amx, pcie_links=tp, a2a_bw=_alltoall_gbs(machine, g) * GB * d.alltoall_bw_eff,
                 a2a_s=2.0 * d.alltoall_us * 1e-6, moe_s=d.moe_layer_us * 1e-6,
-                cpu_layer_s=d.cpu_layer_us * 1e-6)
+                cpu_layer_s=d.cpu_layer_us * 1e-6, op_s=node_op_us(d, graphs) * 1e-6,
+                cpu_op_s=d.cpu_node_us * 1e-6)
 
 
 def _allreduce_s(machine: Machine, rt: Runtime) -> float:
@@ -290,7 +298,9 @@ def _lower_unified(machine: Machine, rt: Runtime, mix: Q.KernelMix, cpu_only: bo
                 sync_s=0.0, dma_s=0.0, allreduce_s=0.0, step_s=d.step_us * 1e-6, seq_s=d.seq_us * 1e-6,
                 amx_flops=0.0, pcie_links=1, a2a_bw=pool, a2a_s=0.0,
                 # Metal's per-MoE-layer cost is launch_us_metal already
-                moe_s=0.0 if (cpu_only or metal) else d.moe_layer_us * 1e-6, cpu_layer_s=d.cpu_layer_us * 1e-6)
+                moe_s=0.0 if (cpu_only or metal) else d.moe_layer_us * 1e-6, cpu_layer_s=d.cpu_layer_us * 1e-6,
+                op_s=0.0 if cpu_only else node_op_us(d, metal or u.get("cuda_graphs", True)) * 1e-6,
+                cpu_op_s=d.cpu_node_us * 1e-6)
 
 
 def _unified_gemm(machine: Machine, rt: Runtime, u: dict, mix: Q.KernelMix, peak: float) -> tuple:

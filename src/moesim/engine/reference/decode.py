@@ -64,6 +64,11 @@ def _attention_time(dm, hw, l, seqs, toks, acc):
         # a CPU layer's graph nodes each end in a barrier across the threads
         _put(acc, RES_LATENCY, PHASE_SYNC, hw["cpu_layer_s"])
         total += hw["cpu_layer_s"]
+    if dm["layer_ops"][l] > 0:
+        # graph nodes beyond an attention layer's (an unfused recurrence), each launched or barriered
+        to = dm["layer_ops"][l] * (hw["op_s"] if gpu else hw["cpu_op_s"])
+        _put(acc, RES_LATENCY, PHASE_SYNC, to)
+        total += to
     if dm["allreduce_bytes"] > 0 and dm["attn_on_gpu"][l]:
         tr = hw["allreduce_s"] + toks * dm["allreduce_bytes"] / hw["interconnect_bw"]
         _put(acc, RES_INTERCONNECT, PHASE_TRANSFER, tr)
