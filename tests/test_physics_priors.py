@@ -199,7 +199,8 @@ def test_unfused_delta_net_layers_pay_their_extra_graph_nodes():
     assert hw["op_s"] == pytest.approx((3.0 + lc.decode.launch_us_nograph / 15) * 1e-6)
 
     def step(fused, gpu):
-        mach = moesim.machine(gpu="rtx-4090", host_mem_gb=128) if gpu else moesim.machine(host="ddr5-5200x2", host_mem_gb=128)
+        parts = dict(gpu="rtx-4090") if gpu else dict(host="ddr5-5200x2")
+        mach = moesim.machine(**parts, host_mem_gb=128)
         cfg = RowConfig(row={}, model=m.id, quant="Q4_K_M", machine=mach, runtime="llama.cpp",
                         placement="experts-cpu" if gpu else "cpu-only", parallel=None, context=4096, prompt=512,
                         batch=1, mtp=0, kv_dtype=None, delta_net_fused=fused)
