@@ -215,6 +215,8 @@ typedef struct {
     double seq_s;                                 /* per sequence per step host overhead (batch bookkeeping) */
     double op_s, cpu_op_s;                        /* per extra graph node of a layer (layer_ops) on the GPU, on
                                                    * the CPU */
+    int32_t graph_max_tokens;                     /* steps of more tokens run without CUDA graphs (0: none do) */
+    double nograph_s;                             /* ... and each GPU layer then pays this on top of launch_s */
 } ms_machine_t;
 
 /* A dense model routes nothing: with n_layers 0 every array below may be NULL. */

@@ -51,8 +51,10 @@ static double layer_attention(const ms_decode_model_t *m, const ms_machine_t *hw
     acc->bytes[gpu ? MS_BYTES_GPU_MEM : MS_BYTES_HOST_MEM] += w_bytes + kv_bytes;
     total = tw + ts;
     if (m->attn_on_gpu[l] && hw->launch_s > 0.0) {
-        attribute(acc, MS_RES_LATENCY, MS_PHASE_SYNC, hw->launch_s);
-        total += hw->launch_s;
+        /* a build that captures graphs only up to graph_max_tokens launches larger steps kernel by kernel */
+        double tl = hw->launch_s + (hw->graph_max_tokens > 0 && toks > hw->graph_max_tokens ? hw->nograph_s : 0.0);
+        attribute(acc, MS_RES_LATENCY, MS_PHASE_SYNC, tl);
+        total += tl;
     }
     if (!m->attn_on_gpu[l] && hw->cpu_layer_s > 0.0) {
         /* a CPU layer's graph nodes each end in a barrier across the threads */
@@ -450,6 +452,7 @@ static int check(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_ro
     if (!(hw->moe_s >= 0.0)) return MS_ERR_BAD_MACHINE;
     if (!(hw->cpu_layer_s >= 0.0)) return MS_ERR_BAD_MACHINE;
     if (!(hw->op_s >= 0.0) || !(hw->cpu_op_s >= 0.0)) return MS_ERR_BAD_MACHINE;
+    if (hw->graph_max_tokens < 0 || !(hw->nograph_s >= 0.0)) return MS_ERR_BAD_MACHINE;
     if (!(m->a2a_bytes >= 0.0)) return MS_ERR_BAD_SIZE;
     if (r->n_layers > 0) {
         if (r->n_experts <= 0 || r->top_k <= 0 || r->top_k > r->n_experts) return MS_ERR_BAD_ROUTING;

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import moesim
@@ -224,3 +225,38 @@ def test_delta_net_fusion_follows_the_row_date_and_notes():
     assert delta_net_fused(dense, feb, "", "llama.cpp", []) is None
     assert delta_net_fused(nxt, feb, "llama-bench -fdn 16", "ik_llama.cpp", []) is True
     assert delta_net_fused(nxt, feb, "llama-bench -t 64", "ik_llama.cpp", []) is None
+
+
+def test_builds_that_capture_one_token_steps_only_launch_larger_ones_kernel_by_kernel():
+    """llama.cpp replayed decode steps of more than one token as CUDA graphs only from PR #19645 (2026-02-15,
+    up to 4) and at every quantized-MoE batch from PR #26802 (2026-08-09): a row dated before runs larger
+    steps without graphs, each GPU layer paying launch_us_nograph on top; a GPU without graphs pays it always."""
+    import dataclasses
+
+    from moesim.analysis.row_notes import graph_max_batch
+    from moesim.analysis.validate import RowConfig, prepare
+    lc = runtime("llama.cpp", calibrated=False)
+    assert lc.decode.graph_max_batch == 0
+    nov, may, sep = {"date": "2025-11-04"}, {"date": "2026-05-01"}, {"date": "2026-09-01"}
+    assert graph_max_batch(nov, "", "llama.cpp", 2, notes := []) == 1 and notes
+    assert graph_max_batch(may, "", "llama.cpp", 8, []) == 4 and graph_max_batch(may, "", "ollama", 2, []) == 4
+    assert graph_max_batch(sep, "", "llama.cpp", 8, []) is None and graph_max_batch(nov, "", "llama.cpp", 1, []) is None
+    assert graph_max_batch(nov, "", "llama.cpp-vulkan", 4, []) is None
+    m = moesim.model("qwen3-30b-a3b")
+    mix = Q.kernel_mix(m, Q.resolve("Q4_K_M", m))
+    old = dataclasses.replace(lc, decode=dataclasses.replace(lc.decode, graph_max_batch=1))
+    one, p40 = moesim.machine(gpu="rtx-4090"), moesim.machine(gpu="tesla-p40")
+    hw = lower_machine(one, old, parse_placement("all-gpu", m, one), mix)
+    assert hw["graph_max_tokens"] == 1 and hw["nograph_s"] == pytest.approx(lc.decode.launch_us_nograph * 1e-6)
+    hw = lower_machine(p40, old, parse_placement("all-gpu", m, p40), mix)
+    assert hw["graph_max_tokens"] == 0 and hw["nograph_s"] == 0.0
+
+    def step(limit, batch):
+        cfg = RowConfig(row={}, model=m.id, quant="Q4_K_M", machine=one, runtime="llama.cpp", placement="all-gpu",
+                        parallel=None, context=4096, prompt=512, batch=batch, mtp=0, kv_dtype=None,
+                        graph_max_batch=limit)
+        return float(prepare(cfg, calibrated=False).steps()[0]["step_mean"][0])
+
+    assert step(1, 1) == step(None, 1)
+    assert step(1, 2) - step(None, 2) == pytest.approx(m.n_layers * lc.decode.launch_us_nograph * 1e-6, rel=1e-9)
+    assert step(4, 4) == step(None, 4)

@@ -31,7 +31,7 @@ from ..engine.prefill import prefill
 from .consistency import capacities, check_prediction, check_record
 from .intervals import device_family
 from .records import default_notes, record
-from .row_notes import Skip, delta_net_fused, flash_month, note_settings, runtime_for
+from .row_notes import Skip, delta_net_fused, flash_month, graph_max_batch, note_settings, runtime_for
 from .resolve import memory_of, resolve
 from .speculation import accepted_per_step, default_acceptance
 from .._catalog import load as _load_catalog
@@ -84,6 +84,7 @@ class RowConfig:
     decode_threads: int = 0         # threads of the decode run when the notes give it apart from the prompt's
     no_flash: bool = False          # the notes say flash attention was off: CPU attention runs as mul_mat
     delta_net_fused: bool | None = None  # the build's Gated DeltaNet recurrence fused or not (None: the profile's)
+    graph_max_batch: int | None = None   # the most tokens per step the build replayed as a CUDA graph (None: profile's)
 
 
 def load_rows(path) -> list:
@@ -254,6 +255,7 @@ def build(row: dict) -> RowConfig:
                      parallel=par, context=max(1, context), prompt=max(1, prompt or context or 512), batch=batch,
                      mtp=mtp, kv_dtype=kv, assumed=assumed, prompt_depth=prompt_depth,
                      delta_net_fused=delta_net_fused(m, row, notes, runtime, assumed),
+                     graph_max_batch=graph_max_batch(row, notes, runtime, batch * (1 + mtp), assumed),
                      **note_settings(notes, runtime, assumed, flash_month(row, notes, runtime)))
 
 
@@ -301,6 +303,8 @@ def prepare(cfg: RowConfig, calibrated: bool = True) -> Prepared:
             rt = dataclasses.replace(rt, ubatch=cfg.ubatch)
         if rt is not None and cfg.no_flash:
             rt = dataclasses.replace(rt, decode=dataclasses.replace(rt.decode, cpu_fa_query_rows=0.0))
+        if rt is not None and cfg.graph_max_batch is not None:
+            rt = dataclasses.replace(rt, decode=dataclasses.replace(rt.decode, graph_max_batch=cfg.graph_max_batch))
         if rt is not None and cfg.delta_net_fused is not None:
             ops = 0.0 if cfg.delta_net_fused else rt.decode.delta_net_unfused_ops
             rt = dataclasses.replace(rt, decode=dataclasses.replace(rt.decode, delta_net_ops=ops))

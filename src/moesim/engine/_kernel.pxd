@@ -115,6 +115,8 @@ cdef extern from "moesim.h" nogil:
         double a2a_bw, a2a_s
         double moe_s, cpu_layer_s
         double op_s, cpu_op_s
+        int32_t graph_max_tokens
+        double nograph_s
 
     ctypedef struct ms_routing_t:
         int32_t n_layers

@@ -180,6 +180,14 @@ def layer_launch_us(d, graphs: bool) -> float:
     return graph_launch_us(d) + (0.0 if graphs else d.launch_us_nograph)
 
 
+def graph_limit(d, graphs: bool) -> dict:
+    """ms_machine_t's graph_max_tokens and nograph_s: a GPU that replays decode as CUDA graphs, under a build
+    that captures them only up to ``graph_max_batch`` tokens, pays ``launch_us_nograph`` per layer on larger
+    steps (a GPU without graphs pays it always, in launch_s)."""
+    limit = int(d.graph_max_batch) if graphs else 0
+    return dict(graph_max_tokens=limit, nograph_s=d.launch_us_nograph * 1e-6 if limit > 0 else 0.0)
+
+
 def node_op_us(d, graphs: bool) -> float:
     """One extra graph node of a layer on the GPU (a decode model's ``layer_ops``): a replayed kernel's
     ``kernel_us``, and without graphs its share of the layer's launches on top."""
@@ -211,7 +219,8 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement, mix: Q.KernelMix)
                     cpu_flops=cpu_flops, interconnect_bw=host_bw, unified=0, overlap=0, launch_s=0.0, sync_s=0.0,
                     dma_s=0.0, allreduce_s=0.0, step_s=d.step_us * 1e-6, seq_s=d.seq_us * 1e-6,
                     amx_flops=amx, pcie_links=1, a2a_bw=host_bw, a2a_s=0.0, moe_s=0.0,
-                    cpu_layer_s=d.cpu_layer_us * 1e-6, op_s=0.0, cpu_op_s=d.cpu_node_us * 1e-6)
+                    cpu_layer_s=d.cpu_layer_us * 1e-6, op_s=0.0, cpu_op_s=d.cpu_node_us * 1e-6,
+                    **graph_limit(d, False))
     g = _load_catalog("hardware")["gpu"].get(machine.gpu, {})
     tp = machine.n_gpus if (d.tensor_parallel and machine.n_gpus > 1) else 1
     tf = machine.gpu_tflops
@@ -241,7 +250,7 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement, mix: Q.KernelMix)
                 amx_flops=amx, pcie_links=tp, a2a_bw=_alltoall_gbs(machine, g) * GB * d.alltoall_bw_eff,
                 a2a_s=2.0 * d.alltoall_us * 1e-6, moe_s=d.moe_layer_us * 1e-6,
                 cpu_layer_s=d.cpu_layer_us * 1e-6, op_s=node_op_us(d, graphs) * 1e-6,
-                cpu_op_s=d.cpu_node_us * 1e-6)
+                cpu_op_s=d.cpu_node_us * 1e-6, **graph_limit(d, graphs))
 
 
 def _allreduce_s(machine: Machine, rt: Runtime) -> float:
@@ -300,7 +309,8 @@ def _lower_unified(machine: Machine, rt: Runtime, mix: Q.KernelMix, cpu_only: bo
                 # Metal's per-MoE-layer cost is launch_us_metal already
                 moe_s=0.0 if (cpu_only or metal) else d.moe_layer_us * 1e-6, cpu_layer_s=d.cpu_layer_us * 1e-6,
                 op_s=0.0 if cpu_only else node_op_us(d, metal or u.get("cuda_graphs", True)) * 1e-6,
-                cpu_op_s=d.cpu_node_us * 1e-6)
+                cpu_op_s=d.cpu_node_us * 1e-6,
+                **graph_limit(d, not (cpu_only or metal) and u.get("cuda_graphs", True)))
 
 
 def _unified_gemm(machine: Machine, rt: Runtime, u: dict, mix: Q.KernelMix, peak: float) -> tuple:

@@ -58,8 +58,10 @@ def _attention_time(dm, hw, l, seqs, toks, acc):
     acc["bytes"][BYTES_GPU_MEM if gpu else BYTES_HOST_MEM] += w_bytes + kv_bytes
     total = tw + ts
     if dm["attn_on_gpu"][l] and hw["launch_s"] > 0:
-        _put(acc, RES_LATENCY, PHASE_SYNC, hw["launch_s"])
-        total += hw["launch_s"]
+        # a build that captures graphs only up to graph_max_tokens launches larger steps kernel by kernel
+        tl = hw["launch_s"] + (hw["nograph_s"] if 0 < hw["graph_max_tokens"] < toks else 0.0)
+        _put(acc, RES_LATENCY, PHASE_SYNC, tl)
+        total += tl
     if not dm["attn_on_gpu"][l] and hw["cpu_layer_s"] > 0:
         # a CPU layer's graph nodes each end in a barrier across the threads
         _put(acc, RES_LATENCY, PHASE_SYNC, hw["cpu_layer_s"])
