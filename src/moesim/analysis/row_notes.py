@@ -117,27 +117,6 @@ _DELTA_NET_FUSED_SINCE = (2026, 3)
 _FUSED_DELTA_NET_NOTE = re.compile(r"(?<![\w-])(?:-fdn|--fused-delta-net)\b")
 
 
-# llama.cpp replayed decode steps of more than one token as CUDA graphs only from PR #19645 (2026-02-15, up to 4
-# tokens through MUL_MAT_ID) and at every quantized-MoE batch from PR #26802 (2026-08-09)
-_GRAPH_ERAS = (((2026, 2), 1), ((2026, 8), 4))
-
-
-def graph_max_batch(row: dict, notes: str, runtime: str | None, batch: int, assumed: list) -> int | None:
-    """The decode batch a mainline llama.cpp (or Ollama) build dated by the row still captured as a CUDA
-    graph (runtimes.toml graph_max_batch); None: the profile's (current builds), or a batch-1 run."""
-    rid = runtime or "llama.cpp"
-    if batch <= 1 or not (rid in ("llama.cpp", "llama.cpp-hip", "ollama")):
-        return None
-    when = row_month(row, notes)
-    for since, limit in _GRAPH_ERAS:
-        if when is not None and when < since:
-            if batch > limit:
-                assumed.append(f"decode at batch {batch} without CUDA graphs: dated {when[0]}-{when[1]:02d}, when "
-                               f"llama.cpp captured at most {limit} token(s) per step")
-            return limit
-    return None
-
-
 def delta_net_fused(m, row: dict, notes: str, runtime: str | None, assumed: list) -> bool | None:
     """Whether the run's build fused the Gated DeltaNet / KDA recurrence (runtimes.toml delta_net_ops), where
     its notes or date say; None: the runtime profile's default (or no such layers)."""
@@ -154,6 +133,27 @@ def delta_net_fused(m, row: dict, notes: str, runtime: str | None, assumed: list
         assumed.append(f"Gated DeltaNet recurrence unfused: dated {when[0]}-{when[1]:02d}, before llama.cpp's "
                        "fused GATED_DELTA_NET op reached the model graphs (2026-03)")
         return False
+    return None
+
+
+# llama.cpp replayed decode steps of more than one token as CUDA graphs only from PR #19645 (2026-02-15, up to 4
+# tokens through MUL_MAT_ID) and at every quantized-MoE batch from PR #26802 (2026-08-09)
+_GRAPH_ERAS = (((2026, 2), 1), ((2026, 8), 4))
+
+
+def graph_max_batch(row: dict, notes: str, runtime: str | None, batch: int, assumed: list) -> int | None:
+    """The decode batch a mainline llama.cpp (or Ollama) build dated by the row still captured as a CUDA
+    graph (runtimes.toml graph_max_batch); None: the profile's (current builds), or a batch-1 run."""
+    rid = runtime or "llama.cpp"
+    if batch <= 1 or rid not in ("llama.cpp", "llama.cpp-hip", "ollama"):
+        return None
+    when = row_month(row, notes)
+    for since, limit in _GRAPH_ERAS:
+        if when is not None and when < since:
+            if batch > limit:
+                assumed.append(f"decode at batch {batch} without CUDA graphs: dated {when[0]}-{when[1]:02d}, when "
+                               f"llama.cpp captured at most {limit} token(s) per step")
+            return limit
     return None
 
 

@@ -153,10 +153,14 @@ def lower_model(m: Model, low, p: Placement, machine: Machine, rt: Runtime, cont
     )
 
 
+@functools.lru_cache(maxsize=4096)
 def delta_net_ops(m: Model, ops: float) -> np.ndarray:
     """Per layer, the graph nodes beyond an attention layer's (ms_decode_model_t.layer_ops): *ops* on each
-    Gated DeltaNet / KDA layer, whose recurrence a runtime may run as many small ops, 0 elsewhere."""
-    return np.array([ops if layer.attention.kind in ("gdn", "kda") else 0.0 for layer in m.layers])
+    Gated DeltaNet / KDA layer, whose recurrence a runtime may run as many small ops, 0 elsewhere (read-only:
+    one array per model and count, every lowering shares it)."""
+    a = np.array([ops if layer.attention.kind in ("gdn", "kda") else 0.0 for layer in m.layers])
+    a.flags.writeable = False
+    return a
 
 
 @functools.lru_cache(maxsize=4096)
