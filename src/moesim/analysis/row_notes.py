@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import re
 
+from ..engine.lower.decode_model import delta_net_ops
+
 # Runtimes in the data that moesim models through a profile of the same kind.
 RUNTIME_ALIASES = {"moe-infinity": "offload", "mixtral-offloading": "offload", "fiddler": "offload",
                    "omlx": "mlx"}
@@ -120,7 +122,7 @@ _FUSED_DELTA_NET_NOTE = re.compile(r"(?<![\w-])(?:-fdn|--fused-delta-net)\b")
 def delta_net_fused(m, row: dict, notes: str, runtime: str | None, assumed: list) -> bool | None:
     """Whether the run's build fused the Gated DeltaNet / KDA recurrence (runtimes.toml delta_net_ops), where
     its notes or date say; None: the runtime profile's default (or no such layers)."""
-    if not any(layer.attention.kind in ("gdn", "kda") for layer in m.layers):
+    if not delta_net_ops(m, 1.0).any():
         return None
     rid = runtime or "llama.cpp"
     if rid.startswith("ik_llama.cpp"):

@@ -295,23 +295,31 @@ class Prepared:
         return res, pf, ttft
 
 
+def _decode_settings(cfg: RowConfig, d) -> dict:
+    """The runtime's decode parameters the row's notes or date set (no flash attention, its build's CUDA-graph
+    and delta-net behaviour, ktransformers' prefill threshold and chunk)."""
+    out = {}
+    if cfg.no_flash:
+        out["cpu_fa_query_rows"] = 0.0
+    if cfg.graph_max_batch is not None:
+        out["graph_max_batch"] = cfg.graph_max_batch
+    if cfg.delta_net_fused is not None:
+        out["delta_net_ops"] = 0.0 if cfg.delta_net_fused else d.delta_net_unfused_ops
+    if cfg.kt_threshold:
+        out["layerwise_prefill_tokens"] = cfg.kt_threshold
+    if cfg.kt_chunk:
+        out["layerwise_chunk_tokens"] = cfg.kt_chunk
+    return out
+
+
 def prepare(cfg: RowConfig, calibrated: bool = True) -> Prepared:
     m = get_model(cfg.model)
     try:
         rt = get_runtime(cfg.runtime, calibrated=calibrated, model=cfg.model) if cfg.runtime else None
         if rt is not None and cfg.ubatch:
             rt = dataclasses.replace(rt, ubatch=cfg.ubatch)
-        if rt is not None and cfg.no_flash:
-            rt = dataclasses.replace(rt, decode=dataclasses.replace(rt.decode, cpu_fa_query_rows=0.0))
-        if rt is not None and cfg.graph_max_batch is not None:
-            rt = dataclasses.replace(rt, decode=dataclasses.replace(rt.decode, graph_max_batch=cfg.graph_max_batch))
-        if rt is not None and cfg.delta_net_fused is not None:
-            ops = 0.0 if cfg.delta_net_fused else rt.decode.delta_net_unfused_ops
-            rt = dataclasses.replace(rt, decode=dataclasses.replace(rt.decode, delta_net_ops=ops))
-        if rt is not None and (cfg.kt_threshold or cfg.kt_chunk):
-            rt = dataclasses.replace(rt, decode=dataclasses.replace(
-                rt.decode, layerwise_prefill_tokens=cfg.kt_threshold or rt.decode.layerwise_prefill_tokens,
-                layerwise_chunk_tokens=cfg.kt_chunk or rt.decode.layerwise_chunk_tokens))
+        if rt is not None:
+            rt = dataclasses.replace(rt, decode=dataclasses.replace(rt.decode, **_decode_settings(cfg, rt.decode)))
         q, rt, kv, low, p = resolve(m, cfg.quant, cfg.machine, rt, cfg.placement, cfg.context, cfg.batch,
                                     cfg.kv_dtype, cfg.mtp, cfg.parallel)
         mem_cfg = configure(m, low, cfg.machine, rt, p, cfg.context, cfg.batch, kv, cfg.mtp)

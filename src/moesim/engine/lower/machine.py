@@ -285,7 +285,8 @@ def _lower_unified(machine: Machine, rt: Runtime, mix: Q.KernelMix, cpu_only: bo
     gpu_flops = peak * d.gpu_flops_eff
     cpu_flops = _cpu_flops(machine, d, mix)
     # chips without CUDA graphs (AMD iGPUs: HIP graphs off, Vulkan) pay the no-graph launch per layer
-    launch = d.launch_us_metal if metal else layer_launch_us(d, u.get("cuda_graphs", True))
+    graphs = u.get("cuda_graphs", True)
+    launch = d.launch_us_metal if metal else layer_launch_us(d, graphs)
     pf_eff, terms = d.prefill_flops_eff_unified, {}
     if metal and d.metal_tensor_api and not cpu_only:
         # the M5 GPU's Neural Accelerators multiply the prompt's GEMMs (decode's GEMVs stay on the ALUs)
@@ -308,9 +309,8 @@ def _lower_unified(machine: Machine, rt: Runtime, mix: Q.KernelMix, cpu_only: bo
                 amx_flops=0.0, pcie_links=1, a2a_bw=pool, a2a_s=0.0,
                 # Metal's per-MoE-layer cost is launch_us_metal already
                 moe_s=0.0 if (cpu_only or metal) else d.moe_layer_us * 1e-6, cpu_layer_s=d.cpu_layer_us * 1e-6,
-                op_s=0.0 if cpu_only else node_op_us(d, metal or u.get("cuda_graphs", True)) * 1e-6,
-                cpu_op_s=d.cpu_node_us * 1e-6,
-                **graph_limit(d, not (cpu_only or metal) and u.get("cuda_graphs", True)))
+                op_s=0.0 if cpu_only else node_op_us(d, metal or graphs) * 1e-6, cpu_op_s=d.cpu_node_us * 1e-6,
+                **graph_limit(d, graphs and not (cpu_only or metal)))
 
 
 def _unified_gemm(machine: Machine, rt: Runtime, u: dict, mix: Q.KernelMix, peak: float) -> tuple:
