@@ -217,6 +217,7 @@ typedef struct {
                                                    * the CPU */
     int32_t graph_max_tokens;                     /* steps of more tokens run without CUDA graphs (0: none do) */
     double nograph_s;                             /* ... and each GPU layer then pays this on top of launch_s */
+    double cpu_attn_flops;                        /* attention scores' FLOP/s on the CPU (its kernel, not cpu_flops) */
 } ms_machine_t;
 
 /* A dense model routes nothing: with n_layers 0 every array below may be NULL. */

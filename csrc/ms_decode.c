@@ -46,7 +46,7 @@ static double layer_attention(const ms_decode_model_t *m, const ms_machine_t *hw
     int res_mem = gpu ? MS_RES_GPU_MEM : MS_RES_HOST_MEM, res_flops = gpu ? MS_RES_GPU_COMPUTE : MS_RES_CPU_COMPUTE;
     double tw = ms_kernel_time(w_bytes / bw, w_flops / fl, res_mem, res_flops, &win), ts, total;
     attribute(acc, win, MS_PHASE_ATTENTION, tw);
-    ts = ms_kernel_time(kv_bytes / bw, s_flops / fl, res_mem, res_flops, &win);
+    ts = ms_kernel_time(kv_bytes / bw, s_flops / (gpu ? fl : hw->cpu_attn_flops), res_mem, res_flops, &win);
     attribute(acc, win, MS_PHASE_ATTENTION, ts);
     acc->bytes[gpu ? MS_BYTES_GPU_MEM : MS_BYTES_HOST_MEM] += w_bytes + kv_bytes;
     total = tw + ts;
@@ -453,6 +453,7 @@ static int check(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_ro
     if (!(hw->cpu_layer_s >= 0.0)) return MS_ERR_BAD_MACHINE;
     if (!(hw->op_s >= 0.0) || !(hw->cpu_op_s >= 0.0)) return MS_ERR_BAD_MACHINE;
     if (hw->graph_max_tokens < 0 || !(hw->nograph_s >= 0.0)) return MS_ERR_BAD_MACHINE;
+    if (!(hw->cpu_attn_flops > 0.0)) return MS_ERR_BAD_MACHINE;
     if (!(m->a2a_bytes >= 0.0)) return MS_ERR_BAD_SIZE;
     if (r->n_layers > 0) {
         if (r->n_experts <= 0 || r->top_k <= 0 || r->top_k > r->n_experts) return MS_ERR_BAD_ROUTING;

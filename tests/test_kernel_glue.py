@@ -45,7 +45,7 @@ def tables(L=3, E=8, k=2):
     hw = dict(gpu_bw=1e12, host_bw=5e10, pcie_bw=2.5e10, storage_bw=5e9, gpu_flops=1e14, cpu_flops=1e12,
               interconnect_bw=1e11, unified=0, overlap=1, launch_s=3e-6, sync_s=2e-5, dma_s=6e-6, allreduce_s=0.0,
               step_s=3e-4, seq_s=0.0, a2a_bw=1e11, a2a_s=0.0, moe_s=0.0, cpu_layer_s=0.0, op_s=0.0,
-              cpu_op_s=0.0, graph_max_tokens=0, nograph_s=0.0)
+              cpu_op_s=0.0, graph_max_tokens=0, nograph_s=0.0, cpu_attn_flops=1e12)
     rt = LRT.lower(LRT.RoutingDims(L, E, k), R.profile("generic"), seed=0)
     return dm, hw, rt
 
@@ -397,6 +397,7 @@ static int run(int32_t L, int32_t E, int32_t K, int32_t mode)
     m.expert_mode = &fetch;
     m.moe_index = &moe;
     hw.gpu_bw = hw.host_bw = hw.pcie_bw = hw.storage_bw = hw.gpu_flops = hw.cpu_flops = hw.interconnect_bw = one;
+    hw.cpu_attn_flops = one;
     hw.graph_max_tokens = 0; hw.nograph_s = 0.0;
     r.n_layers = L; r.n_experts = E; r.top_k = K;
     r.log_pop = r.stickiness = r.recall = zeros;

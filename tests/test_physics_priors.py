@@ -260,3 +260,101 @@ def test_builds_that_capture_one_token_steps_only_launch_larger_ones_kernel_by_k
     assert step(1, 1) == step(None, 1)
     assert step(1, 2) - step(None, 2) == pytest.approx(m.n_layers * lc.decode.launch_us_nograph * 1e-6, rel=1e-9)
     assert step(4, 4) == step(None, 4)
+
+
+def _prefill_tok_s(model, quant, machine, runtime_id, placement, **row_settings):
+    from moesim.analysis.validate import RowConfig, prepare
+    cfg = RowConfig(row={}, model=model, quant=quant, machine=machine, runtime=runtime_id, placement=placement,
+                    parallel=None, context=512, prompt=512, batch=1, mtp=0, kv_dtype=None, **row_settings)
+    return prepare(cfg, calibrated=False).predict()[1]
+
+
+def test_cpu_only_prefill_reads_each_expert_once():
+    """Without a GPU there is nothing to offload a large ubatch's expert matmuls to: a CPU-only prompt reads
+    each used expert once from RAM and multiplies on the CPU, whatever the runtime's op-offload threshold
+    (it used to take the copy path, reading the experts twice, host to 'GPU' and again to compute)."""
+    from moesim.analysis.validate import RowConfig, prepare
+    cpu = moesim.machine(cpu="ryzen-9-7950x", host="ddr5-6000x2")
+    for rid in ("llama.cpp", "ik_llama.cpp"):
+        assert runtime(rid, calibrated=False).decode.op_offload_min_batch > 0
+        cfg = RowConfig(row={}, model="qwen3-30b-a3b", quant="Q4_K_M", machine=cpu, runtime=rid,
+                        placement="cpu-only", parallel=None, context=512, prompt=512, batch=1, mtp=0, kv_dtype=None)
+        assert prepare(cfg, calibrated=False).dm["gpu_offload"] == 0
+        # repacked_cpu_weights turns the runtime's op offload off (op_offload_min_batch 0)
+        args = ("qwen3-30b-a3b", "Q4_K_M", cpu, rid, "cpu-only")
+        assert _prefill_tok_s(*args) == _prefill_tok_s(*args, repacked_cpu_weights=True) > 0
+
+
+def test_run_time_repack_keeps_prompt_matmuls_on_the_cpu():
+    """ik_llama.cpp's -rtr repacks CPU weights into row-interleaved types no GPU backend reads (ik PR #147),
+    so a large ubatch's matmuls on them stay on the CPU ('the weight repacking prevents offloading the prompt
+    computation', llama.cpp issue #12481): a row run with it takes op offload off; mainline rows and runs
+    without the flag keep the profile's offload."""
+    from moesim.analysis.row_notes import repacked_cpu_weights
+    assert repacked_cpu_weights("llama-sweep-bench -fa -fmoe -rtr -t 16", "ik_llama.cpp", notes := []) and notes
+    assert repacked_cpu_weights("--run-time-repack", "ik_llama.cpp", [])
+    assert not repacked_cpu_weights("-rtr", "llama.cpp", [])
+    assert not repacked_cpu_weights("-fa -fmoe -ctk q8_0 -ctv-rtr", "ik_llama.cpp", [])
+    assert not repacked_cpu_weights("-fa -fmoe", "ik_llama.cpp", [])
+    hybrid = moesim.machine(gpu="rtx-4080", cpu="ryzen-9-7950x", host="ddr5-6000x2")
+    args = ("qwen3-235b-a22b", "IQ3_S", hybrid, "ik_llama.cpp", "n-cpu-moe=80")
+    offloaded, repacked = _prefill_tok_s(*args), _prefill_tok_s(*args, repacked_cpu_weights=True)
+    assert repacked != offloaded
+    cpu = moesim.machine(cpu="ryzen-9-7950x", host="ddr5-6000x2")
+    args = ("qwen3-30b-a3b", "IQ4_XS", cpu, "ik_llama.cpp", "cpu-only")
+    assert _prefill_tok_s(*args) == _prefill_tok_s(*args, repacked_cpu_weights=True)
+
+
+def test_cpu_attention_runs_at_its_kernels_share_of_the_fp32_peak():
+    """CPU attention scores run at the runtime's attention-kernel share of the cores' fp32 vector peak
+    (runtimes.toml cpu_attn_eff / cpu_prefill_attn_eff), not at its quantized matmul rate; a runtime that
+    sets no share (0) keeps the matmul rate."""
+    from moesim.engine.lower.machine import _core_cycles, flops_per_cycle
+    m = moesim.model("qwen3-30b-a3b")
+    mix = Q.kernel_mix(m, Q.resolve("Q4_K_M", m))
+    cpu = moesim.machine(cpu="ryzen-9-7950x", host="ddr5-6000x2")
+    peak = _core_cycles(cpu) * flops_per_cycle(cpu)
+    place = parse_placement("cpu-only", m, cpu)
+    for rid, decode, prefill in (("llama.cpp", 0.038, None), ("ik_llama.cpp", 0.10, 0.72), ("ollama", 0.038, None)):
+        rt = runtime(rid, calibrated=False)
+        hw = lower_machine(cpu, rt, place, mix)
+        assert hw["cpu_attn_flops"] == pytest.approx(peak * decode, rel=1e-12)
+        want = hw["cpu_flops"] if prefill is None else peak * prefill
+        assert hw["cpu_prefill_attn_flops"] == pytest.approx(want, rel=1e-12)
+    sg = runtime("sglang", calibrated=False)
+    assert sg.decode.cpu_attn_eff == 0.0
+    hw = lower_machine(cpu, sg, place, mix)
+    assert hw["cpu_attn_flops"] == hw["cpu_flops"] == hw["cpu_prefill_attn_flops"]
+
+
+def _implied_share(first: str, last: str, field: str, phase: str) -> float:
+    """The share of the fp32 peak at which the model's decode (or prefill) time per token per key of depth
+    between two rows of one depth sweep equals the measured one (bisection)."""
+    import dataclasses
+
+    from moesim.analysis import validate as V
+    rows = {r["id"]: r for r in V.load_rows(Path(moesim.__file__).parent / "data" / "measurements_collected.csv")}
+    prep = [V.prepare(V.build(rows[i])) for i in (first, last)]
+    column = "decode_tok_s" if phase == "decode" else "prefill_tok_s"
+    measured = 1 / float(rows[last][column]) - 1 / float(rows[first][column])
+
+    def slope(share):
+        t = []
+        for p in prep:
+            rt = dataclasses.replace(p.rt, decode=dataclasses.replace(p.rt.decode, **{field: share}))
+            t.append(1 / p.predict(rt)[0 if phase == "decode" else 1])
+        return t[1] - t[0]
+
+    lo, hi = 1e-3, 5.0
+    for _ in range(50):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if slope(mid) > measured else (lo, mid)
+    return lo
+
+
+@pytest.mark.parametrize("first,last", [("CPU-n105", "CPU-n108"), ("CPU-n003", "CPU-n005"), ("CPU-n201", "CPU-n204")])
+def test_mainline_cpu_decode_depth_slopes_follow_their_prior(first, last):
+    """runtimes.toml's llama.cpp cpu_attn_eff (0.038) is the geometric mean of what three depth sweeps of three
+    sources imply (3.67, 3.61, 4.04 %): each lies within 10 % of it, so any one held out predicts the others."""
+    prior = runtime("llama.cpp", calibrated=False).decode.cpu_attn_eff
+    assert _implied_share(first, last, "cpu_attn_eff", "decode") == pytest.approx(prior, rel=0.10)

@@ -308,3 +308,20 @@ def test_shipped_calibration_fits_no_parameter_on_fewer_than_two_sources():
     for name in written:
         assert sup[name]["fitted"] and sup[name]["sources"] >= C.MIN_SOURCES, name
     assert all(s["fitted"] == (s["sources"] >= C.MIN_SOURCES) for s in sup.values())
+
+
+@pytest.mark.parametrize("rid", ["CPU-n104", "AP-n007", "AP-n205", "LC-n106"])
+def test_the_calibration_model_keeps_each_rows_settings(rid):
+    """calibrate refits every row with the priors swapped for the trial parameters; the row's own settings
+    (flash attention off, its build's CUDA-graph batch limit and delta-net recurrence, -rtr) stay, so at the
+    priors the fit predicts exactly what ``moesim validate --uncalibrated`` does (it once dropped them: the
+    held-out figures judged those rows without the physics validate gives them)."""
+    import moesim
+    rows = {r["id"]: r for r in V.load_rows(Path(moesim.__file__).parent / "data" / "measurements_collected.csv")}
+    pr = V.prepare(V.build(rows[rid]), calibrated=False)
+    settings = V.row_decode_settings(pr.cfg, pr.rt.decode)
+    assert settings and all(getattr(pr.rt.decode, k) == v for k, v in settings.items())
+    decode, prefill = C.Model([pr]).predict(C.prior_vector())[0]
+    want = V.predict_row(pr)
+    assert decode == pytest.approx(want.decode, rel=1e-9)
+    assert (prefill is None and want.prefill is None) or prefill == pytest.approx(want.prefill, rel=1e-9)

@@ -219,7 +219,7 @@ static ms_machine_t make_machine(void)
     ms_machine_t h;
     memset(&h, 0, sizeof(h));
     h.gpu_bw = 8e11; h.host_bw = 6e10; h.pcie_bw = 2.4e10; h.storage_bw = 5e9;
-    h.gpu_flops = 1e14; h.cpu_flops = 1e12; h.interconnect_bw = 1e11;
+    h.gpu_flops = 1e14; h.cpu_flops = 1e12; h.interconnect_bw = 1e11; h.cpu_attn_flops = 1e11;
     h.launch_s = 5e-6; h.sync_s = 2e-5; h.dma_s = 1e-5; h.step_s = 1e-4;
     return h;
 }

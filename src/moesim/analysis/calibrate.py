@@ -152,12 +152,15 @@ class Model:
         self.params = params
         # uncalibrated runtimes per row: priors only (the fit must not see its own output)
         self.base = [dataclasses.replace(pr.rt, decode=DecodeParams(**decode_priors(pr.rt.id))) for pr in prepared]
-        # what a row's own layout, notes and model launch set on its runtime (not fitted, kept over the priors)
-        self.layout = [dict(tensor_parallel=pr.rt.decode.tensor_parallel, data_parallel=pr.rt.decode.data_parallel,
-                            expert_parallel=pr.rt.decode.expert_parallel,
-                            redundant_experts=pr.rt.decode.redundant_experts,
-                            layerwise_prefill_tokens=pr.rt.decode.layerwise_prefill_tokens,
-                            layerwise_chunk_tokens=pr.rt.decode.layerwise_chunk_tokens) for pr in prepared]
+        # what a row's own layout, notes, date and model launch set on its runtime (not fitted, kept over the
+        # priors): its parallel layout, and validate's row settings (flash attention off, the build's CUDA-graph
+        # and delta-net behaviour, -rtr, ktransformers' threshold and chunk)
+        self.layout = [{**dict(tensor_parallel=pr.rt.decode.tensor_parallel, data_parallel=pr.rt.decode.data_parallel,
+                               expert_parallel=pr.rt.decode.expert_parallel,
+                               redundant_experts=pr.rt.decode.redundant_experts,
+                               layerwise_prefill_tokens=pr.rt.decode.layerwise_prefill_tokens,
+                               layerwise_chunk_tokens=pr.rt.decode.layerwise_chunk_tokens),
+                        **V.row_decode_settings(pr.cfg, base.decode)} for pr, base in zip(prepared, self.base)]
         self.serving = [serving_workload(pr.cfg.row, pr.cfg.batch, pr.cfg.prompt, max(1, pr.rt.decode.data_parallel))
                         is not None for pr in prepared]
         self.ratio = [1.0] * len(prepared)      # serve-sim decode / batch-step decode, at the last refresh

@@ -84,7 +84,24 @@ def note_settings(notes: str, runtime: str, assumed: list, when: tuple | None = 
             "kt_threshold": stated(_KT_THRESHOLD_NOTE, "GPU prefill threshold {} (notes)", kt),
             "kt_chunk": stated(_KT_CHUNK_NOTE, "chunked prefill {} (notes)", kt),
             "decode_threads": stated(_DECODE_THREADS_NOTE, "decode on {} threads (notes)"),
-            "no_flash": no_flash(notes, when, assumed)}
+            "no_flash": no_flash(notes, when, assumed),
+            "repacked_cpu_weights": repacked_cpu_weights(notes, runtime, assumed)}
+
+
+# ik_llama.cpp's -rtr / --run-time-repack rewrites CPU weights into row-interleaved types (ik PR #147) that
+# no GPU backend reads, so ggml's scheduler keeps their large-batch matmuls on the CPU: "the weight repacking
+# prevents offloading the prompt computation" (slaren, llama.cpp issue #12481). Mainline stopped repacking
+# when a GPU is present for that reason (llama.cpp PR #12498, 2025-03-21).
+_RUN_TIME_REPACK_NOTE = re.compile(r"(?<![\w-])(?:-rtr|--run-time-repack)\b")
+
+
+def repacked_cpu_weights(notes: str, runtime: str | None, assumed: list) -> bool:
+    """ik_llama.cpp run with -rtr: its CPU-resident weights are repacked and never copied to the GPU for a
+    large batch (runtimes.toml op_offload_min_batch off for the row)."""
+    if (runtime or "").startswith("ik_llama.cpp") and _RUN_TIME_REPACK_NOTE.search(notes):
+        assumed.append("-rtr (notes): repacked CPU weights, prompt matmuls stay on the CPU (no op offload)")
+        return True
+    return False
 
 
 def no_flash(notes: str, when: tuple | None, assumed: list) -> bool:

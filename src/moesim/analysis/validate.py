@@ -85,6 +85,7 @@ class RowConfig:
     no_flash: bool = False          # the notes say flash attention was off: CPU attention runs as mul_mat
     delta_net_fused: bool | None = None  # the build's Gated DeltaNet recurrence fused or not (None: the profile's)
     graph_max_batch: int | None = None   # the most tokens per step the build replayed as a CUDA graph (None: profile's)
+    repacked_cpu_weights: bool = False   # ik -rtr: CPU weights repacked, so large batches are not offloaded
 
 
 def load_rows(path) -> list:
@@ -295,16 +296,19 @@ class Prepared:
         return res, pf, ttft
 
 
-def _decode_settings(cfg: RowConfig, d) -> dict:
+def row_decode_settings(cfg: RowConfig, d) -> dict:
     """The runtime's decode parameters the row's notes or date set (no flash attention, its build's CUDA-graph
     and delta-net behaviour, ktransformers' prefill threshold and chunk)."""
     out = {}
     if cfg.no_flash:
         out["cpu_fa_query_rows"] = 0.0
+        out["cpu_attn_eff"], out["cpu_prefill_attn_eff"] = d.cpu_attn_eff_nofa, d.cpu_prefill_attn_eff_nofa
     if cfg.graph_max_batch is not None:
         out["graph_max_batch"] = cfg.graph_max_batch
     if cfg.delta_net_fused is not None:
         out["delta_net_ops"] = 0.0 if cfg.delta_net_fused else d.delta_net_unfused_ops
+    if cfg.repacked_cpu_weights:
+        out["op_offload_min_batch"] = 0
     if cfg.kt_threshold:
         out["layerwise_prefill_tokens"] = cfg.kt_threshold
     if cfg.kt_chunk:
@@ -319,7 +323,7 @@ def prepare(cfg: RowConfig, calibrated: bool = True) -> Prepared:
         if rt is not None and cfg.ubatch:
             rt = dataclasses.replace(rt, ubatch=cfg.ubatch)
         if rt is not None:
-            rt = dataclasses.replace(rt, decode=dataclasses.replace(rt.decode, **_decode_settings(cfg, rt.decode)))
+            rt = dataclasses.replace(rt, decode=dataclasses.replace(rt.decode, **row_decode_settings(cfg, rt.decode)))
         q, rt, kv, low, p = resolve(m, cfg.quant, cfg.machine, rt, cfg.placement, cfg.context, cfg.batch,
                                     cfg.kv_dtype, cfg.mtp, cfg.parallel)
         mem_cfg = configure(m, low, cfg.machine, rt, p, cfg.context, cfg.batch, kv, cfg.mtp)

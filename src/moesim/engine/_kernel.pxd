@@ -117,6 +117,7 @@ cdef extern from "moesim.h" nogil:
         double op_s, cpu_op_s
         int32_t graph_max_tokens
         double nograph_s
+        double cpu_attn_flops
 
     ctypedef struct ms_routing_t:
         int32_t n_layers

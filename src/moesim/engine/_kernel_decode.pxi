@@ -48,6 +48,7 @@ cdef void _fill_machine(ms_machine_t *h, dict hw):
     h.cpu_layer_s = hw["cpu_layer_s"]
     h.op_s = hw["op_s"]; h.cpu_op_s = hw["cpu_op_s"]
     h.graph_max_tokens = hw["graph_max_tokens"]; h.nograph_s = hw["nograph_s"]
+    h.cpu_attn_flops = hw["cpu_attn_flops"]
 
 
 cdef void _fill_configs(ms_decode_config_t *cfg, dict c, Py_ssize_t n):

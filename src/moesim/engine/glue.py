@@ -102,7 +102,7 @@ MACHINE = (_scalars(REAL, "gpu_bw", "host_bw", "pcie_bw", "storage_bw", "gpu_flo
            + _scalars(INT, "unified", "overlap")
            + _scalars(REAL, "launch_s", "sync_s", "dma_s", "allreduce_s", "step_s", "seq_s", "a2a_bw", "a2a_s",
                       "moe_s", "cpu_layer_s", "op_s", "cpu_op_s")
-           + _scalars(INT, "graph_max_tokens") + _scalars(REAL, "nograph_s"))
+           + _scalars(INT, "graph_max_tokens") + _scalars(REAL, "nograph_s", "cpu_attn_flops"))
 
 # ms_routing_t (engine.lower.routing.lower / lower_trace); L MoE layers, E experts, S request scenarios.
 # A dense model (n_layers 0) has no per-layer tables: ROUTING_LAYERS are then absent and C gets NULL.

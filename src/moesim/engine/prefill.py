@@ -40,7 +40,7 @@ def prefill_seconds(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, promp
     gflops, gemm, cflops = hw["prefill_flops"], hw["prefill_gemm_flops"], hw["cpu_flops"]
     bw = np.where(on_gpu, hw["gpu_bw"], hw["host_bw"])
     fl = np.where(on_gpu, gemm, cflops)
-    score = x["score_flops"] / np.where(on_gpu, hw["prefill_attn_flops"], cflops)
+    score = x["score_flops"] / np.where(on_gpu, hw["prefill_attn_flops"], hw["cpu_prefill_attn_flops"])
     # MLA's multi-head prefill decompresses the context's latent keys once per ubatch (a GEMM)
     decompress = x["decompress_flops"] / fl
     per_tok = x["flops"] / fl + score
@@ -79,8 +79,10 @@ def prefill_terms(m: Model, dm: dict, rtab: dict, rt: Runtime, prompt: int, dept
     # prompt tokens route by the profile's prefill regime (or a trace's recorded prompts) where it has one
     terms = _routing_terms(rtab.get("prefill_q", rtab.get("q"))) if rtab.get("n_layers") else None
     mean_keys = depth + max(1, prompt // 2)     # the keys a prompt token attends to, on average
+    # op offload copies CPU experts to a GPU, so only where there is one (a CPU-only run computes them in place)
+    offload = bool(dm.get("gpu_offload", 1)) and ub >= op_offload_threshold(rt, m)
     out = dict(threshold=threshold, sizes=[(ub, n_full)] + ([(last, 1)] if last else []),
-                offload=ub >= op_offload_threshold(rt, m), on_gpu=on_gpu, k=rtab.get("top_k", 0), terms=terms,
+                offload=offload, on_gpu=on_gpu, k=rtab.get("top_k", 0), terms=terms,
                 score_flops=prefill_score_flops(m, prompt, depth), decompress_flops=mean_keys * mla_decompress_flops(m),
                 weights=np.asarray(dm["attn_bytes"]) + np.asarray(dm["shared_bytes"]),
                 flops=np.asarray(dm["attn_flops"]) + np.asarray(dm["shared_flops"]),

@@ -108,6 +108,11 @@ class DecodeParams:
     delta_net_ops: float = 0.0    # graph nodes a Gated DeltaNet / KDA layer runs per decode step beyond an attention
                                   # layer's (0: a fused recurrence op; delta_net_unfused_ops before it)
     delta_net_unfused_ops: float = 0.0  # the same for builds that decompose the recurrence into small ops
+    cpu_attn_eff: float = 0.0     # a decode step's attention scores on the CPU at this share of the cores' fp32 vector
+                                  # peak (the runtime's attention kernel); 0: at its matmul rate (cpu_flops)
+    cpu_prefill_attn_eff: float = 0.0   # the same for a prompt ubatch's attention
+    cpu_attn_eff_nofa: float = 0.0      # cpu_attn_eff with flash attention off (ggml: mul_mat, soft_max, mul_mat)
+    cpu_prefill_attn_eff_nofa: float = 0.0  # cpu_prefill_attn_eff with flash attention off
 
 
 def runtime_ids() -> list:

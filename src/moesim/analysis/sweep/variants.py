@@ -78,7 +78,8 @@ def kind_row(n: int, on_gpu: bool, ab: float, af: float, fn: int, hw: dict, kv_c
     weight bytes, af: their FLOPs per token; kv_copies: the GPUs' KV read factor, lower_model's)."""
     bw = hw["gpu_bw"] if on_gpu else hw["host_bw"]
     fl = hw["gpu_flops"] if on_gpu else hw["cpu_flops"]
-    f64 = [float(n), ab / bw, kv_copies / bw, af / fl, 1.0 / fl]
+    # the scores at the CPU's attention-kernel rate (ms_machine_t.cpu_attn_flops), the weights at its matmul rate
+    f64 = [float(n), ab / bw, kv_copies / bw, af / fl, 1.0 / (fl if on_gpu else hw["cpu_attn_flops"])]
     return f64, [0, 1, fn] if on_gpu else [2, 3, fn]
 
 

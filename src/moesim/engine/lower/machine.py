@@ -55,6 +55,15 @@ def flops_per_cycle(machine: Machine) -> float:
     return float(core["fma_units"]) * min(int(core["vector_bits"]), isa_bits) / 32.0 * 2.0
 
 
+def cpu_attention_flops(machine: Machine, d, cpu_flops: float) -> dict:
+    """ms_machine_t.cpu_attn_flops and the prompt's CPU attention rate (cpu_prefill_attn_flops): the runtime's
+    attention kernels at their share of the cores' fp32 vector peak (cpu_attn_eff, cpu_prefill_attn_eff), or
+    at its matmul rate ``cpu_flops`` where it sets none."""
+    peak = _core_cycles(machine) * flops_per_cycle(machine)
+    return dict(cpu_attn_flops=peak * d.cpu_attn_eff if d.cpu_attn_eff > 0 else cpu_flops,
+                cpu_prefill_attn_flops=peak * d.cpu_prefill_attn_eff if d.cpu_prefill_attn_eff > 0 else cpu_flops)
+
+
 def _rate_mix(share: float, rel: float) -> float:
     """Rate factor when ``share`` of the bytes run at ``rel`` of the rate and the rest at 1: the
     times per FLOP mix."""
@@ -220,7 +229,7 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement, mix: Q.KernelMix)
                     dma_s=0.0, allreduce_s=0.0, step_s=d.step_us * 1e-6, seq_s=d.seq_us * 1e-6,
                     amx_flops=amx, pcie_links=1, a2a_bw=host_bw, a2a_s=0.0, moe_s=0.0,
                     cpu_layer_s=d.cpu_layer_us * 1e-6, op_s=0.0, cpu_op_s=d.cpu_node_us * 1e-6,
-                    **graph_limit(d, False))
+                    **graph_limit(d, False), **cpu_attention_flops(machine, d, cpu_flops))
     g = _load_catalog("hardware")["gpu"].get(machine.gpu, {})
     tp = machine.n_gpus if (d.tensor_parallel and machine.n_gpus > 1) else 1
     tf = machine.gpu_tflops
@@ -250,7 +259,7 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement, mix: Q.KernelMix)
                 amx_flops=amx, pcie_links=tp, a2a_bw=_alltoall_gbs(machine, g) * GB * d.alltoall_bw_eff,
                 a2a_s=2.0 * d.alltoall_us * 1e-6, moe_s=d.moe_layer_us * 1e-6,
                 cpu_layer_s=d.cpu_layer_us * 1e-6, op_s=node_op_us(d, graphs) * 1e-6,
-                cpu_op_s=d.cpu_node_us * 1e-6, **graph_limit(d, graphs))
+                cpu_op_s=d.cpu_node_us * 1e-6, **graph_limit(d, graphs), **cpu_attention_flops(machine, d, cpu_flops))
 
 
 def _allreduce_s(machine: Machine, rt: Runtime) -> float:
@@ -310,7 +319,7 @@ def _lower_unified(machine: Machine, rt: Runtime, mix: Q.KernelMix, cpu_only: bo
                 # Metal's per-MoE-layer cost is launch_us_metal already
                 moe_s=0.0 if (cpu_only or metal) else d.moe_layer_us * 1e-6, cpu_layer_s=d.cpu_layer_us * 1e-6,
                 op_s=0.0 if cpu_only else node_op_us(d, metal or graphs) * 1e-6, cpu_op_s=d.cpu_node_us * 1e-6,
-                **graph_limit(d, graphs and not (cpu_only or metal)))
+                **graph_limit(d, graphs and not (cpu_only or metal)), **cpu_attention_flops(machine, d, cpu_flops))
 
 
 def _unified_gemm(machine: Machine, rt: Runtime, u: dict, mix: Q.KernelMix, peak: float) -> tuple:

@@ -53,7 +53,8 @@ def _attention_time(dm, hw, l, seqs, toks, acc):
     res_mem, res_flops = (RES_GPU_MEM, RES_GPU_COMPUTE) if gpu else (RES_HOST_MEM, RES_CPU_COMPUTE)
     tw, r = kernel_time(w_bytes / bw, w_flops / fl, res_mem, res_flops)
     _put(acc, r, PHASE_ATTENTION, tw)
-    ts, r = kernel_time(kv_bytes / bw, s_flops / fl, res_mem, res_flops)
+    # the attention scores at the CPU's attention-kernel rate, not its matmul rate
+    ts, r = kernel_time(kv_bytes / bw, s_flops / (fl if gpu else hw["cpu_attn_flops"]), res_mem, res_flops)
     _put(acc, r, PHASE_ATTENTION, ts)
     acc["bytes"][BYTES_GPU_MEM if gpu else BYTES_HOST_MEM] += w_bytes + kv_bytes
     total = tw + ts
