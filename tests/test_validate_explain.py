@@ -61,3 +61,16 @@ def test_skipped_row_gives_the_reason_evaluate_rows_gives():
     text = subprocess.run([sys.executable, "-m", "moesim", "validate", "--explain", sk["id"]],
                           capture_output=True, text=True, check=True).stdout
     assert f"skipped: {sk['reason']}" in text
+
+
+def test_explain_shows_the_cpu_rates_where_the_cpu_runs_part_of_the_model():
+    """A row whose attention runs on the CPU lists the CPU's matmul and attention rates (the attention kernel's
+    own, runtimes.toml cpu_attn_eff, far under the matmul rate in mainline llama.cpp); a row all on one GPU lists
+    none of them, and an expert-offload row lists the host's bandwidth and matmul rate only."""
+    from moesim.ingest.packaged import collected_measurements_csv
+    cpu = explain(collected_measurements_csv(), "CPU-n108")["rates"]
+    assert cpu["cpu_attn_flops"] < 0.2 * cpu["cpu_flops"] and cpu["host_bw"] > 0
+    gpu = explain(collected_measurements_csv(), "AP-n001")["rates"]
+    assert not {"host_bw", "cpu_flops", "cpu_attn_flops"} & set(gpu)
+    hybrid = explain(collected_measurements_csv(), "LC-n106")["rates"]
+    assert {"host_bw", "cpu_flops"} <= set(hybrid) and "cpu_attn_flops" not in hybrid

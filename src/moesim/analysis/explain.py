@@ -14,7 +14,10 @@ import difflib
 import re
 from importlib import resources
 
+import numpy as np
+
 from .._catalog import load as _load_catalog
+from ..engine.codes import EXP_CPU
 from ..engine.decode import LINKS
 from ..engine.lower.machine import backend_terms, lower_machine
 from ..errors import MoesimError
@@ -131,6 +134,11 @@ def _rates(cfg, pr) -> dict:
     g = hw_tables["unified" if cfg.machine.unified else "gpu"].get(cfg.machine.gpu or "", {})
     out = {k: float(hw[k]) for k in ("gpu_bw", "prefill_gemm_flops", "prefill_expert_flops", "prefill_attn_flops",
                                      "prefill_moe_half_tokens") if k in hw}
+    cpu_attention = not np.asarray(pr.dm["attn_on_gpu"]).all()
+    if cpu_attention or (np.asarray(pr.dm["expert_mode"]) == EXP_CPU).any():
+        # the CPU's rates where it runs part of the model: its matmuls and, for attention, its kernel's own
+        keys = ("host_bw", "cpu_flops") + (("cpu_attn_flops", "cpu_prefill_attn_flops") if cpu_attention else ())
+        out.update({k: float(hw[k]) for k in keys})
     # Apple chips run Metal's own path (machine.py _lower_unified), not a backend table's terms
     terms = backend_terms(pr.rt, g) if g and g.get("vendor") != "apple" else {}
     if terms:
