@@ -297,8 +297,9 @@ class Prepared:
 
 
 def row_decode_settings(cfg: RowConfig, d) -> dict:
-    """The runtime's decode parameters the row's notes or date set (no flash attention, its build's CUDA-graph
-    and delta-net behaviour, ktransformers' prefill threshold and chunk)."""
+    """The runtime's decode parameters the row's notes or date set (no flash attention: its CPU attention path
+    and rates; its build's CUDA-graph and delta-net behaviour; -rtr's repacked CPU weights, never offloaded;
+    ktransformers' prefill threshold and chunk). calibrate keeps them over the priors it varies."""
     out = {}
     if cfg.no_flash:
         out["cpu_fa_query_rows"] = 0.0

@@ -135,10 +135,10 @@ def lower_model(m: Model, low, p: Placement, machine: Machine, rt: Runtime, cont
         head_bytes=float(low.head), head_flops=2.0 * par["lm_head"],
         head_on_gpu=0 if (cpu_only or (p.kind == "layers-gpu" and p.arg == 0)) else 1,
         draft_bytes=float(draft_bytes), draft_flops=float(draft_flops),
-        # ktransformers layerwise prefill: chunks of at least this many tokens stream whole expert layers
-        # (native formats only)
         # a large prompt ubatch copies CPU-resident experts to the GPU (op offload) only where there is one
         gpu_offload=0 if cpu_only else 1,
+        # ktransformers layerwise prefill: chunks of at least this many tokens stream whole expert layers
+        # (native formats only)
         layerwise_prefill=(rt.decode.layerwise_prefill_tokens
                            if rt.decode.layerwise_prefill_tokens > 0 and not quant.is_gguf else 0),
         layer_experts=np.asarray(low.n_experts, dtype=np.float64),
