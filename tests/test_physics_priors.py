@@ -358,3 +358,34 @@ def test_mainline_cpu_decode_depth_slopes_follow_their_prior(first, last):
     sources imply (3.67, 3.61, 4.04 %): each lies within 10 % of it, so any one held out predicts the others."""
     prior = runtime("llama.cpp", calibrated=False).decode.cpu_attn_eff
     assert _implied_share(first, last, "cpu_attn_eff", "decode") == pytest.approx(prior, rel=0.10)
+
+
+def test_swa_full_makes_a_gpu_decode_walk_the_whole_sliding_window_cache():
+    """llama.cpp --swa-full keeps every token in the sliding-window layers' cache; a GPU decode step's flash
+    attention then reads all of it (ik_llama.cpp discussion #758: gpt-oss-20b on an RTX 4080, 114.7 vs 137.5
+    t/s at 28,672 tokens), while ggml-cpu's per-row kernel skips the masked keys. The notes set it for mainline
+    rows only; prompts keep the window."""
+    from moesim.analysis.row_notes import swa_full
+    from moesim.analysis.validate import RowConfig, prepare
+    assert swa_full("llama-sweep-bench -c 30720 -ub 2048, --swa-full; PP 2048", "llama.cpp", notes := []) and notes
+    assert not swa_full("SWA cache of the last u-batch only (default)", "llama.cpp", [])
+    assert not swa_full("--swa-full", "ik_llama.cpp", [])
+    m = moesim.model("gpt-oss-20b")
+    windowed = [l for l, layer in enumerate(m.layers) if layer.attention.window]
+    full = [l for l, layer in enumerate(m.layers) if not layer.attention.window]
+    assert windowed and full
+    mach = moesim.machine(gpu="rtx-4080", cpu="ryzen-9-7950x", host="ddr5-6000x2")
+
+    def prepared(placement, on):
+        cfg = RowConfig(row={}, model=m.id, quant="MXFP4", machine=mach, runtime="llama.cpp", placement=placement,
+                        parallel=None, context=28672, prompt=2048, batch=1, mtp=0, kv_dtype=None, swa_full=on)
+        return prepare(cfg, calibrated=False)
+
+    off, on = prepared("all-gpu", False), prepared("all-gpu", True)
+    # every windowed layer now reads what a full-attention layer of the same shape reads at this depth
+    assert np.allclose(on.dm["kv_bytes"][windowed], off.dm["kv_bytes"][full[0]])
+    assert np.all(on.dm["kv_bytes"][windowed] > 10 * off.dm["kv_bytes"][windowed])
+    assert np.array_equal(on.dm["kv_bytes"][full], off.dm["kv_bytes"][full])
+    assert on.predict()[0] < off.predict()[0] and on.predict()[1] == off.predict()[1]
+    cpu_off, cpu_on = prepared("layers-gpu=0", False), prepared("layers-gpu=0", True)
+    assert np.array_equal(cpu_on.dm["kv_bytes"], cpu_off.dm["kv_bytes"])

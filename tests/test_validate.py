@@ -310,7 +310,7 @@ def test_shipped_calibration_fits_no_parameter_on_fewer_than_two_sources():
     assert all(s["fitted"] == (s["sources"] >= C.MIN_SOURCES) for s in sup.values())
 
 
-@pytest.mark.parametrize("rid", ["CPU-n104", "AP-n007", "AP-n205", "LC-n106"])
+@pytest.mark.parametrize("rid", ["CPU-n104", "AP-n007", "AP-n205", "LC-n106", "LC-n204"])
 def test_the_calibration_model_keeps_each_rows_settings(rid):
     """calibrate refits every row with the priors swapped for the trial parameters; the row's own settings
     (flash attention off, its build's CUDA-graph batch limit and delta-net recurrence, -rtr) stay, so at the

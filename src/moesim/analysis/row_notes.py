@@ -85,7 +85,22 @@ def note_settings(notes: str, runtime: str, assumed: list, when: tuple | None = 
             "kt_chunk": stated(_KT_CHUNK_NOTE, "chunked prefill {} (notes)", kt),
             "decode_threads": stated(_DECODE_THREADS_NOTE, "decode on {} threads (notes)"),
             "no_flash": no_flash(notes, when, assumed),
-            "repacked_cpu_weights": repacked_cpu_weights(notes, runtime, assumed)}
+            "repacked_cpu_weights": repacked_cpu_weights(notes, runtime, assumed),
+            "swa_full": swa_full(notes, runtime, assumed)}
+
+
+# llama.cpp keeps a sliding-window layer's cache to the window plus a ubatch unless --swa-full keeps all of it
+# (the SWA cache of llama.cpp PR #13194); a GPU's flash attention then walks the whole cache (ik_llama.cpp
+# discussion #758's A/B on an RTX 4080: gpt-oss-20b tg512 at 28,672 tokens 114.7 t/s with it, 137.5 without)
+_SWA_FULL_NOTE = re.compile(r"(?<![\w-])--swa-full\b")
+
+
+def swa_full(notes: str, runtime: str | None, assumed: list) -> bool:
+    """A mainline llama.cpp run with --swa-full (runtimes.toml swa_full for the row)."""
+    if (runtime or "llama.cpp").startswith(("llama.cpp", "ollama")) and _SWA_FULL_NOTE.search(notes):
+        assumed.append("--swa-full (notes): sliding-window layers keep their whole cache; a GPU walks all of it")
+        return True
+    return False
 
 
 # ik_llama.cpp's -rtr / --run-time-repack rewrites CPU weights into row-interleaved types (ik PR #147) that

@@ -86,6 +86,7 @@ class RowConfig:
     delta_net_fused: bool | None = None  # the build's Gated DeltaNet recurrence fused or not (None: the profile's)
     graph_max_batch: int | None = None   # the most tokens per step the build replayed as a CUDA graph (None: profile's)
     repacked_cpu_weights: bool = False   # ik -rtr: CPU weights repacked, so large batches are not offloaded
+    swa_full: bool = False               # llama.cpp --swa-full: sliding-window layers keep (and a GPU walks) all
 
 
 def load_rows(path) -> list:
@@ -299,7 +300,7 @@ class Prepared:
 def row_decode_settings(cfg: RowConfig, d) -> dict:
     """The runtime's decode parameters the row's notes or date set (no flash attention: its CPU attention path
     and rates; its build's CUDA-graph and delta-net behaviour; -rtr's repacked CPU weights, never offloaded;
-    ktransformers' prefill threshold and chunk). calibrate keeps them over the priors it varies."""
+    --swa-full; ktransformers' prefill threshold and chunk). calibrate keeps them over the priors it varies."""
     out = {}
     if cfg.no_flash:
         out["cpu_fa_query_rows"] = 0.0
@@ -310,6 +311,8 @@ def row_decode_settings(cfg: RowConfig, d) -> dict:
         out["delta_net_ops"] = 0.0 if cfg.delta_net_fused else d.delta_net_unfused_ops
     if cfg.repacked_cpu_weights:
         out["op_offload_min_batch"] = 0
+    if cfg.swa_full:
+        out["swa_full"] = True
     if cfg.kt_threshold:
         out["layerwise_prefill_tokens"] = cfg.kt_threshold
     if cfg.kt_chunk:

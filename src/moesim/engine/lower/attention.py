@@ -209,6 +209,29 @@ def score_fn(layer) -> tuple:
     return (0.0, 0.0, 0.0, 0.0, 4.0 * a.lin_v_heads * a.lin_k_dim * a.lin_v_dim), (_NOCAP, _NOCAP, 0, _NOCAP)
 
 
+def full_window_fn(fn: tuple, layer) -> tuple:
+    """Context function *fn* of a sliding-window layer with the window lifted: a runtime that keeps such a
+    layer's whole cache and walks all of it, the mask hiding the rest (llama.cpp --swa-full on a GPU: its
+    flash-attention kernels skip only masked tiles past the last visible key). Other layers' *fn* as is."""
+    a = layer.attention
+    if a.kind != "gqa" or not a.window:
+        return fn
+    coef, caps = fn
+    return coef, (_NOCAP,) + tuple(caps[1:])
+
+
+def full_window_rows(m: Model, low, context: int, kvb: float, on_gpu, kv: np.ndarray, score: np.ndarray) -> tuple:
+    """(KV bytes, score FLOPs) per layer at depth ``context`` as :func:`decode_context_rows` gives them, with the
+    sliding-window layers whose attention runs on the GPU walking the whole cache (:func:`full_window_fn`);
+    on the CPU ggml's per-row kernel skips masked keys (its one_chunk loop: `if (mv == -INFINITY) continue`)."""
+    kv, score = kv.copy(), score.copy()
+    for l, layer in enumerate(m.layers):
+        if on_gpu[l] and layer.attention.kind == "gqa" and layer.attention.window:
+            kv[l] = ctx_eval(full_window_fn(kv_read_fns(m, low, kvb)[l], layer), context)
+            score[l] = ctx_eval(full_window_fn(score_fn(layer), layer), context)
+    return kv, score
+
+
 def ctx_eval(fn: tuple, c: int) -> float:
     """Pure-Python twin of ms_ctx_eval."""
     (a1, a2, b1, b2, s), (c1, c2, r, k1) = fn

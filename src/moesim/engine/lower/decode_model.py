@@ -14,7 +14,7 @@ from ...spec.placement import Placement
 from ...spec.runtimes import Runtime
 from ..codes import EXP_CPU, EXP_FETCH, EXP_GPU, EXP_NONE, EXP_SPLIT
 from .machine import _AMX_FLOPS_PER_CYCLE
-from .attention import decode_context_rows, prefill_kv_read, query_heads_per_kv
+from .attention import decode_context_rows, full_window_rows, prefill_kv_read, query_heads_per_kv
 from .parallel import allreduce_bytes, alltoall_bytes, layer_loads, layout_degrees, replication
 
 
@@ -122,6 +122,8 @@ def lower_model(m: Model, low, p: Placement, machine: Machine, rt: Runtime, cont
     quant = _quant_of(m, low)
     draft_bytes, draft_flops = _draft_cost(m, low, par)
     kv_bytes, score_flops = decode_context_rows(m, low, context, kvb)
+    if rt.decode.swa_full:
+        kv_bytes, score_flops = full_window_rows(m, low, context, kvb, on_gpu, kv_bytes, score_flops)
     attn_copies, kv_copies = attention_copies(m, on_gpu, n, attn_tp)
     return dict(
         attn_bytes=(low.attn + low.router) * attn_copies,
