@@ -9,7 +9,7 @@ from ..spec.models import Model
 from ..spec.runtimes import Runtime
 from .codes import EXP_FETCH, EXP_GPU, EXP_NONE, EXP_SPLIT
 from .lower.decode_model import op_offload_threshold
-from .lower.attention import ctx_eval, mla_decompress_flops, prefill_score_flops
+from .lower.attention import ctx_eval, full_window_fn, mla_decompress_flops, prefill_score_flops, prefill_score_fn
 
 
 def prefill(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, prompt: int, batch: int = 1,
@@ -83,7 +83,7 @@ def prefill_terms(m: Model, dm: dict, rtab: dict, rt: Runtime, prompt: int, dept
     offload = bool(dm.get("gpu_offload", 1)) and ub >= op_offload_threshold(rt, m)
     out = dict(threshold=threshold, sizes=[(ub, n_full)] + ([(last, 1)] if last else []),
                 offload=offload, on_gpu=on_gpu, k=rtab.get("top_k", 0), terms=terms,
-                score_flops=prefill_score_flops(m, prompt, depth), decompress_flops=mean_keys * mla_decompress_flops(m),
+                score_flops=_score_flops(m, rt, on_gpu, prompt, depth), decompress_flops=mean_keys * mla_decompress_flops(m),
                 weights=np.asarray(dm["attn_bytes"]) + np.asarray(dm["shared_bytes"]),
                 flops=np.asarray(dm["attn_flops"]) + np.asarray(dm["shared_flops"]),
                 experts=_expert_layers(dm, rtab, mode, np.asarray(dm["moe_index"]), terms),
@@ -92,6 +92,18 @@ def prefill_terms(m: Model, dm: dict, rtab: dict, rt: Runtime, prompt: int, dept
         if isinstance(v, np.ndarray):
             v.flags.writeable = False   # read-only: every machine's prefill of this lowered model reads them
     return out
+
+
+def _score_flops(m: Model, rt: Runtime, on_gpu: np.ndarray, prompt: int, depth: int) -> np.ndarray:
+    """:func:`prefill_score_flops`, the GPU's sliding-window layers over the whole cache under ``swa_full``
+    (engine.lower.attention.full_window_fn; the CPU's kernel skips masked keys)."""
+    score = prefill_score_flops(m, prompt, depth)
+    if rt.decode.swa_full:
+        keys = depth + max(1, prompt // 2)
+        for l, layer in enumerate(m.layers):
+            if on_gpu[l]:
+                score[l] = ctx_eval(full_window_fn(prefill_score_fn(layer), layer), keys)
+    return score
 
 
 def _cpu_kv_reads(dm: dict, on_gpu: np.ndarray, context: int):

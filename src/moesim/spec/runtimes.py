@@ -113,9 +113,9 @@ class DecodeParams:
     cpu_prefill_attn_eff: float = 0.0   # the same for a prompt ubatch's attention
     cpu_attn_eff_nofa: float = 0.0      # cpu_attn_eff with flash attention off (ggml: mul_mat, soft_max, mul_mat)
     cpu_prefill_attn_eff_nofa: float = 0.0  # cpu_prefill_attn_eff with flash attention off
-    swa_full: bool = False        # sliding-window layers keep their whole cache and a GPU's decode step walks all of
-                                  # it (llama.cpp --swa-full; the CPU kernel skips the masked keys). Prompts and the
-                                  # cache's size are not changed
+    swa_full: bool = False        # sliding-window layers keep their whole cache and a GPU's attention walks all of it
+                                  # (llama.cpp --swa-full; the CPU kernel skips the masked keys); the cache's size is
+                                  # not changed
 
 
 def runtime_ids() -> list:
