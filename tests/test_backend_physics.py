@@ -314,8 +314,8 @@ def _llama_cpp_with(**decode):
 
 def test_amd_flash_attention_runs_at_its_sourced_share_of_the_fp32_rate():
     """runtimes.toml fa_fp32_share: llama.cpp's prompt attention on RDNA3 / RDNA4 runs at the sourced share of
-    the fp32 vector rate (HIP 0.21, Vulkan on RDNA3 0.11), below the GEMM rate; NVIDIA, CDNA and RDNA2 keep
-    attention at the GEMM rate; a long prompt slows more than a short one."""
+    the fp32 vector rate (HIP 0.21, Vulkan on RDNA3 0.11), below the GEMM rate; CDNA and RDNA2 keep attention
+    at the GEMM rate (NVIDIA: the next test); a long prompt slows more than a short one."""
     for gpu, rid, share, fp32 in (("ryzen-ai-max-plus-395", "llama.cpp-hip", 0.21, 29.7),
                                   ("ryzen-ai-max-plus-395", "llama.cpp-vulkan", 0.11, 29.7),
                                   ("rx-7900-xtx", "llama.cpp-hip", 0.21, 61.44),
@@ -323,7 +323,7 @@ def test_amd_flash_attention_runs_at_its_sourced_share_of_the_fp32_rate():
         hw = _hw(gpu, rid, model="llama-3.1-8b", quant="Q4_0")
         assert hw["prefill_attn_flops"] == pytest.approx(share * fp32 * 1e12), (gpu, rid)
         assert hw["prefill_attn_flops"] < hw["prefill_gemm_flops"], (gpu, rid)
-    for gpu, rid in (("rtx-4090", "llama.cpp"), ("mi300x", "llama.cpp-hip"), ("rx-6800-xt", "llama.cpp-hip"),
+    for gpu, rid in (("mi300x", "llama.cpp-hip"), ("rx-6800-xt", "llama.cpp-hip"),
                      ("radeon-ai-pro-r9700", "llama.cpp-vulkan")):
         hw = _hw(gpu, rid, model="llama-3.1-8b", quant="Q4_0")
         assert hw["prefill_attn_flops"] == hw["prefill_gemm_flops"], (gpu, rid)
@@ -334,6 +334,30 @@ def test_amd_flash_attention_runs_at_its_sourced_share_of_the_fp32_rate():
     # 512-token ubatches alike but for the keys: a mean of 4096 instead of 256 for each prompt token, over
     # 32 layers x 16384 FLOPs per key, at 0.21 x 29.7 TFLOPS
     assert 1 / long - 1 / short == pytest.approx((4096 - 256) * 32 * 16384 / (0.21 * 29.7e12), rel=0.02)
+
+
+def test_cuda_flash_attention_runs_at_its_share_of_the_fp16_tensor_rate_whatever_the_weights():
+    """runtimes.toml [backends.cuda] fa_fp16_share: a prompt's flash attention on NVIDIA cards with tensor cores
+    runs at 0.52 of the fp16 tensor rate (ik_llama.cpp discussion #758's RTX 4080 depth sweep), not at the
+    weights' MMQ rate: the same for an MXFP4 and a Q4_K model (the MXFP4 MMQ factor is the weights' alone);
+    Pascal (no tensor cores) keeps its GEMM rate."""
+    for gpu, fp16 in (("rtx-4080", 97.4), ("rtx-4090", 165.2), ("rtx-3090", 71.0)):
+        mx = _hw(gpu, "llama.cpp", model="gpt-oss-20b", quant="MXFP4")
+        k = _hw(gpu, "llama.cpp", model="qwen3-30b-a3b", quant="Q4_K_M")
+        tf = moesim.machine(gpu=gpu).gpu_tflops["fp16"]
+        assert mx["prefill_attn_flops"] == k["prefill_attn_flops"] == pytest.approx(0.52 * tf * 1e12), gpu
+        assert tf == pytest.approx(fp16, rel=0.02), gpu
+        assert mx["prefill_attn_flops"] != mx["prefill_gemm_flops"]
+    p40 = _hw("tesla-p40", "llama.cpp", model="qwen3-30b-a3b", quant="Q4_K_M")
+    assert p40["prefill_attn_flops"] == p40["prefill_gemm_flops"]
+    # the source rows' pp2048 slope between 8192 and 28672 tokens of depth (6111.65 -> 4109.87 t/s): 3.89 ns per
+    # key, at the priors as after calibration (the slope is attention's alone)
+    from pathlib import Path
+
+    from moesim.analysis import validate as V
+    rows = {r["id"]: r for r in V.load_rows(Path(moesim.__file__).parent / "data" / "measurements_collected.csv")}
+    t = [1 / V.prepare(V.build(rows[i]), calibrated=False).predict()[1] for i in ("LC-n205", "LC-n207")]
+    assert t[1] - t[0] == pytest.approx(1 / 4109.87 - 1 / 6111.65, rel=0.05)
 
 
 def test_a_cpu_layer_pays_the_cpu_graphs_barriers():

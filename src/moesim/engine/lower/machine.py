@@ -101,7 +101,8 @@ def backend_terms(rt: Runtime, g: dict) -> dict:
     used expert at which a ubatch's routed-expert GEMMs run at half the dense rate, 0: no such loss) and
     ``bw_eff`` (decode share of peak bandwidth, 0: the runtime's gddr / HBM share) and ``fa_fp32_share`` (the
     prompt's flash attention at this share of the fp32 vector peak where that is below its GEMM rate, 0: at
-    the GEMM rate). Runtimes outside llama.cpp get {} (their own GEMM paths)."""
+    the GEMM rate) and ``fa_fp16_share`` (the same of the 16-bit matrix peak, on cards with matrix units).
+    Runtimes outside llama.cpp get {} (their own GEMM paths)."""
     if not rt.llama_cpp_family:
         return {}
     tables = _load_catalog("runtimes").get("backends", {})
@@ -115,6 +116,7 @@ def backend_terms(rt: Runtime, g: dict) -> dict:
                 moe_half_tokens=float(b.get("moe_half_tokens", {}).get(vendor, 0.0)),
                 bw_eff=float(b.get("bw_eff", {}).get(arch, 0.0)),
                 fa_fp32_share=_arch_value(b.get("fa_fp32_share", {}), arch),
+                fa_fp16_share=float(b.get("fa_fp16_share", {}).get(vendor, 0.0)) if matrix else 0.0,
                 fp16_acc_rel=float(b.get("fp16_acc_rel", {}).get(segment, 1.0)))
 
 
@@ -133,7 +135,7 @@ def fp32_tflops(tf: dict, g: dict) -> float:
 
 # each per-family map of a backend and the key that must cite its numbers
 _TERM_SOURCES = {"moe_fp32_share": "moe_source", "bw_eff": "bw_source", "fp16_acc_rel": "acc_source",
-                 "moe_half_tokens": "moe_half_source", "fa_fp32_share": "fa_source"}
+                 "moe_half_tokens": "moe_half_source", "fa_fp32_share": "fa_source", "fa_fp16_share": "fa_fp16_source"}
 
 
 def backend_source_errors(tables: dict) -> list:
@@ -387,6 +389,7 @@ def _gpu_prefill_flops(machine: Machine, rt: Runtime, g: dict, mix: Q.KernelMix,
     # multiplies on dp4a like the GDDR cards
     tensor_cores = g.get("tensor_cores", False)
     pf_eff = d.prefill_flops_eff_hbm if (hbm and tensor_cores) else d.prefill_flops_eff
+    attn_eff = pf_eff
     if tensor_cores and (terms or {}).get("peak", "int8") == "int8":
         # the K-quant / MXFP4 MMQ rates describe the int8 MMQ kernels, not fp16 dequantize-and-multiply paths
         pf_eff *= _mmq_rel(mix, d, (terms or {}).get("name", "cuda"))
@@ -394,7 +397,7 @@ def _gpu_prefill_flops(machine: Machine, rt: Runtime, g: dict, mix: Q.KernelMix,
     # prefill scales with the int8 rate; served runtimes run bf16/fp8 GEMMs
     pf_peak = _gemm_peak(tf, g, terms or {}, peak_tflops) if rt.llama_cpp_family else peak_tflops
     pf = pf_peak * 1e12 * pf_eff * tp
-    gemm, attn = pf, pf
+    gemm, attn = pf, pf_peak * 1e12 * attn_eff * tp
     if tensor_cores and not rt.llama_cpp_family:
         # served runtimes multiply fp8 checkpoints on fp8 tensor cores (block-scaled fp8 GEMMs: DeepGEMM,
         # CUTLASS, Triton), and their flash-attention kernels run the scores at their own share of the
@@ -405,9 +408,14 @@ def _gpu_prefill_flops(machine: Machine, rt: Runtime, g: dict, mix: Q.KernelMix,
 
 
 def flash_attention_flops(attn: float, tf: dict, g: dict, terms: dict, n: int = 1) -> float:
-    """A llama.cpp backend's prompt attention rate: its GEMM rate ``attn``, or the share of the fp32 vector
-    peak its flash-attention kernels measurably reach where that is lower (backend_terms ``fa_fp32_share``:
-    AMD's tile kernels on the shader ALUs), on ``n`` GPUs."""
-    share = terms.get("fa_fp32_share", 0.0)
-    fp32 = fp32_tflops(tf, g)
-    return min(attn, share * fp32 * 1e12 * n) if share > 0 and fp32 > 0 else attn
+    """A llama.cpp backend's prompt attention rate: the rate ``attn`` of its weights' GEMMs without their
+    weight-type factors, or the share of a peak its flash-attention kernels measurably reach where that is
+    lower (backend_terms ``fa_fp32_share``: AMD's tile kernels on the shader ALUs; ``fa_fp16_share``: CUDA's
+    MMA kernels on the fp16 tensor cores), on ``n`` GPUs."""
+    share, fp32 = terms.get("fa_fp32_share", 0.0), fp32_tflops(tf, g)
+    if share > 0 and fp32 > 0:
+        attn = min(attn, share * fp32 * 1e12 * n)
+    share16, fp16 = terms.get("fa_fp16_share", 0.0), float(tf.get("fp16", 0.0))
+    if share16 > 0 and fp16 > 0:
+        attn = min(attn, share16 * fp16 * 1e12 * n)
+    return attn
