@@ -739,7 +739,9 @@ def test_fp8_weights_set_gpu_gemm_and_cpu_rates():
     assert fp8["prefill_attn_flops"] == pytest.approx(tf["bf16"] * 1e12 * kt.decode.attn_flops_eff)
     assert fp8["cpu_flops"] == pytest.approx(bf16["cpu_flops"] * kt.decode.cpu_fp8_rel)
     lcpp = LHW.lower_machine(mach, runtime("llama.cpp"), p, Q.KernelMix(fp8=1.0))
-    assert lcpp["prefill_gemm_flops"] == lcpp["prefill_flops"] == lcpp["prefill_attn_flops"]
+    # llama.cpp's weights take its one GEMM rate; its flash attention the CUDA MMA kernels' share of fp16
+    assert lcpp["prefill_gemm_flops"] == lcpp["prefill_flops"]
+    assert lcpp["prefill_attn_flops"] == pytest.approx(min(lcpp["prefill_flops"], 0.52 * tf["fp16"] * 1e12))
 
 
 @given(busy=st.integers(1, 64))

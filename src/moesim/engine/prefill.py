@@ -83,7 +83,8 @@ def prefill_terms(m: Model, dm: dict, rtab: dict, rt: Runtime, prompt: int, dept
     offload = bool(dm.get("gpu_offload", 1)) and ub >= op_offload_threshold(rt, m)
     out = dict(threshold=threshold, sizes=[(ub, n_full)] + ([(last, 1)] if last else []),
                 offload=offload, on_gpu=on_gpu, k=rtab.get("top_k", 0), terms=terms,
-                score_flops=_score_flops(m, rt, on_gpu, prompt, depth), decompress_flops=mean_keys * mla_decompress_flops(m),
+                score_flops=_score_flops(m, rt, on_gpu, prompt, depth),
+                decompress_flops=mean_keys * mla_decompress_flops(m),
                 weights=np.asarray(dm["attn_bytes"]) + np.asarray(dm["shared_bytes"]),
                 flops=np.asarray(dm["attn_flops"]) + np.asarray(dm["shared_flops"]),
                 experts=_expert_layers(dm, rtab, mode, np.asarray(dm["moe_index"]), terms),
