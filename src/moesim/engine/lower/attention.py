@@ -225,9 +225,10 @@ def full_window_rows(m: Model, low, context: int, kvb: float, on_gpu, kv: np.nda
     sliding-window layers whose attention runs on the GPU walking the whole cache (:func:`full_window_fn`);
     on the CPU ggml's per-row kernel skips masked keys (its one_chunk loop: `if (mv == -INFINITY) continue`)."""
     kv, score = kv.copy(), score.copy()
+    kv_fns = kv_read_fns(m, low, kvb)
     for l, layer in enumerate(m.layers):
         if on_gpu[l] and layer.attention.kind == "gqa" and layer.attention.window:
-            kv[l] = ctx_eval(full_window_fn(kv_read_fns(m, low, kvb)[l], layer), context)
+            kv[l] = ctx_eval(full_window_fn(kv_fns[l], layer), context)
             score[l] = ctx_eval(full_window_fn(score_fn(layer), layer), context)
     return kv, score
 
