@@ -174,7 +174,9 @@ def test_only_apple_chips_take_metal_rates(uid):
     eff = rt.decode.metal_bw_eff if uid in APPLE else rt.decode.gddr_bw_eff
     graphs = chip.get("cuda_graphs", True)          # Strix Halo: none (tests/test_unified_amd.py)
     d = rt.decode
-    launch = d.layer_kernels * d.kernel_us + (0.0 if graphs else d.launch_us_nograph)
+    # the kernels' latency in the chip's GPU cycles (kernel_ref_mhz / boost_mhz); host launches unscaled
+    clock = d.kernel_ref_mhz / chip["boost_mhz"] if chip.get("boost_mhz") else 1.0
+    launch = d.layer_kernels * d.kernel_us * clock + (0.0 if graphs else d.launch_us_nograph)
     launch = d.launch_us_metal if uid in APPLE else launch
     bw = chip.get("gpu_measured_bw_gbs", mach.gpu_bw_gbs)
     assert math.isclose(hw["gpu_bw"], bw * 1e9 * eff)

@@ -59,11 +59,12 @@ def test_served_per_layer_latency_by_hand():
     lc = runtime("llama.cpp", calibrated=False)
     m8 = moesim.model("llama-3-8b")
     hw = lower_machine(one, lc, parse_placement("all-gpu", m8, one), Q.kernel_mix(m8, Q.resolve("Q4_K_M", m8)))
-    assert lc.decode.layer_kernels == 15 and hw["launch_s"] == pytest.approx(45e-6)
-    assert not any(p.field in ("launch_us", "layer_kernels", "kernel_us") for p in PARAMS)
+    # the 4090's 2520 MHz boost runs each kernel's constant latency in 1980 / 2520 of the reference time
+    assert lc.decode.layer_kernels == 15 and hw["launch_s"] == pytest.approx(45e-6 * 1980 / 2520)
+    assert not any(p.field in ("launch_us", "layer_kernels", "kernel_us", "kernel_ref_mhz") for p in PARAMS)
     p40 = moesim.machine(gpu="tesla-p40")
     hw = lower_machine(p40, lc, parse_placement("all-gpu", m8, p40), Q.kernel_mix(m8, Q.resolve("Q4_K_M", m8)))
-    assert hw["launch_s"] == pytest.approx((45.0 + lc.decode.launch_us_nograph) * 1e-6)
+    assert hw["launch_s"] == pytest.approx((45.0 * 1980 / 1531 + lc.decode.launch_us_nograph) * 1e-6)
     off = runtime("offload", calibrated=False).decode         # eager PyTorch: no graph, no kernel count
     assert off.layer_kernels == 0 and graph_launch_us(off) == off.launch_us and off.launch_us_nograph == 0
 
@@ -73,7 +74,7 @@ def test_served_kernel_terms_cite_their_sources():
     one fails here): the kernel count per runtime and the per-kernel latency."""
     text = (Path(moesim.__file__).parent / "catalog" / "runtimes.toml").read_text(encoding="utf-8")
     blocks = {}
-    for key in ("kernel_us = ", "layer_kernels = "):
+    for key in ("kernel_us = ", "layer_kernels = ", "kernel_ref_mhz = "):
         for i, line in enumerate(text.splitlines()):
             if line.startswith(key):
                 # the comment continues on the indented lines that follow
@@ -94,13 +95,14 @@ def test_served_kernel_terms_cite_their_sources():
 
 def test_single_gpu_serving_at_batch_1_pays_every_graph_kernel():
     """qwen3-235b-a22b fp4 on one GB200 under TensorRT-LLM: 94 layers, CUDA graphs; the fixed cost is 94 layers
-    x 13 kernels x 3 us plus one step's host and per-sequence cost (no TP collectives): ~4.1 ms against 2.6 ms
-    of weight reads (the latency share was 72 % with a fitted 120 us per layer, 84 % with a fitted kernel_us)."""
+    x 13 kernels x 3 us (at the GB200's 2112 MHz boost, x 1980 / 2112) plus one step's host and per-sequence
+    cost (no TP collectives): ~3.9 ms against 2.6 ms of weight reads (the latency share was 72 % with a fitted
+    120 us per layer, 84 % with a fitted kernel_us)."""
     r = moesim.simulate("qwen3-235b-a22b", moesim.machine(gpu="gb200"), quant="fp4", runtime="trtllm",
                         tokens=16, mode="analytic")
     res = r.breakdown["by_resource"]
     d = runtime("trtllm").decode
-    want = (94 * 13 * d.kernel_us + d.step_us + d.seq_us) * 1e-6
+    want = (94 * 13 * d.kernel_us * 1980 / 2112 + d.step_us + d.seq_us) * 1e-6
     assert res["latency"] == pytest.approx(want, rel=0.01), res
     assert "interconnect" not in res or res["interconnect"] == 0.0
     assert res["latency"] < 2.0 * res["gpu_memory"], res
@@ -194,10 +196,11 @@ def test_unfused_delta_net_layers_pay_their_extra_graph_nodes():
     mix = Q.kernel_mix(m, Q.resolve("Q4_K_M", m))
     one = moesim.machine(gpu="rtx-4090")
     hw = lower_machine(one, lc, parse_placement("all-gpu", m, one), mix)
-    assert hw["op_s"] == pytest.approx(3e-6) and hw["cpu_op_s"] == pytest.approx(2.5e-6)
+    # a replayed kernel's 3 us at the reference clock, x 1980 / boost_mhz (4090: 2520, P40: 1531)
+    assert hw["op_s"] == pytest.approx(3e-6 * 1980 / 2520) and hw["cpu_op_s"] == pytest.approx(2.5e-6)
     p40 = moesim.machine(gpu="tesla-p40")
     hw = lower_machine(p40, lc, parse_placement("all-gpu", m, p40), mix)
-    assert hw["op_s"] == pytest.approx((3.0 + lc.decode.launch_us_nograph / 15) * 1e-6)
+    assert hw["op_s"] == pytest.approx((3.0 * 1980 / 1531 + lc.decode.launch_us_nograph / 15) * 1e-6)
 
     def step(fused, gpu):
         parts = dict(gpu="rtx-4090") if gpu else dict(host="ddr5-5200x2")
@@ -207,8 +210,8 @@ def test_unfused_delta_net_layers_pay_their_extra_graph_nodes():
                         batch=1, mtp=0, kv_dtype=None, delta_net_fused=fused)
         return float(prepare(cfg, calibrated=False).steps()[0]["step_mean"][0])
 
-    # every layer's attention on the GPU (experts on the CPU): 36 x 22 kernels of 3 us each
-    assert step(False, True) - step(True, True) == pytest.approx(n_gdn * 22 * 3e-6, rel=1e-9)
+    # every layer's attention on the GPU (experts on the CPU): 36 x 22 kernels of 3 us each at the 4090's clock
+    assert step(False, True) - step(True, True) == pytest.approx(n_gdn * 22 * 3e-6 * 1980 / 2520, rel=1e-9)
     assert step(False, False) - step(True, False) == pytest.approx(n_gdn * 22 * 2.5e-6, rel=1e-9)
 
 
@@ -390,3 +393,64 @@ def test_swa_full_makes_a_gpu_decode_walk_the_whole_sliding_window_cache():
     cpu_off, cpu_on = prepared("layers-gpu=0", False), prepared("layers-gpu=0", True)
     assert np.array_equal(cpu_on.dm["kv_bytes"], cpu_off.dm["kv_bytes"])
     assert cpu_on.predict() == cpu_off.predict()
+
+
+def test_kernel_latency_is_counted_in_the_gpus_cycles():
+    """A kernel's constant latency (kernel_us, and moe_layer_us, a count of them) holds at kernel_ref_mhz
+    (the H100 SXM's 1980 MHz boost) and scales as kernel_ref_mhz / boost_mhz on every GPU the catalog gives a
+    boost clock: the RTX 3090 (1695 MHz) pays more per kernel than the RTX 4090 (2520 MHz); host-side launches
+    (launch_us_nograph) and Apple's fitted per-layer Metal cost do not scale; a custom GPU without a clock
+    keeps the reference latency."""
+    import dataclasses
+
+    from moesim.engine.lower.machine import kernel_clock_scale
+    lc = runtime("llama.cpp", calibrated=False)
+    d = lc.decode
+    assert d.kernel_ref_mhz == pytest.approx(1980.0)
+    hw_cat = _catalog.load("hardware")
+    assert hw_cat["gpu"]["h100-sxm"]["boost_mhz"] == 1980
+    m = moesim.model("qwen3-30b-a3b")
+    mix = Q.kernel_mix(m, Q.resolve("Q4_K_M", m))
+
+    def lowered(gpu, rt=lc):
+        mach = moesim.machine(gpu=gpu)
+        return lower_machine(mach, rt, parse_placement("all-gpu", m, mach), mix)
+
+    for gpu, mhz in (("rtx-3090", 1695), ("rtx-4090", 2520), ("h100-sxm", 1980), ("tesla-p40", 1531)):
+        g = hw_cat["gpu"][gpu]
+        assert g["boost_mhz"] == mhz and kernel_clock_scale(d, g) == pytest.approx(1980 / mhz)
+        hw = lowered(gpu)
+        assert hw["moe_s"] == pytest.approx(d.moe_layer_us * 1980 / mhz * 1e-6)
+        assert hw["op_s"] == pytest.approx(d.kernel_us * 1980 / mhz * 1e-6 + (
+            0.0 if g.get("cuda_graphs", True) else d.launch_us_nograph / d.layer_kernels * 1e-6))
+    slow, fast = lowered("rtx-3090"), lowered("rtx-4090")
+    assert slow["launch_s"] / fast["launch_s"] == pytest.approx(2520 / 1695)
+    # no reference clock: no scaling (the latencies as AIC gives them)
+    flat = dataclasses.replace(lc, decode=dataclasses.replace(d, kernel_ref_mhz=0.0))
+    assert lowered("rtx-4090", flat)["launch_s"] == pytest.approx(d.layer_kernels * d.kernel_us * 1e-6)
+    assert kernel_clock_scale(d, {}) == 1.0 and kernel_clock_scale(d, {"boost_mhz": 0}) == 1.0
+    # unified chips: GB10 (CUDA) scales; Apple's per-MoE-layer Metal cost is fitted as it stands
+    spark = moesim.machine(gpu="dgx-spark")
+    hw = lower_machine(spark, lc, parse_placement("unified", m, spark), mix)
+    assert hw["moe_s"] == pytest.approx(d.moe_layer_us * 1980 / hw_cat["unified"]["dgx-spark"]["boost_mhz"] * 1e-6)
+    mac = moesim.machine(gpu="m2-max")
+    hw = lower_machine(mac, lc, parse_placement("unified", m, mac), mix)
+    assert hw["launch_s"] == pytest.approx(lc.decode.launch_us_metal * 1e-6)
+
+
+def test_every_gpu_clock_is_sourced_and_consistent_with_its_fp32_rate():
+    """boost_mhz on every discrete GPU and non-Apple unified chip but one (the H20, whose published figures
+    disagree), each with its source in the entry's source string, within a plausible range."""
+    hw_cat = _catalog.load("hardware")
+    missing = []
+    for table in ("gpu", "unified"):
+        for gid, g in hw_cat[table].items():
+            if g.get("vendor") == "apple":
+                assert "boost_mhz" not in g, gid
+                continue
+            if "boost_mhz" not in g:
+                missing.append(gid)
+                continue
+            assert 900 <= g["boost_mhz"] <= 3300, gid
+            assert f"boost clock {g['boost_mhz']} MHz" in g["source"], gid
+    assert missing == ["h20"]

@@ -555,8 +555,10 @@ def test_lower_machine_by_hand():
     assert cpu["cores"] == 16 and cpu["base_ghz"] == 4.5 and cpu["core"] == "zen4"
     assert math.isclose(got["cpu_flops"], 16 * 4.5e9 * 32 * d.cpu_flops_eff * d.cpu_kernel_speedup, rel_tol=1e-12)
     assert got["interconnect_bw"] == 31.5e9                                             # PCIe 4.0 x16 raw
-    # 15 graph-replayed kernels per layer at AIC's 3 us each (runtimes.toml layer_kernels, kernel_us)
-    assert got["launch_s"] == pytest.approx(15 * 3.0e-6) and got["sync_s"] == d.sync_us * 1e-6
+    # 15 graph-replayed kernels per layer at AIC's 3 us each (runtimes.toml layer_kernels, kernel_us), counted in
+    # cycles of the 1980 MHz reference clock: x 1980 / 2520 at the 4090's boost (kernel_ref_mhz, boost_mhz)
+    assert gpu["boost_mhz"] == 2520
+    assert got["launch_s"] == pytest.approx(15 * 3.0e-6 * 1980 / 2520) and got["sync_s"] == d.sync_us * 1e-6
     assert got["unified"] == 0 and got["pcie_links"] == 1 and got["allreduce_s"] == 0.0
     cpu_only = lower_machine(mach, rt, Placement("cpu-only"), Q.kernel_mix(m, "BF16"))
     assert cpu_only["gpu_bw"] == got["host_bw"] and cpu_only["gpu_flops"] == got["cpu_flops"]
@@ -570,7 +572,7 @@ def _hand_hw():
     # (GeForce, fp32 accumulate: 165.2 TFLOPS), where that is under the GEMM rate
     fa = load_catalog("runtimes")["backends"]["cuda"]["fa_fp16_share"]["nvidia"]
     return dict(gpu_bw=1008e9 * d.gddr_bw_eff, pcie_bw=23.9e9 * d.pcie_pageable, gemm=gemm,
-                attn=min(gemm, fa * 165.2e12), launch=d.layer_kernels * d.kernel_us * 1e-6)
+                attn=min(gemm, fa * 165.2e12), launch=d.layer_kernels * d.kernel_us * 1980 / 2520 * 1e-6)
 
 
 def test_prefill_dense_by_hand():

@@ -46,7 +46,9 @@ def test_strix_halo_lowering_uses_the_measured_figures(uid):
     d = rt.decode
     assert math.isclose(hw["gpu_bw"], chip["gpu_measured_bw_gbs"] * 1e9 * d.gddr_bw_eff)
     # no HIP graphs: the graph-replayed kernels' latency plus each launch (runtimes.toml launch_us_nograph)
-    assert math.isclose(hw["launch_s"], (d.layer_kernels * d.kernel_us + d.launch_us_nograph) * 1e-6)
+    # counted in the iGPU's cycles: x kernel_ref_mhz / boost_mhz (the launches are host-side, not scaled)
+    clock = d.kernel_ref_mhz / chip["boost_mhz"]
+    assert math.isclose(hw["launch_s"], (d.layer_kernels * d.kernel_us * clock + d.launch_us_nograph) * 1e-6)
     m = moesim.model(MODEL)
     mix = Q.kernel_mix(m, Q.resolve(QUANT, m))
     want = chip["gpu_measured_gemm_tflops"] * 1e12 * d.prefill_flops_eff * _mmq_rel(mix, d)
@@ -79,4 +81,5 @@ def test_apple_lowering_is_unchanged():
 def test_gb10_keeps_cuda_graphs_and_its_spec_bandwidth():
     hw, mach, rt = _lower("dgx-spark")
     assert math.isclose(hw["gpu_bw"], mach.gpu_bw_gbs * 1e9 * rt.decode.gddr_bw_eff)
-    assert math.isclose(hw["launch_s"], rt.decode.layer_kernels * rt.decode.kernel_us * 1e-6)
+    clock = rt.decode.kernel_ref_mhz / _chip("dgx-spark")["boost_mhz"]          # GB10 at its derived 2523 MHz
+    assert math.isclose(hw["launch_s"], rt.decode.layer_kernels * rt.decode.kernel_us * clock * 1e-6)

@@ -19,7 +19,7 @@ import numpy as np
 from .._catalog import load as _load_catalog
 from ..engine.codes import EXP_CPU
 from ..engine.decode import LINKS
-from ..engine.lower.machine import backend_terms, lower_machine
+from ..engine.lower.machine import backend_terms, kernel_clock_scale, lower_machine
 from ..errors import MoesimError
 from ..spec.runtimes import FAMILIES, calibration, decode_priors
 from .simulate import breakdown_of
@@ -140,6 +140,9 @@ def _rates(cfg, pr) -> dict:
         keys = ("host_bw", "cpu_flops") + (("cpu_attn_flops", "cpu_prefill_attn_flops") if cpu_attention else ())
         out.update({k: float(hw[k]) for k in keys})
     # Apple chips run Metal's own path (machine.py _lower_unified), not a backend table's terms
+    if g and g.get("vendor") != "apple" and not cfg.machine.n_gpus == 0:
+        # the GPU's kernel latencies (kernel_us, moe_layer_us) scaled to its clock (runtimes.toml kernel_ref_mhz)
+        out["kernel_latency_x"] = kernel_clock_scale(pr.rt.decode, g)
     terms = backend_terms(pr.rt, g) if g and g.get("vendor") != "apple" else {}
     if terms:
         out["backend"] = terms

@@ -339,6 +339,8 @@ def _rate_text(name: str, value: float) -> str:
     """One lowered rate of --explain: FLOP/s in T/s, bandwidths in GB/s, token counts as they are."""
     if "flops" in name:
         return f"{name} {value / 1e12:.2f} T/s"
+    if name == "kernel_latency_x":
+        return f"kernel latency x{value:.3f} (kernel_ref_mhz / the GPU's boost_mhz)"
     if name.endswith("_tokens"):
         return f"{name} {value:g} tokens per expert"
     return f"{name} {value / 1e9:.1f} GB/s"

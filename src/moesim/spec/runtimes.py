@@ -92,6 +92,8 @@ class DecodeParams:
     alltoall_combine_bytes: float = 2.0
     alltoall_scale_bytes: float = 0.0
     kernel_us: float = 3.0        # constant latency of one graph-replayed kernel (AIC's 3 us per memory op)
+    kernel_ref_mhz: float = 0.0   # GPU clock kernel_us and moe_layer_us hold at; a GPU with a catalog boost_mhz
+                                  # pays them x kernel_ref_mhz / boost_mhz (0: no scaling)
     layer_kernels: float = 0.0    # graph-replayed kernels per decoder layer; > 0: the per-layer latency under
                                   # CUDA graphs is layer_kernels x kernel_us (llama.cpp, served runtimes), else launch_us
     data_parallel: int = 1        # attention data-parallel ranks (tpN-epN-attn-dp): one scheduler per rank

@@ -177,18 +177,27 @@ def _gemm_peak(tf: dict, g: dict, terms: dict, peak_tflops: float) -> float:
 _AMX_FLOPS_PER_CYCLE = {"int8": 4096.0, "int4": 4096.0, "int4-g32": 4096.0, "bf16": 2048.0}
 
 
-def graph_launch_us(d) -> float:
+def kernel_clock_scale(d, chip: dict) -> float:
+    """What one kernel's constant latency (``kernel_us``, ``moe_layer_us``) is multiplied by on this GPU: it is
+    counted in the GPU's cycles, so ``kernel_ref_mhz / boost_mhz`` (runtimes.toml kernel_ref_mhz); 1 where
+    either clock is unknown (a custom GPU, a runtime without a reference)."""
+    boost = float(chip.get("boost_mhz", 0.0) or 0.0)
+    return d.kernel_ref_mhz / boost if (boost > 0 and d.kernel_ref_mhz > 0) else 1.0
+
+
+def graph_launch_us(d, clock: float = 1.0) -> float:
     """Per-layer latency of a decode step replayed as a CUDA graph: each of the runtime's ``layer_kernels``
-    graph nodes per decoder layer pays ``kernel_us`` whatever it reads (llama.cpp and the serving runtimes,
-    runtimes.toml); a runtime that does not count its kernels keeps its per-layer ``launch_us`` (eager
-    engines)."""
-    return d.layer_kernels * d.kernel_us if d.layer_kernels > 0 else d.launch_us
+    graph nodes per decoder layer pays ``kernel_us`` whatever it reads, x ``clock`` (:func:`kernel_clock_scale`)
+    (llama.cpp and the serving runtimes, runtimes.toml); a runtime that does not count its kernels keeps its
+    per-layer ``launch_us`` (eager engines: host-side launches, not scaled)."""
+    return d.layer_kernels * d.kernel_us * clock if d.layer_kernels > 0 else d.launch_us
 
 
-def layer_launch_us(d, graphs: bool) -> float:
+def layer_launch_us(d, graphs: bool, clock: float = 1.0) -> float:
     """Per-layer kernel latency of a decode step: the graph-replayed kernels' (:func:`graph_launch_us`), and
-    without CUDA / HIP graphs each kernel's launch on top (``launch_us_nograph``, what graphs save)."""
-    return graph_launch_us(d) + (0.0 if graphs else d.launch_us_nograph)
+    without CUDA / HIP graphs each kernel's launch on top (``launch_us_nograph``, what graphs save: host-side,
+    not scaled by the GPU clock)."""
+    return graph_launch_us(d, clock) + (0.0 if graphs else d.launch_us_nograph)
 
 
 def graph_limit(d, graphs: bool) -> dict:
@@ -199,11 +208,11 @@ def graph_limit(d, graphs: bool) -> dict:
     return dict(graph_max_tokens=limit, nograph_s=d.launch_us_nograph * 1e-6 if limit > 0 else 0.0)
 
 
-def node_op_us(d, graphs: bool) -> float:
+def node_op_us(d, graphs: bool, clock: float = 1.0) -> float:
     """One extra graph node of a layer on the GPU (a decode model's ``layer_ops``): a replayed kernel's
-    ``kernel_us``, and without graphs its share of the layer's launches on top."""
+    ``kernel_us`` x ``clock``, and without graphs its share of the layer's launches on top."""
     share = d.launch_us_nograph / d.layer_kernels if d.layer_kernels > 0 else 0.0
-    return d.kernel_us + (0.0 if graphs else share)
+    return d.kernel_us * clock + (0.0 if graphs else share)
 
 
 def placement_key(p: Placement) -> bool:
@@ -248,6 +257,7 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement, mix: Q.KernelMix)
     share, fp32 = terms.get("moe_fp32_share", 0.0), fp32_tflops(tf, g)
     # a backend whose MUL_MAT_ID measurably runs the routed experts slower than its dense GEMMs (moe_fp32_share)
     expert = min(gemm, fp32 * 1e12 * share * tp) if share > 0 and fp32 > 0 else gemm
+    clock = kernel_clock_scale(d, g)
     return dict(gpu_bw=machine.gpu_bw_gbs * GB * bw_eff * tp, host_bw=host_bw, pcie_bw=pcie,
                 prefill_flops=pf, prefill_gemm_flops=gemm, prefill_attn_flops=attn, prefill_expert_flops=expert,
                 prefill_moe_half_tokens=terms.get("moe_half_tokens", 0.0),
@@ -255,12 +265,12 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement, mix: Q.KernelMix)
                 storage_bw=storage_bw, gpu_flops=peak_tflops * 1e12 * d.gpu_flops_eff * tp, cpu_flops=cpu_flops,
                 interconnect_bw=(scale_up or machine.pcie_gbs or 16.0) * GB, unified=0,
                 overlap=1 if d.overlap else 0,
-                launch_s=layer_launch_us(d, graphs) * 1e-6, sync_s=d.sync_us * 1e-6,
+                launch_s=layer_launch_us(d, graphs, clock) * 1e-6, sync_s=d.sync_us * 1e-6,
                 dma_s=d.dma_us * 1e-6, allreduce_s=_allreduce_s(machine, rt) if tp > 1 else 0.0,
                 step_s=d.step_us * 1e-6, seq_s=d.seq_us * 1e-6 / max(1, d.data_parallel),
                 amx_flops=amx, pcie_links=tp, a2a_bw=_alltoall_gbs(machine, g) * GB * d.alltoall_bw_eff,
-                a2a_s=2.0 * d.alltoall_us * 1e-6, moe_s=d.moe_layer_us * 1e-6,
-                cpu_layer_s=d.cpu_layer_us * 1e-6, op_s=node_op_us(d, graphs) * 1e-6,
+                a2a_s=2.0 * d.alltoall_us * 1e-6, moe_s=d.moe_layer_us * clock * 1e-6,
+                cpu_layer_s=d.cpu_layer_us * 1e-6, op_s=node_op_us(d, graphs, clock) * 1e-6,
                 cpu_op_s=d.cpu_node_us * 1e-6, **graph_limit(d, graphs), **cpu_attention_flops(machine, d, cpu_flops))
 
 
@@ -297,7 +307,9 @@ def _lower_unified(machine: Machine, rt: Runtime, mix: Q.KernelMix, cpu_only: bo
     cpu_flops = _cpu_flops(machine, d, mix)
     # chips without CUDA graphs (AMD iGPUs: HIP graphs off, Vulkan) pay the no-graph launch per layer
     graphs = u.get("cuda_graphs", True)
-    launch = d.launch_us_metal if metal else layer_launch_us(d, graphs)
+    # Apple chips: launch_us_metal is fitted per MoE layer on Metal / MLX as it stands (no clock scaling)
+    clock = 1.0 if metal else kernel_clock_scale(d, u)
+    launch = d.launch_us_metal if metal else layer_launch_us(d, graphs, clock)
     pf_eff, terms = d.prefill_flops_eff_unified, {}
     if metal and d.metal_tensor_api and not cpu_only:
         # the M5 GPU's Neural Accelerators multiply the prompt's GEMMs (decode's GEMVs stay on the ALUs)
@@ -319,8 +331,8 @@ def _lower_unified(machine: Machine, rt: Runtime, mix: Q.KernelMix, cpu_only: bo
                 sync_s=0.0, dma_s=0.0, allreduce_s=0.0, step_s=d.step_us * 1e-6, seq_s=d.seq_us * 1e-6,
                 amx_flops=0.0, pcie_links=1, a2a_bw=pool, a2a_s=0.0,
                 # Metal's per-MoE-layer cost is launch_us_metal already
-                moe_s=0.0 if (cpu_only or metal) else d.moe_layer_us * 1e-6, cpu_layer_s=d.cpu_layer_us * 1e-6,
-                op_s=0.0 if cpu_only else node_op_us(d, metal or graphs) * 1e-6, cpu_op_s=d.cpu_node_us * 1e-6,
+                moe_s=0.0 if (cpu_only or metal) else d.moe_layer_us * clock * 1e-6, cpu_layer_s=d.cpu_layer_us * 1e-6,
+                op_s=0.0 if cpu_only else node_op_us(d, metal or graphs, clock) * 1e-6, cpu_op_s=d.cpu_node_us * 1e-6,
                 **graph_limit(d, graphs and not (cpu_only or metal)), **cpu_attention_flops(machine, d, cpu_flops))
 
 
