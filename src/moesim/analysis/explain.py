@@ -139,11 +139,13 @@ def _rates(cfg, pr) -> dict:
         # the CPU's rates where it runs part of the model: its matmuls and, for attention, its kernel's own
         keys = ("host_bw", "cpu_flops") + (("cpu_attn_flops", "cpu_prefill_attn_flops") if cpu_attention else ())
         out.update({k: float(hw[k]) for k in keys})
-    # Apple chips run Metal's own path (machine.py _lower_unified), not a backend table's terms
-    if g and g.get("vendor") != "apple" and not cfg.machine.n_gpus == 0:
+    # Apple chips run Metal's own path (machine.py _lower_unified): no backend table's terms, no clock scaling
+    if not g or g.get("vendor") == "apple":
+        return out
+    if cfg.machine.n_gpus:
         # the GPU's kernel latencies (kernel_us, moe_layer_us) scaled to its clock (runtimes.toml kernel_ref_mhz)
         out["kernel_latency_x"] = kernel_clock_scale(pr.rt.decode, g)
-    terms = backend_terms(pr.rt, g) if g and g.get("vendor") != "apple" else {}
+    terms = backend_terms(pr.rt, g)
     if terms:
         out["backend"] = terms
     return out
