@@ -23,6 +23,8 @@ static inline int32_t ms_fits_rule(const ms_mem_config_t *c, double gpu, double 
     int32_t fits = 0;
     if (host > c->host_capacity && c->storage_spill) {
         s = host - c->host_capacity;
+        /* host - (host - capacity) can round one ulp above the capacity: spill that ulp too */
+        while (host - s > c->host_capacity) s = nextafter(s, INFINITY);
         if (s > host_weights) s = host_weights;
         if (s > c->storage_capacity) s = c->storage_capacity;
     }

@@ -235,6 +235,22 @@ def test_more_memory_never_fits_less(case, factors, field):
     assert np.all(np.diff(res["max_batch"]) >= 0), (field, res["max_batch"])
 
 
+def test_host_ram_one_ulp_short_of_the_spill_still_fits():
+    """The case hypothesis found: host - (host - capacity) rounded one ulp above the capacity, so 65.8 GB of
+    host RAM did not fit what 0 GB did (the spill to storage covers it). C, twin and oracle spill that ulp."""
+    low = lowered("qwen3-next-80b-a3b", "native")
+    w = total_weights(low)
+    row = dict(context=1, batch=1, kv_bytes_per_elem=0.5, placement=1, placement_arg=0, mtp=0, n_gpus=1,
+               gpu_capacity=159452425216.0, storage_capacity=w, storage_spill=1, embed_on_gpu=0, kv_granularity=1,
+               gpu_fixed=0.0, gpu_buf0=0.0, gpu_buf_ctx=0.0, host_fixed=0.0, host_buf0=0.0, host_buf_ctx=0.0)
+    rows = [dict(row, host_capacity=c) for c in (0.0, 65837264912.43456)]
+    res = EMEM.evaluate(low, to_cols(rows))
+    assert np.all(res["fits"] != 0), res["fits"]
+    assert res["tier"][1][1] <= rows[1]["host_capacity"]
+    twin = EMEM.evaluate(low, to_cols(rows), engine="reference")
+    np.testing.assert_array_equal(twin["fits"], res["fits"])
+
+
 ORDERED_GGUF = ["Q2_K", "Q3_K_M", "Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "BF16"]
 
 

@@ -1,6 +1,8 @@
 """Pure-Python twin of ``csrc/ms_memory.c``: bytes per tier, fits, max context and batch."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..._search import largest_true
@@ -65,7 +67,10 @@ def fits_rule(cfg, gpu: float, one: float, host: float, host_weights: float, hos
     fit."""
     spill = 0.0
     if host > cfg["host_capacity"] and cfg["storage_spill"]:
-        spill = min(host - cfg["host_capacity"], host_weights, cfg["storage_capacity"])
+        spill = host - cfg["host_capacity"]
+        while host - spill > cfg["host_capacity"]:      # the subtraction can round one ulp above the capacity
+            spill = math.nextafter(spill, math.inf)
+        spill = min(spill, host_weights, cfg["storage_capacity"])
     fits = 0
     if one <= cfg["gpu_capacity"] and host - spill <= cfg["host_capacity"]:
         if gpu > 0.0 and cfg["n_gpus"] > 0:

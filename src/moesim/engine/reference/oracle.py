@@ -29,6 +29,8 @@ state of their own attention per module.
 """
 from __future__ import annotations
 
+import math
+
 from ...spec import quants as Q
 from ...spec.models import Model
 from ...spec.placement import Placement
@@ -168,7 +170,10 @@ def memory(model: Model, quant, p: Placement, cfg: dict, context: int | None = N
     # mmap'd weights beyond host RAM page in from storage; caches and buffers cannot
     spill = 0.0
     if cfg["storage_spill"] and host > cfg["host_capacity"]:
-        spill = min(host - cfg["host_capacity"], host_weights, cfg["storage_capacity"])
+        spill = host - cfg["host_capacity"]
+        while host - spill > cfg["host_capacity"]:      # the subtraction can round one ulp above the capacity
+            spill = math.nextafter(spill, math.inf)
+        spill = min(spill, host_weights, cfg["storage_capacity"])
     tier = {"gpu": gpu, "host": host - spill, "storage": spill}
     return dict(by_class=bc, tier=tier, weights=sum(bc[(k, t)] for k in WEIGHT_CLASSES for t in ("gpu", "host")),
                 kv=kv_total, state=state_total, kv_bytes_per_token=per_token,
