@@ -1,8 +1,9 @@
 /*
  * The analytic decode path: the cost model of ms_decode.c on expected counts (distinct experts per
- * step from inclusion probabilities, static-cache hits from the pinned popularity mass, LRU hits by
- * Che's approximation; under token memory Che's approximation on the routing's window tables). Orders
- * of magnitude faster than Monte Carlo; the two agree closely (tests hold them together).
+ * step from inclusion probabilities, static-cache hits from the pinned popularity mass, LRU hits in
+ * whole steps of recency, Che-style, on a sticky two-state chain per expert; under token memory on the
+ * routing's window tables). Orders of magnitude faster than Monte Carlo; the two agree closely (tests
+ * hold them together).
  */
 #include <float.h>
 #include <math.h>
@@ -11,47 +12,6 @@
 #include "ms_internal.h"
 
 /* ------------------------------------------------------------------------- analytic */
-
-/* Che's approximation at step level: an expert the step needs is resident iff it was used within
- * the last tau steps, where tau makes the expected number of distinct experts used in tau steps
- * equal the capacity: sum_e (1 - (1 - p_e)^tau) = C (the cache never evicts an expert the current
- * step still needs, so a step's hits are exactly its experts already resident when it starts).
- * tau >= 1 when a step's D = sum_e p_e experts fit; Newton's method from tau = 1 (the left side is
- * concave and increasing, so the iterates rise monotonically to the root). When D > C the cache
- * holds C of the previous step's D experts, an id-ordered and so popularity-blind subset:
- * hits = (C / D) sum_e p_e^2. Returns the expected hits per step. */
-static double che_hits(const double *p, int32_t E, double capacity, double *a)
-{
-    double tau = 1.0, hits = 0.0, D = 0.0;
-    int32_t support = 0;
-    for (int32_t e = 0; e < E; e++) {
-        support += p[e] > 0.0;
-        D += p[e];
-    }
-    if ((double) support <= capacity) return D;
-    if (capacity <= 0.0) return 0.0;
-    if (D >= capacity) {
-        for (int32_t e = 0; e < E; e++) hits += p[e] * p[e];
-        return hits * capacity / D;
-    }
-    for (int32_t e = 0; e < E; e++) a[e] = -log1p(-fmin(p[e], 1.0 - 1e-15));
-    /* start at the root for equal p (exact when popularity is flat); Newton's first step from
-     * the right of a concave root lands left of it, then the iterates rise monotonically */
-    tau = fmax(1.0, log1p(-capacity / support) / log1p(-D / support));
-    for (int it = 0; it < 200; it++) {
-        double f = -capacity, df = 0.0, step;
-        for (int32_t e = 0; e < E; e++) {
-            double x = exp(-a[e] * tau);
-            f += 1.0 - x;
-            df += a[e] * x;
-        }
-        step = -f / df;
-        tau = fmax(1.0, tau + step);
-        if (!(fabs(step) > 1e-14 * tau)) break;
-    }
-    for (int32_t e = 0; e < E; e++) hits += p[e] * (1.0 - exp(-a[e] * tau));
-    return hits;
-}
 
 /* ------------------------------------------------------------------------- token memory (windows) */
 
@@ -164,23 +124,44 @@ static double window_capacity_tokens(const ms_routing_t *r, int32_t l, double B,
     return n;
 }
 
-/* Che's approximation on the windows (routing_window.py): an expert is resident iff used in the last T
- * steps, T >= 1 solving E - sum_e a_e(T tps) = C (window_capacity_tokens); hits per step =
- * sum_e 1 - a_e(tps) - a_e(T tps) + a_e((T + 1) tps). All experts ever used fit: hits = D. A
+/* LRU on the windows (routing_window.py), lru_chain_hits' split in whole steps: with a(n) = a_e(n tps) summed
+ * over experts, U(k) = E - a(k) experts were used in the last k steps; k = floor(T), T >= 1 solving
+ * U(T) = C (window_capacity_tokens), gives U(k) <= C < U(k + 1). Experts used within k steps are resident,
+ * those used exactly k + 1 back with rho = (C - U(k)) / (U(k + 1) - U(k)): hits per step =
+ * E - a(1) - a(k) + a(k + 1) + rho (a(k) - 2 a(k + 1) + a(k + 2)). All experts ever used fit: hits = D. A
  * step's D >= C: the cache holds C of the previous step's D (id order, popularity-blind), so
- * hits = (C / D) sum_e P(e in both steps) = (C / D) sum_e 1 - 2 a_e(tps) + a_e(2 tps). */
+ * hits = (C / D) sum_e P(e in both steps) = (C / D) sum_e 1 - 2 a_e(tps) + a_e(2 tps), less the needed
+ * resident the step's first access evicts when every resident is needed again (lru_chain_hits). */
 static double window_hits(const ms_routing_t *r, int32_t l, double B, double tps, double C, double D)
 {
     int32_t E = r->n_experts, W = r->n_window, support = 0;
     const double *row = r->win_lq + (int64_t) l * E * W;
-    double a1, T;
+    double a1, k, ak, ak1, ak2, uk, uk1;
     for (int32_t e = 0; e < E; e++) support += row[(int64_t) e * W + W - 1] < 0.0;
     if ((double) support <= C) return D;
     if (C <= 0.0) return 0.0;
     a1 = (double) E - D;
-    if (D >= C) return C / D * ((double) E - 2.0 * a1 + window_absent(r, l, B, 2.0 * tps));
-    T = window_capacity_tokens(r, l, B, tps, C) / tps;
-    return (double) E - a1 - window_absent(r, l, B, T * tps) + window_absent(r, l, B, (T + 1.0) * tps);
+    if (D >= C) {
+        /* as lru_chain_hits with k = 0: less one hit when every resident is needed again */
+        win_seg_t s1 = window_segment(r, tps), s2 = window_segment(r, 2.0 * tps);
+        double lret = 0.0;
+        for (int32_t e = 0; e < E; e++) {
+            const double *q = row + (int64_t) e * W;
+            double x1 = exp(B * window_lq(q, s1)), p = 1.0 - x1, both = 1.0 - 2.0 * x1 + exp(B * window_lq(q, s2));
+            if (p > 0.0) lret += p * log(fmax(both / p, 1e-300));
+        }
+        return fmax(0.0, C / D * ((double) E - 2.0 * a1 + window_absent(r, l, B, 2.0 * tps))
+                         - fmin(1.0, D - C) * exp(C * lret / D));
+    }
+    /* U(k) = E - a(k tps) <= C < U(k + 1), k >= 1 as U(1) = D < C: lru_chain_hits' split in whole steps */
+    k = floor(window_capacity_tokens(r, l, B, tps, C) / tps);
+    ak = window_absent(r, l, B, k * tps);
+    ak1 = window_absent(r, l, B, (k + 1.0) * tps);
+    ak2 = window_absent(r, l, B, (k + 2.0) * tps);
+    uk = (double) E - ak;
+    uk1 = (double) E - ak1;
+    return (double) E - a1 - ak + ak1
+           + (uk1 > uk ? fmin(1.0, fmax(0.0, (C - uk) / (uk1 - uk))) : 0.0) * (ak - 2.0 * ak1 + ak2);
 }
 
 /* The reuse statistic on the windows: sum_e P(e in two consecutive tokens) / k of one sequence,
@@ -217,55 +198,128 @@ static double step_inclusion(const ms_routing_t *r, int32_t l, double toks, doub
     return D;
 }
 
-/* Expected LRU hit rate of routing layer l's `C` GPU slots (Che's approximation per scenario combination):
- * superposed request streams, combination j gives sequence b scenario (j + b) mod S. When S divides the
- * batch every combination holds every scenario batch / S times (the same step up to the order of a sum):
- * one combination stands for all. Scratch: pc and che [E], lq [S][E]. */
+/* Step-level LRU on a two-state chain per expert: e is in a step's set with probability p[e] (stationary);
+ * after a step without it, with probability f[e] (a sticky routing re-picks only what the sequence used the
+ * token before, so an absent expert returns through fresh picks alone: f < p; f = p is independent reference).
+ * The cache holds the C most recently used experts; accesses within a step go in id order, so recency within a
+ * step is popularity-blind. With U(k) = sum_e 1 - (1 - p)(1 - f)^(k-1) the experts used in the last k steps
+ * (U(0) = 0, U(1) = D), the k with U(k) <= C < U(k + 1) splits them: an expert last used within k steps is
+ * resident, one last used exactly k + 1 steps back with probability rho = (C - U(k)) / (U(k + 1) - U(k)).
+ * Hits per step = sum_e P(e used now and within k) + rho P(e used now and exactly k + 1 back), where
+ * P(used now, within k) = p - (1 - p) f (1 - f)^(k-1) and P(used now, exactly k + 1) = (1 - p) f^2 (1 - f)^(k-1)
+ * (k = 0: rho = C / D of the previous step's set, sum_e p - (1 - p) f). k from Newton's method on the concave
+ * increasing U(tau) - C from tau = 1 (the iterates rise to the root), floored. When k = 0 and every resident
+ * is needed again, the step's first access (a miss, once the step needs more than C experts) finds no expert
+ * it may evict and takes a needed one (ms_cache.c lru_victim): one hit fewer, with probability the product of
+ * the residents' return rates p_e - (1 - p) f over p_e (its log-mean over the previous step's set) times the
+ * share of D beyond C (capped at 1). Scratch lb: E doubles. */
+static double lru_chain_hits(const double *p, const double *f, int32_t E, double C, double *lb)
+{
+    double D = 0.0, reach = 0.0, tau = 1.0, k, uk = 0.0, uk1 = 0.0, within = 0.0, exact = 0.0, lret = 0.0;
+    int32_t support = 0;
+    for (int32_t e = 0; e < E; e++) {
+        support += p[e] > 0.0;
+        D += p[e];
+        reach += f[e] > 0.0 ? 1.0 : p[e];   /* U(infinity): what the cache could ever be asked to hold */
+    }
+    if ((double) support <= C || reach <= C) return D;
+    if (C <= 0.0) return 0.0;
+    for (int32_t e = 0; e < E; e++) lb[e] = log1p(-fmin(f[e], 1.0 - 1e-15));
+    if (D < C) {
+        for (int it = 0; it < 200; it++) {
+            double u = -C, du = 0.0, step;
+            for (int32_t e = 0; e < E; e++) {
+                double x = (1.0 - p[e]) * exp(lb[e] * (tau - 1.0));
+                u += 1.0 - x;
+                du -= lb[e] * x;
+            }
+            if (!(du > 0.0)) break;
+            step = -u / du;
+            if (!(step > 1e-14 * tau)) break;
+            tau += step;
+        }
+        k = floor(tau);
+    } else {
+        k = 0.0;
+    }
+    for (int32_t e = 0; e < E; e++) {
+        double a = 1.0 - p[e];
+        if (k >= 1.0) {
+            double g = exp(lb[e] * (k - 1.0)), z = a * f[e] * g;
+            uk += 1.0 - a * g;
+            uk1 += 1.0 - a * exp(lb[e] * k);
+            within += p[e] - z;
+            exact += z * f[e];
+        } else if (p[e] > 0.0) {
+            double both = p[e] - a * f[e];
+            uk1 += p[e];
+            exact += both;
+            lret += p[e] * log(fmax(both / p[e], 1e-300));
+        }
+    }
+    if (k < 1.0) return fmax(0.0, exact * C / D - fmin(1.0, D - C) * exp(C * lret / D));   /* >= 0 but for rounding */
+    return within + (uk1 > uk ? fmin(1.0, fmax(0.0, (C - uk) / (uk1 - uk))) : 0.0) * exact;
+}
+
+/* Expected LRU hit rate of routing layer l's `C` GPU slots (lru_chain_hits per scenario combination):
+ * superposed request streams, combination j gives sequence b scenario (j + b) mod S. Each sequence re-picks
+ * the token before's experts with the layer's stickiness s, so it picks an expert it did not use the token
+ * before with probability q (1 - s) / (1 - q s) (the stationary per-token rate staying q): an expert absent
+ * from the step before returns with f = 1 - prod (1 - q)^tps / (1 - q s)^tps over the sequences. When S
+ * divides the batch every combination holds every scenario batch / S times (the same step up to the order
+ * of a sum): one combination stands for all. Scratch: pc, pf and che [E], lq [S][E] (log(1 - q) per scenario)
+ * and ls [S][E] (log(1 - q s)). */
 static double lru_hit_rate(const ms_routing_t *r, int32_t batch, int32_t tps, int32_t l, double C, double *pc,
-                           double *che, double *lq)
+                           double *pf, double *che, double *lq, double *ls)
 {
     int32_t E = r->n_experts, S = r->n_scenarios, combos = batch % S == 0 ? 1 : S;
-    double hsum = 0.0, dsum = 0.0;
+    double hsum = 0.0, dsum = 0.0, s = r->stickiness[l];
     for (int32_t k = 0; k < S; k++)
-        for (int32_t e = 0; e < E; e++)
-            lq[(int64_t) k * E + e] = log1p(-fmin(r->q[((int64_t) k * r->n_layers + l) * E + e], 1.0 - 1e-16));
+        for (int32_t e = 0; e < E; e++) {
+            double q = fmin(r->q[((int64_t) k * r->n_layers + l) * E + e], 1.0 - 1e-16);
+            lq[(int64_t) k * E + e] = log1p(-q);
+            ls[(int64_t) k * E + e] = log1p(-q * s);
+        }
     for (int32_t j = 0; j < combos; j++) {
         double dj = 0.0;
         for (int32_t e = 0; e < E; e++) {
-            double lg = 0.0;
+            double lg = 0.0, lf = 0.0;
             for (int32_t b = 0; b < batch && b < S; b++) {
-                int64_t reps = batch / S + (b < batch % S ? 1 : 0);
-                lg += (double) reps * lq[(int64_t) ((j + b) % S) * E + e];
+                int64_t reps = batch / S + (b < batch % S ? 1 : 0), at = (int64_t) ((j + b) % S) * E + e;
+                lg += (double) reps * lq[at];
+                lf += (double) reps * (lq[at] - ls[at]);
             }
             pc[e] = 1.0 - exp(tps * lg);
+            pf[e] = 1.0 - exp(tps * lf);
             dj += pc[e];
         }
-        hsum += che_hits(pc, E, C, che);
+        hsum += lru_chain_hits(pc, pf, E, C, che);
         dsum += dj;
     }
     return dsum > 0.0 ? hsum / dsum : 0.0;
 }
 
-/* The LRU hit rate of routing layer l's C slots before the stickiness term: Che's approximation on the
- * window tables (D: the step's distinct experts from window_inclusion), else per scenario combination.
- * What ms_che_table tabulates and a FETCH layer without a table solves. */
-static double lru_layer(const ms_routing_t *r, int32_t l, int32_t batch, int32_t tps, double C, double D,
-                        double *pc, double *che, double *lq)
-{
-    if (r->win_lq) return D > 0.0 ? window_hits(r, l, (double) batch, (double) tps, C, D) / D : 0.0;
-    return lru_hit_rate(r, batch, tps, l, C, pc, che, lq);
-}
-
-/* Scratch of layer_counts: p, pc, che [E], lq [S][E], usel [E]. */
+/* Scratch of layer_counts: p, pc, pf, che [E], lq and ls [S][E], usel [E]. */
 typedef struct {
-    double *p, *pc, *che, *lq;
+    double *p, *pc, *pf, *che, *lq, *ls;
     int32_t *usel;
 } an_scratch_t;
+
+/* The LRU hit rate of routing layer l's C slots: Che's approximation on the window tables (D: the step's
+ * distinct experts from window_inclusion; the windows hold the stickiness and memory), else the sticky chain
+ * per scenario combination (lru_hit_rate). What ms_che_table tabulates and a FETCH layer without a table
+ * solves. */
+static double lru_layer(const ms_routing_t *r, int32_t l, int32_t batch, int32_t tps, double C, double D,
+                        const an_scratch_t *s)
+{
+    if (r->win_lq) return D > 0.0 ? window_hits(r, l, (double) batch, (double) tps, C, D) / D : 0.0;
+    return lru_hit_rate(r, batch, tps, l, C, s->pc, s->pf, s->che, s->lq, s->ls);
+}
 
 /* The expected counts of routing layer l's step (batch x tps tokens) at `slots` GPU slots into row[MS_CHE_*]:
  * D, the selection and inclusion mass of the `slots` hottest experts (pinned) and of the rest (with
  * `pinned`; summed on both sides so "all pinned" is exact), the hit rate under `policy` (with `hit`: LRU's
- * Che rate before the stickiness term, else the pinned share: static, and LFU converges to the same set)
+ * rate with the stickiness (lru_hit_rate), else the pinned share: static, and LFU converges to the same set)
  * and the reuse statistic; the inclusion probabilities are left in s->p. What ms_che_table tabulates and
  * analytic_layer computes for itself without a table. */
 static void layer_counts(const ms_routing_t *r, int32_t l, int32_t batch, int32_t tps, int32_t slots, int32_t policy,
@@ -295,25 +349,20 @@ static void layer_counts(const ms_routing_t *r, int32_t l, int32_t batch, int32_
     row[MS_CHE_FREE_Q] = free_q;
     row[MS_CHE_FREE_P] = free_p;
     row[MS_CHE_HIT] = !hit ? 0.0
-                    : policy == MS_POLICY_LRU ? lru_layer(r, l, batch, tps, (double) slots, D, s->pc, s->che, s->lq)
+                    : policy == MS_POLICY_LRU ? lru_layer(r, l, batch, tps, (double) slots, D, s)
                     : (D > 0.0 ? pinned_p / D : 0.0);
     row[MS_CHE_REUSE] = r->win_lq ? window_reuse(r, l)
                       : r->stickiness[l] + (1.0 - r->stickiness[l]) * r->qsq[l] / ((double) S * K);
 }
 
 /* Expected work of a FETCH layer i (routing layer l) from its counts `row`; returns the hit rate. */
-static double fetch_layer(const ms_decode_model_t *m, const ms_routing_t *r, const ms_decode_config_t *c, int32_t i,
-                          int32_t l, const double *row, layer_work_t *w)
+static double fetch_layer(const ms_routing_t *r, const ms_decode_config_t *c, int32_t i, int32_t l, const double *row,
+                          layer_work_t *w)
 {
-    double C = (double) m->slots[i], D = row[MS_CHE_D], h = row[MS_CHE_HIT];
+    double D = row[MS_CHE_D], h = row[MS_CHE_HIT];
     double toks = (double) c->batch * c->tokens_per_step;
     if (c->policy == MS_POLICY_LRU) {
-        if (!r->win_lq) {   /* the windows hold the stickiness and memory: no separate sticky term */
-            /* a sticky expert was used by the previous token: resident while C covers a step's set */
-            double sigma = r->stickiness[l] * fmin(1.0, C / fmax(D, 1e-300));
-            h = sigma + (1.0 - sigma) * h;
-        }
-        w->n_fetch = D * (1.0 - h);
+        w->n_fetch = D * (1.0 - h);         /* h holds the stickiness (lru_hit_rate) or the windows' memory */
     } else {
         w->n_fetch = row[MS_CHE_FREE_P];
     }
@@ -324,17 +373,6 @@ static double fetch_layer(const ms_decode_model_t *m, const ms_routing_t *r, con
         w->n_waste = w->n_fetch - w->n_pref;
     }
     return h;
-}
-
-/* The host page cache's hit rate of routing layer l at ps slots (its hits per step / D; 0 when the step has
- * no experts): Che's approximation on the window tables, else on the step's inclusion probabilities p
- * (independent picks; che: E doubles of scratch). What ms_page_table tabulates and a paged layer without a
- * table solves. */
-static double page_layer(const ms_routing_t *r, int32_t l, int32_t batch, int32_t tps, double ps, double D,
-                         const double *p, double *che)
-{
-    if (D <= 0.0) return 0.0;
-    return (r->win_lq ? window_hits(r, l, (double) batch, (double) tps, ps, D) : che_hits(p, r->n_experts, ps, che)) / D;
 }
 
 /* Expected work of model layer i (routing layer l, expert mode `mode`) into ws->work[i]: from the
@@ -355,14 +393,14 @@ static void analytic_layer(const ms_decode_model_t *m, const ms_routing_t *r, co
     sc.p = ws->times;                /* >= E doubles (ws_layout) */
     sc.pc = ws->lt + m->n_layers;    /* E doubles after the per-layer times */
     sc.che = ws->che;
+    sc.pf = ws->che + E;             /* ws->che holds 2 E doubles */
     sc.lq = ws->lq;
+    sc.ls = ws->lq + (int64_t) r->n_scenarios * E;
     sc.usel = ws->usel;
-    /* the page cache's Che (independent picks) without a table reads the inclusion probabilities themselves */
-    if (row == NULL || (paged && !r->win_lq && !page_tabled)) {
+    if (row == NULL) {
         layer_counts(r, l, c->batch, c->tokens_per_step, m->slots[i], c->policy,
-                     row == NULL && (mode == MS_EXP_SPLIT || mode == MS_EXP_FETCH), row == NULL && mode == MS_EXP_FETCH,
-                     &sc, own);
-        if (row == NULL) row = own;
+                     mode == MS_EXP_SPLIT || mode == MS_EXP_FETCH, mode == MS_EXP_FETCH, &sc, own);
+        row = own;
     }
     D = row[MS_CHE_D];
     n->distinct += D;
@@ -381,14 +419,15 @@ static void analytic_layer(const ms_decode_model_t *m, const ms_routing_t *r, co
         n->hits += row[MS_CHE_PINNED_P];
         n->loads += D;
     } else {   /* FETCH */
-        double h = fetch_layer(m, r, c, i, l, row, w);
+        double h = fetch_layer(r, c, i, l, row, w);
         n->hits += D * h;
         n->loads += D;
     }
     if (paged) {
         double host = mode == MS_EXP_FETCH ? w->n_fetch : w->n_cpu;
+        /* the page cache is an LRU over the step's union, as the GPU cache (lru_layer) */
         double ph = page_tabled ? c->page_hit[l]
-                  : page_layer(r, l, c->batch, c->tokens_per_step, (double) m->page_slots[i], D, sc.p, ws->che);
+                  : lru_layer(r, l, c->batch, c->tokens_per_step, (double) m->page_slots[i], D, &sc);
         w->n_disk = host * (1.0 - ph);
         n->phits += host * ph;
         n->ploads += host;
@@ -447,7 +486,7 @@ int64_t ms_che_table_workspace_size(const ms_routing_t *r)
     if (r == NULL || r->n_experts <= 0) return 0;
     E = r->n_experts;
     S = r->n_scenarios > 0 ? r->n_scenarios : 1;
-    return (3 * E + S * E) * (int64_t) sizeof(double) + E * (int64_t) sizeof(int32_t);
+    return (4 * E + 2 * S * E) * (int64_t) sizeof(double) + E * (int64_t) sizeof(int32_t);
 }
 
 /* The checks ms_decode makes of an analytic routing, for a table that runs without a configuration. */
@@ -465,6 +504,18 @@ static int check_che(const ms_routing_t *r, int32_t batch, int32_t tps, int32_t 
     return 0;
 }
 
+/* The scratch of layer_counts carved from a table call's workspace (ms_che_table_workspace_size). */
+static void scratch_in(const ms_routing_t *r, void *workspace, an_scratch_t *sc)
+{
+    sc->p = (double *) workspace;
+    sc->pc = sc->p + r->n_experts;
+    sc->che = sc->pc + r->n_experts;
+    sc->pf = sc->che + r->n_experts;
+    sc->lq = sc->pf + r->n_experts;
+    sc->ls = sc->lq + (int64_t) r->n_scenarios * r->n_experts;
+    sc->usel = (int32_t *) (sc->ls + (int64_t) r->n_scenarios * r->n_experts);
+}
+
 int ms_che_table(const ms_routing_t *r, int32_t batch, int32_t tokens_per_step, int32_t slots, int32_t policy,
                  void *workspace, int64_t workspace_bytes, double *out)
 {
@@ -474,11 +525,7 @@ int ms_che_table(const ms_routing_t *r, int32_t batch, int32_t tokens_per_step, 
     rc = check_che(r, batch, tokens_per_step, slots, policy);
     if (rc) return rc;
     if (workspace_bytes < ms_che_table_workspace_size(r)) return MS_ERR_BAD_WORKSPACE;
-    sc.p = (double *) workspace;
-    sc.pc = sc.p + r->n_experts;
-    sc.che = sc.pc + r->n_experts;
-    sc.lq = sc.che + r->n_experts;
-    sc.usel = (int32_t *) (sc.lq + (int64_t) r->n_scenarios * r->n_experts);
+    scratch_in(r, workspace, &sc);
     for (int32_t l = 0; l < r->n_layers; l++)
         layer_counts(r, l, batch, tokens_per_step, slots, policy, 1, 1, &sc, out + (int64_t) l * MS_CHE_FIELDS);
     return 0;
@@ -489,19 +536,18 @@ int ms_che_table(const ms_routing_t *r, int32_t batch, int32_t tokens_per_step, 
 int ms_page_table(const ms_routing_t *r, int32_t batch, int32_t tokens_per_step, int32_t page_slots, void *workspace,
                   int64_t workspace_bytes, double *out)
 {
-    double *p, *che;
+    an_scratch_t sc;
     int rc;
     if (r == NULL || out == NULL || workspace == NULL) return MS_ERR_NULL_ARGUMENT;
     rc = check_che(r, batch, tokens_per_step, page_slots, MS_POLICY_LRU);
     if (rc) return rc;
     if (workspace_bytes < ms_che_table_workspace_size(r)) return MS_ERR_BAD_WORKSPACE;
-    p = (double *) workspace;
-    che = p + r->n_experts;
+    scratch_in(r, workspace, &sc);
     for (int32_t l = 0; l < r->n_layers; l++) {
-        /* the step's inclusion probabilities and D as layer_counts has them */
-        double D = r->win_lq ? window_inclusion(r, l, (double) batch, (double) tokens_per_step, p)
-                             : step_inclusion(r, l, (double) batch * tokens_per_step, p);
-        out[l] = page_layer(r, l, batch, tokens_per_step, (double) page_slots, D, p, che);
+        /* the step's D as layer_counts has it (the windows read it) */
+        double D = r->win_lq ? window_inclusion(r, l, (double) batch, (double) tokens_per_step, sc.p)
+                             : step_inclusion(r, l, (double) batch * tokens_per_step, sc.p);
+        out[l] = D > 0.0 ? lru_layer(r, l, batch, tokens_per_step, (double) page_slots, D, &sc) : 0.0;
     }
     return 0;
 }

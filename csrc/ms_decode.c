@@ -258,8 +258,8 @@ static int64_t ws_layout(const ms_decode_model_t *m, const ms_routing_t *r, cons
     TAKE(mark, int32_t, L * E);
     TAKE(pos, int32_t, L * E);
     TAKE(chosen, int32_t, E);
-    TAKE(che, double, E);
-    TAKE(lq, double, mc ? 0 : (int64_t) (r->n_scenarios > 0 ? r->n_scenarios : 1) * E);
+    TAKE(che, double, 2 * E);                   /* analytic: Che scratch and the chain's return rates */
+    TAKE(lq, double, mc ? 0 : 2 * (int64_t) (r->n_scenarios > 0 ? r->n_scenarios : 1) * E);
     TAKE(usel, int32_t, E);
     TAKE(ucnt, int32_t, E);
     TAKE(last_seen, int32_t, E);

@@ -42,7 +42,7 @@ def che_table(rt: dict, batches, tokens_per_step, slots: int, policy: int = 0, e
     """The analytic path's expected counts of every routing layer's step, one ``[n_layers, len(CHE_FIELDS)]``
     row per (batches[i], tokens_per_step[i]) at ``slots`` GPU expert slots under ``policy`` (a POLICIES code,
     not Belady): distinct experts, the pinned (hottest ``slots``) and free selection / inclusion mass, the GPU
-    hit rate (LRU: Che's approximation before the stickiness term; static, LFU: the pinned share) and the
+    hit rate (LRU: the sticky chain's Che-style rate, ms_analytic.c lru_chain_hits; static, LFU: the pinned share) and the
     reuse statistic (codes.CHE_FIELDS). They depend on the routing's tables, batch, tokens per step, slots and
     policy only, so a sweep computes them once and passes them as the ``che`` / ``che_slots`` config
     columns of every configuration that shares them (prefetch recalls, machines, contexts, quants); the

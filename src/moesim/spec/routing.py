@@ -11,7 +11,7 @@ from .. import _catalog
 from ..errors import MoesimError, unknown_id
 
 
-N_SCENARIOS = 4   # request draws averaged by the analytic path when profiles have per-request skew
+N_SCENARIOS = 16  # request draws averaged by the analytic path when profiles have per-request skew
 PHASES = ("prefill", "decode")
 # fields a prefill regime may set (the routing model's; not the request length, recall or provenance)
 REGIME_FIELDS = ("zipf_s", "jitter", "concentration", "stickiness", "first_stickiness", "last_stickiness",

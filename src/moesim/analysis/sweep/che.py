@@ -20,19 +20,20 @@ from ...engine.codes import EXP_CPU, EXP_FETCH, EXP_NONE, EXP_SPLIT, POLICY_LFU,
 
 
 def fingerprint(plan, rt: dict) -> str:
-    """A digest of what ms_che_table reads of routing ``rt`` (q, the window tables), memoised per routing
-    object (the plan keeps the object, so its id stays its own) and per set of table arrays: each lowering
-    hands out a new dict around the same memoised arrays, so one process hashes each set of arrays once."""
+    """A digest of what ms_che_table reads of routing ``rt`` (q, the stickiness of the LRU chain and the reuse
+    statistic, the window tables), memoised per routing object (the plan keeps the object, so its id stays its
+    own) and per set of table arrays: each lowering hands out a new dict around the same memoised arrays, so one
+    process hashes each set of arrays once."""
     key = ("che_fp", id(rt))
     hit = plan._shared.get(key)
     if hit is not None and hit[0] is rt:
         return hit[1]
-    arrays = tuple(rt.get(name) for name in ("q", "win_n", "win_lq"))
+    arrays = tuple(rt.get(name) for name in _FP_TABLES)
     akey = tuple(map(id, arrays))
     known = _FP_BY_ARRAYS.get(akey)
     if known is None or any(a is not b for a, b in zip(known[0], arrays)):
         h = hashlib.blake2b(digest_size=16)
-        for name, a in zip(("q", "win_n", "win_lq"), arrays):
+        for name, a in zip(_FP_TABLES, arrays):
             h.update(name.encode())
             if a is not None:
                 a = np.ascontiguousarray(a, dtype=np.float64)
@@ -44,8 +45,9 @@ def fingerprint(plan, rt: dict) -> str:
     return plan.shared(key, lambda: (rt, known[1]))[1]
 
 
-# (ids of q, win_n, win_lq) -> (those arrays, their digest), for the process
+# (ids of the _FP_TABLES arrays) -> (those arrays, their digest), for the process
 _FP_BY_ARRAYS: dict = {}
+_FP_TABLES = ("q", "stickiness", "win_n", "win_lq")
 
 
 def sealed_routing(plan, rt: dict):

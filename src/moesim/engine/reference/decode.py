@@ -307,32 +307,6 @@ class _MonteCarlo:
                     by_phase=[x / k for x in acc["phase"]], bytes=[x / k for x in acc["bytes"]])
 
 
-def che_hits(p, capacity):
-    """Expected hits per step of a step-aware LRU cache (Che's approximation at step level; when a
-    step's D experts exceed the capacity, an id-ordered C-subset of the last step: (C/D) sum p^2)."""
-    support = sum(1 for x in p if x > 0)
-    D = sum(p)
-    if support <= capacity:
-        return D
-    if capacity <= 0:
-        return 0.0
-    if D >= capacity:
-        return sum(x * x for x in p) * capacity / D
-    tau = max(1.0, math.log1p(-capacity / support) / math.log1p(-D / support))
-    for _ in range(200):
-        f, df = -capacity, 0.0
-        for x in p:
-            a = -math.log1p(-min(x, 1.0 - 1e-15))
-            ex = math.exp(-a * tau)
-            f += 1.0 - ex
-            df += a * ex
-        step = -f / df
-        tau = max(1.0, tau + step)
-        if not (abs(step) > 1e-14 * tau):
-            break
-    return sum(x * (1.0 - math.exp(math.log1p(-min(x, 1.0 - 1e-15)) * tau)) for x in p)
-
-
 def decode_analytic(dm, hw, rt, c):
     """Analytic decode: one expected step from the routing's per-token selection probabilities
     (``rt["q"]``: one table per routing sample), with cache hit rates in closed form."""
@@ -389,8 +363,8 @@ def _analytic_layer_work(dm, rt, c, i, q, E, K, tally):
     tally["n_moe"] += 1
     slots = int(dm["slots"][i])
     tabled = c.get("che") is not None and c["che_slots"] == slots
-    row, p = _layer_counts(rt, q, l, c["batch"], c["tokens_per_step"], slots, c["policy"],
-                           hit=not tabled and mode == EXP_FETCH)
+    row = _layer_counts(rt, q, l, c["batch"], c["tokens_per_step"], slots, c["policy"],
+                        hit=not tabled and mode == EXP_FETCH)[0]
     if tabled:
         row = tuple(float(x) for x in c["che"][l])
     D, pinned_q, pinned_p, free_q, free_p, h, reuse = row
@@ -407,12 +381,12 @@ def _analytic_layer_work(dm, rt, c, i, q, E, K, tally):
         tally["hits"] += pinned_p
         tally["loads"] += D
     else:
-        h = _fetch_work(dm, rt, c, i, l, D, float(rt["stickiness"][l]), h, free_p, w)
+        h = _fetch_work(rt, c, i, l, D, h, free_p, w)
         w["n_res"], w["pairs_gpu"] = D, toks * K
         tally["hits"] += D * h
         tally["loads"] += D
     if dm["page_slots"][i] < E and mode in (EXP_CPU, EXP_SPLIT, EXP_FETCH):
-        _page_work(dm, rt, c, i, l, mode, p, D, w, tally)
+        _page_work(dm, rt, c, i, l, mode, D, w, tally)
     return w
 
 
@@ -449,14 +423,10 @@ def _pinned_sums(hot, slots, E, qbar, p):
     return pinned_q, pinned_p, free_q, free_p
 
 
-def _fetch_work(dm, rt, c, i, l, D, stick, h, free_p, w):
+def _fetch_work(rt, c, i, l, D, h, free_p, w):
     """A fetching layer's expected misses (``w["n_fetch"]``) and prefetches from its hit rate ``h`` (LRU:
-    Che's, raised here by the routing's stickiness; otherwise the pinned share); returns the hit rate."""
-    C = float(dm["slots"][i])
+    the sticky chain's or the windows', stickiness included; otherwise the pinned share); returns the hit rate."""
     if c["policy"] == POLICY_LRU:
-        if rt.get("win_lq") is None:    # the windows hold the stickiness and memory: no separate sticky term
-            sigma = stick * min(1.0, C / max(D, 1e-300))
-            h = sigma + (1.0 - sigma) * h
         w["n_fetch"] = D * (1.0 - h)
     else:
         w["n_fetch"] = free_p
@@ -468,11 +438,11 @@ def _fetch_work(dm, rt, c, i, l, D, stick, h, free_p, w):
 
 
 def _lru_layer(rt, q, l, B, tps, C, D):
-    """Routing layer ``l``'s LRU hit rate before the stickiness term (ms_analytic.c lru_layer): Che on the
-    window tables under token memory (D: the step's distinct experts), else per scenario combination."""
+    """Routing layer ``l``'s LRU hit rate (ms_analytic.c lru_layer): Che on the window tables under token
+    memory (D: the step's distinct experts), else the sticky chain per scenario combination."""
     if rt.get("win_lq") is not None:
         return W.window_hits(rt, l, B, tps, C, D) / D if D > 0 else 0.0
-    return _lru_hit_rate(q, l, rt["n_experts"], B, tps, C)
+    return _lru_hit_rate(q, float(rt["stickiness"][l]), l, rt["n_experts"], B, tps, C)
 
 
 def che_table(rt, batch, tokens_per_step, slots, policy):
@@ -486,34 +456,84 @@ def che_table(rt, batch, tokens_per_step, slots, policy):
             for l in range(int(rt["n_layers"]))]
 
 
-def _lru_hit_rate(q, l, E, B, tps, C):
+def lru_chain_hits(p, f, capacity):
+    """Expected hits per step of a step-level LRU cache over a two-state chain per expert (ms_analytic.c
+    lru_chain_hits): e is in a step's set with probability p[e] and returns after a step without it with
+    probability f[e]. The experts used in the last k steps, U(k) = sum 1 - (1 - p)(1 - f)^(k-1), split at
+    U(k) <= C < U(k + 1): those used within k steps are resident, those used exactly k + 1 steps back with
+    probability rho = (C - U(k)) / (U(k + 1) - U(k)) (recency within a step follows expert ids). k = 0 (a step
+    needs more than C): rho = C / D, less one hit when every resident is needed again (as the C)."""
+    E = len(p)
+    D = sum(p)
+    support = sum(1 for x in p if x > 0)
+    reach = sum(1.0 if y > 0 else x for x, y in zip(p, f))
+    if support <= capacity or reach <= capacity:
+        return D
+    if capacity <= 0:
+        return 0.0
+    lb = [math.log1p(-min(y, 1.0 - 1e-15)) for y in f]
+    tau = 1.0
+    if D < capacity:
+        for _ in range(200):
+            u, du = -capacity, 0.0
+            for e in range(E):
+                x = (1.0 - p[e]) * math.exp(lb[e] * (tau - 1.0))
+                u += 1.0 - x
+                du -= lb[e] * x
+            if not du > 0.0:
+                break
+            step = -u / du
+            if not step > 1e-14 * tau:
+                break
+            tau += step
+        k = math.floor(tau)
+    else:
+        k = 0
+    uk = uk1 = within = exact = lret = 0.0
+    for e in range(E):
+        a = 1.0 - p[e]
+        if k >= 1:
+            g = math.exp(lb[e] * (k - 1.0))
+            z = a * f[e] * g
+            uk += 1.0 - a * g
+            uk1 += 1.0 - a * math.exp(lb[e] * k)
+            within += p[e] - z
+            exact += z * f[e]
+        elif p[e] > 0.0:
+            both = p[e] - a * f[e]
+            uk1 += p[e]
+            exact += both
+            lret += p[e] * math.log(max(both / p[e], 1e-300))
+    if k < 1:
+        # every resident needed again: the step's first access (a miss) evicts one of them (ms_cache.c lru_victim)
+        return max(0.0, exact * capacity / D - min(1.0, D - capacity) * math.exp(capacity * lret / D))
+    rho = min(1.0, max(0.0, (capacity - uk) / (uk1 - uk))) if uk1 > uk else 0.0
+    return within + rho * exact
+
+
+def _lru_hit_rate(q, stick, l, E, B, tps, C):
     """Step-level LRU hit rate of a ``C``-slot cache, averaged over the S step windows: the B sequences
-    of a step draw routing samples j, j+1, ... (cyclically), each for ``tps`` tokens. When S divides B every
-    window holds every sample B / S times: one window stands for all (as the C)."""
+    of a step draw routing samples j, j+1, ... (cyclically), each for ``tps`` tokens. A sequence re-picks its
+    previous token's experts with the layer's stickiness, so an expert absent from the step before returns
+    with f = 1 - prod ((1 - q) / (1 - q stick))^tps (:func:`lru_chain_hits`). When S divides B every window
+    holds every sample B / S times: one window stands for all (as the C)."""
     S = len(q)
     hsum = dsum = 0.0
     for j in range(1 if B % S == 0 else S):
-        pc = []
+        pc, pf = [], []
         for e in range(E):
-            lg = 0.0
+            lg = lf = 0.0
             for b in range(min(B, S)):
                 s = (j + b) % S
                 reps = B // S + (1 if b < B % S else 0)
-                lg += reps * math.log1p(-min(q[s][l][e], 1.0 - 1e-16))
+                x = min(q[s][l][e], 1.0 - 1e-16)
+                lg += reps * math.log1p(-x)
+                lf += reps * (math.log1p(-x) - math.log1p(-x * stick))
             pc.append(1.0 - math.exp(tps * lg))
-        hsum += che_hits(pc, C)
+            pf.append(1.0 - math.exp(tps * lf))
+        hsum += lru_chain_hits(pc, pf, C)
         dsum += sum(pc)
     return hsum / dsum if dsum > 0 else 0.0
-
-
-def _page_layer(rt, l, B, tps, ps, D, p):
-    """Twin of ms_analytic.c page_layer: routing layer ``l``'s host page-cache hit rate at ``ps`` slots (Che on
-    the window tables under token memory, else on the step's inclusion probabilities ``p``; 0 when D is 0)."""
-    if D <= 0:
-        return 0.0
-    if rt.get("win_lq") is not None:
-        return W.window_hits(rt, l, B, tps, ps, D) / D
-    return che_hits(p, ps) / D
 
 
 def page_table(rt, batch, tokens_per_step, page_slots):
@@ -523,20 +543,21 @@ def page_table(rt, batch, tokens_per_step, page_slots):
         raise ValueError("batch and tokens_per_step must be >= 1, page_slots >= 0")
     out = []
     for l in range(int(rt["n_layers"])):
-        row, p = _layer_counts(rt, rt["q"], l, batch, tokens_per_step, 0, POLICY_LRU, hit=False)
-        out.append(_page_layer(rt, l, batch, tokens_per_step, float(page_slots), row[0], p))
+        D = _layer_counts(rt, rt["q"], l, batch, tokens_per_step, 0, POLICY_LRU, hit=False)[0][0]
+        out.append(_lru_layer(rt, rt["q"], l, batch, tokens_per_step, float(page_slots), D) if D > 0 else 0.0)
     return out
 
 
-def _page_work(dm, rt, c, i, l, mode, p, D, w, tally):
+def _page_work(dm, rt, c, i, l, mode, D, w, tally):
     """Host reads that miss the page cache are read from storage (``w["n_disk"]``); the hit rate from the
-    configuration's page table when it has one for this layer's page slots, as the C reads it."""
+    configuration's page table when it has one for this layer's page slots, as the C reads it, else the page
+    cache as an LRU over the step's union (:func:`_lru_layer`, as the GPU cache)."""
     host = w["n_fetch"] if mode == EXP_FETCH else w["n_cpu"]
     ps = int(dm["page_slots"][i])
     if c.get("page_hit") is not None and c["page_hit_slots"] == ps:
         ph = float(c["page_hit"][l])
     else:
-        ph = _page_layer(rt, l, c["batch"], c["tokens_per_step"], float(ps), D, p)
+        ph = _lru_layer(rt, rt["q"], l, c["batch"], c["tokens_per_step"], float(ps), D)
     w["n_disk"] = host * (1.0 - ph)
     tally["phits"] += host * ph
     tally["ploads"] += host

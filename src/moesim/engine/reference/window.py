@@ -84,7 +84,8 @@ def window_capacity_tokens(rt, l, B, n0, C):
 
 
 def window_hits(rt, l, B, tps, C, D):
-    """Expected LRU hits per step of a C-slot step-level cache (ms_analytic.c window_hits)."""
+    """Expected LRU hits per step of a C-slot step-level cache (ms_analytic.c window_hits): whole steps of
+    recency split at U(k) <= C < U(k + 1), U(k) = E - window_absent(k tps)."""
     rows = rt["win_lq"][l]
     E = len(rows)
     support = sum(1 for e in range(E) if rows[e][-1] < 0.0)
@@ -94,9 +95,22 @@ def window_hits(rt, l, B, tps, C, D):
         return 0.0
     a1 = E - D
     if D >= C:
-        return C / D * (E - 2.0 * a1 + window_absent(rt, l, B, 2.0 * tps))
-    T = window_capacity_tokens(rt, l, B, tps, C) / tps
-    return E - a1 - window_absent(rt, l, B, T * tps) + window_absent(rt, l, B, (T + 1.0) * tps)
+        # less one hit when every resident is needed again (ms_analytic.c lru_chain_hits, k = 0)
+        nodes, lret = rt["win_n"], 0.0
+        for e in range(E):
+            x1 = math.exp(B * window_lq(nodes, rows[e], tps))
+            p, both = 1.0 - x1, 1.0 - 2.0 * x1 + math.exp(B * window_lq(nodes, rows[e], 2.0 * tps))
+            if p > 0.0:
+                lret += p * math.log(max(both / p, 1e-300))
+        return max(0.0, C / D * (E - 2.0 * a1 + window_absent(rt, l, B, 2.0 * tps))
+                   - min(1.0, D - C) * math.exp(C * lret / D))
+    k = math.floor(window_capacity_tokens(rt, l, B, tps, C) / tps)
+    ak = window_absent(rt, l, B, k * tps)
+    ak1 = window_absent(rt, l, B, (k + 1.0) * tps)
+    ak2 = window_absent(rt, l, B, (k + 2.0) * tps)
+    uk, uk1 = E - ak, E - ak1
+    rho = min(1.0, max(0.0, (C - uk) / (uk1 - uk))) if uk1 > uk else 0.0
+    return E - a1 - ak + ak1 + rho * (ak - 2.0 * ak1 + ak2)
 
 
 def window_reuse(rt, l, K):
