@@ -226,17 +226,23 @@ static double lru_chain_hits(const double *p, const double *f, int32_t E, double
     if (C <= 0.0) return 0.0;
     for (int32_t e = 0; e < E; e++) lb[e] = log1p(-fmin(f[e], 1.0 - 1e-15));
     if (D < C) {
+        /* start at the root for equal return rates (their mean over the support); from the right of the root
+         * Newton's first step lands left of it (U is concave), then the iterates rise */
+        double fsum = 0.0;
+        for (int32_t e = 0; e < E; e++) fsum += p[e] > 0.0 ? f[e] : 0.0;
+        if (fsum > 0.0 && fsum < (double) support)
+            tau = fmax(1.0, 1.0 + log((support - C) / (support - D)) / log1p(-fsum / support));
         for (int it = 0; it < 200; it++) {
-            double u = -C, du = 0.0, step;
+            double u = -C, du = 0.0, next;
             for (int32_t e = 0; e < E; e++) {
                 double x = (1.0 - p[e]) * exp(lb[e] * (tau - 1.0));
                 u += 1.0 - x;
                 du -= lb[e] * x;
             }
             if (!(du > 0.0)) break;
-            step = -u / du;
-            if (!(step > 1e-14 * tau)) break;
-            tau += step;
+            next = fmax(1.0, tau - u / du);
+            if (!(fabs(next - tau) > 1e-14 * tau)) break;
+            tau = next;
         }
         k = floor(tau);
     } else {

@@ -474,6 +474,10 @@ def lru_chain_hits(p, f, capacity):
     lb = [math.log1p(-min(y, 1.0 - 1e-15)) for y in f]
     tau = 1.0
     if D < capacity:
+        # start at the root for equal return rates; from its right Newton's first step lands left (as the C)
+        fsum = sum(y for x, y in zip(p, f) if x > 0)
+        if 0.0 < fsum < support:
+            tau = max(1.0, 1.0 + math.log((support - capacity) / (support - D)) / math.log1p(-fsum / support))
         for _ in range(200):
             u, du = -capacity, 0.0
             for e in range(E):
@@ -482,10 +486,10 @@ def lru_chain_hits(p, f, capacity):
                 du -= lb[e] * x
             if not du > 0.0:
                 break
-            step = -u / du
-            if not step > 1e-14 * tau:
+            nxt = max(1.0, tau - u / du)
+            if not abs(nxt - tau) > 1e-14 * tau:
                 break
-            tau += step
+            tau = nxt
         k = math.floor(tau)
     else:
         k = 0
