@@ -149,12 +149,17 @@ def test_sweep_with_memoised_tables_equals_simulate():
     assert _check_against_simulate(tab, ("cache_experts", "prefetch_recall", "policy")) == 32
 
 
-def test_sweep_tabulates_each_row_once(monkeypatch):
+def test_sweep_tabulates_each_row_once(monkeypatch, tmp_path):
     """Prefetch recalls (routing objects with equal tables) and machines share the rows: one row per (slots,
-    policy, batch) in a sweep, none in a later sweep of the same routing; a different routing profile gets
-    its own rows (the fingerprint reads the tables)."""
+    policy, batch) in a sweep, none in a later sweep of the same routing, nor in a later process (the rows
+    forgotten, the persistent lowering cache holds them); a different routing profile gets its own rows (the
+    fingerprint reads the tables)."""
     from test_sweep_axes import M64, M192, SKIP
+    from moesim import _lowering_cache as LC
     from moesim.analysis.sweep import che as SC
+    monkeypatch.setenv("MOESIM_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("MOESIM_CACHE", raising=False)
+    LC.reset()
     monkeypatch.setattr(SC, "_ROWS", {})
     rows = []
     real = KD.che_table
@@ -172,8 +177,14 @@ def test_sweep_tabulates_each_row_once(monkeypatch):
     again = moesim.sweep(**kw).columns
     assert sorted(rows) == [1, 8]
     np.testing.assert_array_equal(first["expert_hit_rate"], again["expert_hit_rate"])
+    SC._ROWS.clear()
+    later = moesim.sweep(**kw).columns
+    assert sorted(rows) == [1, 8]
+    np.testing.assert_array_equal(first["expert_hit_rate"], later["expert_hit_rate"])
     moesim.sweep(**dict(kw, routing=["generic"]))
     assert sorted(rows) == [1, 1, 8, 8]
+    monkeypatch.undo()
+    LC.reset()
 
 
 @pytest.mark.parametrize("memory", [False, True])

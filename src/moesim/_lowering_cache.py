@@ -3,8 +3,9 @@
 What it holds: values that are pure functions of the catalog's files (their parsed TOML), a catalog entry, a quantization, a KV or indexer dtype,
 a routing profile and seed, and moesim's own code -- parsed catalog models, parameter counts, per-layer
 byte arrays (``engine.lower.memory``), kernel mixes (``spec.quants``), routing tables
-(``engine.lower.routing``) and the weights per tier of a lowering's placement candidates
-(``engine.lower.placement``: a placement's split of the weights depends on no machine). Never a machine's numbers: those change with every command. A new process
+(``engine.lower.routing``), the weights per tier of a lowering's placement candidates
+(``engine.lower.placement``: a placement's split of the weights depends on no machine) and the analytic
+expert-cache and page-cache table rows (``analysis.sweep.che``: a routing's digest, slots and batch). Never a machine's numbers: those change with every command. A new process
 loads these instead of lowering the catalog again (``moesim cache build`` fills it ahead of time).
 
 Where: ``$MOESIM_CACHE_DIR``, else ``$XDG_CACHE_HOME/moesim``, else ``~/.cache/moesim``;
@@ -33,13 +34,14 @@ from pathlib import Path
 MAGIC = b"moesim-lowering-cache 1\n"
 # namespace -> the most entries one file keeps (user-supplied profiles and seeds cannot grow it unbounded)
 NAMESPACES = {"catalog": 64, "model": 1024, "params": 1024, "layer_params": 1024, "lowered": 8192, "kernel_mix": 8192, "routing": 512, "window": 128,
-              "tier_weights": 8192}
+              "tier_weights": 8192, "che_rows": 8192, "page_rows": 16384}
 KEEP_FINGERPRINTS = 4          # folders of other fingerprints (other versions, edited code) kept beside this one
 _PKG = Path(__file__).resolve().parent
 # the files whose contents make the cached values: the catalog, the spec layer (parsing, quantization
-# rules), the lowering, the error and catalog helpers and the compiled kernel (routing's q_tables)
+# rules), the lowering, the error and catalog helpers, the compiled kernel (routing's q_tables, the analytic
+# tables) and the code that asks it for the analytic tables and keys them
 _SOURCES = ("catalog/*.toml", "spec/*.py", "engine/lower/*.py", "engine/codes.py", "_catalog.py", "errors.py",
-            "_lowering_cache.py")
+            "_lowering_cache.py", "engine/decode.py", "analysis/sweep/che.py")
 
 _MISSING = object()
 _LOCK = threading.RLock()

@@ -5,9 +5,10 @@ passed to the analytic kernel as its ``che`` / ``che_slots`` config columns
 recall, machine, context, quant and group that shares them; likewise the host page cache's hit rate per
 (routing tables, page slots, batch, tokens per step) as the ``page_hit`` / ``page_hit_slots`` columns
 (:func:`moesim.engine.decode.page_table`; models paged from storage, whose every placement and machine with
-the same page slots shares it). The rows are memoised for the process under
-a fingerprint of the routing's tables (memoised per routing object in the plan), so routings lowered
-separately with equal tables (one per prefetch recall) and later sweeps share them. Results are those of
+the same page slots shares it). The rows are memoised for the process, and in the persistent lowering
+cache for later processes, under a fingerprint of the routing's tables (memoised per routing object in the
+plan), so routings lowered separately with equal tables (one per prefetch recall), later sweeps and later
+commands share them. Results are those of
 the kernel counting each configuration itself: the table holds the values it would compute, by the same
 C code."""
 from __future__ import annotations
@@ -98,14 +99,25 @@ _MAX_BYTES = 64 << 20
 _bytes = [0]
 
 
-def _memoised(keys: list, compute) -> np.ndarray:
-    """The rows of these _ROWS keys stacked, those not there yet computed by one ``compute(indices)`` call
-    (an array of their rows in that order) and kept."""
+def _memoised(keys: list, compute, ns: str) -> np.ndarray:
+    """The rows of these _ROWS keys stacked, those not there yet read from the persistent lowering cache's
+    namespace ``ns`` (keys of routing digests and counts: pure functions of the tables and the kernel, which
+    the cache's fingerprint covers) or computed by one ``compute(indices)`` call (an array of their rows in
+    that order), and kept."""
+    from ... import _lowering_cache
     got = [_ROWS.get(k) for k in keys]
+    for i, r in enumerate(got):
+        if r is None:
+            hit = _lowering_cache.get(ns, keys[i])
+            if hit is not None:
+                _bytes[0] += hit.nbytes
+                got[i] = _ROWS.setdefault(keys[i], hit)
     miss = [i for i, r in enumerate(got) if r is None]
     if miss:
         tab = compute(miss)
         tab.flags.writeable = False
+        for k, i in enumerate(miss):
+            _lowering_cache.put(ns, keys[i], tab[k].copy())
         if _bytes[0] + tab.nbytes > _MAX_BYTES:
             _ROWS.clear()
             _bytes[0] = 0
@@ -122,7 +134,7 @@ def rows(plan, rt: dict, slots: int, policy: int, batches, tps: int) -> np.ndarr
     fp = fingerprint(plan, rt)
     keys = [(fp, int(slots), int(policy), int(b), int(tps)) for b in batches]
     return _memoised(keys, lambda miss: che_table(sealed_routing(plan, rt), np.array([batches[i] for i in miss],
-                                                  dtype=np.int64), int(tps), int(slots), int(policy)))
+                                                  dtype=np.int64), int(tps), int(slots), int(policy)), "che_rows")
 
 
 def page_rows(plan, rt: dict, page_slots: int, batches, tps: int) -> np.ndarray:
@@ -132,7 +144,7 @@ def page_rows(plan, rt: dict, page_slots: int, batches, tps: int) -> np.ndarray:
     fp = fingerprint(plan, rt)
     keys = [(fp, "page", int(page_slots), int(b), int(tps)) for b in batches]
     return _memoised(keys, lambda miss: page_table(sealed_routing(plan, rt), np.array([batches[i] for i in miss],
-                                                   dtype=np.int64), int(tps), int(page_slots)))
+                                                   dtype=np.int64), int(tps), int(page_slots)), "page_rows")
 
 
 def page_slots_of(dm: dict, rt: dict) -> int:
