@@ -39,7 +39,7 @@ def kernel(slots: int, policy: str, n: int) -> None:
                 mode=np.ones(n, np.int32), seed=np.zeros(n, np.uint64), index=np.zeros(n, np.uint64))
     s = int(dm["slots"][dm["expert_mode"] == codes.EXP_FETCH][0])
     t = time.process_time()
-    tab = KD.che_table(grp.routing, BATCHES.astype(np.int64), 1, s, grp.policy)
+    tab = KD.che_table(grp.routing, BATCHES.astype(np.int64), 1, s, grp.policy, steps=256, warmup=0)
     row = (time.process_time() - t) / len(BATCHES)
     tcols = dict(cols, che=np.ascontiguousarray(tab[np.arange(n) % len(BATCHES)]), che_slots=np.full(n, s, np.int32))
     out = []
@@ -72,7 +72,7 @@ def main() -> None:
     ap.add_argument("--mc", action="store_true", help="also compare hit rates with Monte Carlo")
     ap.add_argument("--tokens", type=int, default=1000, help="Monte Carlo tokens per configuration")
     args = ap.parse_args()
-    for policy in ("lru", "static"):
+    for policy in ("lru", "lfu", "static"):
         for slots in (16, 64, 120):
             kernel(slots, policy, args.configs)
     if args.mc:

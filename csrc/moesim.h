@@ -320,18 +320,18 @@ int ms_decode_many(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_
 /* The analytic path's table (ms_analytic.c): per routing layer l, out[l][MS_CHE_*] = the expected counts of
  * one step of `batch` sequences x `tokens_per_step` tokens with `slots` GPU expert slots under `policy`: the
  * distinct experts D, the selection (q, per token) and inclusion (p, per step) mass of the `slots` hottest
- * experts (pinned) and of the rest (free), the GPU hit rate (LRU: Che's approximation per scenario
- * combination, or on the window tables of a token-memory routing, before the stickiness term; static and
- * LFU: the pinned share) and the reuse statistic. They depend on nothing else (not the model, machine,
- * context or prefetch recall), so a sweep computes them once and passes them to every configuration that
- * shares them (ms_decode_config_t.che). batch, tokens_per_step < 1 or slots < 0 is MS_ERR_BAD_SIZE, Belady
- * or an unknown policy MS_ERR_BAD_POLICY, a routing without analytic tables or malformed
- * MS_ERR_BAD_ROUTING. Workspace: ms_che_table_workspace_size(r) bytes. */
+ * experts (pinned) and of the rest (free), the GPU hit rate (LRU: a sticky chain in whole steps of recency
+ * per scenario combination, or on the window tables of a token-memory routing; LFU: counts since the run
+ * began, averaged over steps [warmup, steps); static: the pinned share) and the reuse statistic. They depend
+ * on nothing else (not the model, machine, context or prefetch recall), so a sweep computes them once and
+ * passes them to every configuration that shares them (ms_decode_config_t.che). batch, tokens_per_step, steps
+ * < 1, slots < 0 or warmup outside [0, steps) is MS_ERR_BAD_SIZE, Belady or an unknown policy MS_ERR_BAD_POLICY,
+ * a routing without analytic tables or malformed MS_ERR_BAD_ROUTING. Workspace: ms_che_table_workspace_size(r). */
 enum { MS_CHE_D = 0, MS_CHE_PINNED_Q, MS_CHE_PINNED_P, MS_CHE_FREE_Q, MS_CHE_FREE_P, MS_CHE_HIT, MS_CHE_REUSE,
        MS_CHE_FIELDS };
 int64_t ms_che_table_workspace_size(const ms_routing_t *r);
 int ms_che_table(const ms_routing_t *r, int32_t batch, int32_t tokens_per_step, int32_t slots, int32_t policy,
-                 void *workspace, int64_t workspace_bytes, double *out);
+                 int64_t steps, int64_t warmup, void *workspace, int64_t workspace_bytes, double *out);
 
 /* 0, or 1 when a routing's token-memory window tables are malformed (nodes not increasing from 1, log
  * probabilities above 0, not finite or rising with the window); 0 without them. Ignores windows_checked:

@@ -258,7 +258,7 @@ static int64_t ws_layout(const ms_decode_model_t *m, const ms_routing_t *r, cons
     TAKE(mark, int32_t, L * E);
     TAKE(pos, int32_t, L * E);
     TAKE(chosen, int32_t, E);
-    TAKE(che, double, 2 * E);                   /* analytic: Che scratch and the chain's return rates */
+    TAKE(che, double, 4 * E);                   /* analytic: the LRU chain's and LFU's scratch */
     TAKE(lq, double, mc ? 0 : 2 * (int64_t) (r->n_scenarios > 0 ? r->n_scenarios : 1) * E);
     TAKE(usel, int32_t, E);
     TAKE(ucnt, int32_t, E);

@@ -287,4 +287,15 @@ int32_t ms_sweep_choose(const ms_sweep_mem_t *g, int64_t ctx, int64_t b, int64_t
 /* The largest context that fits at batch b under the best placement for that context (ms_sweep_memory.c). */
 int64_t ms_sweep_auto_max_context(const ms_sweep_mem_t *g, int64_t b);
 
+/* ms_cache_rates.c: the analytic path's cache hit rates (window tables of a token-memory routing, the sticky
+ * LRU chain, LFU's counts). Scratch as documented there. */
+double ms_window_inclusion(const ms_routing_t *r, int32_t l, double B, double tps, double *p);
+double ms_window_hits(const ms_routing_t *r, int32_t l, double B, double tps, double C, double D);
+double ms_window_reuse(const ms_routing_t *r, int32_t l);
+double ms_lru_hit_rate(const ms_routing_t *r, int32_t batch, int32_t tps, int32_t l, double C, double *pc,
+                       double *pf, double *che, double *lq, double *ls);
+double ms_lfu_hit_rate(const ms_routing_t *r, int32_t batch, int32_t tps, int32_t l, double C, double steps,
+                       double warmup, double *pc, double *pf, double *mu, double *sd, double *pbar, double *pvar,
+                       double *lq, double *ls);
+
 #endif

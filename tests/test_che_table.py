@@ -52,7 +52,7 @@ def test_reading_the_table_equals_solving(case):
     b, t, pol = int(c0["batch"][0]), int(c0["tokens_per_step"][0]), int(c0["policy"][0])
     moe = [i for i, m in enumerate(dm["expert_mode"]) if m != codes.EXP_NONE]
     s = int(dm["slots"][moe[0]])
-    tab = KD.che_table(rt, [b], t, s, pol)
+    tab = KD.che_table(rt, [b], t, s, pol, steps=int(c0["steps"][0]), warmup=int(c0["warmup"][0]))
     solved = KD.run(dm, hw, rt, c0)
     for slot_col in (s, s + 1000):
         cc = dict(c0, che=tab, che_slots=[slot_col])
@@ -90,12 +90,15 @@ def test_table_matches_the_independent_and_window_solutions(memory):
 
 @pytest.mark.parametrize("kw,match", [(dict(batches=[0]), "batch"), (dict(tokens_per_step=0), "batch"),
                                       (dict(slots=-1), "slots"), (dict(slots=2.5), "slots"),
-                                      (dict(policy=codes.POLICY_BELADY), "policy"), (dict(batches=[1.5]), "integers")])
+                                      (dict(policy=codes.POLICY_BELADY), "policy"), (dict(batches=[1.5]), "integers"),
+                                      (dict(steps=0), "steps"), (dict(warmup=-1), "warmup"),
+                                      (dict(warmup=256), "warmup"), (dict(steps=True), "steps")])
 def test_bad_arguments_raise_moesim_error(kw, match):
-    args = dict(batches=[1], tokens_per_step=1, slots=4, policy=codes.POLICY_LRU)
+    args = dict(batches=[1], tokens_per_step=1, slots=4, policy=codes.POLICY_LRU, steps=256, warmup=32)
     args.update(kw)
     with pytest.raises(MoesimError, match=match):
-        KD.che_table(_routing(False), args["batches"], args["tokens_per_step"], args["slots"], args["policy"])
+        KD.che_table(_routing(False), args["batches"], args["tokens_per_step"], args["slots"], args["policy"],
+                     steps=args["steps"], warmup=args["warmup"])
 
 
 def test_dense_routing_raises():
@@ -108,7 +111,7 @@ def test_dense_routing_raises():
     (1, 1, -1, codes.POLICY_LRU, codes.ERR_BAD_SIZE), (1, 1, 4, codes.POLICY_BELADY, codes.ERR_BAD_POLICY),
     (1, 1, 4, 99, codes.ERR_BAD_POLICY)])
 def test_c_refuses_bad_arguments_with_codes(batch, tps, slots, policy, code):
-    rc, bad, _ = _kernel.che_table(_routing(False), [1, batch], [1, tps], slots, policy)
+    rc, bad, _ = _kernel.che_table(_routing(False), [1, batch], [1, tps], slots, policy, 256, 32)
     assert rc == code and bad == (1 if batch < 1 or tps < 1 else 0)
 
 
@@ -116,7 +119,7 @@ def test_c_refuses_malformed_windows():
     rt = dict(_routing(True))
     lq = rt["win_lq"].copy()
     lq[0, 0, :] = 0.5
-    rc, _, _ = _kernel.che_table(dict(rt, win_lq=lq), [1], [1], 4, codes.POLICY_LRU)
+    rc, _, _ = _kernel.che_table(dict(rt, win_lq=lq), [1], [1], 4, codes.POLICY_LRU, 256, 32)
     assert rc == codes.ERR_BAD_ROUTING
 
 

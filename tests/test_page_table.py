@@ -60,7 +60,8 @@ def test_reading_the_table_equals_solving(case, draw_ps):
     b, t, pol = int(c0["batch"][0]), int(c0["tokens_per_step"][0]), int(c0["policy"][0])
     tab = KD.page_table(rt, [b], t, ps)
     moe = [i for i, m in enumerate(dm["expert_mode"]) if m != codes.EXP_NONE]
-    che = dict(che=KD.che_table(rt, [b], t, int(dm["slots"][moe[0]]), pol), che_slots=[int(dm["slots"][moe[0]])])
+    che = dict(che=KD.che_table(rt, [b], t, int(dm["slots"][moe[0]]), pol, steps=int(c0["steps"][0]),
+                                warmup=int(c0["warmup"][0])), che_slots=[int(dm["slots"][moe[0]])])
     for extra in ({}, che):
         solved = KD.run(dm, hw, rt, dict(c0, **extra))     # (a paged layer may read nothing from host memory)
         for slot_col in (ps, ps + 1000):

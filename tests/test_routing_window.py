@@ -1,4 +1,4 @@
-"""The analytic path's window tables (engine/lower/routing_window.py, ms_analytic.c "token memory"): the
+"""The analytic path's window tables (engine/lower/routing_window.py, ms_cache_rates.c "token memory"): the
 counting equals a brute-force count, the tables are deterministic and well formed, the window formulas
 reduce to Che's approximation under independent picks, malformed tables are refused, and the analytic
 path agrees with Monte Carlo on a memory profile. (C == Python twin: tests/test_decode.py

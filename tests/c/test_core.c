@@ -367,7 +367,7 @@ static void test_che_table(void)
         for (int32_t pol = 0; pol < MS_POLICY_BELADY; pol++) {
             for (int32_t b = 1; b <= 9; b += 4) {
                 ms_decode_config_t c = make_decode_config(b, 32, pol, MS_MODE_ANALYTIC);
-                CHECK(ms_che_table(&r, b, 1, 4, pol, tw, wsb, tab) == 0);
+                CHECK(ms_che_table(&r, b, 1, 4, pol, c.steps, c.warmup, tw, wsb, tab) == 0);
                 for (int l = 0; l < L; l++) CHECK(tab[l * F + MS_CHE_HIT] >= 0.0 && tab[l * F + MS_CHE_HIT] <= 1.0);
                 CHECK(run_decode(&m, &h, &r, &c, &solved) == 0);
                 c.che = tab; c.che_slots = 4;
@@ -391,22 +391,25 @@ static void test_che_table(void)
             }
         }
     }
-    CHECK(ms_che_table(&r, 2, 1, 0, MS_POLICY_LRU, tw, wsb, tab) == 0 && tab[MS_CHE_HIT] == 0.0);
-    CHECK(ms_che_table(&r, 2, 1, E, MS_POLICY_LRU, tw, wsb, tab) == 0 && tab[MS_CHE_HIT] == 1.0);
-    CHECK(ms_che_table(&r, 2, 1, E, MS_POLICY_STATIC, tw, wsb, tab) == 0 && tab[MS_CHE_FREE_P] == 0.0);
-    CHECK(ms_che_table(NULL, 1, 1, 4, MS_POLICY_LRU, tw, wsb, tab) == MS_ERR_NULL_ARGUMENT);
-    CHECK(ms_che_table(&r, 1, 1, 4, MS_POLICY_LRU, tw, wsb, NULL) == MS_ERR_NULL_ARGUMENT);
-    CHECK(ms_che_table(&r, 0, 1, 4, MS_POLICY_LRU, tw, wsb, tab) == MS_ERR_BAD_SIZE);
-    CHECK(ms_che_table(&r, 1, 0, 4, MS_POLICY_LRU, tw, wsb, tab) == MS_ERR_BAD_SIZE);
-    CHECK(ms_che_table(&r, 1, 1, -1, MS_POLICY_LRU, tw, wsb, tab) == MS_ERR_BAD_SIZE);
-    CHECK(ms_che_table(&r, 1, 1, 4, MS_POLICY_BELADY, tw, wsb, tab) == MS_ERR_BAD_POLICY);
-    CHECK(ms_che_table(&r, 1, 1, 4, 17, tw, wsb, tab) == MS_ERR_BAD_POLICY);
-    CHECK(ms_che_table(&r, 1, 1, 4, MS_POLICY_LRU, tw, wsb - 8, tab) == MS_ERR_BAD_WORKSPACE);
-    CHECK(ms_che_table(&none, 1, 1, 4, MS_POLICY_LRU, tw, wsb, tab) != 0);
+    CHECK(ms_che_table(&r, 2, 1, 0, MS_POLICY_LRU, 256, 32, tw, wsb, tab) == 0 && tab[MS_CHE_HIT] == 0.0);
+    CHECK(ms_che_table(&r, 2, 1, E, MS_POLICY_LRU, 256, 32, tw, wsb, tab) == 0 && tab[MS_CHE_HIT] == 1.0);
+    CHECK(ms_che_table(&r, 2, 1, E, MS_POLICY_STATIC, 256, 32, tw, wsb, tab) == 0 && tab[MS_CHE_FREE_P] == 0.0);
+    CHECK(ms_che_table(NULL, 1, 1, 4, MS_POLICY_LRU, 256, 32, tw, wsb, tab) == MS_ERR_NULL_ARGUMENT);
+    CHECK(ms_che_table(&r, 1, 1, 4, MS_POLICY_LRU, 256, 32, tw, wsb, NULL) == MS_ERR_NULL_ARGUMENT);
+    CHECK(ms_che_table(&r, 0, 1, 4, MS_POLICY_LRU, 256, 32, tw, wsb, tab) == MS_ERR_BAD_SIZE);
+    CHECK(ms_che_table(&r, 1, 0, 4, MS_POLICY_LRU, 256, 32, tw, wsb, tab) == MS_ERR_BAD_SIZE);
+    CHECK(ms_che_table(&r, 1, 1, -1, MS_POLICY_LRU, 256, 32, tw, wsb, tab) == MS_ERR_BAD_SIZE);
+    CHECK(ms_che_table(&r, 1, 1, 4, MS_POLICY_LFU, 0, 0, tw, wsb, tab) == MS_ERR_BAD_SIZE);
+    CHECK(ms_che_table(&r, 1, 1, 4, MS_POLICY_LFU, 32, 32, tw, wsb, tab) == MS_ERR_BAD_SIZE);
+    CHECK(ms_che_table(&r, 1, 1, 4, MS_POLICY_LFU, 32, -1, tw, wsb, tab) == MS_ERR_BAD_SIZE);
+    CHECK(ms_che_table(&r, 1, 1, 4, MS_POLICY_BELADY, 256, 32, tw, wsb, tab) == MS_ERR_BAD_POLICY);
+    CHECK(ms_che_table(&r, 1, 1, 4, 17, 256, 32, tw, wsb, tab) == MS_ERR_BAD_POLICY);
+    CHECK(ms_che_table(&r, 1, 1, 4, MS_POLICY_LRU, 256, 32, tw, wsb - 8, tab) == MS_ERR_BAD_WORKSPACE);
+    CHECK(ms_che_table(&none, 1, 1, 4, MS_POLICY_LRU, 256, 32, tw, wsb, tab) != 0);
     ms_routing_t noq = r; noq.q = NULL;
-    CHECK(ms_che_table(&noq, 1, 1, 4, MS_POLICY_LRU, tw, wsb, tab) == MS_ERR_BAD_ROUTING);
+    CHECK(ms_che_table(&noq, 1, 1, 4, MS_POLICY_LRU, 256, 32, tw, wsb, tab) == MS_ERR_BAD_ROUTING);
     ms_routing_t wide = r; wide.top_k = E + 1;
-    CHECK(ms_che_table(&wide, 1, 1, 4, MS_POLICY_LRU, tw, wsb, tab) == MS_ERR_BAD_ROUTING);
+    CHECK(ms_che_table(&wide, 1, 1, 4, MS_POLICY_LRU, 256, 32, tw, wsb, tab) == MS_ERR_BAD_ROUTING);
     free(tw);
 }
 
@@ -435,7 +438,7 @@ static void test_page_table(void)
                 CHECK(run_decode(&m, &h, &r, &c, &solved) == 0 && solved.page_hit_rate < 1.0);
                 c.page_hit = page; c.page_hit_slots = 6;
                 CHECK(run_decode(&m, &h, &r, &c, &read) == 0 && memcmp(&solved, &read, sizeof(solved)) == 0);
-                CHECK(ms_che_table(&r, b, 1, 4, pol, tw, wsb, che) == 0);
+                CHECK(ms_che_table(&r, b, 1, 4, pol, c.steps, c.warmup, tw, wsb, che) == 0);
                 c.che = che; c.che_slots = 4;       /* both tables: still the solved result */
                 CHECK(run_decode(&m, &h, &r, &c, &read) == 0 && memcmp(&solved, &read, sizeof(solved)) == 0);
                 c.che = NULL; c.che_slots = -1;
@@ -489,10 +492,10 @@ static void test_windows_checked(void)
     lq[5] = 0.5;                                       /* malformed: a log probability above 0 */
     CHECK(ms_check_windows(&r) == 1);                  /* judged whatever the mark says */
     CHECK(run_decode(&m, &h, &r, &c, &marked) == 0);   /* marked: not checked again */
-    CHECK(ms_che_table(&r, 2, 1, 4, MS_POLICY_LRU, tw, wsb, tab) == 0);
+    CHECK(ms_che_table(&r, 2, 1, 4, MS_POLICY_LRU, 256, 32, tw, wsb, tab) == 0);
     r.windows_checked = 0;
     CHECK(run_decode(&m, &h, &r, &c, &marked) == MS_ERR_BAD_ROUTING);
-    CHECK(ms_che_table(&r, 2, 1, 4, MS_POLICY_LRU, tw, wsb, tab) == MS_ERR_BAD_ROUTING);
+    CHECK(ms_che_table(&r, 2, 1, 4, MS_POLICY_LRU, 256, 32, tw, wsb, tab) == MS_ERR_BAD_ROUTING);
     CHECK(ms_page_table(&r, 2, 1, 4, tw, wsb, tab) == MS_ERR_BAD_ROUTING);
     lq[5] = 1.8 * lq[4];
     free(tw);

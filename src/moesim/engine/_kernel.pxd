@@ -186,7 +186,7 @@ cdef extern from "moesim.h" nogil:
     int MS_CHE_FIELDS
     int64_t ms_che_table_workspace_size(const ms_routing_t *r)
     int ms_che_table(const ms_routing_t *r, int32_t batch, int32_t tokens_per_step, int32_t slots, int32_t policy,
-                     void *workspace, int64_t workspace_bytes, double *out) nogil
+                     int64_t steps, int64_t warmup, void *workspace, int64_t workspace_bytes, double *out) nogil
     int ms_check_windows(const ms_routing_t *r)
     int ms_page_table(const ms_routing_t *r, int32_t batch, int32_t tokens_per_step, int32_t page_slots,
                       void *workspace, int64_t workspace_bytes, double *out) nogil

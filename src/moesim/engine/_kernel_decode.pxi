@@ -166,9 +166,10 @@ def decode_many(dm, hw, rt, cols, int n_threads):
     return code, bad, out
 
 
-def che_table(rt, batches, tokens_per_step, int slots, int policy):
+def che_table(rt, batches, tokens_per_step, int slots, int policy, int64_t steps, int64_t warmup):
     """(code, index of the first bad row or -1, [n, L, MS_CHE_FIELDS] rows): ms_che_table for each (batches[i],
-    tokens_per_step[i]) at `slots` GPU slots under `policy` (engine.decode.che_table checks the arguments)."""
+    tokens_per_step[i]) at `slots` GPU slots under `policy` over a run of `steps` steps, `warmup` of them not
+    counted (engine.decode.che_table checks the arguments)."""
     cdef ms_routing_t r
     keep = {}
     _fill_routing(&r, check_routing(rt), keep)
@@ -188,7 +189,7 @@ def che_table(rt, batches, tokens_per_step, int slots, int policy):
     try:
         with nogil:
             for i in range(n):
-                code = ms_che_table(&r, b[i], t[i], slots, policy, ws, wsb, &v[i, 0, 0])
+                code = ms_che_table(&r, b[i], t[i], slots, policy, steps, warmup, ws, wsb, &v[i, 0, 0])
                 if code:
                     bad = i
                     break

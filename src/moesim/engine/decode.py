@@ -38,28 +38,37 @@ def run(dm: dict, hw: dict, rt: dict, cols: dict, n_threads: int = 1, engine: st
 
 
 # ------------------------------------------------------------------------------- analytic tables
-def che_table(rt: dict, batches, tokens_per_step, slots: int, policy: int = 0, engine: str = "c"):
+def che_table(rt: dict, batches, tokens_per_step, slots: int, policy: int = 0, engine: str = "c", steps: int = 256,
+              warmup: int = 32):
     """The analytic path's expected counts of every routing layer's step, one ``[n_layers, len(CHE_FIELDS)]``
     row per (batches[i], tokens_per_step[i]) at ``slots`` GPU expert slots under ``policy`` (a POLICIES code,
     not Belady): distinct experts, the pinned (hottest ``slots``) and free selection / inclusion mass, the GPU
-    hit rate (LRU: the sticky chain's Che-style rate, ms_analytic.c lru_chain_hits; static, LFU: the pinned share) and the
-    reuse statistic (codes.CHE_FIELDS). They depend on the routing's tables, batch, tokens per step, slots and
-    policy only, so a sweep computes them once and passes them as the ``che`` / ``che_slots`` config
-    columns of every configuration that shares them (prefetch recalls, machines, contexts, quants); the
-    kernel then reads them instead of counting experts and solving Che. Bad arguments raise MoesimError."""
+    hit rate (LRU: the sticky chain in whole steps of recency, ms_cache_rates.c lru_chain_hits; LFU: counts since
+    the run began, averaged over steps [warmup, steps) of a run, lfu_hit_rate; static: the pinned share) and the
+    reuse statistic (codes.CHE_FIELDS). They depend on the routing's tables, batch, tokens per step, slots,
+    policy and (LFU) the run's steps and warmup only, so a sweep computes them once and passes them as the
+    ``che`` / ``che_slots`` config columns of every configuration that shares them (prefetch recalls,
+    machines, contexts, quants); the kernel then reads them instead of counting experts and solving. Bad
+    arguments raise MoesimError."""
     import numpy as np
     from .codes import CHE_FIELDS, POLICY_BELADY, POLICIES
     b, t = _table_args(rt, batches, tokens_per_step, slots, "che_table", "slots")
     if policy not in POLICIES.values() or policy == POLICY_BELADY:
         raise MoesimError(f"che_table: policy must be the code of lru, lfu or static, got {policy!r}", "policy")
+    for name, v, low in (("steps", steps, 1), ("warmup", warmup, 0)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not low <= int(v) <= 2**62:
+            raise MoesimError(f"che_table: {name} must be an integer >= {low}, got {v!r}", name)
+    if warmup >= steps:
+        raise MoesimError(f"che_table: warmup ({warmup}) must be smaller than steps ({steps})", "warmup")
     if engine == "reference":
         from .reference import decode as reference
-        rows = [reference.che_table(rt, int(x), int(y), int(slots), int(policy)) for x, y in zip(b, t)]
+        rows = [reference.che_table(rt, int(x), int(y), int(slots), int(policy), int(steps), int(warmup))
+                for x, y in zip(b, t)]
         return np.array(rows, dtype=np.float64).reshape(len(b), int(rt["n_layers"]), len(CHE_FIELDS))
     if engine != "c":
         raise MoesimError(f"engine must be 'c' or 'reference', got {engine!r}", "engine")
     from . import _kernel
-    code, bad, out = _kernel.che_table(rt, b, t, int(slots), int(policy))
+    code, bad, out = _kernel.che_table(rt, b, t, int(slots), int(policy), int(steps), int(warmup))
     handle_library_error(code, "ms_che_table", bad)
     return out
 

@@ -132,9 +132,11 @@ def rows(plan, rt: dict, slots: int, policy: int, batches, tps: int) -> np.ndarr
     step, each computed once (one kernel call for the rows not yet there)."""
     from ...engine.decode import che_table
     fp = fingerprint(plan, rt)
-    keys = [(fp, int(slots), int(policy), int(b), int(tps)) for b in batches]
+    steps, warmup = int(plan.run["tokens"]), int(plan.run["warmup"])
+    keys = [(fp, int(slots), int(policy), int(b), int(tps), steps, warmup) for b in batches]
     return _memoised(keys, lambda miss: che_table(sealed_routing(plan, rt), np.array([batches[i] for i in miss],
-                                                  dtype=np.int64), int(tps), int(slots), int(policy)), "che_rows")
+                                                  dtype=np.int64), int(tps), int(slots), int(policy),
+                                                  steps=steps, warmup=warmup), "che_rows")
 
 
 def page_rows(plan, rt: dict, page_slots: int, batches, tps: int) -> np.ndarray:

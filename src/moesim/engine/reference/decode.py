@@ -17,6 +17,7 @@ from .cache import Cache, next_use
 from .rng import M64, Rng
 from .route import route
 from . import window as W
+from .cache_rates import lfu_hit_rate, lru_hit_rate
 
 
 def _argmax(terms):
@@ -327,7 +328,7 @@ def decode_analytic(dm, hw, rt, c):
                 selections=0.0, by_resource=acc["res"], by_phase=acc["phase"], bytes=acc["bytes"])
 
 
-def _layer_counts(rt, q, l, B, tps, slots, policy, hit=True):
+def _layer_counts(rt, q, l, B, tps, slots, policy, hit=True, steps=256, warmup=32):
     """Twin of ms_analytic.c layer_counts: routing layer ``l``'s step counts at ``slots`` GPU slots,
     (distinct, pinned q, pinned p, free q, free p, hit rate, reuse) as codes.CHE_FIELDS orders them, and the
     inclusion probabilities p."""
@@ -344,8 +345,11 @@ def _layer_counts(rt, q, l, B, tps, slots, policy, hit=True):
         h = 0.0
     elif policy == POLICY_LRU:
         h = _lru_layer(rt, q, l, B, tps, float(slots), D)
+    elif policy == POLICY_LFU:
+        h = lfu_hit_rate(q, float(rt["stickiness"][l]), int(rt.get("request_tokens", 0)), l, E, B, tps, float(slots),
+                         float(steps), float(warmup), windows=rt if memory else None)
     else:
-        h = pinned_p / D if D > 0 else 0.0      # static; LFU converges to the same set
+        h = pinned_p / D if D > 0 else 0.0      # static
     stick = float(rt["stickiness"][l])
     reuse = W.window_reuse(rt, l, K) if memory else stick + (1.0 - stick) * sq / (S * K)
     return (D, pinned_q, pinned_p, free_q, free_p, h, reuse), p
@@ -364,7 +368,7 @@ def _analytic_layer_work(dm, rt, c, i, q, E, K, tally):
     slots = int(dm["slots"][i])
     tabled = c.get("che") is not None and c["che_slots"] == slots
     row = _layer_counts(rt, q, l, c["batch"], c["tokens_per_step"], slots, c["policy"],
-                        hit=not tabled and mode == EXP_FETCH)[0]
+                        hit=not tabled and mode == EXP_FETCH, steps=c["steps"], warmup=c["warmup"])[0]
     if tabled:
         row = tuple(float(x) for x in c["che"][l])
     D, pinned_q, pinned_p, free_q, free_p, h, reuse = row
@@ -442,102 +446,19 @@ def _lru_layer(rt, q, l, B, tps, C, D):
     memory (D: the step's distinct experts), else the sticky chain per scenario combination."""
     if rt.get("win_lq") is not None:
         return W.window_hits(rt, l, B, tps, C, D) / D if D > 0 else 0.0
-    return _lru_hit_rate(q, float(rt["stickiness"][l]), l, rt["n_experts"], B, tps, C)
+    return lru_hit_rate(q, float(rt["stickiness"][l]), l, rt["n_experts"], B, tps, C)
 
 
-def che_table(rt, batch, tokens_per_step, slots, policy):
+def che_table(rt, batch, tokens_per_step, slots, policy, steps=256, warmup=32):
     """Twin of ms_che_table: every routing layer's step counts (codes.CHE_FIELDS) at (batch, tokens_per_step,
-    slots, policy); a bad argument raises ValueError (the C returns an error code)."""
-    if batch < 1 or tokens_per_step < 1 or slots < 0:
-        raise ValueError("batch and tokens_per_step must be >= 1, slots >= 0")
+    slots, policy) over a run of ``steps`` steps, ``warmup`` not counted; a bad argument raises ValueError (the
+    C returns an error code)."""
+    if batch < 1 or tokens_per_step < 1 or slots < 0 or steps < 1 or not 0 <= warmup < steps:
+        raise ValueError("batch, tokens_per_step and steps must be >= 1, slots >= 0, warmup in [0, steps)")
     if policy not in (POLICY_LRU, POLICY_LFU, POLICY_STATIC):
         raise ValueError("the table is of lru, lfu or static")
-    return [list(_layer_counts(rt, rt["q"], l, batch, tokens_per_step, slots, policy)[0])
+    return [list(_layer_counts(rt, rt["q"], l, batch, tokens_per_step, slots, policy, steps=steps, warmup=warmup)[0])
             for l in range(int(rt["n_layers"]))]
-
-
-def lru_chain_hits(p, f, capacity):
-    """Expected hits per step of a step-level LRU cache over a two-state chain per expert (ms_analytic.c
-    lru_chain_hits): e is in a step's set with probability p[e] and returns after a step without it with
-    probability f[e]. The experts used in the last k steps, U(k) = sum 1 - (1 - p)(1 - f)^(k-1), split at
-    U(k) <= C < U(k + 1): those used within k steps are resident, those used exactly k + 1 steps back with
-    probability rho = (C - U(k)) / (U(k + 1) - U(k)) (recency within a step follows expert ids). k = 0 (a step
-    needs more than C): rho = C / D, less one hit when every resident is needed again (as the C)."""
-    E = len(p)
-    D = sum(p)
-    support = sum(1 for x in p if x > 0)
-    reach = sum(1.0 if y > 0 else x for x, y in zip(p, f))
-    if support <= capacity or reach <= capacity:
-        return D
-    if capacity <= 0:
-        return 0.0
-    lb = [math.log1p(-min(y, 1.0 - 1e-15)) for y in f]
-    tau = 1.0
-    if D < capacity:
-        # start at the root for equal return rates; from its right Newton's first step lands left (as the C)
-        fsum = sum(y for x, y in zip(p, f) if x > 0)
-        if 0.0 < fsum < support:
-            tau = max(1.0, 1.0 + math.log((support - capacity) / (support - D)) / math.log1p(-fsum / support))
-        for _ in range(200):
-            u, du = -capacity, 0.0
-            for e in range(E):
-                x = (1.0 - p[e]) * math.exp(lb[e] * (tau - 1.0))
-                u += 1.0 - x
-                du -= lb[e] * x
-            if not du > 0.0:
-                break
-            nxt = max(1.0, tau - u / du)
-            if not abs(nxt - tau) > 1e-14 * tau:
-                break
-            tau = nxt
-        k = math.floor(tau)
-    else:
-        k = 0
-    uk = uk1 = within = exact = lret = 0.0
-    for e in range(E):
-        a = 1.0 - p[e]
-        if k >= 1:
-            g = math.exp(lb[e] * (k - 1.0))
-            z = a * f[e] * g
-            uk += 1.0 - a * g
-            uk1 += 1.0 - a * math.exp(lb[e] * k)
-            within += p[e] - z
-            exact += z * f[e]
-        elif p[e] > 0.0:
-            both = p[e] - a * f[e]
-            uk1 += p[e]
-            exact += both
-            lret += p[e] * math.log(max(both / p[e], 1e-300))
-    if k < 1:
-        # every resident needed again: the step's first access (a miss) evicts one of them (ms_cache.c lru_victim)
-        return max(0.0, exact * capacity / D - min(1.0, D - capacity) * math.exp(capacity * lret / D))
-    rho = min(1.0, max(0.0, (capacity - uk) / (uk1 - uk))) if uk1 > uk else 0.0
-    return within + rho * exact
-
-
-def _lru_hit_rate(q, stick, l, E, B, tps, C):
-    """Step-level LRU hit rate of a ``C``-slot cache, averaged over the S step windows: the B sequences
-    of a step draw routing samples j, j+1, ... (cyclically), each for ``tps`` tokens. A sequence re-picks its
-    previous token's experts with the layer's stickiness, so an expert absent from the step before returns
-    with f = 1 - prod ((1 - q) / (1 - q stick))^tps (:func:`lru_chain_hits`). When S divides B every window
-    holds every sample B / S times: one window stands for all (as the C)."""
-    S = len(q)
-    hsum = dsum = 0.0
-    for j in range(1 if B % S == 0 else S):
-        pc, pf = [], []
-        for e in range(E):
-            lg = lf = 0.0
-            for b in range(min(B, S)):
-                s = (j + b) % S
-                reps = B // S + (1 if b < B % S else 0)
-                x = min(q[s][l][e], 1.0 - 1e-16)
-                lg += reps * math.log1p(-x)
-                lf += reps * (math.log1p(-x) - math.log1p(-x * stick))
-            pc.append(1.0 - math.exp(tps * lg))
-            pf.append(1.0 - math.exp(tps * lf))
-        hsum += lru_chain_hits(pc, pf, C)
-        dsum += sum(pc)
-    return hsum / dsum if dsum > 0 else 0.0
 
 
 def page_table(rt, batch, tokens_per_step, page_slots):

@@ -1,4 +1,4 @@
-"""Pure-Python twin of the analytic path's token-memory reading (csrc/ms_analytic.c, "token memory"):
+"""Pure-Python twin of the analytic path's token-memory reading (csrc/ms_cache_rates.c, "token memory"):
 Che's approximation on a routing's window tables (engine/lower/routing_window.py). Same operations in
 the same order as the C, so the two agree to rounding."""
 from __future__ import annotations
@@ -48,7 +48,7 @@ def window_absent_node(rt, l, B, j):
 
 
 def window_capacity_tokens(rt, l, B, n0, C):
-    """The n >= n0 where E - window_absent(n) reaches C (ms_analytic.c window_capacity_tokens): a binary
+    """The n >= n0 where E - window_absent(n) reaches C (ms_cache_rates.c window_capacity_tokens): a binary
     search over the nodes for the segment holding it, then Newton's method from the segment's left end."""
     nodes, rows = rt["win_n"], rt["win_lq"][l]
     E, W = len(rows), len(nodes)
@@ -84,7 +84,7 @@ def window_capacity_tokens(rt, l, B, n0, C):
 
 
 def window_hits(rt, l, B, tps, C, D):
-    """Expected LRU hits per step of a C-slot step-level cache (ms_analytic.c window_hits): whole steps of
+    """Expected LRU hits per step of a C-slot step-level cache (ms_cache_rates.c ms_window_hits): whole steps of
     recency split at U(k) <= C < U(k + 1), U(k) = E - window_absent(k tps)."""
     rows = rt["win_lq"][l]
     E = len(rows)
@@ -95,7 +95,7 @@ def window_hits(rt, l, B, tps, C, D):
         return 0.0
     a1 = E - D
     if D >= C:
-        # less one hit when every resident is needed again (ms_analytic.c lru_chain_hits, k = 0)
+        # less one hit when every resident is needed again (ms_cache_rates.c lru_chain_hits, k = 0)
         nodes, lret = rt["win_n"], 0.0
         for e in range(E):
             x1 = math.exp(B * window_lq(nodes, rows[e], tps))

@@ -1,0 +1,415 @@
+/*
+ * The analytic path's cache hit rates (ms_analytic.c reads them): LRU in whole steps of recency on a sticky
+ * two-state chain per expert (per scenario combination) or on a token-memory routing's window tables, and LFU
+ * with counts since the run began. engine/reference/cache_rates.py and window.py are the Python twins.
+ */
+#include <float.h>
+#include <math.h>
+
+#include "ms_internal.h"
+
+/* ------------------------------------------------------------------------- token memory (windows) */
+
+/* The segment of the window nodes r->win_n holding n (the end one beyond them): its nodes lo and hi,
+ * n - x[lo] and x[hi] - x[lo]. Every expert's row shares the nodes, so a sum over experts finds the
+ * segment once. */
+typedef struct {
+    int32_t lo, hi;
+    double dn, dx;
+} win_seg_t;
+
+static win_seg_t window_segment(const ms_routing_t *r, double n)
+{
+    const double *x = r->win_n;
+    win_seg_t s;
+    int32_t lo = 0, hi = r->n_window - 1;
+    while (hi - lo > 1) {               /* the segment [x[lo], x[hi]] holding n (or the end one) */
+        int32_t mid = (lo + hi) / 2;
+        if (x[mid] < n) lo = mid; else hi = mid;
+    }
+    s.lo = lo;
+    s.hi = hi;
+    s.dn = n - x[lo];
+    s.dx = x[hi] - x[lo];
+    return s;
+}
+
+/* log P(an expert is absent from n consecutive tokens of one sequence) from its window row lq at n's
+ * segment s: linear in n between the nodes, the end segments extended beyond them. */
+static double window_lq(const double *lq, win_seg_t s)
+{
+    return lq[s.lo] + (lq[s.hi] - lq[s.lo]) * s.dn / s.dx;
+}
+
+/* Expected experts of routing layer l absent from B sequences' n tokens each, summed: sum_e a_e(n) with
+ * a_e(n) = exp(B lq_e(n)) (sequences are independent requests). */
+static double window_absent(const ms_routing_t *r, int32_t l, double B, double n)
+{
+    int32_t E = r->n_experts, W = r->n_window;
+    const double *row = r->win_lq + (int64_t) l * E * W;
+    win_seg_t seg = window_segment(r, n);
+    double s = 0.0;
+    for (int32_t e = 0; e < E; e++) s += exp(B * window_lq(row + (int64_t) e * W, seg));
+    return s;
+}
+
+/* Step inclusion p_e = 1 - a_e(tps) of routing layer l into p; returns their sum D. */
+double ms_window_inclusion(const ms_routing_t *r, int32_t l, double B, double tps, double *p)
+{
+    int32_t E = r->n_experts, W = r->n_window;
+    const double *row = r->win_lq + (int64_t) l * E * W;
+    win_seg_t seg = window_segment(r, tps);
+    double D = 0.0;
+    for (int32_t e = 0; e < E; e++) {
+        p[e] = 1.0 - exp(B * window_lq(row + (int64_t) e * W, seg));
+        D += p[e];
+    }
+    return D;
+}
+
+/* sum_e exp(B lq_e[j]) of routing layer l: the experts absent from B sequences' x[j] tokens (a node). */
+static double window_absent_node(const ms_routing_t *r, int32_t l, double B, int32_t j)
+{
+    int32_t E = r->n_experts, W = r->n_window;
+    const double *row = r->win_lq + (int64_t) l * E * W + j;
+    double s = 0.0;
+    for (int32_t e = 0; e < E; e++) s += exp(B * row[(int64_t) e * W]);
+    return s;
+}
+
+/* The n >= n0 solving E - window_absent(n) = C, given E - window_absent(n0) < C and a root (the experts
+ * ever used outnumber C). The left side rises with n; between nodes lq is linear in n, so there it is
+ * E minus a sum of exponentials of n: concave. A binary search over the nodes finds the segment that holds
+ * the root (the end segment extended beyond the last node); Newton's method from the segment's left end
+ * (or n0) then rises monotonically to the root, as tangents of a concave function lie above it. About a
+ * dozen sums over the experts, where bisection in n took about fifty. Capped at n0 2^50 (a root that far
+ * is a cache that never misses: the hits it gives are D). */
+static double window_capacity_tokens(const ms_routing_t *r, int32_t l, double B, double n0, double C)
+{
+    int32_t E = r->n_experts, W = r->n_window, a, b;
+    const double *x = r->win_n, *row = r->win_lq + (int64_t) l * E * W;
+    double n, xlo, cap = n0 * 0x1p50;
+    win_seg_t s = window_segment(r, n0);
+    a = s.hi;
+    b = W - 1;
+    if ((double) E - window_absent_node(r, l, B, b) < C) {
+        a = W - 1;                          /* the end segment, extended */
+    } else {
+        while (a < b) {                     /* the first node where the left side reaches C */
+            int32_t mid = (a + b) / 2;
+            if ((double) E - window_absent_node(r, l, B, mid) >= C) b = mid; else a = mid + 1;
+        }
+    }
+    xlo = x[a - 1];
+    n = fmax(n0, xlo);
+    for (int it = 0; it < 100; it++) {
+        double absent = 0.0, slope = 0.0, step;
+        for (int32_t e = 0; e < E; e++) {
+            const double *q = row + (int64_t) e * W;
+            double ds = (q[a] - q[a - 1]) / (x[a] - xlo), v = exp(B * (q[a - 1] + ds * (n - xlo)));
+            absent += v;
+            slope -= B * ds * v;            /* d(E - absent)/dn >= 0 */
+        }
+        if (!(slope > 0.0)) break;
+        step = (C - ((double) E - absent)) / slope;
+        if (!(step > 1e-14 * n)) break;
+        n += step;
+        if (n >= cap) return cap;
+    }
+    return n;
+}
+
+/* LRU on the windows (routing_window.py), lru_chain_hits' split in whole steps: with a(n) = a_e(n tps) summed
+ * over experts, U(k) = E - a(k) experts were used in the last k steps; k = floor(T), T >= 1 solving
+ * U(T) = C (window_capacity_tokens), gives U(k) <= C < U(k + 1). Experts used within k steps are resident,
+ * those used exactly k + 1 back with rho = (C - U(k)) / (U(k + 1) - U(k)): hits per step =
+ * E - a(1) - a(k) + a(k + 1) + rho (a(k) - 2 a(k + 1) + a(k + 2)). All experts ever used fit: hits = D. A
+ * step's D >= C: the cache holds C of the previous step's D (id order, popularity-blind), so
+ * hits = (C / D) sum_e P(e in both steps) = (C / D) sum_e 1 - 2 a_e(tps) + a_e(2 tps), less the needed
+ * resident the step's first access evicts when every resident is needed again (lru_chain_hits). */
+double ms_window_hits(const ms_routing_t *r, int32_t l, double B, double tps, double C, double D)
+{
+    int32_t E = r->n_experts, W = r->n_window, support = 0;
+    const double *row = r->win_lq + (int64_t) l * E * W;
+    double a1, k, ak, ak1, ak2, uk, uk1;
+    for (int32_t e = 0; e < E; e++) support += row[(int64_t) e * W + W - 1] < 0.0;
+    if ((double) support <= C) return D;
+    if (C <= 0.0) return 0.0;
+    a1 = (double) E - D;
+    if (D >= C) {
+        /* as lru_chain_hits with k = 0: less one hit when every resident is needed again */
+        win_seg_t s1 = window_segment(r, tps), s2 = window_segment(r, 2.0 * tps);
+        double lret = 0.0;
+        for (int32_t e = 0; e < E; e++) {
+            const double *q = row + (int64_t) e * W;
+            double x1 = exp(B * window_lq(q, s1)), p = 1.0 - x1, both = 1.0 - 2.0 * x1 + exp(B * window_lq(q, s2));
+            if (p > 0.0) lret += p * log(fmax(both / p, 1e-300));
+        }
+        return fmax(0.0, C / D * ((double) E - 2.0 * a1 + window_absent(r, l, B, 2.0 * tps))
+                         - fmin(1.0, D - C) * exp(C * lret / D));
+    }
+    /* U(k) = E - a(k tps) <= C < U(k + 1), k >= 1 as U(1) = D < C: lru_chain_hits' split in whole steps */
+    k = floor(window_capacity_tokens(r, l, B, tps, C) / tps);
+    ak = window_absent(r, l, B, k * tps);
+    ak1 = window_absent(r, l, B, (k + 1.0) * tps);
+    ak2 = window_absent(r, l, B, (k + 2.0) * tps);
+    uk = (double) E - ak;
+    uk1 = (double) E - ak1;
+    return (double) E - a1 - ak + ak1
+           + (uk1 > uk ? fmin(1.0, fmax(0.0, (C - uk) / (uk1 - uk))) : 0.0) * (ak - 2.0 * ak1 + ak2);
+}
+
+/* The reuse statistic on the windows: sum_e P(e in two consecutive tokens) / k of one sequence,
+ * P = 1 - 2 a_e(1) + a_e(2) with B = 1. */
+double ms_window_reuse(const ms_routing_t *r, int32_t l)
+{
+    return ((double) r->n_experts - 2.0 * window_absent(r, l, 1.0, 1.0) + window_absent(r, l, 1.0, 2.0))
+           / (double) r->top_k;
+}
+
+/* Step-level LRU on a two-state chain per expert: e is in a step's set with probability p[e] (stationary);
+ * after a step without it, with probability f[e] (a sticky routing re-picks only what the sequence used the
+ * token before, so an absent expert returns through fresh picks alone: f < p; f = p is independent reference).
+ * The cache holds the C most recently used experts; accesses within a step go in id order, so recency within a
+ * step is popularity-blind. With U(k) = sum_e 1 - (1 - p)(1 - f)^(k-1) the experts used in the last k steps
+ * (U(0) = 0, U(1) = D), the k with U(k) <= C < U(k + 1) splits them: an expert last used within k steps is
+ * resident, one last used exactly k + 1 steps back with probability rho = (C - U(k)) / (U(k + 1) - U(k)).
+ * Hits per step = sum_e P(e used now and within k) + rho P(e used now and exactly k + 1 back), where
+ * P(used now, within k) = p - (1 - p) f (1 - f)^(k-1) and P(used now, exactly k + 1) = (1 - p) f^2 (1 - f)^(k-1)
+ * (k = 0: rho = C / D of the previous step's set, sum_e p - (1 - p) f). k from Newton's method on the concave
+ * increasing U(tau) - C from tau = 1 (the iterates rise to the root), floored. When k = 0 and every resident
+ * is needed again, the step's first access (a miss, once the step needs more than C experts) finds no expert
+ * it may evict and takes a needed one (ms_cache.c lru_victim): one hit fewer, with probability the product of
+ * the residents' return rates p_e - (1 - p) f over p_e (its log-mean over the previous step's set) times the
+ * share of D beyond C (capped at 1). Scratch lb: E doubles. */
+static double lru_chain_hits(const double *p, const double *f, int32_t E, double C, double *lb)
+{
+    double D = 0.0, reach = 0.0, tau = 1.0, k, uk = 0.0, uk1 = 0.0, within = 0.0, exact = 0.0, lret = 0.0;
+    int32_t support = 0;
+    for (int32_t e = 0; e < E; e++) {
+        support += p[e] > 0.0;
+        D += p[e];
+        reach += f[e] > 0.0 ? 1.0 : p[e];   /* U(infinity): what the cache could ever be asked to hold */
+    }
+    if ((double) support <= C || reach <= C) return D;
+    if (C <= 0.0) return 0.0;
+    for (int32_t e = 0; e < E; e++) lb[e] = log1p(-fmin(f[e], 1.0 - 1e-15));
+    if (D < C) {
+        /* start at the root for equal return rates (their mean over the support); from the right of the root
+         * Newton's first step lands left of it (U is concave), then the iterates rise */
+        double fsum = 0.0;
+        for (int32_t e = 0; e < E; e++) fsum += p[e] > 0.0 ? f[e] : 0.0;
+        if (fsum > 0.0 && fsum < (double) support)
+            tau = fmax(1.0, 1.0 + log((support - C) / (support - D)) / log1p(-fsum / support));
+        for (int it = 0; it < 200; it++) {
+            double u = -C, du = 0.0, next;
+            for (int32_t e = 0; e < E; e++) {
+                double x = (1.0 - p[e]) * exp(lb[e] * (tau - 1.0));
+                u += 1.0 - x;
+                du -= lb[e] * x;
+            }
+            if (!(du > 0.0)) break;
+            next = fmax(1.0, tau - u / du);
+            if (!(fabs(next - tau) > 1e-14 * tau)) break;
+            tau = next;
+        }
+        k = floor(tau);
+    } else {
+        k = 0.0;
+    }
+    for (int32_t e = 0; e < E; e++) {
+        double a = 1.0 - p[e];
+        if (k >= 1.0) {
+            double g = exp(lb[e] * (k - 1.0)), z = a * f[e] * g;
+            uk += 1.0 - a * g;
+            uk1 += 1.0 - a * exp(lb[e] * k);
+            within += p[e] - z;
+            exact += z * f[e];
+        } else if (p[e] > 0.0) {
+            double both = p[e] - a * f[e];
+            uk1 += p[e];
+            exact += both;
+            lret += p[e] * log(fmax(both / p[e], 1e-300));
+        }
+    }
+    if (k < 1.0) return fmax(0.0, exact * C / D - fmin(1.0, D - C) * exp(C * lret / D));   /* >= 0 but for rounding */
+    return within + (uk1 > uk ? fmin(1.0, fmax(0.0, (C - uk) / (uk1 - uk))) : 0.0) * exact;
+}
+
+/* Expected LRU hit rate of routing layer l's `C` GPU slots (lru_chain_hits per scenario combination):
+ * superposed request streams, combination j gives sequence b scenario (j + b) mod S. Each sequence re-picks
+ * the token before's experts with the layer's stickiness s, so it picks an expert it did not use the token
+ * before with probability q (1 - s) / (1 - q s) (the stationary per-token rate staying q): an expert absent
+ * from the step before returns with f = 1 - prod (1 - q)^tps / (1 - q s)^tps over the sequences. When S
+ * divides the batch every combination holds every scenario batch / S times (the same step up to the order
+ * of a sum): one combination stands for all. Scratch: pc, pf and che [E], lq [S][E] (log(1 - q) per scenario)
+ * and ls [S][E] (log(1 - q s)). */
+double ms_lru_hit_rate(const ms_routing_t *r, int32_t batch, int32_t tps, int32_t l, double C, double *pc,
+                           double *pf, double *che, double *lq, double *ls)
+{
+    int32_t E = r->n_experts, S = r->n_scenarios, combos = batch % S == 0 ? 1 : S;
+    double hsum = 0.0, dsum = 0.0, s = r->stickiness[l];
+    for (int32_t k = 0; k < S; k++)
+        for (int32_t e = 0; e < E; e++) {
+            double q = fmin(r->q[((int64_t) k * r->n_layers + l) * E + e], 1.0 - 1e-16);
+            lq[(int64_t) k * E + e] = log1p(-q);
+            ls[(int64_t) k * E + e] = log1p(-q * s);
+        }
+    for (int32_t j = 0; j < combos; j++) {
+        double dj = 0.0;
+        for (int32_t e = 0; e < E; e++) {
+            double lg = 0.0, lf = 0.0;
+            for (int32_t b = 0; b < batch && b < S; b++) {
+                int64_t reps = batch / S + (b < batch % S ? 1 : 0), at = (int64_t) ((j + b) % S) * E + e;
+                lg += (double) reps * lq[at];
+                lf += (double) reps * (lq[at] - ls[at]);
+            }
+            pc[e] = 1.0 - exp(tps * lg);
+            pf[e] = 1.0 - exp(tps * lf);
+            dj += pc[e];
+        }
+        hsum += lru_chain_hits(pc, pf, E, C, che);
+        dsum += dj;
+    }
+    return dsum > 0.0 ? hsum / dsum : 0.0;
+}
+
+/* The standard normal distribution and density. */
+static double norm_cdf(double x) { return 0.5 * erfc(-x * 0.7071067811865476); }
+static double norm_pdf(double x) { return exp(-0.5 * x * x) * 0.3989422804014327; }
+
+/* The count threshold th with sum_e P(n_e >= th) = cap for counts n_e ~ N(mu_e, sd_e^2): Newton's method from
+ * th0 inside the bracket of a decreasing sum, bisecting whenever a step leaves it. */
+static double lfu_threshold(const double *mu, const double *sd, int32_t E, double cap, double th0)
+{
+    double lo = DBL_MAX, hi = -DBL_MAX, th;
+    for (int32_t e = 0; e < E; e++) {
+        lo = fmin(lo, mu[e] - 40.0 * sd[e]);
+        hi = fmax(hi, mu[e] + 40.0 * sd[e]);
+    }
+    th = th0 > lo && th0 < hi ? th0 : 0.5 * (lo + hi);
+    for (int it = 0; it < 100; it++) {
+        double g = -cap, dg = 0.0, next;
+        for (int32_t e = 0; e < E; e++) {
+            double z = (mu[e] - th) / sd[e];
+            g += norm_cdf(z);
+            dg -= norm_pdf(z) / sd[e];
+        }
+        if (g > 0.0) lo = th; else hi = th;
+        next = dg < 0.0 ? th - g / dg : 0.5 * (lo + hi);
+        if (!(next > lo && next < hi)) next = 0.5 * (lo + hi);
+        if (!(fabs(next - th) > 1e-9 * (1.0 + fabs(th)))) return next;
+        th = next;
+    }
+    return th;
+}
+
+#define MS_LFU_POINTS 4
+
+/* Token memory: the step inclusion and the return rate from the window tables (P(e in two consecutive steps) =
+ * 1 - 2 a(tps) + a(2 tps), so f = (p - both) / (1 - p)); one combination, whose windows hold the requests' skew. */
+static void lfu_window_rates(const ms_routing_t *r, int32_t batch, int32_t tps, int32_t l, double *pc, double *pf,
+                             double *pbar, double *pvar)
+{
+    int32_t E = r->n_experts, W = r->n_window;
+    const double *row = r->win_lq + (int64_t) l * E * W;
+    win_seg_t s1 = window_segment(r, tps), s2 = window_segment(r, 2.0 * tps);
+    for (int32_t e = 0; e < E; e++) {
+        double x1 = exp(batch * window_lq(row + (int64_t) e * W, s1));
+        double x2 = exp(batch * window_lq(row + (int64_t) e * W, s2));
+        pc[e] = pbar[e] = 1.0 - x1;
+        pf[e] = x1 > 0.0 ? fmin(1.0, fmax(0.0, (x1 - x2) / x1)) : 1.0;
+        pvar[e] = 0.0;
+    }
+}
+
+/* log(1 - q) and log(1 - q s) per scenario into lq and ls, and the step inclusion's mean and variance over the
+ * scenario combinations into pbar and pvar (what earlier requests counted). */
+static void lfu_request_spread(const ms_routing_t *r, int32_t batch, int32_t tps, int32_t l, double *pbar,
+                               double *pvar, double *lq, double *ls)
+{
+    int32_t E = r->n_experts, S = r->n_scenarios;
+    double s = r->stickiness[l];
+    for (int32_t k = 0; k < S; k++)
+        for (int32_t e = 0; e < E; e++) {
+            double q = fmin(r->q[((int64_t) k * r->n_layers + l) * E + e], 1.0 - 1e-16);
+            lq[(int64_t) k * E + e] = log1p(-q);
+            ls[(int64_t) k * E + e] = log1p(-q * s);
+        }
+    for (int32_t e = 0; e < E; e++) pbar[e] = pvar[e] = 0.0;
+    for (int pass = 0; pass < 2; pass++)        /* the combinations' mean, then their variance */
+        for (int32_t j = 0; j < S; j++)
+            for (int32_t e = 0; e < E; e++) {
+                double lg = 0.0, x;
+                for (int32_t b = 0; b < batch && b < S; b++)
+                    lg += (double) (batch / S + (b < batch % S ? 1 : 0)) * lq[(int64_t) ((j + b) % S) * E + e];
+                x = 1.0 - exp(tps * lg);
+                if (pass == 0) pbar[e] += x / S; else pvar[e] += (x - pbar[e]) * (x - pbar[e]) / S;
+            }
+}
+
+/* Expected LFU hit rate of routing layer l's C GPU slots over steps [warmup, steps) of a run (ms_cache.c: every
+ * access counts, every miss is inserted, the victim is the least counted expert the step no longer needs, so a
+ * step's misses displace each other and one survives it). At step t the cache holds the C - 1 most counted
+ * experts and the previous step's last miss. Counts since the run began: requests last request_tokens
+ * tokens (R steps), so at step t the current request has run tcur steps (t in the first request, else a
+ * stratified phase in [0, R)) with the combination's step inclusion p (a sticky chain: variance
+ * p (1 - p)(2 p / f - 1) per step) and the earlier ones t - tcur steps at the mean over combinations (variance
+ * p (1 - p) per step, plus R var_j(p) per step between requests). n_e ~ normal; the threshold of the C - 1
+ * most counted (lfu_threshold) gives P_e; hits per step = sum_e p_e P_e + min(1, misses) sum_e both_e (1 - P_e) / misses, misses = sum_e p_e (1 - P_e), both_e =
+ * p - (1 - p) f (e in two consecutive steps). Averaged at MS_LFU_POINTS midpoints of [warmup, steps) and
+ * over scenario combinations (as ms_lru_hit_rate); under token memory p and f from the window tables. Scratch:
+ * pc, pf, mu, sd, pbar, pvar [E], lq and ls [S][E]. */
+double ms_lfu_hit_rate(const ms_routing_t *r, int32_t batch, int32_t tps, int32_t l, double C, double steps,
+                           double warmup, double *pc, double *pf, double *mu, double *sd, double *pbar,
+                           double *pvar, double *lq, double *ls)
+{
+    int32_t E = r->n_experts, S = r->n_scenarios, combos = batch % S == 0 || r->win_lq ? 1 : S;
+    double R = r->request_tokens > 0 ? (double) r->request_tokens / tps : 0.0, hsum = 0.0, dsum = 0.0, th = 0.0;
+    if (r->win_lq) lfu_window_rates(r, batch, tps, l, pc, pf, pbar, pvar);
+    else lfu_request_spread(r, batch, tps, l, pbar, pvar, lq, ls);
+    for (int32_t j = 0; j < combos; j++) {
+        double D = 0.0, support = 0.0;
+        for (int32_t e = 0; e < E; e++) {
+            double lg = 0.0, lf = 0.0;
+            if (!r->win_lq) {
+                for (int32_t b = 0; b < batch && b < S; b++) {
+                    int64_t reps = batch / S + (b < batch % S ? 1 : 0), at = (int64_t) ((j + b) % S) * E + e;
+                    lg += (double) reps * lq[at];
+                    lf += (double) reps * (lq[at] - ls[at]);
+                }
+                pc[e] = 1.0 - exp(tps * lg);
+                pf[e] = 1.0 - exp(tps * lf);
+            }
+            D += pc[e];
+            support += pc[e] > 0.0;
+        }
+        for (int m = 0; m < MS_LFU_POINTS; m++) {
+            /* a point of the run; past the first request its phase in the current one is stratified, not
+             * t mod R (points a whole number of requests apart would all sit at one phase) */
+            double t = warmup + (m + 0.5) * (steps - warmup) / MS_LFU_POINTS;
+            double tcur = R > 0.0 && t >= R ? (m + 0.5) * R / MS_LFU_POINTS : t, tprev = t - tcur;
+            double h = 0.0, miss = 0.0, back = 0.0;
+            for (int32_t e = 0; e < E; e++) {
+                double p = pc[e], disp = pf[e] > 1e-12 ? fmax(2.0 * p / pf[e] - 1.0, 1.0) : 1e12;
+                mu[e] = tprev * pbar[e] + tcur * p;
+                sd[e] = sqrt(tprev * pbar[e] * (1.0 - pbar[e]) + tprev * R * pvar[e] + tcur * p * (1.0 - p) * disp + 0.25);
+            }
+            if (support <= C) {             /* every expert the combination uses fits: nothing is evicted */
+                h = D;
+            } else {
+                th = lfu_threshold(mu, sd, E, fmax(C - 1.0, 0.0), th);
+                for (int32_t e = 0; e < E; e++) {
+                    double P = C - 1.0 > 0.0 ? norm_cdf((mu[e] - th) / sd[e]) : 0.0, p = pc[e];
+                    h += p * P;
+                    miss += p * (1.0 - P);
+                    back += (p - (1.0 - p) * pf[e]) * (1.0 - P);
+                }
+                if (miss > 0.0 && C >= 1.0) h += fmin(1.0, miss) * back / miss;
+            }
+            hsum += fmin(h, D);
+            dsum += D;
+        }
+    }
+    return dsum > 0.0 ? hsum / dsum : 0.0;
+}

@@ -1,0 +1,201 @@
+"""Pure-Python twins of the analytic path's expert-cache hit rates (csrc/ms_cache_rates.c): LRU on a sticky
+two-state chain per expert in whole steps of recency (lru_chain_hits, per scenario combination) and LFU with
+counts since the run began (lfu_hit_rate). Same operations in the same order as the C, so the two agree to
+rounding."""
+from __future__ import annotations
+
+import math
+
+
+def lru_chain_hits(p, f, capacity):
+    """Expected hits per step of a step-level LRU cache over a two-state chain per expert (ms_cache_rates.c
+    lru_chain_hits): e is in a step's set with probability p[e] and returns after a step without it with
+    probability f[e]. The experts used in the last k steps, U(k) = sum 1 - (1 - p)(1 - f)^(k-1), split at
+    U(k) <= C < U(k + 1): those used within k steps are resident, those used exactly k + 1 steps back with
+    probability rho = (C - U(k)) / (U(k + 1) - U(k)) (recency within a step follows expert ids). k = 0 (a step
+    needs more than C): rho = C / D, less one hit when every resident is needed again (as the C)."""
+    E = len(p)
+    D = sum(p)
+    support = sum(1 for x in p if x > 0)
+    reach = sum(1.0 if y > 0 else x for x, y in zip(p, f))
+    if support <= capacity or reach <= capacity:
+        return D
+    if capacity <= 0:
+        return 0.0
+    lb = [math.log1p(-min(y, 1.0 - 1e-15)) for y in f]
+    tau = 1.0
+    if D < capacity:
+        # start at the root for equal return rates; from its right Newton's first step lands left (as the C)
+        fsum = sum(y for x, y in zip(p, f) if x > 0)
+        if 0.0 < fsum < support:
+            tau = max(1.0, 1.0 + math.log((support - capacity) / (support - D)) / math.log1p(-fsum / support))
+        for _ in range(200):
+            u, du = -capacity, 0.0
+            for e in range(E):
+                x = (1.0 - p[e]) * math.exp(lb[e] * (tau - 1.0))
+                u += 1.0 - x
+                du -= lb[e] * x
+            if not du > 0.0:
+                break
+            nxt = max(1.0, tau - u / du)
+            if not abs(nxt - tau) > 1e-14 * tau:
+                break
+            tau = nxt
+        k = math.floor(tau)
+    else:
+        k = 0
+    uk = uk1 = within = exact = lret = 0.0
+    for e in range(E):
+        a = 1.0 - p[e]
+        if k >= 1:
+            g = math.exp(lb[e] * (k - 1.0))
+            z = a * f[e] * g
+            uk += 1.0 - a * g
+            uk1 += 1.0 - a * math.exp(lb[e] * k)
+            within += p[e] - z
+            exact += z * f[e]
+        elif p[e] > 0.0:
+            both = p[e] - a * f[e]
+            uk1 += p[e]
+            exact += both
+            lret += p[e] * math.log(max(both / p[e], 1e-300))
+    if k < 1:
+        # every resident needed again: the step's first access (a miss) evicts one of them (ms_cache.c lru_victim)
+        return max(0.0, exact * capacity / D - min(1.0, D - capacity) * math.exp(capacity * lret / D))
+    rho = min(1.0, max(0.0, (capacity - uk) / (uk1 - uk))) if uk1 > uk else 0.0
+    return within + rho * exact
+
+
+def lru_hit_rate(q, stick, l, E, B, tps, C):
+    """Step-level LRU hit rate of a ``C``-slot cache, averaged over the S step windows: the B sequences
+    of a step draw routing samples j, j+1, ... (cyclically), each for ``tps`` tokens. A sequence re-picks its
+    previous token's experts with the layer's stickiness, so an expert absent from the step before returns
+    with f = 1 - prod ((1 - q) / (1 - q stick))^tps (:func:`lru_chain_hits`). When S divides B every window
+    holds every sample B / S times: one window stands for all (as the C)."""
+    S = len(q)
+    hsum = dsum = 0.0
+    for j in range(1 if B % S == 0 else S):
+        pc, pf = [], []
+        for e in range(E):
+            lg = lf = 0.0
+            for b in range(min(B, S)):
+                s = (j + b) % S
+                reps = B // S + (1 if b < B % S else 0)
+                x = min(q[s][l][e], 1.0 - 1e-16)
+                lg += reps * math.log1p(-x)
+                lf += reps * (math.log1p(-x) - math.log1p(-x * stick))
+            pc.append(1.0 - math.exp(tps * lg))
+            pf.append(1.0 - math.exp(tps * lf))
+        hsum += lru_chain_hits(pc, pf, C)
+        dsum += sum(pc)
+    return hsum / dsum if dsum > 0 else 0.0
+
+
+def _norm_cdf(x):
+    return 0.5 * math.erfc(-x * 0.7071067811865476)
+
+
+def _norm_pdf(x):
+    return math.exp(-0.5 * x * x) * 0.3989422804014327
+
+
+def lfu_threshold(mu, sd, cap, th0):
+    """The count threshold with sum_e P(n_e >= th) = cap, n_e ~ N(mu_e, sd_e^2) (ms_cache_rates.c lfu_threshold)."""
+    lo = min(m - 40.0 * s for m, s in zip(mu, sd))
+    hi = max(m + 40.0 * s for m, s in zip(mu, sd))
+    th = th0 if lo < th0 < hi else 0.5 * (lo + hi)
+    for _ in range(100):
+        g, dg = -cap, 0.0
+        for m, s in zip(mu, sd):
+            z = (m - th) / s
+            g += _norm_cdf(z)
+            dg -= _norm_pdf(z) / s
+        if g > 0.0:
+            lo = th
+        else:
+            hi = th
+        nxt = th - g / dg if dg < 0.0 else 0.5 * (lo + hi)
+        if not lo < nxt < hi:
+            nxt = 0.5 * (lo + hi)
+        if not abs(nxt - th) > 1e-9 * (1.0 + abs(th)):
+            return nxt
+        th = nxt
+    return th
+
+
+LFU_POINTS = 4
+
+
+def lfu_hit_rate(q, stick, request_tokens, l, E, B, tps, C, steps, warmup, windows=None):
+    """LFU hit rate of a ``C``-slot cache over steps [warmup, steps) of a run (ms_cache_rates.c ms_lfu_hit_rate): the
+    C - 1 most counted experts and the previous step's last miss are resident; counts since the run began,
+    normal, from the current request's combination and the earlier requests' mean. ``windows``: a token-memory
+    routing (its win_n, win_lq), whose window tables give p and f (one combination)."""
+    S = len(q)
+    R = request_tokens / tps if request_tokens > 0 else 0.0
+    pbar, pvar = [0.0] * E, [0.0] * E
+    if windows is not None:
+        from .window import window_lq
+        nodes, rows = windows["win_n"], windows["win_lq"][l]
+        wp, wf = [], []
+        for e in range(E):
+            x1 = math.exp(B * window_lq(nodes, rows[e], tps))
+            x2 = math.exp(B * window_lq(nodes, rows[e], 2.0 * tps))
+            wp.append(1.0 - x1)
+            wf.append(min(1.0, max(0.0, (x1 - x2) / x1)) if x1 > 0.0 else 1.0)
+        pbar = list(wp)
+    lq = [[math.log1p(-min(q[k][l][e], 1.0 - 1e-16)) for e in range(E)] for k in range(S)]
+    ls = [[math.log1p(-min(q[k][l][e], 1.0 - 1e-16) * stick) for e in range(E)] for k in range(S)]
+    for rnd in range(2 if windows is None else 0):
+        for j in range(S):
+            for e in range(E):
+                lg = 0.0
+                for b in range(min(B, S)):
+                    lg += float(B // S + (1 if b < B % S else 0)) * lq[(j + b) % S][e]
+                x = 1.0 - math.exp(tps * lg)
+                if rnd == 0:
+                    pbar[e] += x / S
+                else:
+                    pvar[e] += (x - pbar[e]) * (x - pbar[e]) / S
+    hsum = dsum = th = 0.0
+    for j in range(1 if B % S == 0 or windows is not None else S):
+        pc, pf = ([], []) if windows is None else (wp, wf)
+        for e in range(E if windows is None else 0):
+            lg = lf = 0.0
+            for b in range(min(B, S)):
+                reps, k = B // S + (1 if b < B % S else 0), (j + b) % S
+                lg += reps * lq[k][e]
+                lf += reps * (lq[k][e] - ls[k][e])
+            pc.append(1.0 - math.exp(tps * lg))
+            pf.append(1.0 - math.exp(tps * lf))
+        D, support = 0.0, 0
+        for x in pc:
+            D += x
+            support += x > 0.0
+        for m in range(LFU_POINTS):
+            t = warmup + (m + 0.5) * (steps - warmup) / LFU_POINTS
+            tcur = (m + 0.5) * R / LFU_POINTS if R > 0.0 and t >= R else t     # a stratified phase (as the C)
+            tprev = t - tcur
+            mu, sd = [], []
+            for e in range(E):
+                p = pc[e]
+                disp = max(2.0 * p / pf[e] - 1.0, 1.0) if pf[e] > 1e-12 else 1e12
+                mu.append(tprev * pbar[e] + tcur * p)
+                sd.append(math.sqrt(tprev * pbar[e] * (1.0 - pbar[e]) + tprev * R * pvar[e]
+                                    + tcur * p * (1.0 - p) * disp + 0.25))
+            h = miss = back = 0.0
+            if support <= C:          # every expert the combination uses fits: nothing is evicted
+                h = D
+            else:
+                th = lfu_threshold(mu, sd, max(C - 1.0, 0.0), th)
+                for e in range(E):
+                    P = _norm_cdf((mu[e] - th) / sd[e]) if C - 1.0 > 0.0 else 0.0
+                    p = pc[e]
+                    h += p * P
+                    miss += p * (1.0 - P)
+                    back += (p - (1.0 - p) * pf[e]) * (1.0 - P)
+                if miss > 0.0 and C >= 1.0:
+                    h += min(1.0, miss) * back / miss
+            hsum += min(h, D)
+            dsum += D
+    return hsum / dsum if dsum > 0.0 else 0.0
