@@ -298,13 +298,14 @@ static double lfu_threshold(const double *mu, const double *sd, int32_t E, doubl
         if (g > 0.0) lo = th; else hi = th;
         next = dg < 0.0 ? th - g / dg : 0.5 * (lo + hi);
         if (!(next > lo && next < hi)) next = 0.5 * (lo + hi);
-        if (!(fabs(next - th) > 1e-9 * (1.0 + fabs(th)))) return next;
+        if (!(fabs(next - th) > 1e-6 * (1.0 + fabs(th)))) return next;     /* counts: far finer than needed */
         th = next;
     }
     return th;
 }
 
 #define MS_LFU_POINTS 4
+#define MS_LFU_COMBOS 4
 
 /* Token memory: the step inclusion and the return rate from the window tables (P(e in two consecutive steps) =
  * 1 - 2 a(tps) + a(2 tps), so f = (p - both) / (1 - p)); one combination, whose windows hold the requests' skew. */
@@ -364,11 +365,13 @@ double ms_lfu_hit_rate(const ms_routing_t *r, int32_t batch, int32_t tps, int32_
                            double warmup, double *pc, double *pf, double *mu, double *sd, double *pbar,
                            double *pvar, double *lq, double *ls)
 {
+    /* up to MS_LFU_COMBOS combinations, spread over the S (the counts' threshold costs ~8 normal sums each) */
     int32_t E = r->n_experts, S = r->n_scenarios, combos = batch % S == 0 || r->win_lq ? 1 : S;
+    int32_t stride = combos > MS_LFU_COMBOS ? combos / MS_LFU_COMBOS : 1;
     double R = r->request_tokens > 0 ? (double) r->request_tokens / tps : 0.0, hsum = 0.0, dsum = 0.0, th = 0.0;
     if (r->win_lq) lfu_window_rates(r, batch, tps, l, pc, pf, pbar, pvar);
     else lfu_request_spread(r, batch, tps, l, pbar, pvar, lq, ls);
-    for (int32_t j = 0; j < combos; j++) {
+    for (int32_t j = 0; j < combos; j += stride) {
         double D = 0.0, support = 0.0;
         for (int32_t e = 0; e < E; e++) {
             double lg = 0.0, lf = 0.0;

@@ -117,13 +117,14 @@ def lfu_threshold(mu, sd, cap, th0):
         nxt = th - g / dg if dg < 0.0 else 0.5 * (lo + hi)
         if not lo < nxt < hi:
             nxt = 0.5 * (lo + hi)
-        if not abs(nxt - th) > 1e-9 * (1.0 + abs(th)):
+        if not abs(nxt - th) > 1e-6 * (1.0 + abs(th)):
             return nxt
         th = nxt
     return th
 
 
 LFU_POINTS = 4
+LFU_COMBOS = 4
 
 
 def lfu_hit_rate(q, stick, request_tokens, l, E, B, tps, C, steps, warmup, windows=None):
@@ -158,7 +159,9 @@ def lfu_hit_rate(q, stick, request_tokens, l, E, B, tps, C, steps, warmup, windo
                 else:
                     pvar[e] += (x - pbar[e]) * (x - pbar[e]) / S
     hsum = dsum = th = 0.0
-    for j in range(1 if B % S == 0 or windows is not None else S):
+    combos = 1 if B % S == 0 or windows is not None else S
+    stride = combos // LFU_COMBOS if combos > LFU_COMBOS else 1      # up to LFU_COMBOS, spread (as the C)
+    for j in range(0, combos, stride):
         pc, pf = ([], []) if windows is None else (wp, wf)
         for e in range(E if windows is None else 0):
             lg = lf = 0.0
