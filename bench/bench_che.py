@@ -59,7 +59,7 @@ def monte_carlo(tokens: int) -> None:
         for ce in (16, 48, 96):
             for b in (1, 4, 16):
                 kw = dict(quant="Q4_K_M", placement="offload-cache", cache_experts=ce, policy=pol, context=4096, batch=b)
-                a = moesim.simulate(MODEL, m, mode="analytic", **kw).expert_hit_rate
+                a = moesim.simulate(MODEL, m, mode="analytic", tokens=tokens, **kw).expert_hit_rate   # LFU: the run length
                 mc = moesim.simulate(MODEL, m, mode="montecarlo", tokens=tokens, **kw).expert_hit_rate
                 worst = max(worst, abs(a - mc))
                 print(f"{pol:6s} slots {ce:3d} batch {b:3d}: analytic {a:.4f} montecarlo {mc:.4f} diff {a - mc:+.4f}")

@@ -236,6 +236,41 @@ static double lru_chain_hits(const double *p, const double *f, int32_t E, double
     return within + (uk1 > uk ? fmin(1.0, fmax(0.0, (C - uk) / (uk1 - uk))) : 0.0) * exact;
 }
 
+/* log(1 - q) and log(1 - q s) of every scenario's per-token picks of routing layer l into lq and ls [S][E]
+ * (s: the layer's stickiness). */
+static void scenario_logs(const ms_routing_t *r, int32_t l, double *lq, double *ls)
+{
+    int32_t E = r->n_experts;
+    double s = r->stickiness[l];
+    for (int32_t k = 0; k < r->n_scenarios; k++)
+        for (int32_t e = 0; e < E; e++) {
+            double q = fmin(r->q[((int64_t) k * r->n_layers + l) * E + e], 1.0 - 1e-16);
+            lq[(int64_t) k * E + e] = log1p(-q);
+            ls[(int64_t) k * E + e] = log1p(-q * s);
+        }
+}
+
+/* Scenario combination j's step inclusion p (pc) and return rate f (pf): sequence b runs scenario (j + b) mod S
+ * for tps tokens (ms_lru_hit_rate). Returns the step's distinct experts D. */
+static double combination_rates(const ms_routing_t *r, int32_t batch, int32_t tps, int32_t j, const double *lq,
+                                const double *ls, double *pc, double *pf)
+{
+    int32_t E = r->n_experts, S = r->n_scenarios;
+    double D = 0.0;
+    for (int32_t e = 0; e < E; e++) {
+        double lg = 0.0, lf = 0.0;
+        for (int32_t b = 0; b < batch && b < S; b++) {
+            int64_t reps = batch / S + (b < batch % S ? 1 : 0), at = (int64_t) ((j + b) % S) * E + e;
+            lg += (double) reps * lq[at];
+            lf += (double) reps * (lq[at] - ls[at]);
+        }
+        pc[e] = 1.0 - exp(tps * lg);
+        pf[e] = 1.0 - exp(tps * lf);
+        D += pc[e];
+    }
+    return D;
+}
+
 /* Expected LRU hit rate of routing layer l's `C` GPU slots (lru_chain_hits per scenario combination):
  * superposed request streams, combination j gives sequence b scenario (j + b) mod S. Each sequence re-picks
  * the token before's experts with the layer's stickiness s, so it picks an expert it did not use the token
@@ -248,28 +283,11 @@ double ms_lru_hit_rate(const ms_routing_t *r, int32_t batch, int32_t tps, int32_
                            double *pf, double *che, double *lq, double *ls)
 {
     int32_t E = r->n_experts, S = r->n_scenarios, combos = batch % S == 0 ? 1 : S;
-    double hsum = 0.0, dsum = 0.0, s = r->stickiness[l];
-    for (int32_t k = 0; k < S; k++)
-        for (int32_t e = 0; e < E; e++) {
-            double q = fmin(r->q[((int64_t) k * r->n_layers + l) * E + e], 1.0 - 1e-16);
-            lq[(int64_t) k * E + e] = log1p(-q);
-            ls[(int64_t) k * E + e] = log1p(-q * s);
-        }
+    double hsum = 0.0, dsum = 0.0;
+    scenario_logs(r, l, lq, ls);
     for (int32_t j = 0; j < combos; j++) {
-        double dj = 0.0;
-        for (int32_t e = 0; e < E; e++) {
-            double lg = 0.0, lf = 0.0;
-            for (int32_t b = 0; b < batch && b < S; b++) {
-                int64_t reps = batch / S + (b < batch % S ? 1 : 0), at = (int64_t) ((j + b) % S) * E + e;
-                lg += (double) reps * lq[at];
-                lf += (double) reps * (lq[at] - ls[at]);
-            }
-            pc[e] = 1.0 - exp(tps * lg);
-            pf[e] = 1.0 - exp(tps * lf);
-            dj += pc[e];
-        }
+        dsum += combination_rates(r, batch, tps, j, lq, ls, pc, pf);
         hsum += lru_chain_hits(pc, pf, E, C, che);
-        dsum += dj;
     }
     return dsum > 0.0 ? hsum / dsum : 0.0;
 }
@@ -330,13 +348,7 @@ static void lfu_request_spread(const ms_routing_t *r, int32_t batch, int32_t tps
                                double *pvar, double *lq, double *ls)
 {
     int32_t E = r->n_experts, S = r->n_scenarios;
-    double s = r->stickiness[l];
-    for (int32_t k = 0; k < S; k++)
-        for (int32_t e = 0; e < E; e++) {
-            double q = fmin(r->q[((int64_t) k * r->n_layers + l) * E + e], 1.0 - 1e-16);
-            lq[(int64_t) k * E + e] = log1p(-q);
-            ls[(int64_t) k * E + e] = log1p(-q * s);
-        }
+    scenario_logs(r, l, lq, ls);
     for (int32_t e = 0; e < E; e++) pbar[e] = pvar[e] = 0.0;
     for (int pass = 0; pass < 2; pass++)        /* the combinations' mean, then their variance */
         for (int32_t j = 0; j < S; j++)
@@ -373,17 +385,8 @@ double ms_lfu_hit_rate(const ms_routing_t *r, int32_t batch, int32_t tps, int32_
     else lfu_request_spread(r, batch, tps, l, pbar, pvar, lq, ls);
     for (int32_t j = 0; j < combos; j += stride) {
         double D = 0.0, support = 0.0;
+        if (!r->win_lq) combination_rates(r, batch, tps, j, lq, ls, pc, pf);
         for (int32_t e = 0; e < E; e++) {
-            double lg = 0.0, lf = 0.0;
-            if (!r->win_lq) {
-                for (int32_t b = 0; b < batch && b < S; b++) {
-                    int64_t reps = batch / S + (b < batch % S ? 1 : 0), at = (int64_t) ((j + b) % S) * E + e;
-                    lg += (double) reps * lq[at];
-                    lf += (double) reps * (lq[at] - ls[at]);
-                }
-                pc[e] = 1.0 - exp(tps * lg);
-                pf[e] = 1.0 - exp(tps * lf);
-            }
             D += pc[e];
             support += pc[e] > 0.0;
         }
