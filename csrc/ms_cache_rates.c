@@ -119,14 +119,23 @@ static double window_capacity_tokens(const ms_routing_t *r, int32_t l, double B,
     return n;
 }
 
+/* Hits per step when the step needs more than the C slots hold: C of the previous step's D experts stay,
+ * popularity-blind, so (C / D) sum_e P(e in both steps) (`both`), less the needed resident the step's first
+ * access evicts when every resident is needed again (ms_cache.c lru_victim: it takes a needed expert only
+ * then), with probability the product of the residents' return rates (exp(C lret / D), lret = sum_e
+ * p_e log(both_e / p_e)) times the share of D beyond C (capped at 1). >= 0 but for rounding. */
+static double full_step_hits(double both, double lret, double C, double D)
+{
+    return fmax(0.0, both * C / D - fmin(1.0, D - C) * exp(C * lret / D));
+}
+
 /* LRU on the windows (routing_window.py), lru_chain_hits' split in whole steps: with a(n) = a_e(n tps) summed
  * over experts, U(k) = E - a(k) experts were used in the last k steps; k = floor(T), T >= 1 solving
  * U(T) = C (window_capacity_tokens), gives U(k) <= C < U(k + 1). Experts used within k steps are resident,
  * those used exactly k + 1 back with rho = (C - U(k)) / (U(k + 1) - U(k)): hits per step =
  * E - a(1) - a(k) + a(k + 1) + rho (a(k) - 2 a(k + 1) + a(k + 2)). All experts ever used fit: hits = D. A
  * step's D >= C: the cache holds C of the previous step's D (id order, popularity-blind), so
- * hits = (C / D) sum_e P(e in both steps) = (C / D) sum_e 1 - 2 a_e(tps) + a_e(2 tps), less the needed
- * resident the step's first access evicts when every resident is needed again (lru_chain_hits). */
+ * hits = full_step_hits with P(e in both steps) = 1 - 2 a_e(tps) + a_e(2 tps). */
 double ms_window_hits(const ms_routing_t *r, int32_t l, double B, double tps, double C, double D)
 {
     int32_t E = r->n_experts, W = r->n_window, support = 0;
@@ -137,16 +146,15 @@ double ms_window_hits(const ms_routing_t *r, int32_t l, double B, double tps, do
     if (C <= 0.0) return 0.0;
     a1 = (double) E - D;
     if (D >= C) {
-        /* as lru_chain_hits with k = 0: less one hit when every resident is needed again */
         win_seg_t s1 = window_segment(r, tps), s2 = window_segment(r, 2.0 * tps);
-        double lret = 0.0;
+        double both_sum = 0.0, lret = 0.0;
         for (int32_t e = 0; e < E; e++) {
             const double *q = row + (int64_t) e * W;
             double x1 = exp(B * window_lq(q, s1)), p = 1.0 - x1, both = 1.0 - 2.0 * x1 + exp(B * window_lq(q, s2));
+            both_sum += both;
             if (p > 0.0) lret += p * log(fmax(both / p, 1e-300));
         }
-        return fmax(0.0, C / D * ((double) E - 2.0 * a1 + window_absent(r, l, B, 2.0 * tps))
-                         - fmin(1.0, D - C) * exp(C * lret / D));
+        return full_step_hits(both_sum, lret, C, D);
     }
     /* U(k) = E - a(k tps) <= C < U(k + 1), k >= 1 as U(1) = D < C: lru_chain_hits' split in whole steps */
     k = floor(window_capacity_tokens(r, l, B, tps, C) / tps);
@@ -177,11 +185,8 @@ double ms_window_reuse(const ms_routing_t *r, int32_t l)
  * Hits per step = sum_e P(e used now and within k) + rho P(e used now and exactly k + 1 back), where
  * P(used now, within k) = p - (1 - p) f (1 - f)^(k-1) and P(used now, exactly k + 1) = (1 - p) f^2 (1 - f)^(k-1)
  * (k = 0: rho = C / D of the previous step's set, sum_e p - (1 - p) f). k from Newton's method on the concave
- * increasing U(tau) - C from tau = 1 (the iterates rise to the root), floored. When k = 0 and every resident
- * is needed again, the step's first access (a miss, once the step needs more than C experts) finds no expert
- * it may evict and takes a needed one (ms_cache.c lru_victim): one hit fewer, with probability the product of
- * the residents' return rates p_e - (1 - p) f over p_e (its log-mean over the previous step's set) times the
- * share of D beyond C (capped at 1). Scratch lb: E doubles. */
+ * increasing U(tau) - C from tau = 1 (the iterates rise to the root), floored; k = 0 is full_step_hits with
+ * P(e in both steps) = p - (1 - p) f. Scratch lb: E doubles. */
 static double lru_chain_hits(const double *p, const double *f, int32_t E, double C, double *lb)
 {
     double D = 0.0, reach = 0.0, tau = 1.0, k, uk = 0.0, uk1 = 0.0, within = 0.0, exact = 0.0, lret = 0.0;
@@ -232,7 +237,7 @@ static double lru_chain_hits(const double *p, const double *f, int32_t E, double
             lret += p[e] * log(fmax(both / p[e], 1e-300));
         }
     }
-    if (k < 1.0) return fmax(0.0, exact * C / D - fmin(1.0, D - C) * exp(C * lret / D));   /* >= 0 but for rounding */
+    if (k < 1.0) return full_step_hits(exact, lret, C, D);
     return within + (uk1 > uk ? fmin(1.0, fmax(0.0, (C - uk) / (uk1 - uk))) : 0.0) * exact;
 }
 

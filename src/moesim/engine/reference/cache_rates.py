@@ -7,6 +7,13 @@ from __future__ import annotations
 import math
 
 
+def full_step_hits(both, lret, capacity, D):
+    """Hits per step when the step needs more than the slots hold (ms_cache_rates.c full_step_hits): C of the
+    previous step's D experts stay, less the needed resident the first access evicts when every resident is
+    needed again."""
+    return max(0.0, both * capacity / D - min(1.0, D - capacity) * math.exp(capacity * lret / D))
+
+
 def lru_chain_hits(p, f, capacity):
     """Expected hits per step of a step-level LRU cache over a two-state chain per expert (ms_cache_rates.c
     lru_chain_hits): e is in a step's set with probability p[e] and returns after a step without it with
@@ -60,10 +67,33 @@ def lru_chain_hits(p, f, capacity):
             exact += both
             lret += p[e] * math.log(max(both / p[e], 1e-300))
     if k < 1:
-        # every resident needed again: the step's first access (a miss) evicts one of them (ms_cache.c lru_victim)
-        return max(0.0, exact * capacity / D - min(1.0, D - capacity) * math.exp(capacity * lret / D))
+        return full_step_hits(exact, lret, capacity, D)
     rho = min(1.0, max(0.0, (capacity - uk) / (uk1 - uk))) if uk1 > uk else 0.0
     return within + rho * exact
+
+
+def _scenario_logs(q, stick, l, E):
+    """(log(1 - q), log(1 - q stick)) per scenario and expert of routing layer l (ms_cache_rates.c
+    scenario_logs)."""
+    lq = [[math.log1p(-min(q[k][l][e], 1.0 - 1e-16)) for e in range(E)] for k in range(len(q))]
+    ls = [[math.log1p(-min(q[k][l][e], 1.0 - 1e-16) * stick) for e in range(E)] for k in range(len(q))]
+    return lq, ls
+
+
+def _combination_rates(lq, ls, B, tps, j, E):
+    """(p, f) of scenario combination j: sequence b runs scenario (j + b) mod S (ms_cache_rates.c
+    combination_rates)."""
+    S = len(lq)
+    pc, pf = [], []
+    for e in range(E):
+        lg = lf = 0.0
+        for b in range(min(B, S)):
+            reps, k = B // S + (1 if b < B % S else 0), (j + b) % S
+            lg += reps * lq[k][e]
+            lf += reps * (lq[k][e] - ls[k][e])
+        pc.append(1.0 - math.exp(tps * lg))
+        pf.append(1.0 - math.exp(tps * lf))
+    return pc, pf
 
 
 def lru_hit_rate(q, stick, l, E, B, tps, C):
@@ -73,19 +103,10 @@ def lru_hit_rate(q, stick, l, E, B, tps, C):
     with f = 1 - prod ((1 - q) / (1 - q stick))^tps (:func:`lru_chain_hits`). When S divides B every window
     holds every sample B / S times: one window stands for all (as the C)."""
     S = len(q)
+    lq, ls = _scenario_logs(q, stick, l, E)
     hsum = dsum = 0.0
     for j in range(1 if B % S == 0 else S):
-        pc, pf = [], []
-        for e in range(E):
-            lg = lf = 0.0
-            for b in range(min(B, S)):
-                s = (j + b) % S
-                reps = B // S + (1 if b < B % S else 0)
-                x = min(q[s][l][e], 1.0 - 1e-16)
-                lg += reps * math.log1p(-x)
-                lf += reps * (math.log1p(-x) - math.log1p(-x * stick))
-            pc.append(1.0 - math.exp(tps * lg))
-            pf.append(1.0 - math.exp(tps * lf))
+        pc, pf = _combination_rates(lq, ls, B, tps, j, E)
         hsum += lru_chain_hits(pc, pf, C)
         dsum += sum(pc)
     return hsum / dsum if dsum > 0 else 0.0
@@ -145,8 +166,7 @@ def lfu_hit_rate(q, stick, request_tokens, l, E, B, tps, C, steps, warmup, windo
             wp.append(1.0 - x1)
             wf.append(min(1.0, max(0.0, (x1 - x2) / x1)) if x1 > 0.0 else 1.0)
         pbar = list(wp)
-    lq = [[math.log1p(-min(q[k][l][e], 1.0 - 1e-16)) for e in range(E)] for k in range(S)]
-    ls = [[math.log1p(-min(q[k][l][e], 1.0 - 1e-16) * stick) for e in range(E)] for k in range(S)]
+    lq, ls = _scenario_logs(q, stick, l, E)
     for rnd in range(2 if windows is None else 0):
         for j in range(S):
             for e in range(E):
@@ -162,15 +182,7 @@ def lfu_hit_rate(q, stick, request_tokens, l, E, B, tps, C, steps, warmup, windo
     combos = 1 if B % S == 0 or windows is not None else S
     stride = combos // LFU_COMBOS if combos > LFU_COMBOS else 1      # up to LFU_COMBOS, spread (as the C)
     for j in range(0, combos, stride):
-        pc, pf = ([], []) if windows is None else (wp, wf)
-        for e in range(E if windows is None else 0):
-            lg = lf = 0.0
-            for b in range(min(B, S)):
-                reps, k = B // S + (1 if b < B % S else 0), (j + b) % S
-                lg += reps * lq[k][e]
-                lf += reps * (lq[k][e] - ls[k][e])
-            pc.append(1.0 - math.exp(tps * lg))
-            pf.append(1.0 - math.exp(tps * lf))
+        pc, pf = _combination_rates(lq, ls, B, tps, j, E) if windows is None else (wp, wf)
         D, support = 0.0, 0
         for x in pc:
             D += x

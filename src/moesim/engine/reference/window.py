@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+from .cache_rates import full_step_hits
+
 
 def window_lq(nodes, lq, n):
     """log P(absent from n tokens): linear in n between the nodes, the end segments extended."""
@@ -95,15 +97,14 @@ def window_hits(rt, l, B, tps, C, D):
         return 0.0
     a1 = E - D
     if D >= C:
-        # less one hit when every resident is needed again (ms_cache_rates.c lru_chain_hits, k = 0)
-        nodes, lret = rt["win_n"], 0.0
+        nodes, both_sum, lret = rt["win_n"], 0.0, 0.0
         for e in range(E):
             x1 = math.exp(B * window_lq(nodes, rows[e], tps))
             p, both = 1.0 - x1, 1.0 - 2.0 * x1 + math.exp(B * window_lq(nodes, rows[e], 2.0 * tps))
+            both_sum += both
             if p > 0.0:
                 lret += p * math.log(max(both / p, 1e-300))
-        return max(0.0, C / D * (E - 2.0 * a1 + window_absent(rt, l, B, 2.0 * tps))
-                   - min(1.0, D - C) * math.exp(C * lret / D))
+        return full_step_hits(both_sum, lret, C, D)
     k = math.floor(window_capacity_tokens(rt, l, B, tps, C) / tps)
     ak = window_absent(rt, l, B, k * tps)
     ak1 = window_absent(rt, l, B, (k + 1.0) * tps)
