@@ -2,6 +2,8 @@
 
     python bench/bench_che.py            # kernel per configuration, solving Che vs reading the table
     python bench/bench_che.py --mc       # + analytic vs Monte Carlo expert hit rate (slots x batch x policy)
+    python bench/bench_che.py --mc --mc-model olmoe-1b-7b --routing olmoe:v2 --slots 8,16,32 --policy lfu
+                                         # the same on another model / routing profile (a token-memory default)
 
 One decode_many call of n configurations (qwen3-30b-a3b Q4_K_M, offload-cache on a 4090 + 64 GB DDR5, 4k
 context, batches 1..128 cycled) with and without the ``che`` / ``che_slots`` columns, and the time of a
@@ -52,15 +54,18 @@ def kernel(slots: int, policy: str, n: int) -> None:
     print(f"{policy:6s} slots {s:3d}: " + "   ".join(out) + f"   table row {row * 1e3:.3f} ms")
 
 
-def monte_carlo(tokens: int) -> None:
+def monte_carlo(tokens: int, model: str = MODEL, routing: str | None = None, slots=(16, 48, 96),
+                policies=("lru", "lfu", "static"), seed: int = 0) -> None:
     m = moesim.machine(**MACHINE)
     worst = 0.0
-    for pol in ("lru", "lfu", "static"):
-        for ce in (16, 48, 96):
+    print(f"{model}, routing {routing or 'the family default'}, {tokens} tokens, seed {seed}")
+    for pol in policies:
+        for ce in slots:
             for b in (1, 4, 16):
-                kw = dict(quant="Q4_K_M", placement="offload-cache", cache_experts=ce, policy=pol, context=4096, batch=b)
-                a = moesim.simulate(MODEL, m, mode="analytic", tokens=tokens, **kw).expert_hit_rate   # LFU: the run length
-                mc = moesim.simulate(MODEL, m, mode="montecarlo", tokens=tokens, **kw).expert_hit_rate
+                kw = dict(quant="Q4_K_M", placement="offload-cache", cache_experts=ce, policy=pol, context=4096, batch=b,
+                          routing=routing, seed=seed)
+                a = moesim.simulate(model, m, mode="analytic", tokens=tokens, **kw).expert_hit_rate   # LFU: the run length
+                mc = moesim.simulate(model, m, mode="montecarlo", tokens=tokens, **kw).expert_hit_rate
                 worst = max(worst, abs(a - mc))
                 print(f"{pol:6s} slots {ce:3d} batch {b:3d}: analytic {a:.4f} montecarlo {mc:.4f} diff {a - mc:+.4f}")
     print(f"max |analytic - montecarlo| {worst:.4f}")
@@ -71,12 +76,18 @@ def main() -> None:
     ap.add_argument("--configs", type=int, default=4000)
     ap.add_argument("--mc", action="store_true", help="also compare hit rates with Monte Carlo")
     ap.add_argument("--tokens", type=int, default=1000, help="Monte Carlo tokens per configuration")
+    ap.add_argument("--mc-model", default=MODEL, help="model of the Monte Carlo comparison")
+    ap.add_argument("--routing", default=None, help="routing profile id (default: the model family's)")
+    ap.add_argument("--slots", default="16,48,96", help="GPU expert-cache sizes, comma-separated")
+    ap.add_argument("--policy", action="append", choices=["lru", "lfu", "static"], help="repeatable; default all three")
+    ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     for policy in ("lru", "lfu", "static"):
         for slots in (16, 64, 120):
             kernel(slots, policy, args.configs)
     if args.mc:
-        monte_carlo(args.tokens)
+        monte_carlo(args.tokens, args.mc_model, args.routing, [int(x) for x in args.slots.split(",")],
+                    tuple(args.policy or ("lru", "lfu", "static")), args.seed)
 
 
 if __name__ == "__main__":

@@ -245,6 +245,12 @@ typedef struct {
     int32_t n_window;
     const double *win_n;         /* [n_window] window lengths in tokens */
     const double *win_lq;        /* [n_layers][n_experts][n_window] */
+    /* With the windows (or NULL): one sequence's count moments for LFU at n_moment lengths win_m (increasing from 1):
+     * e's count variance over win_m[j] tokens and its covariance with e in the next token (routing_window.py). */
+    int32_t n_moment;
+    const double *win_m;         /* [n_moment] */
+    const double *win_var;       /* [n_layers][n_experts][n_moment] */
+    const double *win_cov;       /* [n_layers][n_experts][n_moment] */
     int32_t windows_checked;     /* 1: ms_check_windows found these window tables well formed and they have not
                                   * changed since (engine.glue.seal_routing sets it on the copies it seals):
                                   * kernels skip the check; 0: every kernel call checks them */
@@ -353,14 +359,6 @@ int ms_page_table(const ms_routing_t *r, int32_t batch, int32_t tokens_per_step,
  * Workspace as ms_decode_workspace_size. */
 int ms_route_sample(const ms_routing_t *r, const ms_decode_config_t *c, int32_t *tokens_out, void *workspace,
                     int64_t workspace_bytes);
-
-/* The analytic path's window tables (ms_window.c): out[l][e][j] = how many of the n_tokens - n + 1
- * windows of n = nodes[j] consecutive tokens of the stream tokens [n_tokens][n_layers][top_k] hold expert e
- * in layer l. nodes increasing from >= 1 to <= n_tokens (else MS_ERR_BAD_SIZE), ids in [0, n_experts)
- * (else MS_ERR_BAD_ROUTING). Workspace: ms_window_workspace_size(n_experts, nodes[n_nodes - 1]) bytes. */
-int64_t ms_window_workspace_size(int32_t n_experts, int32_t max_window);
-int ms_window_count(const int32_t *tokens, int64_t n_tokens, int32_t n_layers, int32_t top_k, int32_t n_experts,
-                    const int32_t *nodes, int32_t n_nodes, void *workspace, int64_t workspace_bytes, int64_t *out);
 
 /* Replay a routing sequence through one per-layer cache: hits / accesses per layer. `sel` is
  * [n_steps][n_layers][width] with `nsel` [n_steps][n_layers] valid entries (a step's distinct experts).

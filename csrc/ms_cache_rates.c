@@ -18,15 +18,23 @@ typedef struct {
     double dn, dx;
 } win_seg_t;
 
+/* The segment [x[lo], x[hi]] of the increasing lengths x[0 .. count) holding n (or the end one). */
+static void node_segment(const double *x, int32_t count, double n, int32_t *lo, int32_t *hi)
+{
+    *lo = 0;
+    *hi = count - 1;
+    while (*hi - *lo > 1) {
+        int32_t mid = (*lo + *hi) / 2;
+        if (x[mid] < n) *lo = mid; else *hi = mid;
+    }
+}
+
 static win_seg_t window_segment(const ms_routing_t *r, double n)
 {
     const double *x = r->win_n;
     win_seg_t s;
-    int32_t lo = 0, hi = r->n_window - 1;
-    while (hi - lo > 1) {               /* the segment [x[lo], x[hi]] holding n (or the end one) */
-        int32_t mid = (lo + hi) / 2;
-        if (x[mid] < n) lo = mid; else hi = mid;
-    }
+    int32_t lo, hi;
+    node_segment(x, r->n_window, n, &lo, &hi);
     s.lo = lo;
     s.hi = hi;
     s.dn = n - x[lo];
@@ -301,6 +309,16 @@ double ms_lru_hit_rate(const ms_routing_t *r, int32_t batch, int32_t tps, int32_
 static double norm_cdf(double x) { return 0.5 * erfc(-x * 0.7071067811865476); }
 static double norm_pdf(double x) { return exp(-0.5 * x * x) * 0.3989422804014327; }
 
+/* One step of Newton's method on a decreasing function (value g, slope dg at th) that keeps to its bracket
+ * [lo, hi], narrowed by th: the Newton iterate, or the bracket's midpoint where that leaves it. */
+static double newton_in_bracket(double th, double g, double dg, double *lo, double *hi)
+{
+    double next;
+    if (g > 0.0) *lo = th; else *hi = th;
+    next = dg < 0.0 ? th - g / dg : 0.5 * (*lo + *hi);
+    return next > *lo && next < *hi ? next : 0.5 * (*lo + *hi);
+}
+
 /* The count threshold th with sum_e P(n_e >= th) = cap for counts n_e ~ N(mu_e, sd_e^2): Newton's method from
  * th0 inside the bracket of a decreasing sum, bisecting whenever a step leaves it. */
 static double lfu_threshold(const double *mu, const double *sd, int32_t E, double cap, double th0)
@@ -318,9 +336,7 @@ static double lfu_threshold(const double *mu, const double *sd, int32_t E, doubl
             g += norm_cdf(z);
             dg -= norm_pdf(z) / sd[e];
         }
-        if (g > 0.0) lo = th; else hi = th;
-        next = dg < 0.0 ? th - g / dg : 0.5 * (lo + hi);
-        if (!(next > lo && next < hi)) next = 0.5 * (lo + hi);
+        next = newton_in_bracket(th, g, dg, &lo, &hi);
         if (!(fabs(next - th) > 1e-6 * (1.0 + fabs(th)))) return next;     /* counts: far finer than needed */
         th = next;
     }
@@ -366,6 +382,129 @@ static void lfu_request_spread(const ms_routing_t *r, int32_t batch, int32_t tps
             }
 }
 
+/* A window length's place among the count moments' lengths r->win_m: the value there is (1 - w) row[lo] +
+ * w row[hi], linear between the lengths and beyond the last; lo = -1 below the first (a count over no tokens
+ * has no variance: from 0), as with a single length. */
+typedef struct {
+    int32_t lo, hi;
+    double w;
+} moment_seg_t;
+
+static moment_seg_t moment_segment(const ms_routing_t *r, double n)
+{
+    const double *x = r->win_m;
+    int32_t lo, hi;
+    moment_seg_t s;
+    if (n <= x[0] || r->n_moment == 1) {
+        s.lo = -1;
+        s.hi = 0;
+        s.w = n / x[0];
+        return s;
+    }
+    node_segment(x, r->n_moment, n, &lo, &hi);
+    s.lo = lo;
+    s.hi = hi;
+    s.w = (n - x[lo]) / (x[hi] - x[lo]);
+    return s;
+}
+
+static double moment_at(const double *row, moment_seg_t s)
+{
+    return (s.lo < 0 ? 0.0 : (1.0 - s.w) * row[s.lo]) + s.w * row[s.hi];
+}
+
+/* P(n >= x) for a count n ~ Gamma(shape k, scale theta) (mean k theta): Wilson and Hilferty's cube-root normal
+ * approximation of the upper tail at x / theta (within ~0.002 of the regularized incomplete gamma on these
+ * tables); 0 for a count that is always 0 (k <= 0). */
+static double gamma_tail(double k, double theta, double x)
+{
+    if (!(k > 0.0)) return 0.0;
+    if (!(x > 0.0)) return 1.0;
+    return norm_cdf(-(cbrt(x / (k * theta)) - (1.0 - 1.0 / (9.0 * k))) * 3.0 * sqrt(k));
+}
+
+/* The count threshold th with sum_e P(n_e >= th) = cap for counts n_e ~ Gamma(k_e, theta_e): Newton's method on
+ * the decreasing sum (its slope from the tails' normal densities) inside a bracket from [0, 40 x the largest
+ * mean + sd], bisecting whenever a step leaves it. */
+static double lfu_gamma_threshold(const double *k, const double *theta, int32_t E, double cap)
+{
+    double lo = 0.0, hi = 0.0, th;
+    for (int32_t e = 0; e < E; e++) hi = fmax(hi, 40.0 * (k[e] * theta[e] + sqrt(k[e]) * theta[e]) + 1.0);
+    th = 0.5 * hi;
+    for (int it = 0; it < 100; it++) {
+        double g = -cap, dg = 0.0, next;
+        for (int32_t e = 0; e < E; e++) {
+            double u, z;
+            if (!(k[e] > 0.0)) continue;
+            u = cbrt(th / (k[e] * theta[e]));
+            z = (u - (1.0 - 1.0 / (9.0 * k[e]))) * 3.0 * sqrt(k[e]);
+            g += norm_cdf(-z);
+            dg -= norm_pdf(z) * sqrt(k[e]) / (u * u * k[e] * theta[e]);
+        }
+        next = newton_in_bracket(th, g, dg, &lo, &hi);
+        if (!(fabs(next - th) > 1e-6 * (1.0 + fabs(th)))) return next;
+        th = next;
+    }
+    return th;
+}
+
+/* LFU under token memory at one token per step, from one sequence's count moments (win_var, win_cov): an
+ * expert's step inclusion p over the batch's B sequences (the windows), its count over the t steps since the
+ * run began with mean t p and variance V = t p (1 - p) + g K + 1/4, K = Var N_t - t p1 (1 - p1) (the sequence's
+ * count variance beyond independent tokens, p1 its per-token inclusion; every sequence starts a request at step
+ * 0, and the moments count inside requests as far as they last), and the step's presence x correlated with the
+ * count: Cov = g Cov(N_t, x), where g = B ((1 - p) / (1 - p1))^2 carries one sequence's fluctuations to the
+ * step's union (to first order). Counts are skewed where requests favour an expert or ignore it: a gamma of
+ * that mean and variance (shape k = (t p)^2 / V, scale V / (t p)). The C - 1 most counted are resident
+ * (lfu_gamma_threshold), the last miss beside them (as ms_lfu_hit_rate); x regressed on the count,
+ * E[x 1{n >= th}] = p Q_k + (Cov / scale) (Q_k+1 - Q_k), Q_a = P(Gamma(a) >= th): the experts this stretch of
+ * requests favours are both counted and asked for. Scratch pc, pf, mu (shapes), sd (scales), p1, cv [E]. */
+static double lfu_moment_hits(const ms_routing_t *r, int32_t batch, int32_t l, double C, double steps,
+                              double warmup, double *pc, double *pf, double *mu, double *sd, double *p1, double *cv)
+{
+    int32_t E = r->n_experts, W = r->n_window, M = r->n_moment;
+    const double *row = r->win_lq + (int64_t) l * E * W;
+    win_seg_t s1 = window_segment(r, 1.0), s2 = window_segment(r, 2.0);
+    double D = 0.0, support = 0.0, hsum = 0.0, dsum = 0.0;
+    for (int32_t e = 0; e < E; e++) {
+        double a1 = window_lq(row + (int64_t) e * W, s1), x1 = exp(batch * a1);
+        double x2 = exp(batch * window_lq(row + (int64_t) e * W, s2));
+        pc[e] = 1.0 - x1;
+        pf[e] = x1 > 0.0 ? fmin(1.0, fmax(0.0, (x1 - x2) / x1)) : 1.0;
+        p1[e] = 1.0 - exp(a1);
+        D += pc[e];
+        support += pc[e] > 0.0;
+    }
+    for (int m = 0; m < MS_LFU_POINTS; m++) {
+        double t = warmup + (m + 0.5) * (steps - warmup) / MS_LFU_POINTS, h = 0.0, miss = 0.0, back = 0.0;
+        moment_seg_t seg = moment_segment(r, t);
+        for (int32_t e = 0; e < E; e++) {
+            const double *v = r->win_var + ((int64_t) l * E + e) * M, *c = r->win_cov + ((int64_t) l * E + e) * M;
+            double p = pc[e], ratio = p1[e] < 1.0 ? (1.0 - p) / (1.0 - p1[e]) : 0.0, gain = batch * ratio * ratio;
+            double var = fmax(t * p * (1.0 - p) + gain * (moment_at(v, seg) - t * p1[e] * (1.0 - p1[e])), 0.0) + 0.25;
+            mu[e] = p > 0.0 ? t * p * t * p / var : 0.0;        /* the gamma's shape */
+            sd[e] = p > 0.0 ? var / (t * p) : 1.0;              /* and scale */
+            cv[e] = gain * moment_at(c, seg);
+        }
+        if (support <= C) {
+            h = D;
+        } else if (C >= 1.0) {
+            double th = C - 1.0 > 0.0 ? lfu_gamma_threshold(mu, sd, E, C - 1.0) : DBL_MAX;
+            for (int32_t e = 0; e < E; e++) {
+                double q = gamma_tail(mu[e], sd[e], th), p = pc[e];
+                double joint = pc[e] > 0.0 ? cv[e] / sd[e] * (gamma_tail(mu[e] + 1.0, sd[e], th) - q) : 0.0;
+                h += p * q + joint;
+                miss += p * (1.0 - q) - joint;
+                back += (p - (1.0 - p) * pf[e]) * (1.0 - q);
+            }
+            if (miss > 0.0) h += fmin(1.0, miss) * back / miss;
+        }
+        hsum += fmin(fmax(h, 0.0), D);
+        dsum += D;
+    }
+    return dsum > 0.0 ? hsum / dsum : 0.0;
+}
+
 /* Expected LFU hit rate of routing layer l's C GPU slots over steps [warmup, steps) of a run (ms_cache.c: every
  * access counts, every miss is inserted, the victim is the least counted expert the step no longer needs, so a
  * step's misses displace each other and one survives it). At step t the cache holds the C - 1 most counted
@@ -376,7 +515,8 @@ static void lfu_request_spread(const ms_routing_t *r, int32_t batch, int32_t tps
  * p (1 - p) per step, plus R var_j(p) per step between requests). n_e ~ normal; the threshold of the C - 1
  * most counted (lfu_threshold) gives P_e; hits per step = sum_e p_e P_e + min(1, misses) sum_e both_e (1 - P_e) / misses, misses = sum_e p_e (1 - P_e), both_e =
  * p - (1 - p) f (e in two consecutive steps). Averaged at MS_LFU_POINTS midpoints of [warmup, steps) and
- * over scenario combinations (as ms_lru_hit_rate); under token memory p and f from the window tables. Scratch:
+ * over scenario combinations (as ms_lru_hit_rate); under token memory p and f from the window tables (with count
+ * moments at one token per step: lfu_moment_hits). Scratch:
  * pc, pf, mu, sd, pbar, pvar [E], lq and ls [S][E]. */
 double ms_lfu_hit_rate(const ms_routing_t *r, int32_t batch, int32_t tps, int32_t l, double C, double steps,
                            double warmup, double *pc, double *pf, double *mu, double *sd, double *pbar,
@@ -386,6 +526,8 @@ double ms_lfu_hit_rate(const ms_routing_t *r, int32_t batch, int32_t tps, int32_
     int32_t E = r->n_experts, S = r->n_scenarios, combos = batch % S == 0 || r->win_lq ? 1 : S;
     int32_t stride = combos > MS_LFU_COMBOS ? combos / MS_LFU_COMBOS : 1;
     double R = r->request_tokens > 0 ? (double) r->request_tokens / tps : 0.0, hsum = 0.0, dsum = 0.0, th = 0.0;
+    if (r->win_lq && r->win_var && tps == 1)
+        return lfu_moment_hits(r, batch, l, C, steps, warmup, pc, pf, mu, sd, pbar, pvar);
     if (r->win_lq) lfu_window_rates(r, batch, tps, l, pc, pf, pbar, pvar);
     else lfu_request_spread(r, batch, tps, l, pbar, pvar, lq, ls);
     for (int32_t j = 0; j < combos; j += stride) {

@@ -419,6 +419,20 @@ static int montecarlo(const ms_decode_model_t *m, const ms_machine_t *hw, const 
 
 /* ------------------------------------------------------------------------- entry points */
 
+/* 0, or 1 when the LFU count moments beside the windows are malformed: lengths increasing from >= 1, variances
+ * >= 0, every value finite (none: 0). */
+static int check_moments(const ms_routing_t *r, int64_t rows)
+{
+    int32_t M = r->n_moment;
+    if (r->win_var == NULL && r->win_cov == NULL && r->win_m == NULL) return 0;
+    if (r->win_var == NULL || r->win_cov == NULL || r->win_m == NULL || M < 1 || !(r->win_m[0] >= 1.0)) return 1;
+    for (int32_t j = 0; j < M; j++)
+        if (!isfinite(r->win_m[j]) || (j > 0 && !(r->win_m[j] > r->win_m[j - 1]))) return 1;
+    for (int64_t i = 0; i < rows * M; i++)
+        if (!(r->win_var[i] >= 0.0 && isfinite(r->win_var[i]) && isfinite(r->win_cov[i]))) return 1;
+    return 0;
+}
+
 /* 0, or 1 when the token-memory window tables are malformed (moesim.h); the kernels test ms_windows_bad. */
 int ms_check_windows(const ms_routing_t *r)
 {
@@ -433,7 +447,7 @@ int ms_check_windows(const ms_routing_t *r)
         for (int32_t j = 0; j < W; j++)
             if (!(lq[j] <= 0.0 && isfinite(lq[j])) || (j > 0 && lq[j] > lq[j - 1])) return 1;
     }
-    return 0;
+    return check_moments(r, rows);
 }
 
 /* bad_windows: ms_check_windows(r) computed once by a caller that checks many analytic configurations (the

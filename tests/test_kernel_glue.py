@@ -108,7 +108,7 @@ DERIVED = {
     "ms_model_t": {"n_layers"},
     "ms_decode_model_t": {"n_layers"},
     "ms_routing_t": {"n_scenarios", "trace_tokens", "trace_layers", "qbar", "lqbar", "qsq", "history", "n_partners",
-                     "n_window", "windows_checked"},       # windows_checked: set by glue.seal_routing alone
+                     "n_window", "n_moment", "windows_checked"},       # windows_checked: set by glue.seal_routing alone
     "ms_decode_config_t": set(),
     "ms_machine_t": set(),
     "ms_sweep_place_t": set(),

@@ -50,6 +50,43 @@ def test_window_count_kernel_refuses_bad_input(nodes, bad, code):
     assert rc == {"size": codes.ERR_BAD_SIZE, "routing": codes.ERR_BAD_ROUTING}[code]
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 8), st.integers(1, 3), st.integers(2, 60), st.integers(0, 70), st.integers(0, 2**32))
+def test_window_moments_kernel_equals_twin_and_a_brute_force_count(E, L, N, R, seed):
+    """ms_window_moments == its Python twin == the sums taken window by window: per window length, over the
+    windows with a next token (inside one request of R tokens when shorter than one), the count N, N^2, N x
+    and x of each expert (x: the expert in the next token)."""
+    rng = np.random.default_rng(seed)
+    k = int(rng.integers(1, E + 1))
+    tok = np.array([[rng.choice(E, k, replace=False) for _ in range(L)] for _ in range(N)], dtype=np.int32)
+    if rng.random() < 0.2:
+        tok[:, :, -1] = tok[:, :, 0]                   # a repeated pick within a token counts once
+    nodes = np.sort(rng.choice(np.arange(1, N), int(rng.integers(1, min(N - 1, 6) + 1)), replace=False))
+    code, got = _kernel.window_moments(tok, E, nodes, R)
+    assert code == 0
+    assert got.tolist() == RW.window_moments(tok.tolist(), E, nodes.tolist(), R)
+    x = np.zeros((N, L, E), dtype=np.int64)
+    np.put_along_axis(x, tok.astype(np.int64), 1, axis=2)
+    x = np.minimum(x, 1)
+    for j, n in enumerate(nodes):
+        starts = [i for i in range(N - n) if not (0 < n < R and i // R != (i + n) // R)]
+        c = np.array([x[i:i + n].sum(axis=0) for i in starts]).reshape(len(starts), L, E)
+        nx = np.array([x[i + n] for i in starts]).reshape(len(starts), L, E)
+        want = np.stack([c.sum(0), (c * c).sum(0), (c * nx).sum(0), nx.sum(0)], axis=-1)
+        assert np.array_equal(got[:, :, j], want)
+
+
+@pytest.mark.parametrize("nodes,bad,request_tokens,code", [([0, 2], None, 0, "size"), ([3, 10], None, 0, "size"),
+                                                    ([1, 2], 8, 0, "routing"), ([1, 2], None, -1, "size")])
+def test_window_moments_kernel_refuses_bad_input(nodes, bad, request_tokens, code):
+    tok = np.zeros((10, 2, 2), dtype=np.int32)
+    tok[:, :, 1] = 1
+    if bad is not None:
+        tok[4, 1, 0] = bad
+    rc, _ = _kernel.window_moments(tok, 8, np.array(nodes), request_tokens)
+    assert rc == {"size": codes.ERR_BAD_SIZE, "routing": codes.ERR_BAD_ROUTING}[code]
+
+
 def _memory_profile(**kw):
     return R.profile("generic", layer_recency=(0.5,), layer_coupling=(0.6,), recency_decay=0.9, history=8, **kw)
 
@@ -65,6 +102,36 @@ def test_tables_are_deterministic_marginals_sum_to_k_and_windows_only_grow():
     np.testing.assert_allclose(1 - np.exp(a["win_lq"][:, :, 0]), a["q"][0], atol=1e-12)
     assert "win_lq" not in LRT.lower(dims, R.profile("generic"), 5)          # no memory: no tables
     assert "win_lq" not in LRT.lower(dims, _memory_profile(), 5, window=False)
+
+
+def test_count_moments_are_well_formed():
+    """The LFU count moments beside the windows: lengths the powers of two below the stream, variances >= 0,
+    one token's variance p (1 - p) of its marginal (up to the windows that have a next token), covariances
+    finite; deterministic like the windows."""
+    dims = LRT.RoutingDims(3, 16, 4)
+    a = LRT.lower(dims, _memory_profile(), 5)
+    assert a["win_m"].tolist() == [float(2 ** i) for i in range(14)]
+    assert a["win_var"].shape == a["win_cov"].shape == (3, 16, 14)
+    assert np.all(a["win_var"] >= 0) and np.all(np.isfinite(a["win_cov"]))
+    p = a["q"][0]
+    np.testing.assert_allclose(a["win_var"][:, :, 0], p * (1 - p), atol=2e-3)
+    assert np.array_equal(a["win_var"], LRT.lower(dims, _memory_profile(), 5)["win_var"])
+
+
+def test_count_moments_come_with_the_windows_and_are_checked():
+    """The glue takes win_m, win_var and win_cov together and only beside the windows; the kernel refuses a
+    negative variance (ms_check_windows)."""
+    from moesim.engine.glue import StructError, check_routing
+    dims = LRT.RoutingDims(3, 16, 4)
+    rt = LRT.lower(dims, _memory_profile(), 5)
+    with pytest.raises(StructError, match="win_var"):
+        check_routing({k: v for k, v in rt.items() if k != "win_cov"})
+    with pytest.raises(StructError, match="win_var"):
+        check_routing({k: v for k, v in rt.items() if k not in ("win_n", "win_lq")} | {"q": rt["q"]})
+    var = rt["win_var"].copy()
+    var[1, 2, 3] = -1.0
+    rc, _, _ = _kernel.che_table(dict(rt, win_var=var), [1], [1], 4, codes.POLICY_LFU, 256, 32)
+    assert rc == codes.ERR_BAD_ROUTING
 
 
 @pytest.mark.parametrize("batch,tps", [(1, 1), (4, 1), (3, 2)])

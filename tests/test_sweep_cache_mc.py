@@ -90,9 +90,7 @@ def test_lfu_hit_rate_within_002_of_monte_carlo(tokens):
     """LFU counts from the start of a run, so its hit rate depends on the run's length (ms_cache_rates.c
     lfu_hit_rate: the C - 1 most counted experts and the last miss resident, counts normal). Measured
     2026-12-05 on qwen3-30b-a3b: within 0.018 at 256 and 1024 steps, 0.022 at 4096 (the static hot set it
-    read before: up to 0.15 low at batch 1). Token-memory profiles (the v2 defaults) stay outside it: olmoe:v2
-    reads up to 0.16 low at batch 1, their per-request skew lives in window tables the count model does not
-    split by request."""
+    read before: up to 0.15 low at batch 1). Token-memory profiles: test_lfu_on_token_memory_profiles."""
     machine = moesim.machine(**MACHINE)
     for b in (1, 4, 16):
         for c in (16, 48, 96):
@@ -100,3 +98,30 @@ def test_lfu_hit_rate_within_002_of_monte_carlo(tokens):
             an = moesim.simulate("qwen3-30b-a3b", machine, mode="analytic", **kw).expert_hit_rate
             mc = moesim.simulate("qwen3-30b-a3b", machine, mode="montecarlo", **kw).expert_hit_rate
             assert 0.0 < mc <= 1.0 and abs(an - mc) <= 0.02, (tokens, b, c, an, mc)
+
+
+# token-memory family defaults: (model, GPU expert-cache sizes)
+MEMORY_DEFAULTS = {"olmoe:v2": ("olmoe-1b-7b", (8, 16, 32)), "deepseek-v2:v2": ("deepseek-v2-lite", (8, 16, 32)),
+                   "gpt-oss:pooled": ("gpt-oss-20b", (4, 8, 16))}
+
+
+@pytest.mark.parametrize("routing", sorted(MEMORY_DEFAULTS))
+def test_lfu_on_token_memory_profiles(routing):
+    """LFU under token memory (ms_cache_rates.c lfu_moment_hits): counts since the run began from one
+    sequence's count moments, counted on the sampler's own streams beside the windows (their variance and
+    their covariance with the next token's pick: the experts a request favours are both counted and asked
+    for). Before them the count model read the windows' marginals alone and olmoe:v2 read 0.10-0.16 low at
+    batch 1 (it could not tell a request's hot experts). Measured 2026-12-05 (`python bench/bench_che.py --mc
+    --mc-model MODEL --routing PROFILE --slots ... --policy lfu --tokens 1024 --seed 1`): olmoe:v2 within 0.026
+    (+0.02 at every batch: the share of LFU common to all profiles, +0.012 on it at batch 16 before), seeds 0
+    and 2 0.023 / 0.030; deepseek-v2:v2 0.011; gpt-oss:pooled 0.032 (batch 16, 4 slots: 0.032 before too).
+    Held to 0.035: the issue's 0.02 is not met here."""
+    model, slots = MEMORY_DEFAULTS[routing]
+    machine = moesim.machine(**MACHINE)
+    for b in (1, 4, 16):
+        for c in slots:
+            kw = dict(quant="Q4_K_M", context=4096, batch=b, cache_experts=c, policy="lfu", tokens=1024, seed=1,
+                      routing=routing)
+            an = moesim.simulate(model, machine, mode="analytic", **kw).expert_hit_rate
+            mc = moesim.simulate(model, machine, mode="montecarlo", **kw).expert_hit_rate
+            assert 0.0 < mc <= 1.0 and abs(an - mc) <= 0.035, (routing, b, c, an, mc)

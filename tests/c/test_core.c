@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "moesim.h"
+#include "ms_window.h"
 #include "ms_internal.h"     /* the cache view and MS_STAMP_MAX: the stamp-restart test drives them directly */
 
 static int n_pass = 0, n_fail = 0;
@@ -499,6 +500,45 @@ static void test_windows_checked(void)
     CHECK(ms_page_table(&r, 2, 1, 4, tw, wsb, tab) == MS_ERR_BAD_ROUTING);
     lq[5] = 1.8 * lq[4];
     free(tw);
+}
+
+/* LFU count moments: ms_window_moments on a hand-checked stream (expert 0 in tokens 0, 1, 3: windows of one token
+ * with a next token count 1, 1, 0, 1, 0 and the next tokens hold it 1, 0, 1, 0, 0), requests of 3 tokens cutting
+ * the windows that cross them; the LFU table reads moments beside the windows, and refuses a negative variance. */
+static void test_window_moments(void)
+{
+    static const int32_t stream[6] = {0, 0, 1, 0, 1, 1}, lens[2] = {1, 2};
+    static const int64_t whole[16] = {3, 3, 1, 2, 5, 7, 1, 1, 2, 2, 1, 3, 3, 3, 2, 3};
+    static const int64_t requests[16] = {3, 3, 1, 1, 3, 5, 0, 0, 1, 1, 1, 3, 1, 1, 1, 2};
+    static double nodes[2] = {1.0, 2.0}, lq[L * E * 2], mn[2] = {1.0, 4.0}, var[L * E * 2], cov[L * E * 2];
+    int64_t out[16], wsb = ms_window_moments_workspace_size(6, 1, 2);
+    void *ws = malloc((size_t) wsb);
+    ms_routing_t r = make_routing(1);
+    int64_t tsb = ms_che_table_workspace_size(&r);
+    void *tw = malloc((size_t) tsb);
+    double tab[L * MS_CHE_FIELDS];
+    CHECK(ms_window_moments(stream, 6, 1, 1, 2, 0, lens, 2, ws, wsb, out) == 0 && memcmp(out, whole, sizeof(out)) == 0);
+    CHECK(ms_window_moments(stream, 6, 1, 1, 2, 3, lens, 2, ws, wsb, out) == 0 && memcmp(out, requests, sizeof(out)) == 0);
+    CHECK(ms_window_moments(stream, 6, 1, 1, 2, 0, lens, 2, ws, wsb - 1, out) == MS_ERR_BAD_WORKSPACE);
+    CHECK(ms_window_moments(stream, 6, 1, 1, 1, 0, lens, 2, ws, wsb, out) == MS_ERR_BAD_ROUTING);   /* id 1 of 1 */
+    for (int i = 0; i < L * E; i++) {
+        lq[2 * i] = log1p(-(double) K / E);
+        lq[2 * i + 1] = 1.8 * lq[2 * i];
+        var[2 * i] = 0.1;
+        var[2 * i + 1] = 2.0;
+        cov[2 * i] = 0.02;
+        cov[2 * i + 1] = 0.05;
+    }
+    r.n_window = 2; r.win_n = nodes; r.win_lq = lq;
+    r.n_moment = 2; r.win_m = mn; r.win_var = var; r.win_cov = cov;
+    CHECK(ms_check_windows(&r) == 0);
+    CHECK(ms_che_table(&r, 1, 1, 4, MS_POLICY_LFU, 256, 32, tw, tsb, tab) == 0);
+    for (int l = 0; l < L; l++) CHECK(tab[l * MS_CHE_FIELDS + MS_CHE_HIT] >= 0.0 && tab[l * MS_CHE_FIELDS + MS_CHE_HIT] <= 1.0);
+    var[3] = -1.0;
+    CHECK(ms_check_windows(&r) == 1);
+    CHECK(ms_che_table(&r, 1, 1, 4, MS_POLICY_LFU, 256, 32, tw, tsb, tab) == MS_ERR_BAD_ROUTING);
+    free(tw);
+    free(ws);
 }
 
 /* ---------------------------------------------------------------------------- routing and caches */
@@ -1172,6 +1212,7 @@ int main(void)
     test_che_table();
     test_page_table();
     test_windows_checked();
+    test_window_moments();
     test_route_and_cache();
     test_ctx_and_lookup();
     test_stamp_restart();

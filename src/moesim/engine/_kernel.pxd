@@ -137,6 +137,10 @@ cdef extern from "moesim.h" nogil:
         int32_t n_window
         const double *win_n
         const double *win_lq
+        int32_t n_moment
+        const double *win_m
+        const double *win_var
+        const double *win_cov
         int32_t windows_checked
         const double *recency
         const double *recency_lag
@@ -192,10 +196,6 @@ cdef extern from "moesim.h" nogil:
                       void *workspace, int64_t workspace_bytes, double *out) nogil
     int ms_route_sample(const ms_routing_t *r, const ms_decode_config_t *c, int32_t *tokens_out, void *workspace,
                         int64_t workspace_bytes)
-    int64_t ms_window_workspace_size(int32_t n_experts, int32_t max_window)
-    int ms_window_count(const int32_t *tokens, int64_t n_tokens, int32_t n_layers, int32_t top_k, int32_t n_experts,
-                        const int32_t *nodes, int32_t n_nodes, void *workspace, int64_t workspace_bytes, int64_t *out)
-
     # ---------------------------------------------------------------- sweeps (ms_sweep.c)
     ctypedef struct ms_ctx_fn_t:
         double a1, a2, b1, b2, s
@@ -354,3 +354,13 @@ cdef extern from "moesim.h" nogil:
     int64_t ms_serve_workspace_size(const ms_serve_config_t *c)
     int ms_serve(const ms_serve_table_t *t, const ms_serve_config_t *c, ms_rng_t *rng, void *workspace,
                  int64_t workspace_bytes, ms_serve_out_t *out)
+
+
+cdef extern from "ms_window.h" nogil:
+    int64_t ms_window_workspace_size(int32_t n_experts, int32_t max_window)
+    int ms_window_count(const int32_t *tokens, int64_t n_tokens, int32_t n_layers, int32_t top_k, int32_t n_experts,
+                        const int32_t *nodes, int32_t n_nodes, void *workspace, int64_t workspace_bytes, int64_t *out)
+    int64_t ms_window_moments_workspace_size(int64_t n_tokens, int32_t top_k, int32_t n_experts)
+    int ms_window_moments(const int32_t *tokens, int64_t n_tokens, int32_t n_layers, int32_t top_k, int32_t n_experts,
+                          int64_t request_tokens, const int32_t *nodes, int32_t n_nodes, void *workspace,
+                          int64_t workspace_bytes, int64_t *out)

@@ -33,6 +33,10 @@ cdef void _fill_routing(ms_routing_t *r, dict t, dict keep):
     r.win_n = <double *> _data(keep, "win_n", t["win_n"])
     r.win_lq = <double *> _data(keep, "win_lq", t["win_lq"])
     r.n_window = t["win_n"].shape[0] if t["win_n"] is not None else 0
+    r.win_m = <double *> _data(keep, "win_m", t["win_m"])
+    r.win_var = <double *> _data(keep, "win_var", t["win_var"])
+    r.win_cov = <double *> _data(keep, "win_cov", t["win_cov"])
+    r.n_moment = t["win_m"].shape[0] if t["win_m"] is not None else 0
     r.windows_checked = t.get("windows_checked", 0)     # set by glue.seal_routing alone
     r.recency = <double *> _data(keep, "recency", t["recency"])
     r.recency_lag = <double *> _data(keep, "recency_lag", t["recency_lag"])
@@ -110,6 +114,34 @@ def window_count(tokens, int n_experts, nodes):
     try:
         with nogil:
             code = ms_window_count(&v_tok[0], N, L, K, n_experts, &v_nd[0], W, ws, wsb, &v_out[0])
+    finally:
+        free(ws)
+    return code, out
+
+
+def window_moments(tokens, int n_experts, nodes, long long request_tokens=0):
+    """(code, [L, E, M, 4] int64): per window length nodes[j], over the windows of that many consecutive tokens
+    of the stream tokens [N, L, k] (int32) that have a next token (inside one request of request_tokens when
+    shorter than one), sums of each expert's count N, N^2, N x and x (x: the expert in the next token)
+    (ms_window_moments)."""
+    tok = np.ascontiguousarray(tokens, dtype=np.int32)
+    nd = np.ascontiguousarray(nodes, dtype=np.int32)
+    if tok.ndim != 3 or nd.ndim != 1 or tok.size == 0 or nd.size == 0:
+        raise StructError("ms_window_moments()", "tokens", "a [tokens, layers, k] stream and 1-D nodes")
+    cdef int64_t N = tok.shape[0]
+    cdef int32_t L = tok.shape[1], K = tok.shape[2], M = nd.shape[0]
+    out = np.zeros((L, max(n_experts, 1), M, 4), dtype=np.int64)
+    cdef const int32_t[::1] v_tok = tok.reshape(-1)
+    cdef const int32_t[::1] v_nd = nd
+    cdef int64_t[::1] v_out = out.reshape(-1)
+    cdef int64_t wsb = ms_window_moments_workspace_size(N, K, n_experts)
+    cdef char *ws = <char *> malloc(max(wsb, 64))
+    cdef int code
+    if ws == NULL:
+        raise MemoryError()
+    try:
+        with nogil:
+            code = ms_window_moments(&v_tok[0], N, L, K, n_experts, request_tokens, &v_nd[0], M, ws, wsb, &v_out[0])
     finally:
         free(ws)
     return code, out

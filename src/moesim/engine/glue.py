@@ -122,6 +122,12 @@ ROUTING_LAYERS = (Field("log_pop", F64, ("n_layers", "n_experts")), Field("stick
                         note="window lengths of the token-memory tables (analytic path)"),
                   Field("win_lq", F64, ("n_layers", "n_experts", "n_window"), optional=True,
                         note="log P(expert absent from a window) per layer, expert, window length"),
+                  Field("win_m", F64, ("n_moment",), optional=True,
+                        note="window lengths of the LFU count moments (with the windows)"),
+                  Field("win_var", F64, ("n_layers", "n_experts", "n_moment"), optional=True,
+                        note="variance of an expert's count over a window, per layer, expert, length"),
+                  Field("win_cov", F64, ("n_layers", "n_experts", "n_moment"), optional=True,
+                        note="covariance of that count with the expert in the next token"),
                   Field("trace", I32, ("trace_tokens", "trace_layers", "top_k"), optional=True,
                         note="a recorded trace replays instead of sampling"))
 ROUTING = ROUTING_DIMS + _scalars(REAL, "concentration") + _scalars(INT, "request_tokens") + ROUTING_LAYERS
@@ -431,6 +437,9 @@ def check_routing(rt) -> dict:
         raise StructError("ms_routing_t", "partners", "coupling and partners come together")
     if (rt.get("win_n") is None) != (rt.get("win_lq") is None):
         raise StructError("ms_routing_t", "win_lq", "win_n and win_lq come together")
+    moments = [rt.get(k) is None for k in ("win_m", "win_var", "win_cov")]
+    if len(set(moments)) > 1 or (not moments[0] and rt.get("win_lq") is None):
+        raise StructError("ms_routing_t", "win_var", "win_m, win_var and win_cov come together, with the windows")
     if dims.get("n_partners", 1) > MAX_PARTNERS:
         raise MoesimError(f"{dims['n_partners']} partners exceed MAX_PARTNERS = {MAX_PARTNERS}", "ms_routing_t.partners")
     _check_memory_tables(out, head["n_experts"])

@@ -48,7 +48,7 @@ def fingerprint(plan, rt: dict) -> str:
 
 # (ids of the _FP_TABLES arrays) -> (those arrays, their digest), for the process
 _FP_BY_ARRAYS: dict = {}
-_FP_TABLES = ("q", "stickiness", "win_n", "win_lq")
+_FP_TABLES = ("q", "stickiness", "win_n", "win_lq", "win_m", "win_var", "win_cov")
 
 
 def sealed_routing(plan, rt: dict):

@@ -5,6 +5,7 @@ rounding."""
 from __future__ import annotations
 
 import math
+import sys
 
 
 def full_step_hits(both, lret, capacity, D):
@@ -120,6 +121,17 @@ def _norm_pdf(x):
     return math.exp(-0.5 * x * x) * 0.3989422804014327
 
 
+def newton_in_bracket(th, g, dg, lo, hi):
+    """ms_cache_rates.c newton_in_bracket: (the next iterate, lo, hi) of Newton's method on a decreasing function
+    kept to its bracket, narrowed by th."""
+    if g > 0.0:
+        lo = th
+    else:
+        hi = th
+    nxt = th - g / dg if dg < 0.0 else 0.5 * (lo + hi)
+    return (nxt if lo < nxt < hi else 0.5 * (lo + hi)), lo, hi
+
+
 def lfu_threshold(mu, sd, cap, th0):
     """The count threshold with sum_e P(n_e >= th) = cap, n_e ~ N(mu_e, sd_e^2) (ms_cache_rates.c lfu_threshold)."""
     lo = min(m - 40.0 * s for m, s in zip(mu, sd))
@@ -131,13 +143,7 @@ def lfu_threshold(mu, sd, cap, th0):
             z = (m - th) / s
             g += _norm_cdf(z)
             dg -= _norm_pdf(z) / s
-        if g > 0.0:
-            lo = th
-        else:
-            hi = th
-        nxt = th - g / dg if dg < 0.0 else 0.5 * (lo + hi)
-        if not lo < nxt < hi:
-            nxt = 0.5 * (lo + hi)
+        nxt, lo, hi = newton_in_bracket(th, g, dg, lo, hi)
         if not abs(nxt - th) > 1e-6 * (1.0 + abs(th)):
             return nxt
         th = nxt
@@ -148,11 +154,105 @@ LFU_POINTS = 4
 LFU_COMBOS = 4
 
 
+def moment_at(nodes, row, n):
+    """ms_cache_rates.c moment_segment / moment_at: row (values at the lengths nodes) at n, linear between them
+    and beyond the last, from 0 below the first (or with a single length)."""
+    from .window import window_segment
+    if n <= nodes[0] or len(nodes) == 1:
+        return n / nodes[0] * row[0]
+    lo, hi = window_segment(nodes, n)
+    w = (n - nodes[lo]) / (nodes[hi] - nodes[lo])
+    return (1.0 - w) * row[lo] + w * row[hi]
+
+
+def gamma_tail(k, theta, x):
+    """ms_cache_rates.c gamma_tail: P(n >= x) for n ~ Gamma(k, theta), Wilson-Hilferty's cube-root normal."""
+    if not k > 0.0:
+        return 0.0
+    if not x > 0.0:
+        return 1.0
+    return _norm_cdf(-(math.cbrt(x / (k * theta)) - (1.0 - 1.0 / (9.0 * k))) * 3.0 * math.sqrt(k))
+
+
+def lfu_gamma_threshold(k, theta, cap):
+    """ms_cache_rates.c lfu_gamma_threshold: th with sum_e P(n_e >= th) = cap, Newton inside a bracket."""
+    lo = hi = 0.0
+    for ke, te in zip(k, theta):
+        hi = max(hi, 40.0 * (ke * te + math.sqrt(ke) * te) + 1.0)
+    th = 0.5 * hi
+    for _ in range(100):
+        g, dg = -cap, 0.0
+        for ke, te in zip(k, theta):
+            if not ke > 0.0:
+                continue
+            u = math.cbrt(th / (ke * te))
+            z = (u - (1.0 - 1.0 / (9.0 * ke))) * 3.0 * math.sqrt(ke)
+            g += _norm_cdf(-z)
+            dg -= _norm_pdf(z) * math.sqrt(ke) / (u * u * ke * te)
+        nxt, lo, hi = newton_in_bracket(th, g, dg, lo, hi)
+        if not abs(nxt - th) > 1e-6 * (1.0 + abs(th)):
+            return nxt
+        th = nxt
+    return th
+
+
+def lfu_moment_hits(rt, l, B, C, steps, warmup):
+    """ms_cache_rates.c lfu_moment_hits: LFU under token memory at one token per step from one sequence's count
+    moments (win_var, win_cov): gamma counts of the sequence's variance carried to the step's union, the next
+    step's presence regressed on the count."""
+    from .window import window_lq
+    nodes, rows, E = rt["win_n"], rt["win_lq"][l], int(rt["n_experts"])
+    mn, var, cov = [float(x) for x in rt["win_m"]], [list(map(float, v)) for v in rt["win_var"][l]], \
+        [list(map(float, c)) for c in rt["win_cov"][l]]
+    pc, pf, p1 = [], [], []
+    D = support = 0.0
+    for e in range(E):
+        a1 = float(window_lq(nodes, rows[e], 1.0))      # plain floats: IEEE inf past the range, as the C
+        x1 = math.exp(B * a1)
+        x2 = math.exp(B * float(window_lq(nodes, rows[e], 2.0)))
+        pc.append(1.0 - x1)
+        pf.append(min(1.0, max(0.0, (x1 - x2) / x1)) if x1 > 0.0 else 1.0)
+        p1.append(1.0 - math.exp(a1))
+        D += pc[e]
+        support += pc[e] > 0.0
+    hsum = dsum = 0.0
+    for m in range(LFU_POINTS):
+        t = warmup + (m + 0.5) * (steps - warmup) / LFU_POINTS
+        shape, scale, cv = [], [], []
+        for e in range(E):
+            p = pc[e]
+            ratio = (1.0 - p) / (1.0 - p1[e]) if p1[e] < 1.0 else 0.0
+            gain = B * ratio * ratio
+            v = max(t * p * (1.0 - p) + gain * (moment_at(mn, var[e], t) - t * p1[e] * (1.0 - p1[e])), 0.0) + 0.25
+            shape.append(t * p * t * p / v if p > 0.0 else 0.0)
+            scale.append(v / (t * p) if p > 0.0 else 1.0)
+            cv.append(gain * moment_at(mn, cov[e], t))
+        h = miss = back = 0.0
+        if support <= C:
+            h = D
+        elif C >= 1.0:
+            th = lfu_gamma_threshold(shape, scale, C - 1.0) if C - 1.0 > 0.0 else sys.float_info.max
+            for e in range(E):
+                q, p = gamma_tail(shape[e], scale[e], th), pc[e]
+                joint = cv[e] / scale[e] * (gamma_tail(shape[e] + 1.0, scale[e], th) - q) if p > 0.0 else 0.0
+                h += p * q + joint
+                miss += p * (1.0 - q) - joint
+                back += (p - (1.0 - p) * pf[e]) * (1.0 - q)
+            if miss > 0.0:
+                h += min(1.0, miss) * back / miss
+        hsum += min(max(h, 0.0), D)
+        dsum += D
+    return hsum / dsum if dsum > 0.0 else 0.0
+
+
 def lfu_hit_rate(q, stick, request_tokens, l, E, B, tps, C, steps, warmup, windows=None):
     """LFU hit rate of a ``C``-slot cache over steps [warmup, steps) of a run (ms_cache_rates.c ms_lfu_hit_rate): the
     C - 1 most counted experts and the previous step's last miss are resident; counts since the run began,
     normal, from the current request's combination and the earlier requests' mean. ``windows``: a token-memory
-    routing (its win_n, win_lq), whose window tables give p and f (one combination)."""
+    routing (its win_n, win_lq), whose window tables give p and f (one combination); with its count moments at
+    one token per step, :func:`lfu_moment_hits`."""
+    if windows is not None and windows.get("win_var") is not None and tps == 1:
+        return lfu_moment_hits(windows, l, B, C, steps, warmup)
     S = len(q)
     R = request_tokens / tps if request_tokens > 0 else 0.0
     pbar, pvar = [0.0] * E, [0.0] * E

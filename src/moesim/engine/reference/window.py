@@ -142,3 +142,34 @@ def window_count(tokens, n_experts, nodes):
         out.append([[(N - n + 1) - sum(max(0, g - n + 1) for g in runs[e]) for n in nodes]
                     for e in range(n_experts)])
     return out
+
+
+def window_moments(tokens, n_experts, nodes, request_tokens=0):
+    """Twin of ms_window_moments (csrc/ms_window.c): out[l][e][j] = [sum N, sum N^2, sum N x, sum x] over the
+    windows of n = nodes[j] consecutive tokens that have a next token, inside one request (requests restart
+    every request_tokens tokens) when n is shorter than one, N the window's count of expert e, x = 1 when e is
+    in the token after it; counted window by window."""
+    N, L = len(tokens), len(tokens[0])
+    out = []
+    for l in range(L):
+        present = [[False] * N for _ in range(n_experts)]
+        for t in range(N):
+            for e in tokens[t][l]:
+                present[e][t] = True
+        rows = []
+        for e in range(n_experts):
+            prefix = [0]
+            for t in range(N):
+                prefix.append(prefix[-1] + present[e][t])
+            row = []
+            for n in nodes:
+                s1 = s2 = s3 = sx = 0
+                for i in range(N - n):
+                    if 0 < n < request_tokens and i // request_tokens != (i + n) // request_tokens:
+                        continue           # the window and its next token cross a request's start
+                    c, x = prefix[i + n] - prefix[i], int(present[e][i + n])
+                    s1, s2, s3, sx = s1 + c, s2 + c * c, s3 + c * x, sx + x
+                row.append([s1, s2, s3, sx])
+            rows.append(row)
+        out.append(rows)
+    return out
