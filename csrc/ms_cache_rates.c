@@ -448,6 +448,17 @@ static double lfu_gamma_threshold(const double *k, const double *theta, int32_t 
     return th;
 }
 
+/* Hits per step on the previous step's last miss, resident beside the C - 1 most counted: it returns with
+ * probability back / miss (back = sum_e P(e in both steps) (1 - P(resident)), misses = sum_e p_e (1 - P)), unless
+ * the step's first access misses (miss / D: accesses go in id order, popularity-blind) while every resident
+ * is needed again (exp(all), all = sum_e P_e log P(e needed | resident)): ms_cache.c's victim() then takes the
+ * least counted needed expert, the last miss, before its access. */
+static double last_miss_hits(double miss, double back, double D, double all)
+{
+    if (!(miss > 0.0)) return 0.0;
+    return fmin(1.0, miss) * back / miss * (1.0 - fmin(1.0, miss / D) * exp(all));
+}
+
 /* LFU under token memory at one token per step, from one sequence's count moments (win_var, win_cov): an
  * expert's step inclusion p over the batch's B sequences (the windows), its count over the t steps since the
  * run began with mean t p and variance V = t p (1 - p) + g K + 1/4, K = Var N_t - t p1 (1 - p1) (the sequence's
@@ -489,15 +500,16 @@ static double lfu_moment_hits(const ms_routing_t *r, int32_t batch, int32_t l, d
         if (support <= C) {
             h = D;
         } else if (C >= 1.0) {
-            double th = C - 1.0 > 0.0 ? lfu_gamma_threshold(mu, sd, E, C - 1.0) : DBL_MAX;
+            double th = C - 1.0 > 0.0 ? lfu_gamma_threshold(mu, sd, E, C - 1.0) : DBL_MAX, all = 0.0;
             for (int32_t e = 0; e < E; e++) {
                 double q = gamma_tail(mu[e], sd[e], th), p = pc[e];
                 double joint = pc[e] > 0.0 ? cv[e] / sd[e] * (gamma_tail(mu[e] + 1.0, sd[e], th) - q) : 0.0;
                 h += p * q + joint;
                 miss += p * (1.0 - q) - joint;
                 back += (p - (1.0 - p) * pf[e]) * (1.0 - q);
+                if (q > 0.0) all += q * log(fmax(fmin(1.0, (p * q + joint) / q), 1e-300));
             }
-            if (miss > 0.0) h += fmin(1.0, miss) * back / miss;
+            h += last_miss_hits(miss, back, D, all);
         }
         hsum += fmin(fmax(h, 0.0), D);
         dsum += D;
@@ -512,11 +524,12 @@ static double lfu_moment_hits(const ms_routing_t *r, int32_t batch, int32_t l, d
  * tokens (R steps), so at step t the current request has run tcur steps (t in the first request, else a
  * stratified phase in [0, R)) with the combination's step inclusion p (a sticky chain: variance
  * p (1 - p)(2 p / f - 1) per step) and the earlier ones t - tcur steps at the mean over combinations (variance
- * p (1 - p) per step, plus R var_j(p) per step between requests). n_e ~ normal; the threshold of the C - 1
- * most counted (lfu_threshold) gives P_e; hits per step = sum_e p_e P_e + min(1, misses) sum_e both_e (1 - P_e) / misses, misses = sum_e p_e (1 - P_e), both_e =
- * p - (1 - p) f (e in two consecutive steps). Averaged at MS_LFU_POINTS midpoints of [warmup, steps) and
- * over scenario combinations (as ms_lru_hit_rate); under token memory p and f from the window tables (with count
- * moments at one token per step: lfu_moment_hits). Scratch:
+ * p (1 - p) per step, plus R var_j(p) per step between requests). n_e ~ normal (the current request's skew is
+ * in its combination's p); the threshold of the C - 1 most counted (lfu_threshold) gives P_e; hits per step =
+ * sum_e p_e P_e + the last miss (last_miss_hits: misses = sum_e p_e (1 - P_e), back = sum_e both_e (1 - P_e),
+ * both_e = p - (1 - p) f, e in two consecutive steps). Averaged at MS_LFU_POINTS midpoints of [warmup, steps)
+ * and over scenario combinations (as ms_lru_hit_rate); under token memory p and f from the window tables (with
+ * count moments at one token per step: lfu_moment_hits, whose counts hold the requests' skew: gammas). Scratch:
  * pc, pf, mu, sd, pbar, pvar [E], lq and ls [S][E]. */
 double ms_lfu_hit_rate(const ms_routing_t *r, int32_t batch, int32_t tps, int32_t l, double C, double steps,
                            double warmup, double *pc, double *pf, double *mu, double *sd, double *pbar,
@@ -542,7 +555,7 @@ double ms_lfu_hit_rate(const ms_routing_t *r, int32_t batch, int32_t tps, int32_
              * t mod R (points a whole number of requests apart would all sit at one phase) */
             double t = warmup + (m + 0.5) * (steps - warmup) / MS_LFU_POINTS;
             double tcur = R > 0.0 && t >= R ? (m + 0.5) * R / MS_LFU_POINTS : t, tprev = t - tcur;
-            double h = 0.0, miss = 0.0, back = 0.0;
+            double h = 0.0, miss = 0.0, back = 0.0, all = 0.0;
             for (int32_t e = 0; e < E; e++) {
                 double p = pc[e], disp = pf[e] > 1e-12 ? fmax(2.0 * p / pf[e] - 1.0, 1.0) : 1e12;
                 mu[e] = tprev * pbar[e] + tcur * p;
@@ -557,8 +570,9 @@ double ms_lfu_hit_rate(const ms_routing_t *r, int32_t batch, int32_t tps, int32_
                     h += p * P;
                     miss += p * (1.0 - P);
                     back += (p - (1.0 - p) * pf[e]) * (1.0 - P);
+                    if (P > 0.0) all += P * log(fmax(p, 1e-300));
                 }
-                if (miss > 0.0 && C >= 1.0) h += fmin(1.0, miss) * back / miss;
+                if (C >= 1.0) h += last_miss_hits(miss, back, D, all);
             }
             hsum += fmin(h, D);
             dsum += D;

@@ -110,12 +110,13 @@ def test_lfu_on_token_memory_profiles(routing):
     """LFU under token memory (ms_cache_rates.c lfu_moment_hits): counts since the run began from one
     sequence's count moments, counted on the sampler's own streams beside the windows (their variance and
     their covariance with the next token's pick: the experts a request favours are both counted and asked
-    for). Before them the count model read the windows' marginals alone and olmoe:v2 read 0.10-0.16 low at
-    batch 1 (it could not tell a request's hot experts). Measured 2026-12-05 (`python bench/bench_che.py --mc
-    --mc-model MODEL --routing PROFILE --slots ... --policy lfu --tokens 1024 --seed 1`): olmoe:v2 within 0.026
-    (+0.02 at every batch: the share of LFU common to all profiles, +0.012 on it at batch 16 before), seeds 0
-    and 2 0.023 / 0.030; deepseek-v2:v2 0.011; gpt-oss:pooled 0.032 (batch 16, 4 slots: 0.032 before too).
-    Held to 0.035: the issue's 0.02 is not met here."""
+    for), as gammas. Before them the count model read the windows' marginals alone and olmoe:v2 read
+    0.10-0.16 low at batch 1 (it could not tell a request's hot experts). The last miss is lost when the
+    step's first access misses while every resident is needed again (last_miss_hits: gpt-oss:pooled at batch
+    16 and 4 slots +0.032 -> +0.004). Measured 2026-12-05 (`python bench/bench_che.py --mc --mc-model MODEL
+    --routing PROFILE --slots ... --policy lfu --tokens 1024 --seed 1`): olmoe:v2 within 0.026 (+0.02 at
+    batches 1-4), gpt-oss:pooled 0.016, deepseek-v2:v2 0.009. Held to 0.03: the issue's 0.02 is not met on
+    olmoe:v2."""
     model, slots = MEMORY_DEFAULTS[routing]
     machine = moesim.machine(**MACHINE)
     for b in (1, 4, 16):
@@ -124,4 +125,4 @@ def test_lfu_on_token_memory_profiles(routing):
                       routing=routing)
             an = moesim.simulate(model, machine, mode="analytic", **kw).expert_hit_rate
             mc = moesim.simulate(model, machine, mode="montecarlo", **kw).expert_hit_rate
-            assert 0.0 < mc <= 1.0 and abs(an - mc) <= 0.035, (routing, b, c, an, mc)
+            assert 0.0 < mc <= 1.0 and abs(an - mc) <= 0.03, (routing, b, c, an, mc)

@@ -196,6 +196,14 @@ def lfu_gamma_threshold(k, theta, cap):
     return th
 
 
+def last_miss_hits(miss, back, D, every):
+    """ms_cache_rates.c last_miss_hits: the previous step's last miss, unless the step's first access misses while
+    every resident is needed again (exp(every)), when the least counted needed expert, it, is evicted first."""
+    if not miss > 0.0:
+        return 0.0
+    return min(1.0, miss) * back / miss * (1.0 - min(1.0, miss / D) * math.exp(every))
+
+
 def lfu_moment_hits(rt, l, B, C, steps, warmup):
     """ms_cache_rates.c lfu_moment_hits: LFU under token memory at one token per step from one sequence's count
     moments (win_var, win_cov): gamma counts of the sequence's variance carried to the step's union, the next
@@ -232,14 +240,16 @@ def lfu_moment_hits(rt, l, B, C, steps, warmup):
             h = D
         elif C >= 1.0:
             th = lfu_gamma_threshold(shape, scale, C - 1.0) if C - 1.0 > 0.0 else sys.float_info.max
+            every = 0.0
             for e in range(E):
                 q, p = gamma_tail(shape[e], scale[e], th), pc[e]
                 joint = cv[e] / scale[e] * (gamma_tail(shape[e] + 1.0, scale[e], th) - q) if p > 0.0 else 0.0
                 h += p * q + joint
                 miss += p * (1.0 - q) - joint
                 back += (p - (1.0 - p) * pf[e]) * (1.0 - q)
-            if miss > 0.0:
-                h += min(1.0, miss) * back / miss
+                if q > 0.0:
+                    every += q * math.log(max(min(1.0, (p * q + joint) / q), 1e-300))
+            h += last_miss_hits(miss, back, D, every)
         hsum += min(max(h, 0.0), D)
         dsum += D
     return hsum / dsum if dsum > 0.0 else 0.0
@@ -298,7 +308,7 @@ def lfu_hit_rate(q, stick, request_tokens, l, E, B, tps, C, steps, warmup, windo
                 mu.append(tprev * pbar[e] + tcur * p)
                 sd.append(math.sqrt(tprev * pbar[e] * (1.0 - pbar[e]) + tprev * R * pvar[e]
                                     + tcur * p * (1.0 - p) * disp + 0.25))
-            h = miss = back = 0.0
+            h = miss = back = every = 0.0
             if support <= C:          # every expert the combination uses fits: nothing is evicted
                 h = D
             else:
@@ -309,8 +319,10 @@ def lfu_hit_rate(q, stick, request_tokens, l, E, B, tps, C, steps, warmup, windo
                     h += p * P
                     miss += p * (1.0 - P)
                     back += (p - (1.0 - p) * pf[e]) * (1.0 - P)
-                if miss > 0.0 and C >= 1.0:
-                    h += min(1.0, miss) * back / miss
+                    if P > 0.0:
+                        every += P * math.log(max(p, 1e-300))
+                if C >= 1.0:
+                    h += last_miss_hits(miss, back, D, every)
             hsum += min(h, D)
             dsum += D
     return hsum / dsum if dsum > 0.0 else 0.0
