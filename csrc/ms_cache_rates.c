@@ -521,8 +521,9 @@ static double lfu_moment_hits(const ms_routing_t *r, int32_t batch, int32_t l, d
  * access counts, every miss is inserted, the victim is the least counted expert the step no longer needs, so a
  * step's misses displace each other and one survives it). At step t the cache holds the C - 1 most counted
  * experts and the previous step's last miss. Counts since the run began: requests last request_tokens
- * tokens (R steps), so at step t the current request has run tcur steps (t in the first request, else a
- * stratified phase in [0, R)) with the combination's step inclusion p (a sticky chain: variance
+ * tokens (R steps) and every sequence starts one at step 0, so at step t the current request has run tcur =
+ * t mod R steps (t in the first request; where a quarter of the run spans a request or more, a stratified
+ * phase in [0, R): points a whole number of requests apart would sit at one phase) with the combination's step inclusion p (a sticky chain: variance
  * p (1 - p)(2 p / f - 1) per step) and the earlier ones t - tcur steps at the mean over combinations (variance
  * p (1 - p) per step, plus R var_j(p) per step between requests). n_e ~ normal (the current request's skew is
  * in its combination's p); the threshold of the C - 1 most counted (lfu_threshold) gives P_e; hits per step =
@@ -539,6 +540,7 @@ double ms_lfu_hit_rate(const ms_routing_t *r, int32_t batch, int32_t tps, int32_
     int32_t E = r->n_experts, S = r->n_scenarios, combos = batch % S == 0 || r->win_lq ? 1 : S;
     int32_t stride = combos > MS_LFU_COMBOS ? combos / MS_LFU_COMBOS : 1;
     double R = r->request_tokens > 0 ? (double) r->request_tokens / tps : 0.0, hsum = 0.0, dsum = 0.0, th = 0.0;
+    double width = (steps - warmup) / MS_LFU_POINTS;
     if (r->win_lq && r->win_var && tps == 1)
         return lfu_moment_hits(r, batch, l, C, steps, warmup, pc, pf, mu, sd, pbar, pvar);
     if (r->win_lq) lfu_window_rates(r, batch, tps, l, pc, pf, pbar, pvar);
@@ -551,10 +553,10 @@ double ms_lfu_hit_rate(const ms_routing_t *r, int32_t batch, int32_t tps, int32_
             support += pc[e] > 0.0;
         }
         for (int m = 0; m < MS_LFU_POINTS; m++) {
-            /* a point of the run; past the first request its phase in the current one is stratified, not
-             * t mod R (points a whole number of requests apart would all sit at one phase) */
+            /* a point of the run; past the first request its phase in the current one (above) */
             double t = warmup + (m + 0.5) * (steps - warmup) / MS_LFU_POINTS;
-            double tcur = R > 0.0 && t >= R ? (m + 0.5) * R / MS_LFU_POINTS : t, tprev = t - tcur;
+            double tcur = R > 0.0 && t >= R ? (width < R ? fmod(t, R) : (m + 0.5) * R / MS_LFU_POINTS) : t;
+            double tprev = t - tcur;
             double h = 0.0, miss = 0.0, back = 0.0, all = 0.0;
             for (int32_t e = 0; e < E; e++) {
                 double p = pc[e], disp = pf[e] > 1e-12 ? fmax(2.0 * p / pf[e] - 1.0, 1.0) : 1e12;

@@ -90,7 +90,9 @@ def test_lfu_hit_rate_within_002_of_monte_carlo(tokens):
     """LFU counts from the start of a run, so its hit rate depends on the run's length (ms_cache_rates.c
     lfu_hit_rate: the C - 1 most counted experts and the last miss resident, counts normal). Measured
     2026-12-05 on qwen3-30b-a3b: within 0.018 at 256 and 1024 steps, 0.022 at 4096 (the static hot set it
-    read before: up to 0.15 low at batch 1). Token-memory profiles: test_lfu_on_token_memory_profiles."""
+    read before: up to 0.15 low at batch 1); 0.008 at 1024 steps once a point past the first request reads the
+    current request's true phase (t mod R, steps of the run's quarter shorter than a request; 0.012 before).
+    Token-memory profiles: test_lfu_on_token_memory_profiles; deepseek-r1: test_lfu_deepseek_r1."""
     machine = moesim.machine(**MACHINE)
     for b in (1, 4, 16):
         for c in (16, 48, 96):
@@ -98,6 +100,20 @@ def test_lfu_hit_rate_within_002_of_monte_carlo(tokens):
             an = moesim.simulate("qwen3-30b-a3b", machine, mode="analytic", **kw).expert_hit_rate
             mc = moesim.simulate("qwen3-30b-a3b", machine, mode="montecarlo", **kw).expert_hit_rate
             assert 0.0 < mc <= 1.0 and abs(an - mc) <= 0.02, (tokens, b, c, an, mc)
+
+
+def test_lfu_deepseek_r1():
+    """DeepSeek-R1 (256 experts, concentration 1: requests strongly skewed, 512 tokens each) over a run of two
+    requests: a point in the second request counts the current request's steps since its true start (t mod R);
+    the stratified phase it read before, (m + 0.5) R / 4, gave the request 2-3x the steps it had run and the
+    hit rate 0.036 high at batch 1 (64-128 slots). Measured 2026-12-05: within 0.015."""
+    machine = moesim.machine(**MACHINE)
+    for b in (1, 4, 16):
+        for c in (16, 64, 128):
+            kw = dict(quant="Q4_K_M", context=4096, batch=b, cache_experts=c, policy="lfu", tokens=1024, seed=1)
+            an = moesim.simulate("deepseek-r1", machine, mode="analytic", **kw).expert_hit_rate
+            mc = moesim.simulate("deepseek-r1", machine, mode="montecarlo", **kw).expert_hit_rate
+            assert 0.0 < mc <= 1.0 and abs(an - mc) <= 0.02, (b, c, an, mc)
 
 
 # token-memory family defaults: (model, GPU expert-cache sizes)

@@ -299,7 +299,10 @@ def lfu_hit_rate(q, stick, request_tokens, l, E, B, tps, C, steps, warmup, windo
             support += x > 0.0
         for m in range(LFU_POINTS):
             t = warmup + (m + 0.5) * (steps - warmup) / LFU_POINTS
-            tcur = (m + 0.5) * R / LFU_POINTS if R > 0.0 and t >= R else t     # a stratified phase (as the C)
+            if R > 0.0 and t >= R:      # the phase in the current request: exact, or stratified (as the C)
+                tcur = math.fmod(t, R) if (steps - warmup) / LFU_POINTS < R else (m + 0.5) * R / LFU_POINTS
+            else:
+                tcur = t
             tprev = t - tcur
             mu, sd = [], []
             for e in range(E):
