@@ -346,21 +346,28 @@ static double lfu_threshold(const double *mu, const double *sd, int32_t E, doubl
 #define MS_LFU_POINTS 4
 #define MS_LFU_COMBOS 4
 
-/* Token memory: the step inclusion and the return rate from the window tables (P(e in two consecutive steps) =
- * 1 - 2 a(tps) + a(2 tps), so f = (p - both) / (1 - p)); one combination, whose windows hold the requests' skew. */
+/* Token memory, from the window tables: each expert's step inclusion pc (B sequences of tps tokens), return
+ * rate pf (P(e in two consecutive steps) = 1 - 2 a(tps) + a(2 tps), so f = (p - both) / (1 - p)) and, unless
+ * p1 is NULL, one sequence's per-token inclusion p1. */
 static void lfu_window_rates(const ms_routing_t *r, int32_t batch, int32_t tps, int32_t l, double *pc, double *pf,
-                             double *pbar, double *pvar)
+                             double *p1)
 {
     int32_t E = r->n_experts, W = r->n_window;
     const double *row = r->win_lq + (int64_t) l * E * W;
-    win_seg_t s1 = window_segment(r, tps), s2 = window_segment(r, 2.0 * tps);
+    win_seg_t s0 = window_segment(r, 1.0), s1 = window_segment(r, tps), s2 = window_segment(r, 2.0 * tps);
     for (int32_t e = 0; e < E; e++) {
         double x1 = exp(batch * window_lq(row + (int64_t) e * W, s1));
         double x2 = exp(batch * window_lq(row + (int64_t) e * W, s2));
-        pc[e] = pbar[e] = 1.0 - x1;
+        pc[e] = 1.0 - x1;
         pf[e] = x1 > 0.0 ? fmin(1.0, fmax(0.0, (x1 - x2) / x1)) : 1.0;
-        pvar[e] = 0.0;
+        if (p1) p1[e] = 1.0 - exp(window_lq(row + (int64_t) e * W, s0));
     }
+}
+
+/* Point m of the MS_LFU_POINTS midpoints of [warmup, steps) at which the LFU rates are taken. */
+static double lfu_point(int m, double steps, double warmup)
+{
+    return warmup + (m + 0.5) * (steps - warmup) / MS_LFU_POINTS;
 }
 
 /* log(1 - q) and log(1 - q s) per scenario into lq and ls, and the step inclusion's mean and variance over the
@@ -473,21 +480,15 @@ static double last_miss_hits(double miss, double back, double D, double all)
 static double lfu_moment_hits(const ms_routing_t *r, int32_t batch, int32_t l, double C, double steps,
                               double warmup, double *pc, double *pf, double *mu, double *sd, double *p1, double *cv)
 {
-    int32_t E = r->n_experts, W = r->n_window, M = r->n_moment;
-    const double *row = r->win_lq + (int64_t) l * E * W;
-    win_seg_t s1 = window_segment(r, 1.0), s2 = window_segment(r, 2.0);
+    int32_t E = r->n_experts, M = r->n_moment;
     double D = 0.0, support = 0.0, hsum = 0.0, dsum = 0.0;
+    lfu_window_rates(r, batch, 1, l, pc, pf, p1);
     for (int32_t e = 0; e < E; e++) {
-        double a1 = window_lq(row + (int64_t) e * W, s1), x1 = exp(batch * a1);
-        double x2 = exp(batch * window_lq(row + (int64_t) e * W, s2));
-        pc[e] = 1.0 - x1;
-        pf[e] = x1 > 0.0 ? fmin(1.0, fmax(0.0, (x1 - x2) / x1)) : 1.0;
-        p1[e] = 1.0 - exp(a1);
         D += pc[e];
         support += pc[e] > 0.0;
     }
     for (int m = 0; m < MS_LFU_POINTS; m++) {
-        double t = warmup + (m + 0.5) * (steps - warmup) / MS_LFU_POINTS, h = 0.0, miss = 0.0, back = 0.0;
+        double t = lfu_point(m, steps, warmup), h = 0.0, miss = 0.0, back = 0.0;
         moment_seg_t seg = moment_segment(r, t);
         for (int32_t e = 0; e < E; e++) {
             const double *v = r->win_var + ((int64_t) l * E + e) * M, *c = r->win_cov + ((int64_t) l * E + e) * M;
@@ -543,8 +544,15 @@ double ms_lfu_hit_rate(const ms_routing_t *r, int32_t batch, int32_t tps, int32_
     double width = (steps - warmup) / MS_LFU_POINTS;
     if (r->win_lq && r->win_var && tps == 1)
         return lfu_moment_hits(r, batch, l, C, steps, warmup, pc, pf, mu, sd, pbar, pvar);
-    if (r->win_lq) lfu_window_rates(r, batch, tps, l, pc, pf, pbar, pvar);
-    else lfu_request_spread(r, batch, tps, l, pbar, pvar, lq, ls);
+    if (r->win_lq) {
+        lfu_window_rates(r, batch, tps, l, pc, pf, NULL);
+        for (int32_t e = 0; e < E; e++) {          /* one combination: the earlier requests' mean is its own */
+            pbar[e] = pc[e];
+            pvar[e] = 0.0;
+        }
+    } else {
+        lfu_request_spread(r, batch, tps, l, pbar, pvar, lq, ls);
+    }
     for (int32_t j = 0; j < combos; j += stride) {
         double D = 0.0, support = 0.0;
         if (!r->win_lq) combination_rates(r, batch, tps, j, lq, ls, pc, pf);
@@ -554,7 +562,7 @@ double ms_lfu_hit_rate(const ms_routing_t *r, int32_t batch, int32_t tps, int32_
         }
         for (int m = 0; m < MS_LFU_POINTS; m++) {
             /* a point of the run; past the first request its phase in the current one (above) */
-            double t = warmup + (m + 0.5) * (steps - warmup) / MS_LFU_POINTS;
+            double t = lfu_point(m, steps, warmup);
             double tcur = R > 0.0 && t >= R ? (width < R ? fmod(t, R) : (m + 0.5) * R / MS_LFU_POINTS) : t;
             double tprev = t - tcur;
             double h = 0.0, miss = 0.0, back = 0.0, all = 0.0;

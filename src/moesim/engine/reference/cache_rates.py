@@ -7,12 +7,7 @@ from __future__ import annotations
 import math
 import sys
 
-
-def full_step_hits(both, lret, capacity, D):
-    """Hits per step when the step needs more than the slots hold (ms_cache_rates.c full_step_hits): C of the
-    previous step's D experts stay, less the needed resident the first access evicts when every resident is
-    needed again."""
-    return max(0.0, both * capacity / D - min(1.0, D - capacity) * math.exp(capacity * lret / D))
+from .window import full_step_hits, window_lq, window_segment
 
 
 def lru_chain_hits(p, f, capacity):
@@ -157,7 +152,6 @@ LFU_COMBOS = 4
 def moment_at(nodes, row, n):
     """ms_cache_rates.c moment_segment / moment_at: row (values at the lengths nodes) at n, linear between them
     and beyond the last, from 0 below the first (or with a single length)."""
-    from .window import window_segment
     if n <= nodes[0] or len(nodes) == 1:
         return n / nodes[0] * row[0]
     lo, hi = window_segment(nodes, n)
@@ -204,28 +198,40 @@ def last_miss_hits(miss, back, D, every):
     return min(1.0, miss) * back / miss * (1.0 - min(1.0, miss / D) * math.exp(every))
 
 
+def lfu_window_rates(rt, l, B, tps):
+    """ms_cache_rates.c lfu_window_rates: (step inclusion, return rate, one sequence's per-token inclusion) of
+    every expert of layer l from the window tables, as plain floats (IEEE inf past the range, as the C)."""
+    nodes, rows = rt["win_n"], rt["win_lq"][l]
+    pc, pf, p1 = [], [], []
+    for row in rows:
+        x1 = math.exp(B * float(window_lq(nodes, row, tps)))
+        x2 = math.exp(B * float(window_lq(nodes, row, 2.0 * tps)))
+        pc.append(1.0 - x1)
+        pf.append(min(1.0, max(0.0, (x1 - x2) / x1)) if x1 > 0.0 else 1.0)
+        p1.append(1.0 - math.exp(float(window_lq(nodes, row, 1.0))))
+    return pc, pf, p1
+
+
+def lfu_point(m, steps, warmup):
+    """ms_cache_rates.c lfu_point: midpoint m of LFU_POINTS in [warmup, steps)."""
+    return warmup + (m + 0.5) * (steps - warmup) / LFU_POINTS
+
+
 def lfu_moment_hits(rt, l, B, C, steps, warmup):
     """ms_cache_rates.c lfu_moment_hits: LFU under token memory at one token per step from one sequence's count
     moments (win_var, win_cov): gamma counts of the sequence's variance carried to the step's union, the next
     step's presence regressed on the count."""
-    from .window import window_lq
-    nodes, rows, E = rt["win_n"], rt["win_lq"][l], int(rt["n_experts"])
+    E = int(rt["n_experts"])
     mn, var, cov = [float(x) for x in rt["win_m"]], [list(map(float, v)) for v in rt["win_var"][l]], \
         [list(map(float, c)) for c in rt["win_cov"][l]]
-    pc, pf, p1 = [], [], []
+    pc, pf, p1 = lfu_window_rates(rt, l, B, 1)
     D = support = 0.0
-    for e in range(E):
-        a1 = float(window_lq(nodes, rows[e], 1.0))      # plain floats: IEEE inf past the range, as the C
-        x1 = math.exp(B * a1)
-        x2 = math.exp(B * float(window_lq(nodes, rows[e], 2.0)))
-        pc.append(1.0 - x1)
-        pf.append(min(1.0, max(0.0, (x1 - x2) / x1)) if x1 > 0.0 else 1.0)
-        p1.append(1.0 - math.exp(a1))
-        D += pc[e]
-        support += pc[e] > 0.0
+    for x in pc:
+        D += x
+        support += x > 0.0
     hsum = dsum = 0.0
     for m in range(LFU_POINTS):
-        t = warmup + (m + 0.5) * (steps - warmup) / LFU_POINTS
+        t = lfu_point(m, steps, warmup)
         shape, scale, cv = [], [], []
         for e in range(E):
             p = pc[e]
@@ -266,15 +272,8 @@ def lfu_hit_rate(q, stick, request_tokens, l, E, B, tps, C, steps, warmup, windo
     S = len(q)
     R = request_tokens / tps if request_tokens > 0 else 0.0
     pbar, pvar = [0.0] * E, [0.0] * E
-    if windows is not None:
-        from .window import window_lq
-        nodes, rows = windows["win_n"], windows["win_lq"][l]
-        wp, wf = [], []
-        for e in range(E):
-            x1 = math.exp(B * window_lq(nodes, rows[e], tps))
-            x2 = math.exp(B * window_lq(nodes, rows[e], 2.0 * tps))
-            wp.append(1.0 - x1)
-            wf.append(min(1.0, max(0.0, (x1 - x2) / x1)) if x1 > 0.0 else 1.0)
+    if windows is not None:         # one combination: the earlier requests' mean is its own
+        wp, wf, _ = lfu_window_rates(windows, l, B, tps)
         pbar = list(wp)
     lq, ls = _scenario_logs(q, stick, l, E)
     for rnd in range(2 if windows is None else 0):
@@ -298,7 +297,7 @@ def lfu_hit_rate(q, stick, request_tokens, l, E, B, tps, C, steps, warmup, windo
             D += x
             support += x > 0.0
         for m in range(LFU_POINTS):
-            t = warmup + (m + 0.5) * (steps - warmup) / LFU_POINTS
+            t = lfu_point(m, steps, warmup)
             if R > 0.0 and t >= R:      # the phase in the current request: exact, or stratified (as the C)
                 tcur = math.fmod(t, R) if (steps - warmup) / LFU_POINTS < R else (m + 0.5) * R / LFU_POINTS
             else:

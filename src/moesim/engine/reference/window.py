@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import math
 
-from .cache_rates import full_step_hits
+
+def full_step_hits(both, lret, capacity, D):
+    """Hits per step when the step needs more than the slots hold (ms_cache_rates.c full_step_hits): C of the
+    previous step's D experts stay, less the needed resident the first access evicts when every resident is
+    needed again."""
+    return max(0.0, both * capacity / D - min(1.0, D - capacity) * math.exp(capacity * lret / D))
 
 
 def window_lq(nodes, lq, n):
