@@ -265,6 +265,41 @@ def test_builds_that_capture_one_token_steps_only_launch_larger_ones_kernel_by_k
     assert step(4, 4) == step(None, 4)
 
 
+def test_builds_dated_before_their_gpus_graph_gate_launch_every_kernel():
+    """llama.cpp replayed decode as CUDA graphs from PR #6766 (May 2024) on compute capability 8.0 and up, and on
+    Volta and Turing only from PR #25749 (mid 2026): a row dated before the gate its GPU passes pays
+    launch_us_nograph per layer at every batch; the H100 PCIe pair of issue #6763 (143.35 t/s on master, 163.83
+    with the graph branch, llama-2-7B Q4_K_M) is the gap between the two."""
+    import dataclasses
+
+    from moesim.analysis.row_notes import graphs_min_cc
+    apr24, nov25, sep26 = {"date": "2024-04-19"}, {"date": "2025-11-26"}, {"date": "2026-09-01"}
+    assert graphs_min_cc(apr24, "", "llama.cpp", "8.9", notes := []) == 99.0 and notes
+    assert graphs_min_cc(apr24, "with CUDA graphs (branch)", "llama.cpp", "9.0", []) is None
+    assert graphs_min_cc(nov25, "", "llama.cpp", "7.5", []) == 8.0
+    assert graphs_min_cc(nov25, "", "ollama", "7.0", []) == 8.0
+    assert graphs_min_cc(nov25, "", "llama.cpp", "8.6", []) is None       # the gate passes Ampere
+    assert graphs_min_cc(sep26, "", "llama.cpp", "7.5", []) is None       # PR #25749: Turing replays graphs
+    assert graphs_min_cc({}, "", "llama.cpp", "7.5", []) is None          # undated: current builds
+    assert graphs_min_cc(nov25, "", "llama.cpp-vulkan", "7.5", []) is None
+    assert graphs_min_cc(nov25, "", "llama.cpp", None, []) is None        # not a CUDA GPU
+    lc = runtime("llama.cpp", calibrated=False)
+    assert lc.decode.graphs_min_cc == 0.0
+    gated = dataclasses.replace(lc, decode=dataclasses.replace(lc.decode, graphs_min_cc=8.0))
+    m = moesim.model("llama-2-7b")
+    mix = Q.kernel_mix(m, Q.resolve("Q4_0", m))
+    turing, ada = moesim.machine(gpu="rtx-2080"), moesim.machine(gpu="rtx-4090")
+    for mach, extra in ((turing, lc.decode.launch_us_nograph), (ada, 0.0)):
+        p = parse_placement("all-gpu", m, mach)
+        base, old = lower_machine(mach, lc, p, mix), lower_machine(mach, gated, p, mix)
+        assert old["launch_s"] - base["launch_s"] == pytest.approx(extra * 1e-6, abs=1e-15)
+    from moesim.analysis.validate import build, prepare
+    row = dict(id="REF-x", quality="A", model="llama-2-7b", quant="Q4_K_M", runtime="llama.cpp", gpu="h100-pcie",
+               gpus="1", placement="all-gpu", batch="1", mtp="0", decode_tok_s="143.35", notes="", date="2024-04-19")
+    tok = [prepare(build(dict(row, notes=n)), calibrated=False).predict()[0] for n in ("", "with CUDA graphs")]
+    assert 1.0 / tok[0] - 1.0 / tok[1] == pytest.approx(m.n_layers * lc.decode.launch_us_nograph * 1e-6, rel=1e-6)
+
+
 def _prefill_tok_s(model, quant, machine, runtime_id, placement, **row_settings):
     from moesim.analysis.validate import RowConfig, prepare
     cfg = RowConfig(row={}, model=model, quant=quant, machine=machine, runtime=runtime_id, placement=placement,

@@ -191,6 +191,34 @@ def graph_max_batch(row: dict, notes: str, runtime: str | None, batch: int, assu
     return None
 
 
+# The CUDA GPUs a dated llama.cpp build replayed decode graphs on, by compute capability: none before PR #6766
+# (merged May 2024; issue #6763 and the PR measured master without graphs on 2024-04-19), then Ampere (8.0) and up
+# (ggml-cuda's architecture gate: PR #7302's thread asks for Turing on 2024-05-29/30), and Volta and Turing too from
+# PR #25749 (opened 2026-07-16 and carried by a fork as an open PR on 2026-07-20; the gate PR #27721 changes on
+# 2026-08-25 is Volta's). Ollama vendors the same ggml-cuda.
+_GRAPH_CC_ERAS = (((2024, 5), 99.0), ((2026, 8), 8.0))
+_GRAPH_BRANCH_NOTE = re.compile(r"\bwith CUDA graphs\b", re.I)     # a pre-merge graph branch the notes name
+
+
+def graphs_min_cc(row: dict, notes: str, runtime: str | None, cc: str | None, assumed: list) -> float | None:
+    """The lowest compute capability a mainline llama.cpp (or Ollama) build dated by the row replayed decode as
+    CUDA graphs on (runtimes.toml graphs_min_cc), where the row's GPU (compute capability ``cc``) is below it;
+    None: the profile's (current builds, a GPU the gate passes, a non-CUDA GPU or an undated row)."""
+    rid = runtime or "llama.cpp"
+    if cc is None or rid not in ("llama.cpp", "llama.cpp-2024h1", "llama.cpp-2023", "ollama") or \
+            _GRAPH_BRANCH_NOTE.search(notes):
+        return None
+    when = row_month(row, notes)
+    for since, gate in _GRAPH_CC_ERAS:
+        if when is not None and when < since:
+            if float(cc) < gate:
+                assumed.append(f"decode without CUDA graphs: dated {when[0]}-{when[1]:02d}, when llama.cpp replayed "
+                               + ("none" if gate > 50 else f"them on compute capability {gate:.1f} and up only"))
+                return gate
+            return None
+    return None
+
+
 def row_month(row: dict, notes: str) -> tuple | None:
     """(year, month) of a run: the row's date column, else a month and year in the notes, else a dated
     source address; None when nothing dates it."""

@@ -31,7 +31,8 @@ from ..engine.prefill import prefill
 from .consistency import capacities, check_prediction, check_record
 from .intervals import device_family
 from .records import default_notes, record
-from .row_notes import Skip, delta_net_fused, flash_month, graph_max_batch, note_settings, runtime_for
+from .row_notes import (Skip, delta_net_fused, flash_month, graph_max_batch, graphs_min_cc, note_settings,
+                        runtime_for)
 from .resolve import memory_of, resolve
 from .speculation import accepted_per_step, default_acceptance
 from .._catalog import load as _load_catalog
@@ -85,6 +86,7 @@ class RowConfig:
     no_flash: bool = False          # the notes say flash attention was off: CPU attention runs as mul_mat
     delta_net_fused: bool | None = None  # the build's Gated DeltaNet recurrence fused or not (None: the profile's)
     graph_max_batch: int | None = None   # the most tokens per step the build replayed as a CUDA graph (None: profile's)
+    graphs_min_cc: float | None = None   # the build replayed CUDA graphs only from this compute capability (None: profile's)
     repacked_cpu_weights: bool = False   # ik -rtr: CPU weights repacked, so large batches are not offloaded
     swa_full: bool = False               # llama.cpp --swa-full: sliding-window layers keep (and a GPU walks) all
 
@@ -258,6 +260,7 @@ def build(row: dict) -> RowConfig:
                      mtp=mtp, kv_dtype=kv, assumed=assumed, prompt_depth=prompt_depth,
                      delta_net_fused=delta_net_fused(m, row, notes, runtime, assumed),
                      graph_max_batch=graph_max_batch(row, notes, runtime, batch * (1 + mtp), assumed),
+                     graphs_min_cc=graphs_min_cc(row, notes, runtime, mach.compute_capability, assumed),
                      **note_settings(notes, runtime, assumed, flash_month(row, notes, runtime)))
 
 
@@ -307,6 +310,8 @@ def row_decode_settings(cfg: RowConfig, d) -> dict:
         out["cpu_attn_eff"], out["cpu_prefill_attn_eff"] = d.cpu_attn_eff_nofa, d.cpu_prefill_attn_eff_nofa
     if cfg.graph_max_batch is not None:
         out["graph_max_batch"] = cfg.graph_max_batch
+    if cfg.graphs_min_cc is not None:
+        out["graphs_min_cc"] = cfg.graphs_min_cc
     if cfg.delta_net_fused is not None:
         out["delta_net_ops"] = 0.0 if cfg.delta_net_fused else d.delta_net_unfused_ops
     if cfg.repacked_cpu_weights:

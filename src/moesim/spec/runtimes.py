@@ -107,6 +107,8 @@ class DecodeParams:
                                   # cost already holds them
     cpu_node_us: float = 0.0      # one graph node's thread barrier on the CPU (layer_ops' CPU cost)
     graph_max_batch: int = 0      # decode steps of more tokens run without CUDA graphs (launch_us_nograph); 0: none
+    graphs_min_cc: float = 0.0    # CUDA GPUs of a lower compute capability run decode without graphs (a dated
+                                  # build's gate, row_notes.graphs_min_cc); 0: the catalog's cuda_graphs alone
     delta_net_ops: float = 0.0    # graph nodes a Gated DeltaNet / KDA layer runs per decode step beyond an attention
                                   # layer's (0: a fused recurrence op; delta_net_unfused_ops before it)
     delta_net_unfused_ops: float = 0.0  # the same for builds that decompose the recurrence into small ops

@@ -215,6 +215,16 @@ def node_op_us(d, graphs: bool, clock: float = 1.0) -> float:
     return d.kernel_us * clock + (0.0 if graphs else share)
 
 
+def replays_graphs(d, chip: dict) -> bool:
+    """Whether the runtime's build replays decode steps as CUDA / HIP graphs on this GPU: the catalog's
+    ``cuda_graphs`` (what current builds do on the chip), unless the build gates graphs by compute capability
+    (``graphs_min_cc``: a dated llama.cpp build, row_notes.graphs_min_cc) above the chip's."""
+    if not chip.get("cuda_graphs", True):
+        return False
+    cc = chip.get("compute_capability")
+    return not (d.graphs_min_cc > 0.0 and cc is not None and float(cc) < d.graphs_min_cc)
+
+
 def placement_key(p: Placement) -> bool:
     """All :func:`lower_machine` reads of a placement (whether it is CPU-only): what a cache of its tables
     keys on, so placements that differ elsewhere (n-cpu-moe=1, =2, ...) share one table."""
@@ -247,7 +257,7 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement, mix: Q.KernelMix)
     peak_tflops = max(tf.get("bf16", 0.0), tf.get("fp16", 0.0), tf.get("fp32", 0.0), 1.0)
     pinned = machine.pcie_pinned_gbs or machine.pcie_gbs * 0.88 or 12.0
     pcie = pinned * GB * (1.0 if d.pinned_experts else d.pcie_pageable)
-    graphs = g.get("cuda_graphs", True)
+    graphs = replays_graphs(d, g)
     scale_up = g.get("scale_up", {}).get("gbs", 0.0) if isinstance(g.get("scale_up"), dict) else 0.0
     hbm = str(g.get("memory_type", "")).startswith("hbm")
     terms = backend_terms(rt, g)
@@ -306,7 +316,7 @@ def _lower_unified(machine: Machine, rt: Runtime, mix: Q.KernelMix, cpu_only: bo
     gpu_flops = peak * d.gpu_flops_eff
     cpu_flops = _cpu_flops(machine, d, mix)
     # chips without CUDA graphs (AMD iGPUs: HIP graphs off, Vulkan) pay the no-graph launch per layer
-    graphs = u.get("cuda_graphs", True)
+    graphs = replays_graphs(d, u)
     # Apple chips: launch_us_metal is fitted per MoE layer on Metal / MLX as it stands (no clock scaling)
     clock = 1.0 if metal else kernel_clock_scale(d, u)
     launch = d.launch_us_metal if metal else layer_launch_us(d, graphs, clock)
