@@ -193,59 +193,67 @@ double ms_window_reuse(const ms_routing_t *r, int32_t l)
  * Hits per step = sum_e P(e used now and within k) + rho P(e used now and exactly k + 1 back), where
  * P(used now, within k) = p - (1 - p) f (1 - f)^(k-1) and P(used now, exactly k + 1) = (1 - p) f^2 (1 - f)^(k-1)
  * (k = 0: rho = C / D of the previous step's set, sum_e p - (1 - p) f). k from Newton's method on the concave
- * increasing U(tau) - C from tau = 1 (the iterates rise to the root), floored; k = 0 is full_step_hits with
- * P(e in both steps) = p - (1 - p) f. Scratch lb: E doubles. */
+ * increasing U(tau) - C (the iterates rise to the root) to a step under 1e-6, floored, then moved by whole
+ * steps until U(k) <= C < U(k + 1) holds; k = 0 is full_step_hits with P(e in both steps) = p - (1 - p) f. lb: E. */
+/* U(k) and U(k + 1) of lru_chain_hits, and (hits) the hits of the split at k >= 1. */
+static void chain_split(const double *p, const double *f, const double *lb, int32_t E, double k, double *uk,
+                        double *uk1, double *within, double *exact)
+{
+    *uk = *uk1 = *within = *exact = 0.0;
+    for (int32_t e = 0; e < E; e++) {
+        double a = 1.0 - p[e], g = exp(lb[e] * (k - 1.0)), z = a * f[e] * g;
+        *uk += 1.0 - a * g;
+        *uk1 += 1.0 - a * exp(lb[e] * k);
+        *within += p[e] - z;
+        *exact += z * f[e];
+    }
+}
+
 static double lru_chain_hits(const double *p, const double *f, int32_t E, double C, double *lb)
 {
-    double D = 0.0, reach = 0.0, tau = 1.0, k, uk = 0.0, uk1 = 0.0, within = 0.0, exact = 0.0, lret = 0.0;
+    double D = 0.0, reach = 0.0, fsum = 0.0, tau = 1.0, k, uk, uk1, within, exact = 0.0, lret = 0.0;
     int32_t support = 0;
     for (int32_t e = 0; e < E; e++) {
         support += p[e] > 0.0;
         D += p[e];
         reach += f[e] > 0.0 ? 1.0 : p[e];   /* U(infinity): what the cache could ever be asked to hold */
+        fsum += p[e] > 0.0 ? f[e] : 0.0;
     }
     if ((double) support <= C || reach <= C) return D;
     if (C <= 0.0) return 0.0;
-    for (int32_t e = 0; e < E; e++) lb[e] = log1p(-fmin(f[e], 1.0 - 1e-15));
-    if (D < C) {
-        /* start at the root for equal return rates (their mean over the support); from the right of the root
-         * Newton's first step lands left of it (U is concave), then the iterates rise */
-        double fsum = 0.0;
-        for (int32_t e = 0; e < E; e++) fsum += p[e] > 0.0 ? f[e] : 0.0;
-        if (fsum > 0.0 && fsum < (double) support)
-            tau = fmax(1.0, 1.0 + log((support - C) / (support - D)) / log1p(-fsum / support));
-        for (int it = 0; it < 200; it++) {
-            double u = -C, du = 0.0, next;
-            for (int32_t e = 0; e < E; e++) {
-                double x = (1.0 - p[e]) * exp(lb[e] * (tau - 1.0));
-                u += 1.0 - x;
-                du -= lb[e] * x;
-            }
-            if (!(du > 0.0)) break;
-            next = fmax(1.0, tau - u / du);
-            if (!(fabs(next - tau) > 1e-14 * tau)) break;
-            tau = next;
-        }
-        k = floor(tau);
-    } else {
-        k = 0.0;
-    }
-    for (int32_t e = 0; e < E; e++) {
-        double a = 1.0 - p[e];
-        if (k >= 1.0) {
-            double g = exp(lb[e] * (k - 1.0)), z = a * f[e] * g;
-            uk += 1.0 - a * g;
-            uk1 += 1.0 - a * exp(lb[e] * k);
-            within += p[e] - z;
-            exact += z * f[e];
-        } else if (p[e] > 0.0) {
-            double both = p[e] - a * f[e];
-            uk1 += p[e];
+    if (D >= C) {                           /* k = 0: the step alone fills the cache */
+        for (int32_t e = 0; e < E; e++) {
+            double both = p[e] - (1.0 - p[e]) * f[e];
+            if (!(p[e] > 0.0)) continue;
             exact += both;
             lret += p[e] * log(fmax(both / p[e], 1e-300));
         }
+        return full_step_hits(exact, lret, C, D);
     }
-    if (k < 1.0) return full_step_hits(exact, lret, C, D);
+    for (int32_t e = 0; e < E; e++) lb[e] = log1p(-fmin(f[e], 1.0 - 1e-15));
+    /* start at the root for equal return rates (their mean over the support); from the right of the root
+     * Newton's first step lands left of it (U is concave), then the iterates rise. Only floor(tau) is read,
+     * so a step far below one ends it; the split then moves k until U(k) <= C < U(k + 1) */
+    if (fsum > 0.0 && fsum < (double) support)
+        tau = fmax(1.0, 1.0 + log((support - C) / (support - D)) / log1p(-fsum / support));
+    for (int it = 0; it < 200; it++) {
+        double u = -C, du = 0.0, next;
+        for (int32_t e = 0; e < E; e++) {
+            double x = (1.0 - p[e]) * exp(lb[e] * (tau - 1.0));
+            u += 1.0 - x;
+            du -= lb[e] * x;
+        }
+        if (!(du > 0.0)) break;
+        next = fmax(1.0, tau - u / du);
+        if (!(fabs(next - tau) > 1e-6)) { tau = next; break; }
+        tau = next;
+    }
+    k = floor(tau);
+    for (int moves = 0;; moves++) {         /* U(1) = D < C and U grows to reach > C: a k exists */
+        chain_split(p, f, lb, E, k, &uk, &uk1, &within, &exact);
+        if (moves >= 64 || !((uk > C && k > 1.0) || uk1 <= C)) break;
+        k += uk1 <= C ? 1.0 : -1.0;
+    }
     return within + (uk1 > uk ? fmin(1.0, fmax(0.0, (C - uk) / (uk1 - uk))) : 0.0) * exact;
 }
 

@@ -207,3 +207,46 @@ def test_sealed_routing_gives_the_same_results(memory):
     np.testing.assert_array_equal(KD.che_table(sealed, [1, 4], 1, 6), KD.che_table(rt, [1, 4], 1, 6))
     assert seal_routing({"n_layers": 0, "n_experts": 0, "top_k": 0, "n_group": 0, "topk_group": 0,
                          "concentration": 0.0, "request_tokens": 0})["n_layers"] == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.0, 1.0), st.just(0.0) | st.floats(1e-6, 1.0)), min_size=1, max_size=40),
+       st.floats(0.0, 45.0))
+def test_lru_chain_split_is_the_integer_crossing(pf, capacity):
+    """lru_chain_hits stops Newton's method early and moves k by whole steps: its hits are those of the k found by
+    searching U(k) = sum 1 - (1 - p)(1 - f)^(k-1) over the integers (U(k) <= C < U(k + 1)), written out here."""
+    import math
+
+    from moesim.engine.reference.cache_rates import full_step_hits, lru_chain_hits
+    p, f = [x for x, _ in pf], [y for _, y in pf]
+    D = sum(p)
+    got = lru_chain_hits(p, f, capacity)
+    support, reach = sum(x > 0 for x in p), sum(1.0 if y > 0 else x for x, y in zip(p, f))
+    if support <= capacity or reach <= capacity:
+        assert got == D
+        return
+    if capacity <= 0.0:
+        assert got == 0.0
+        return
+    if D >= capacity:
+        both = [x - (1 - x) * y for x, y in zip(p, f) if x > 0]
+        lret = sum(x * math.log(max(b / x, 1e-300)) for x, b in zip([x for x in p if x > 0], both))
+        assert got == pytest.approx(full_step_hits(sum(both), lret, capacity, D), rel=1e-12, abs=1e-12)
+        return
+
+    def U(k):
+        return sum(1 - (1 - x) * (1 - min(y, 1 - 1e-15)) ** (k - 1) for x, y in zip(p, f))
+
+    lo, hi = 1, 2                 # U grows with k: the largest k with U(k) <= C by doubling, then bisection
+    while U(hi) <= capacity:
+        lo, hi = hi, 2 * hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if U(mid) <= capacity else (lo, mid)
+    k = lo
+    uk, uk1 = U(k), U(k + 1)
+    g = [(1 - x) * y * (1 - min(y, 1 - 1e-15)) ** (k - 1) for x, y in zip(p, f)]
+    within = sum(x - z for x, z in zip(p, g))
+    exact = sum(z * y for z, y in zip(g, f))
+    want = within + (min(1.0, max(0.0, (capacity - uk) / (uk1 - uk))) if uk1 > uk else 0.0) * exact
+    assert got == pytest.approx(want, rel=1e-9, abs=1e-9)

@@ -25,47 +25,58 @@ def lru_chain_hits(p, f, capacity):
         return D
     if capacity <= 0:
         return 0.0
-    lb = [math.log1p(-min(y, 1.0 - 1e-15)) for y in f]
-    tau = 1.0
-    if D < capacity:
-        # start at the root for equal return rates; from its right Newton's first step lands left (as the C)
-        fsum = sum(y for x, y in zip(p, f) if x > 0)
-        if 0.0 < fsum < support:
-            tau = max(1.0, 1.0 + math.log((support - capacity) / (support - D)) / math.log1p(-fsum / support))
-        for _ in range(200):
-            u, du = -capacity, 0.0
-            for e in range(E):
-                x = (1.0 - p[e]) * math.exp(lb[e] * (tau - 1.0))
-                u += 1.0 - x
-                du -= lb[e] * x
-            if not du > 0.0:
-                break
-            nxt = max(1.0, tau - u / du)
-            if not abs(nxt - tau) > 1e-14 * tau:
-                break
-            tau = nxt
-        k = math.floor(tau)
-    else:
-        k = 0
-    uk = uk1 = within = exact = lret = 0.0
-    for e in range(E):
-        a = 1.0 - p[e]
-        if k >= 1:
-            g = math.exp(lb[e] * (k - 1.0))
-            z = a * f[e] * g
-            uk += 1.0 - a * g
-            uk1 += 1.0 - a * math.exp(lb[e] * k)
-            within += p[e] - z
-            exact += z * f[e]
-        elif p[e] > 0.0:
-            both = p[e] - a * f[e]
-            uk1 += p[e]
-            exact += both
-            lret += p[e] * math.log(max(both / p[e], 1e-300))
-    if k < 1:
+    if D >= capacity:       # k = 0: the step alone fills the cache
+        exact = lret = 0.0
+        for x, y in zip(p, f):
+            if x > 0.0:
+                both = x - (1.0 - x) * y
+                exact += both
+                lret += x * math.log(max(both / x, 1e-300))
         return full_step_hits(exact, lret, capacity, D)
+    lb = [math.log1p(-min(y, 1.0 - 1e-15)) for y in f]
+    # start at the root for equal return rates; from its right Newton's first step lands left (as the C). Only
+    # floor(tau) is read: a step under 1e-6 ends it, and the split moves k until U(k) <= C < U(k + 1)
+    tau = 1.0
+    fsum = sum(y for x, y in zip(p, f) if x > 0)
+    if 0.0 < fsum < support:
+        tau = max(1.0, 1.0 + math.log((support - capacity) / (support - D)) / math.log1p(-fsum / support))
+    for _ in range(200):
+        u, du = -capacity, 0.0
+        for e in range(E):
+            x = (1.0 - p[e]) * math.exp(lb[e] * (tau - 1.0))
+            u += 1.0 - x
+            du -= lb[e] * x
+        if not du > 0.0:
+            break
+        nxt = max(1.0, tau - u / du)
+        if not abs(nxt - tau) > 1e-6:
+            tau = nxt
+            break
+        tau = nxt
+    k = float(math.floor(tau))
+    moves = 0
+    while True:             # U(1) = D < C and U grows to reach > C: a k exists
+        uk, uk1, within, exact = _chain_split(p, f, lb, k)
+        if moves >= 64 or not ((uk > capacity and k > 1.0) or uk1 <= capacity):
+            break
+        k += 1.0 if uk1 <= capacity else -1.0
+        moves += 1
     rho = min(1.0, max(0.0, (capacity - uk) / (uk1 - uk))) if uk1 > uk else 0.0
     return within + rho * exact
+
+
+def _chain_split(p, f, lb, k):
+    """ms_cache_rates.c chain_split: (U(k), U(k + 1), hits within k steps, hits exactly k + 1 back before rho)."""
+    uk = uk1 = within = exact = 0.0
+    for e in range(len(p)):
+        a = 1.0 - p[e]
+        g = math.exp(lb[e] * (k - 1.0))
+        z = a * f[e] * g
+        uk += 1.0 - a * g
+        uk1 += 1.0 - a * math.exp(lb[e] * k)
+        within += p[e] - z
+        exact += z * f[e]
+    return uk, uk1, within, exact
 
 
 def _scenario_logs(q, stick, l, E):
