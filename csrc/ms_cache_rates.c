@@ -183,19 +183,7 @@ double ms_window_reuse(const ms_routing_t *r, int32_t l)
            / (double) r->top_k;
 }
 
-/* Step-level LRU on a two-state chain per expert: e is in a step's set with probability p[e] (stationary);
- * after a step without it, with probability f[e] (a sticky routing re-picks only what the sequence used the
- * token before, so an absent expert returns through fresh picks alone: f < p; f = p is independent reference).
- * The cache holds the C most recently used experts; accesses within a step go in id order, so recency within a
- * step is popularity-blind. With U(k) = sum_e 1 - (1 - p)(1 - f)^(k-1) the experts used in the last k steps
- * (U(0) = 0, U(1) = D), the k with U(k) <= C < U(k + 1) splits them: an expert last used within k steps is
- * resident, one last used exactly k + 1 steps back with probability rho = (C - U(k)) / (U(k + 1) - U(k)).
- * Hits per step = sum_e P(e used now and within k) + rho P(e used now and exactly k + 1 back), where
- * P(used now, within k) = p - (1 - p) f (1 - f)^(k-1) and P(used now, exactly k + 1) = (1 - p) f^2 (1 - f)^(k-1)
- * (k = 0: rho = C / D of the previous step's set, sum_e p - (1 - p) f). k from Newton's method on the concave
- * increasing U(tau) - C (the iterates rise to the root) to a step under 1e-6, floored, then moved by whole
- * steps until U(k) <= C < U(k + 1) holds; k = 0 is full_step_hits with P(e in both steps) = p - (1 - p) f. lb: E. */
-/* U(k) and U(k + 1) of lru_chain_hits, and (hits) the hits of the split at k >= 1. */
+/* U(k) and U(k + 1) of lru_chain_hits, and the hits of the split at k >= 1. */
 static void chain_split(const double *p, const double *f, const double *lb, int32_t E, double k, double *uk,
                         double *uk1, double *within, double *exact)
 {
@@ -209,6 +197,18 @@ static void chain_split(const double *p, const double *f, const double *lb, int3
     }
 }
 
+/* Step-level LRU on a two-state chain per expert: e is in a step's set with probability p[e] (stationary);
+ * after a step without it, with probability f[e] (a sticky routing re-picks only what the sequence used the
+ * token before, so an absent expert returns through fresh picks alone: f < p; f = p is independent reference).
+ * The cache holds the C most recently used experts; accesses within a step go in id order, so recency within a
+ * step is popularity-blind. With U(k) = sum_e 1 - (1 - p)(1 - f)^(k-1) the experts used in the last k steps
+ * (U(0) = 0, U(1) = D), the k with U(k) <= C < U(k + 1) splits them: an expert last used within k steps is
+ * resident, one last used exactly k + 1 steps back with probability rho = (C - U(k)) / (U(k + 1) - U(k)).
+ * Hits per step = sum_e P(e used now and within k) + rho P(e used now and exactly k + 1 back), where
+ * P(used now, within k) = p - (1 - p) f (1 - f)^(k-1) and P(used now, exactly k + 1) = (1 - p) f^2 (1 - f)^(k-1)
+ * (k = 0: rho = C / D of the previous step's set, sum_e p - (1 - p) f). k from Newton's method on the concave
+ * increasing U(tau) - C (the iterates rise to the root) to a step under 1e-6, floored, then moved by whole
+ * steps until U(k) <= C < U(k + 1) holds; k = 0 is full_step_hits with P(e in both steps) = p - (1 - p) f. lb: E. */
 static double lru_chain_hits(const double *p, const double *f, int32_t E, double C, double *lb)
 {
     double D = 0.0, reach = 0.0, fsum = 0.0, tau = 1.0, k, uk, uk1, within, exact = 0.0, lret = 0.0;
