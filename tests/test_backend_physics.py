@@ -377,3 +377,44 @@ def test_a_cpu_layer_pays_the_cpu_graphs_barriers():
                mode="analytic")
     assert moesim.simulate(m, runtime="llama.cpp", **gpu).tpot_ms["mean"] == pytest.approx(
         moesim.simulate(m, runtime=_llama_cpp_with(cpu_layer_us=0.0), **gpu).tpot_ms["mean"])
+
+
+@pytest.mark.parametrize("gpu", ["rx-9070-xt", "ryzen-ai-max-plus-395"])
+def test_hip_pays_its_per_layer_cost_where_vulkan_pays_none(gpu):
+    """runtimes.toml [backends.*] launch_us_nograph: ggml-vulkan records command buffers while the GPU runs (no
+    host launch per kernel), the HIP backend pays 51 us per decoder layer more on the same AMD card (llama.cpp
+    issue #26663's RX 9070 XT pairs, #24438's Radeon 8060S pair), whether or not the catalog lists CUDA graphs
+    for the chip (the RX 9070 XT does, the 8060S does not). A dense model at batch 1 reads the same bytes under
+    both backends, so the time per token differs by exactly n_layers x 51 us."""
+    vk, hip = _hw(gpu, "llama.cpp-vulkan", model="qwen3-8b"), _hw(gpu, "llama.cpp-hip", model="qwen3-8b")
+    d = runtime("llama.cpp").decode
+    kernels = d.layer_kernels * d.kernel_us
+    clock = 1980.0 / float((_catalog.load("hardware")["gpu"].get(gpu) or
+                            _catalog.load("hardware")["unified"][gpu])["boost_mhz"])
+    assert vk["launch_s"] == pytest.approx(kernels * clock * 1e-6)
+    assert hip["launch_s"] == pytest.approx((kernels * clock + 51.0) * 1e-6)
+    assert vk["nograph_s"] == hip["nograph_s"] == 0.0        # no graph to fall out of at larger batches
+    m = moesim.machine(gpu=gpu)
+    t = {rid: 1.0 / moesim.simulate("qwen3-8b", machine=m, quant="Q4_K_M", context=512, runtime=rid,
+                                    mode="analytic").decode_tok_s for rid in ("llama.cpp-vulkan", "llama.cpp-hip")}
+    layers = moesim.model("qwen3-8b").n_layers
+    assert t["llama.cpp-hip"] - t["llama.cpp-vulkan"] == pytest.approx(layers * 51e-6, rel=1e-6)
+
+
+def test_cuda_keeps_the_runtimes_launch_and_graphs():
+    """The CUDA backend names no launch cost of its own: an RTX 4090 replays graphs (kernels only), a GTX 1080
+    Ti (no graphs in the catalog) pays the runtime's launch_us_nograph on top."""
+    d = runtime("llama.cpp").decode
+    for gpu, nograph in (("rtx-4090", 0.0), ("gtx-1080-ti", d.launch_us_nograph)):
+        hw = _hw(gpu, "llama.cpp", model="qwen3-8b")
+        clock = 1980.0 / float(_catalog.load("hardware")["gpu"][gpu]["boost_mhz"])
+        assert hw["launch_s"] == pytest.approx((d.layer_kernels * d.kernel_us * clock + nograph) * 1e-6), gpu
+
+
+def test_cdna_keeps_the_runtimes_launch_under_hip():
+    """The HIP per-layer cost was measured on RDNA 3.5 / 4 (gfx1151, gfx1201) and is keyed by arch prefix: an
+    MI300X (gfx942, no pair measured) keeps the runtime's launch and its catalog graphs (kernels only)."""
+    d = runtime("llama.cpp").decode
+    hw = _hw("mi300x", "llama.cpp-hip", model="qwen3-8b")
+    clock = 1980.0 / float(_catalog.load("hardware")["gpu"]["mi300x"]["boost_mhz"])
+    assert hw["launch_s"] == pytest.approx(d.layer_kernels * d.kernel_us * clock * 1e-6)

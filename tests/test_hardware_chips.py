@@ -176,7 +176,11 @@ def test_only_apple_chips_take_metal_rates(uid):
     d = rt.decode
     # the kernels' latency in the chip's GPU cycles (kernel_ref_mhz / boost_mhz); host launches unscaled
     clock = d.kernel_ref_mhz / chip["boost_mhz"] if chip.get("boost_mhz") else 1.0
-    launch = d.layer_kernels * d.kernel_us * clock + (0.0 if graphs else d.launch_us_nograph)
+    # AMD chips run llama.cpp's HIP backend by default, which names its own per-layer cost on RDNA (gfx1*)
+    hip_rdna = str(chip.get("arch", "")).startswith("gfx1")
+    nograph = (_catalog.load("runtimes")["backends"]["hip"]["launch_us_nograph"]["gfx11"] if hip_rdna else
+               0.0 if graphs else d.launch_us_nograph)
+    launch = d.layer_kernels * d.kernel_us * clock + nograph
     launch = d.launch_us_metal if uid in APPLE else launch
     bw = chip.get("gpu_measured_bw_gbs", mach.gpu_bw_gbs)
     assert math.isclose(hw["gpu_bw"], bw * 1e9 * eff)

@@ -1,6 +1,8 @@
 """Lowering a machine under a runtime to ``ms_machine_t``: effective bandwidths, FLOP/s, latencies."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ...spec import quants as Q
 from ..._catalog import load as _load_catalog
 from ...spec.hardware import GB, Machine
@@ -101,7 +103,10 @@ def backend_terms(rt: Runtime, g: dict) -> dict:
     used expert at which a ubatch's routed-expert GEMMs run at half the dense rate, 0: no such loss) and
     ``bw_eff`` (decode share of peak bandwidth, 0: the runtime's gddr / HBM share) and ``fa_fp32_share`` (the
     prompt's flash attention at this share of the fp32 vector peak where that is below its GEMM rate, 0: at
-    the GEMM rate) and ``fa_fp16_share`` (the same of the 16-bit matrix peak, on cards with matrix units).
+    the GEMM rate) and ``fa_fp16_share`` (the same of the 16-bit matrix peak, on cards with matrix units) and
+    ``launch_us_nograph`` (the backend's own per-layer host cost, by arch prefix or vendor, in place of the
+    runtime's no-graph launch and paid whether or not the chip replays CUDA graphs; -1: the runtime's, see
+    :func:`with_backend_launch`).
     Runtimes outside llama.cpp get {} (their own GEMM paths)."""
     if not rt.llama_cpp_family:
         return {}
@@ -111,7 +116,12 @@ def backend_terms(rt: Runtime, g: dict) -> dict:
     arch, vendor = str(g.get("arch", "")), str(g.get("vendor", ""))
     matrix = bool(g.get("tensor_cores", False)) and arch not in b.get("matrix_off", ())
     segment = f"{vendor}-{g.get('segment', '')}"
+    nograph = b.get("launch_us_nograph", {})
+    # keyed by device arch prefix (gfx11 covers gfx1100 ... gfx1151) or by vendor
+    arch_keys = [k for k in nograph if arch and arch.startswith(str(k))]
     return dict(name=name, peak=b.get("gemm", "int8") if matrix else b.get("no_matrix_gemm", "int8"),
+                launch_us_nograph=(float(nograph[max(arch_keys, key=len)]) if arch_keys else
+                                   float(nograph[vendor]) if vendor in nograph else -1.0),
                 moe_fp32_share=float(b.get("moe_fp32_share", {}).get(vendor, 0.0)),
                 moe_half_tokens=float(b.get("moe_half_tokens", {}).get(vendor, 0.0)),
                 bw_eff=float(b.get("bw_eff", {}).get(arch, 0.0)),
@@ -135,7 +145,8 @@ def fp32_tflops(tf: dict, g: dict) -> float:
 
 # each per-family map of a backend and the key that must cite its numbers
 _TERM_SOURCES = {"moe_fp32_share": "moe_source", "bw_eff": "bw_source", "fp16_acc_rel": "acc_source",
-                 "moe_half_tokens": "moe_half_source", "fa_fp32_share": "fa_source", "fa_fp16_share": "fa_fp16_source"}
+                 "moe_half_tokens": "moe_half_source", "fa_fp32_share": "fa_source", "fa_fp16_share": "fa_fp16_source",
+                 "launch_us_nograph": "launch_source"}
 
 
 def backend_source_errors(tables: dict) -> list:
@@ -225,6 +236,17 @@ def replays_graphs(d, chip: dict) -> bool:
     return not (d.graphs_min_cc > 0.0 and cc is not None and float(cc) < d.graphs_min_cc)
 
 
+def with_backend_launch(d, graphs: bool, terms: dict) -> tuple:
+    """(decode parameters, graphs) under a llama.cpp backend that sets its own per-layer launch cost
+    (runtimes.toml [backends.*] launch_us_nograph): the Vulkan backend records command buffers while the GPU
+    runs (no host launch per kernel on the critical path) and the HIP backend pays its measured per-layer
+    cost; both in place of the runtime's ``launch_us_nograph`` and of any CUDA-graph replay."""
+    us = terms.get("launch_us_nograph", -1.0)
+    if us < 0.0:
+        return d, graphs
+    return replace(d, launch_us_nograph=us), False
+
+
 def placement_key(p: Placement) -> bool:
     """All :func:`lower_machine` reads of a placement (whether it is CPU-only): what a cache of its tables
     keys on, so placements that differ elsewhere (n-cpu-moe=1, =2, ...) share one table."""
@@ -257,10 +279,10 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement, mix: Q.KernelMix)
     peak_tflops = max(tf.get("bf16", 0.0), tf.get("fp16", 0.0), tf.get("fp32", 0.0), 1.0)
     pinned = machine.pcie_pinned_gbs or machine.pcie_gbs * 0.88 or 12.0
     pcie = pinned * GB * (1.0 if d.pinned_experts else d.pcie_pageable)
-    graphs = replays_graphs(d, g)
+    terms = backend_terms(rt, g)
+    d, graphs = with_backend_launch(d, replays_graphs(d, g), terms)
     scale_up = g.get("scale_up", {}).get("gbs", 0.0) if isinstance(g.get("scale_up"), dict) else 0.0
     hbm = str(g.get("memory_type", "")).startswith("hbm")
-    terms = backend_terms(rt, g)
     # a backend whose decode kernels measurably reach less of a family's bandwidth (runtimes.toml bw_eff)
     bw_eff = terms.get("bw_eff") or (d.gpu_bw_eff if hbm else d.gddr_bw_eff)
     pf, gemm, attn = _gpu_prefill_flops(machine, rt, g, mix, hbm, peak_tflops, tp, terms)
@@ -315,8 +337,8 @@ def _lower_unified(machine: Machine, rt: Runtime, mix: Q.KernelMix, cpu_only: bo
     peak = machine.gpu_tflops.get("fp16", 0.0) * 1e12
     gpu_flops = peak * d.gpu_flops_eff
     cpu_flops = _cpu_flops(machine, d, mix)
-    # chips without CUDA graphs (AMD iGPUs: HIP graphs off, Vulkan) pay the no-graph launch per layer
-    graphs = replays_graphs(d, u)
+    # chips without CUDA graphs (AMD iGPUs: HIP graphs off) pay the no-graph launch per layer, or their backend's
+    d, graphs = with_backend_launch(d, replays_graphs(d, u), {} if metal else backend_terms(rt, u))
     # Apple chips: launch_us_metal is fitted per MoE layer on Metal / MLX as it stands (no clock scaling)
     clock = 1.0 if metal else kernel_clock_scale(d, u)
     launch = d.launch_us_metal if metal else layer_launch_us(d, graphs, clock)
