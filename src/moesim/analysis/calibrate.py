@@ -417,7 +417,7 @@ def write_toml(report: dict, out, command: str) -> None:
     lines = [
         "# Fitted decode parameters (moesim calibrate). Layered over the sourced priors of runtimes.toml.",
         f"# Produced by: {command}",
-        f"# moesim {__version__}; {report['rows_fitted']} quality A+B rows; least squares on log(pred/measured),",
+        f"# moesim {__version__}; {report['rows_fitted']} quality A+B rows; {LOSS} least squares on log(pred/measured),",
         f"# prefill weighted {PREFILL_WEIGHT}, prior pull {PRIOR_WEIGHT}; a parameter is fitted only where rows of",
         f"# at least {MIN_SOURCES} sources depend on it ([support]).",
         f"# In-sample decode median |err| {report['in_sample']['decode']['median_abs_pct_err']:.1f} %; "

@@ -116,12 +116,9 @@ def backend_terms(rt: Runtime, g: dict) -> dict:
     arch, vendor = str(g.get("arch", "")), str(g.get("vendor", ""))
     matrix = bool(g.get("tensor_cores", False)) and arch not in b.get("matrix_off", ())
     segment = f"{vendor}-{g.get('segment', '')}"
-    nograph = b.get("launch_us_nograph", {})
-    # keyed by device arch prefix (gfx11 covers gfx1100 ... gfx1151) or by vendor
-    arch_keys = [k for k in nograph if arch and arch.startswith(str(k))]
+    nograph = b.get("launch_us_nograph", {})        # keyed by arch prefix or by vendor
     return dict(name=name, peak=b.get("gemm", "int8") if matrix else b.get("no_matrix_gemm", "int8"),
-                launch_us_nograph=(float(nograph[max(arch_keys, key=len)]) if arch_keys else
-                                   float(nograph[vendor]) if vendor in nograph else -1.0),
+                launch_us_nograph=_arch_value(nograph, arch, float(nograph.get(vendor, -1.0))),
                 moe_fp32_share=float(b.get("moe_fp32_share", {}).get(vendor, 0.0)),
                 moe_half_tokens=float(b.get("moe_half_tokens", {}).get(vendor, 0.0)),
                 bw_eff=float(b.get("bw_eff", {}).get(arch, 0.0)),
@@ -130,11 +127,11 @@ def backend_terms(rt: Runtime, g: dict) -> dict:
                 fp16_acc_rel=float(b.get("fp16_acc_rel", {}).get(segment, 1.0)))
 
 
-def _arch_value(table: dict, arch: str) -> float:
+def _arch_value(table: dict, arch: str, default: float = 0.0) -> float:
     """The value of ``table`` under the longest key that prefixes ``arch`` (gfx11 covers gfx1100 ... gfx1151);
-    0 where none does."""
+    ``default`` where none does."""
     keys = [k for k in table if arch.startswith(str(k))]
-    return float(table[max(keys, key=len)]) if keys and arch else 0.0
+    return float(table[max(keys, key=len)]) if keys and arch else default
 
 
 def fp32_tflops(tf: dict, g: dict) -> float:
