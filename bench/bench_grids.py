@@ -6,8 +6,10 @@
     python bench/bench_grids.py --processes 2   # forked into 2 worker processes (one per core here)
     python bench/bench_grids.py --only "issue 19" --threads 2
 
-website: every catalog model x Q4_K_M, Q8_0 x 10 GPUs (each with 128 GB of DDR5-6000 x2) x 4 contexts x
-3 batches, automatic placement: many small groups, the shape of a fit table on a web page.
+website: every catalog model x Q4_K_M, Q8_0 x 59 machines (49 discrete GPUs of NVIDIA, AMD and Intel from Pascal
+on, each with 128 GB of DDR5-6000 x2, and 10 unified-memory chips: Apple M1-M5, Strix Halo, DGX Spark) x 4
+contexts x 3 batches, automatic placement: many small groups, the shape of a fit table on a web page (issue
+19 asks for >= 200 models x quants and >= 50 machines).
 one machine: every catalog model x 6 GGUF quants on one RTX 4090 + 64 GB at one context and batch: the
 "what runs on my GPU" question ("one machine, 31 models": the same on the first 31 catalog ids, issue 19's
 size of it, which it asks to answer in under 0.2 s inside the process).
@@ -43,21 +45,29 @@ from moesim.analysis.sweep.spec import build_spec, normalize_spec
 from moesim.engine.reference import sweep as SR
 from moesim.spec import models as M
 
-GPUS = ["rtx-3060", "rtx-3090", "rtx-4060-ti", "rtx-4080", "rtx-4090", "rtx-5090", "l40s", "a100", "h100", "h200"]
+# the website grid's machines (issue 19: at least 50): discrete cards of every vendor and generation a fit table
+# lists, each with 128 GB of dual-channel DDR5, and unified-memory chips as they ship
+WEBSITE_GPUS = [
+    "gtx-1080-ti", "tesla-p40", "rtx-2060", "rtx-2080-ti", "rtx-3060", "rtx-3060-ti", "rtx-3070", "rtx-3080",
+    "rtx-3080-ti", "rtx-3090", "rtx-3090-ti", "rtx-4060", "rtx-4060-ti-8gb", "rtx-4060-ti-16gb", "rtx-4070",
+    "rtx-4070-super", "rtx-4070-ti-super", "rtx-4080", "rtx-4080-super", "rtx-4090", "rtx-5060-ti-16gb",
+    "rtx-5070", "rtx-5070-ti", "rtx-5080", "rtx-5090", "rtx-a4000", "rtx-a6000", "rtx-4000-ada", "rtx-6000-ada",
+    "rtx-pro-6000", "l4", "l40s", "a100-pcie-80gb", "h100-pcie", "rx-6700-xt", "rx-6800-xt", "rx-6900-xt",
+    "rx-7600-xt", "rx-7800-xt", "rx-7900-xt", "rx-7900-xtx", "rx-9060-xt-16gb", "rx-9070", "rx-9070-xt",
+    "radeon-ai-pro-r9700", "radeon-pro-w7900", "arc-a770-16gb", "arc-b580", "arc-pro-b60"]
+WEBSITE_UNIFIED = ["m1-max", "m2-max", "m2-ultra", "m3-max", "m3-ultra", "m4-pro", "m4-max", "m5-max",
+                   "ryzen-ai-max-plus-395", "dgx-spark"]
+
+
+def website_machines() -> list:
+    return ([dict(gpu=g, host="ddr5-6000x2", host_mem_gb=128) for g in WEBSITE_GPUS]
+            + [dict(gpu=u) for u in WEBSITE_UNIFIED])
 
 
 def grids() -> dict:
-    gpus = []
-    for g in GPUS:
-        try:
-            moesim.machine(gpu=g)
-            gpus.append(g)
-        except moesim.MoesimError:
-            pass
     common = dict(filter={"skip_inapplicable": True, "allow_beyond_max_context": True}, progress=False)
     return {**_research_grids(common), "issue 19": _issue19_grid(),
-        "website": dict(models=M.model_ids(), quants=["Q4_K_M", "Q8_0"],
-                        machines=[dict(gpu=g, host="ddr5-6000x2", host_mem_gb=128) for g in gpus],
+        "website": dict(models=M.model_ids(), quants=["Q4_K_M", "Q8_0"], machines=website_machines(),
                         contexts=[4096, 16384, 32768, 131072], batches=[1, 4, 16], **common),
         "one machine": dict(models=M.model_ids(), quants=GGUF_LADDER, machines=[ONE_MACHINE],
                             contexts=[4096], batches=[1], **common),
