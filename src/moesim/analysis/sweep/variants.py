@@ -224,7 +224,9 @@ class DecodeVariants:
             key = ("decode_cols", g.policy, batches, run_cfg["tokens"], run_cfg["warmup"], int(run_cfg["seed"])) + ckey
             cols = g.plan.shared(key, lambda: _kept_cols(key, lambda: _decode_cols(
                 batches, g.policy, run_cfg, che_columns(g.plan, g.routing, dm, g.policy, batches, 1))))
-            res = run(_zeroed(dm, g.plan), hw, sealed_routing(g.plan, g.routing), cols)
+            # the zeroed model checked once (engine.glue.seal), kept by the plan for every machine that runs it
+            zdm = g.plan.shared(("zeroed", id(dm0), ps), lambda: seal("ms_decode_model_t", _zeroed(dm, g.plan)))
+            res = run(zdm, hw, sealed_routing(g.plan, g.routing), cols)
         for i, (key, _) in enumerate(items):
             f64 = np.zeros(13)
             if res is not None:
