@@ -162,8 +162,10 @@ def test_sweep_tabulates_each_row_once(monkeypatch, tmp_path):
     from moesim.analysis.sweep import che as SC
     monkeypatch.setenv("MOESIM_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("MOESIM_CACHE", raising=False)
+    from moesim.analysis.sweep import variants as SV
     LC.reset()
     monkeypatch.setattr(SC, "_ROWS", {})
+    monkeypatch.setattr(SV, "_COLS", {})         # sealed decode columns kept for the process hold the rows too
     rows = []
     real = KD.che_table
 
@@ -181,6 +183,7 @@ def test_sweep_tabulates_each_row_once(monkeypatch, tmp_path):
     assert sorted(rows) == [1, 8]
     np.testing.assert_array_equal(first["expert_hit_rate"], again["expert_hit_rate"])
     SC._ROWS.clear()
+    SV._COLS.clear()
     later = moesim.sweep(**kw).columns
     assert sorted(rows) == [1, 8]
     np.testing.assert_array_equal(first["expert_hit_rate"], later["expert_hit_rate"])

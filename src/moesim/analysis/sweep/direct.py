@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...engine.codes import MODES
-from .che import columns as che_columns, sealed_routing
+from .che import sealed_routing
+from .variants import sealed_decode_cols
 
 
 def _many(grp, j: int, ps: int, context: int, batches: list) -> np.ndarray:
@@ -24,7 +24,6 @@ def _many(grp, j: int, ps: int, context: int, batches: list) -> np.ndarray:
     m, plan = grp.m, grp.plan
     p = grp.cands[j]
     tps = 1 + grp.mtp
-    run_cfg = plan.run
 
     def lowered() -> tuple:
         dm = lower_model(m, grp.low, p, grp.machine, grp.rt, context, grp.kv, batches[0] * tps, routing=grp.routing)
@@ -40,12 +39,8 @@ def _many(grp, j: int, ps: int, context: int, batches: list) -> np.ndarray:
            + tuple(sorted((a, i) for a, i in grp.ix.items() if a not in ("policies", "prefetch_recall"))))
     dm, hw, seconds = plan.shared(key, lowered)
     n = len(batches)
-    cols = dict(batch=np.array(batches, dtype=np.int32), tokens_per_step=np.full(n, tps, dtype=np.int32),
-                drafts=np.full(n, grp.mtp, dtype=np.int32), accepted=np.full(n, float(grp.accepted)),
-                steps=np.full(n, run_cfg["tokens"], dtype=np.int64), warmup=np.full(n, run_cfg["warmup"], dtype=np.int64),
-                policy=np.full(n, grp.policy, dtype=np.int32), mode=np.full(n, MODES["analytic"], dtype=np.int32),
-                seed=np.full(n, int(run_cfg["seed"]) & 0xFFFFFFFFFFFFFFFF, dtype=np.uint64), index=np.zeros(n, dtype=np.uint64))
-    cols.update(che_columns(plan, grp.routing, dm, grp.policy, batches, tps))    # step counts, once per process
+    # sealed once for the plan's groups that share them (the prefetch recalls of one cache size and policy)
+    cols = sealed_decode_cols(plan, grp.routing, dm, grp.policy, tuple(batches), grp.mtp, grp.accepted)
     res = run(dm, hw, sealed_routing(plan, grp.routing), cols)
     out = np.empty((n, 4))
     out[:, 0] = np.asarray(res["accepted"], dtype=np.float64) / np.asarray(res["step_mean"], dtype=np.float64)

@@ -93,13 +93,16 @@ def _zeroed(dm: dict, plan=None) -> dict:
     return z
 
 
-def _decode_cols(batches: tuple, policy: int, run_cfg: dict, che_cols: dict | None = None) -> dict:
+def _decode_cols(batches: tuple, policy: int, run_cfg: dict, che_cols: dict | None = None, drafts: int = 0,
+                 accepted: float = 1.0) -> dict:
     """Analytic decode configurations at these batches in the kernel's own column dtypes
     (ms_decode_config_t), checked once and sealed (engine.glue.seal): a plan's groups share them.
-    ``che_cols``: their analytic table columns (sweep.che.columns), if any."""
+    ``che_cols``: their analytic table columns (sweep.che.columns), if any; ``drafts``: MTP draft tokens per
+    step (1 + drafts tokens per sequence verified), ``accepted`` tokens per sequence per step."""
     n = len(batches)
-    cols = dict(batch=np.array(batches, dtype=np.int32), tokens_per_step=np.ones(n, dtype=np.int32),
-                drafts=np.zeros(n, dtype=np.int32), accepted=np.ones(n), steps=np.full(n, run_cfg["tokens"], dtype=np.int64),
+    cols = dict(batch=np.array(batches, dtype=np.int32), tokens_per_step=np.full(n, 1 + drafts, dtype=np.int32),
+                drafts=np.full(n, drafts, dtype=np.int32), accepted=np.full(n, float(accepted)),
+                steps=np.full(n, run_cfg["tokens"], dtype=np.int64),
                 warmup=np.full(n, run_cfg["warmup"], dtype=np.int64), policy=np.full(n, policy, dtype=np.int32),
                 mode=np.ones(n, dtype=np.int32), seed=np.full(n, int(run_cfg["seed"]) & 0xFFFFFFFFFFFFFFFF, dtype=np.uint64),
                 index=np.zeros(n, dtype=np.uint64), **(che_cols or {}))
@@ -125,6 +128,20 @@ def _kept_cols(key: tuple, build) -> "object":
 _COLS: dict = {}
 _MAX_COLS_BYTES = 32 << 20
 _cols_bytes = [0]
+
+
+def sealed_decode_cols(plan, routing: dict, dm: dict, policy: int, batches: tuple, drafts: int = 0,
+                       accepted: float = 1.0):
+    """:func:`_decode_cols` of a lowered model ``dm`` at these batches, with the analytic tables' columns its
+    step counts, GPU and page-cache hit rates read (sweep.che), sealed once and kept by the plan and the
+    process (:func:`_kept_cols`) under everything they hold."""
+    run_cfg = plan.run
+    s, pps = che_slots_of(dm, policy, routing), page_slots_of(dm, routing)
+    ckey = () if s < 0 and pps < 0 else (che_fingerprint(plan, routing), s, pps)
+    key = ("decode_cols", policy, batches, run_cfg["tokens"], run_cfg["warmup"], int(run_cfg["seed"]), drafts,
+           float(accepted)) + ckey
+    return plan.shared(key, lambda: _kept_cols(key, lambda: _decode_cols(
+        batches, policy, run_cfg, che_columns(plan, routing, dm, policy, batches, 1 + drafts), drafts, accepted)))
 
 
 class DecodeVariants:
@@ -201,7 +218,6 @@ class DecodeVariants:
         """Variant rows of candidate j at page-cache size ps for (key, batch) items sharing one lowered
         model (lowering key lk, :meth:`_lowered`)."""
         g = self.group
-        run_cfg = g.plan.run
         dm0, hw, _ = self._lowered(j, items[0][1])
         dm = dict(dm0)
         dm["page_slots"] = np.full(g.m.n_layers, ps, dtype=np.int32)
@@ -216,14 +232,7 @@ class DecodeVariants:
             self._mc_models.append(dm)
             self._mc_machines.append(hw)
         else:
-            batches = tuple(b for _, b in items)
-            # the analytic kernel reads its step counts, GPU and page-cache hit rates from tables (sweep.che): sealed
-            # columns per table
-            s, pps = che_slots_of(dm, g.policy, g.routing), page_slots_of(dm, g.routing)
-            ckey = () if s < 0 and pps < 0 else (che_fingerprint(g.plan, g.routing), s, pps)
-            key = ("decode_cols", g.policy, batches, run_cfg["tokens"], run_cfg["warmup"], int(run_cfg["seed"])) + ckey
-            cols = g.plan.shared(key, lambda: _kept_cols(key, lambda: _decode_cols(
-                batches, g.policy, run_cfg, che_columns(g.plan, g.routing, dm, g.policy, batches, 1))))
+            cols = sealed_decode_cols(g.plan, g.routing, dm, g.policy, tuple(b for _, b in items))
             # the zeroed model checked once (engine.glue.seal), kept by the plan for every machine that runs it
             zdm = g.plan.shared(("zeroed", id(dm0), ps), lambda: seal("ms_decode_model_t", _zeroed(dm, g.plan)))
             res = run(zdm, hw, sealed_routing(g.plan, g.routing), cols)
