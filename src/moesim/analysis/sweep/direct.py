@@ -54,12 +54,14 @@ def _many(grp, j: int, ps: int, context: int, batches: list) -> np.ndarray:
 def evaluate(grp, keys: np.ndarray, context: np.ndarray, batch: np.ndarray, out: dict) -> None:
     """Fill the decode columns ``out`` (views of one group's rows) from the rows' variant keys (the
     memory kernel's choice of candidate and page-cache slots) and contexts."""
-    pairs = np.stack([keys.astype(np.int64), context.astype(np.int64)], axis=1)
-    uniq, inverse = np.unique(pairs, axis=0, return_inverse=True)
-    inverse = inverse.reshape(-1)
-    vals = np.empty((len(uniq), 4))
+    # the distinct (key, context) pairs in first-seen order (a dict: np.unique(axis=0) sorts a structured view,
+    # slower than the kernel call on a group's few rows)
+    index: dict = {}
+    inverse = np.fromiter((index.setdefault(p, len(index)) for p in zip(keys.tolist(), context.tolist())),
+                          dtype=np.int64, count=len(keys))
+    vals = np.empty((len(index), 4))
     todo: dict = {}
-    for u, (key, ctx) in enumerate(uniq.tolist()):
+    for u, (key, ctx) in enumerate(index):
         j, ps, bi = grp.decode_key(key)
         b = int(grp.plan.batches[bi])
         todo.setdefault((j, ps, ctx, grp.variants.lowering_key(j, b * (1 + grp.mtp))), []).append((u, b))
