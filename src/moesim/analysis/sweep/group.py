@@ -124,9 +124,10 @@ class Group:
         self.E = m.n_experts
         # what does not depend on the quant is shared by the plan's groups of this model (plan.shared)
         mkey = (ix["models"], ix["machines"], id(self.rt), self.kv)
-        self.mem_tables = self._memory_tables(mkey)
-        from ...engine import _kernel
-        self.mem = _kernel.SweepMemory(self.mem_tables)
+        # the memory tables and their checked kernel object read the placement axis, not the policy, prefetch
+        # recall or routing: the plan's groups that differ only in those share one (read-only in the kernels)
+        self.mem_tables, self.mem = plan.shared(("mem", self.kv, bool(self.mtp), ix["placements"], ix["cache_experts"])
+                                                + r, lambda: self._memory(mkey))
         cfg = plan.shared(("cfg0",) + mkey + (self.cands[0], self.mtp), lambda: tuple(sorted(
             configure(m, self.low, self.machine, self.rt, self.cands[0], 1, 1, self.kv, self.mtp).items())))
         self.kv_bytes_per_token = _kv_bytes_per_token(self.low, cfg)
@@ -144,6 +145,11 @@ class Group:
         self.variants = DecodeVariants(self)
 
     # ---------------------------------------------------------------- memory
+    def _memory(self, mkey: tuple) -> tuple:
+        from ...engine import _kernel
+        tables = self._memory_tables(mkey)
+        return tables, _kernel.SweepMemory(tables)
+
     def _memory_tables(self, mkey: tuple) -> dict:
         n_mtp = int(self.low.mtp_layers) if self.mtp else 0
         configs = self.plan.shared(("mem_cfg",) + mkey + (n_mtp,), lambda: memory_configs(
