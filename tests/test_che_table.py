@@ -159,10 +159,9 @@ def test_sweep_tabulates_each_row_once(monkeypatch, tmp_path):
     fingerprint reads the tables)."""
     from test_sweep_axes import M64, M192, SKIP
     from moesim import _lowering_cache as LC
-    from moesim.analysis.sweep import che as SC
+    from moesim.analysis.sweep import che as SC, variants as SV
     monkeypatch.setenv("MOESIM_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("MOESIM_CACHE", raising=False)
-    from moesim.analysis.sweep import variants as SV
     LC.reset()
     monkeypatch.setattr(SC, "_ROWS", {})
     monkeypatch.setattr(SV, "_COLS", {})         # sealed decode columns kept for the process hold the rows too
