@@ -282,6 +282,32 @@ def test_m5_neural_accelerators_multiply_the_prompt_gemms():
     assert m4["prefill_gemm_flops"] == pytest.approx(17.18e12 * runtime("mlx").decode.prefill_flops_eff_unified)
 
 
+def test_mlx_prompts_pay_bf16_emulation_on_m1_and_m2_only():
+    """hardware.toml gpu_bf16 = false on the M1 / M2 GPUs, runtimes.toml [runtimes.mlx.decode] bf16_emulated_rel
+    (Rapid-MLX issue #3154, omlx issue #604): MLX's bf16 forward prefills at 0.79 of its rate there; llama.cpp's
+    Metal GEMMs (fp16) and every M3-and-later chip keep theirs, and decode's GEMV rate does not move."""
+    chips = _catalog.load("hardware")["unified"]
+    emulated = {c for c, u in chips.items() if u.get("gpu_bf16", True) is False}
+    assert emulated == {"m1", "m1-pro", "m1-max", "m1-ultra", "m2", "m2-pro", "m2-max", "m2-ultra"}
+    mlx = runtime("mlx").decode
+    assert mlx.bf16_emulated_rel == pytest.approx(math.sqrt(133 / 178 / 1.2), abs=0.005)
+    assert runtime("llama.cpp").decode.bf16_emulated_rel == 1.0
+    for chip, rel in (("m2-max", mlx.bf16_emulated_rel), ("m1-ultra", mlx.bf16_emulated_rel), ("m3-max", 1.0),
+                      ("m4-max", 1.0)):
+        peak = moesim.machine(gpu=chip).gpu_tflops["fp16"] * 1e12
+        hw = _hw(chip, "mlx")
+        assert hw["prefill_gemm_flops"] == pytest.approx(peak * mlx.prefill_flops_eff_unified * rel), chip
+        assert hw["gpu_flops"] == pytest.approx(peak * mlx.gpu_flops_eff), chip
+    cpp = _hw("m2-max", "llama.cpp")
+    assert cpp["prefill_gemm_flops"] == pytest.approx(13.6e12 * runtime("llama.cpp").decode.prefill_flops_eff_unified)
+    # a CPU-only run never touches the GPU's bf16 path
+    m = moesim.model("qwen3-30b-a3b")
+    mach = moesim.machine(gpu="m2-max")
+    cpu = lower_machine(mach, runtime("mlx"), parse_placement("cpu-only", m, mach),
+                        Q.kernel_mix(m, Q.resolve("Q4_K_M", m)))
+    assert cpu["prefill_gemm_flops"] == cpu["cpu_flops"]
+
+
 def test_moe_layers_on_a_gpu_pay_the_routing_and_combining_kernels():
     """llama.cpp's build_moe_ffn adds 8 + (k - 1) small kernels beside the expert GEMMs of every MoE layer
     (runtimes.toml moe_layer_us): the step of a MoE model on a GPU grows by that latency per MoE layer, a dense

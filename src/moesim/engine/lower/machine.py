@@ -340,6 +340,9 @@ def _lower_unified(machine: Machine, rt: Runtime, mix: Q.KernelMix, cpu_only: bo
     clock = 1.0 if metal else kernel_clock_scale(d, u)
     launch = d.launch_us_metal if metal else layer_launch_us(d, graphs, clock)
     pf_eff, terms = d.prefill_flops_eff_unified, {}
+    if metal and not cpu_only and not u.get("gpu_bf16", True):
+        # the runtime's bf16 forward on a GPU that emulates bf16 (M1 / M2): its prompt GEMMs pay the emulation
+        pf_eff = pf_eff * d.bf16_emulated_rel
     if metal and d.metal_tensor_api and not cpu_only:
         # the M5 GPU's Neural Accelerators multiply the prompt's GEMMs (decode's GEMVs stay on the ALUs)
         peak = machine.gpu_tflops.get("matrix", 0.0) * 1e12 or peak
