@@ -82,6 +82,22 @@ def test_every_example_parses():
         parser.parse_args(argv)
 
 
+def test_interval_coverage_quoted_is_the_shipped_one():
+    """The README's coverage sentence is the one calibration.toml [intervals] holds (rebuilt by its command),
+    with the held-out row counts of tests/data/loso_residuals.json, so a rebuild cannot leave it stale."""
+    import json
+    import tomllib
+    got = re.search(r"covers ([\d.]+) % of (\d+) held-out decode rows and ([\d.]+) % of (\d+) prefill rows",
+                    " ".join(README.split()))
+    assert got, "the README quotes the intervals' coverage"
+    iv = tomllib.loads((ROOT / "src/moesim/catalog/calibration.toml").read_text(encoding="utf-8"))["intervals"]
+    rows = json.loads((ROOT / "tests/data/loso_residuals.json").read_text(encoding="utf-8"))["rows"]
+    n_decode = sum(r.get("decode_log") is not None for r in rows)
+    n_prefill = sum(r.get("prefill_log") is not None for r in rows)
+    assert (float(got[1]), int(got[2])) == (round(100 * iv["coverage_decode"], 1), n_decode)
+    assert (float(got[3]), int(got[4])) == (round(100 * iv["coverage_prefill"], 1), n_prefill)
+
+
 @pytest.fixture
 def clone_dir(tmp_path, monkeypatch):
     """A working folder that sees the clone's docs/ (the examples' inputs) and takes what they write."""
