@@ -20,6 +20,7 @@ from .._catalog import load as _load_catalog
 from ..engine.codes import EXP_CPU
 from ..engine.decode import LINKS
 from ..engine.lower.machine import backend_terms, kernel_clock_scale, lower_machine
+from ..engine.prefill import prefill_seconds
 from ..errors import MoesimError
 from ..spec.runtimes import FAMILIES, calibration, decode_priors
 from .simulate import breakdown_of
@@ -118,11 +119,20 @@ def explain(path, row_id: str, calibrated: bool = True) -> dict:
             "decode": {"measured": meas_d, "predicted": pred.decode, "err": _err(pred.decode, meas_d),
                        "step_predicted": pred.step_decode, "roofline": pr.roofline_tok_s,
                        "by_serve_sim": pred.serving is not None},
-            "prefill": {"measured": meas_p, "predicted": pf, "err": _err(pf, meas_p), "ttft_s": ttft},
+            "prefill": {"measured": meas_p, "predicted": pf, "err": _err(pf, meas_p), "ttft_s": ttft,
+                        "by_phase_s": _prefill_phases(cfg, pr)},
             "breakdown": breakdown_of(res, 0),
             "bytes_per_token": {name: float(res["bytes"][0][k]) / per_token for k, name in enumerate(LINKS)},
             "distinct_experts_per_step": float(res["distinct"][0]),
             "serving": pred.serving, "rates": _rates(cfg, pr), "parameters": parameters(pr.rt, calibrated)}
+
+
+def _prefill_phases(cfg, pr) -> dict:
+    """The prompt's seconds by phase (engine.prefill.PREFILL_PHASES), as the prediction computes them."""
+    parts: dict = {}
+    hw = lower_machine(cfg.machine, pr.rt, pr.p, pr.kernel_mix)
+    prefill_seconds(pr.m, pr.dm, hw, pr.rtab, pr.rt, cfg.prompt, cfg.prompt_depth, parts=parts)
+    return parts
 
 
 def _rates(cfg, pr) -> dict:

@@ -32,9 +32,10 @@ def rate_ttft(prompt: int, seconds: float, batch: int) -> tuple:
 
 
 def prefill_seconds(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, prompt: int, depth: int = 0,
-                    terms: "dict | None" = None) -> float:
+                    terms: "dict | None" = None, parts: "dict | None" = None) -> float:
     """Seconds to prefill one ``prompt``-token prompt (:func:`prefill`'s sum over ubatches). ``terms``:
-    :func:`prefill_terms` of these arguments (a sweep keeps them per lowered model and routing)."""
+    :func:`prefill_terms` of these arguments (a sweep keeps them per lowered model and routing). ``parts``, a
+    dict, receives the seconds by phase (:data:`PREFILL_PHASES`), which sum to the total."""
     x = prefill_terms(m, dm, rtab, rt, prompt, depth) if terms is None else terms
     on_gpu, threshold, k = x["on_gpu"], x["threshold"], x["k"]
     gflops, gemm, cflops = hw["prefill_flops"], hw["prefill_gemm_flops"], hw["cpu_flops"]
@@ -51,16 +52,41 @@ def prefill_seconds(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, promp
         # multiply-adds (llama.cpp PR #8495: LLaMA-8B Q5_K_S on a 4090 takes 9.1 ms per 16-token and
         # 48 ms per 512-token ubatch, weight reads + per-token work, not their max)
         t = x["weights"] / bw + n_tok * per_tok + decompress + np.where(on_gpu, hw["launch_s"], hw["cpu_layer_s"])
+        t_kv = 0.0
         if kv is not None:
-            t += _kv_reads(dm, kv, n_tok) / hw["host_bw"]
+            t_kv = _kv_reads(dm, kv, n_tok) / hw["host_bw"]
+            t += t_kv
+        t_exp = 0.0
         if experts is not None:
             # KT switches per forward: a chunk of num_tokens >= the threshold streams (KTSGL kt_ep_wrapper.py)
-            t[experts["layers"]] += _expert_times(experts, dm, hw, n_tok, k, hw.get("prefill_expert_flops", gemm),
-                                                  cflops, x["terms"], layerwise=0 < threshold <= n_tok,
-                                                  offload=x["offload"], rowwise=bool(hw.get("gpu_moe_rowwise", 0)))
+            t_exp = _expert_times(experts, dm, hw, n_tok, k, hw.get("prefill_expert_flops", gemm), cflops,
+                                  x["terms"], layerwise=0 < threshold <= n_tok, offload=x["offload"],
+                                  rowwise=bool(hw.get("gpu_moe_rowwise", 0)))
+            t[experts["layers"]] += t_exp
         t_ub = float(t.sum()) + dm["head_bytes"] / hw["gpu_bw"] + dm["head_flops"] / gflops
         total += count * t_ub
+        if parts is not None:
+            phases = dict(weight_reads=x["weights"] / bw, dense_gemm=n_tok * x["flops"] / fl,
+                          attention=n_tok * score, mla_decompress=decompress, cpu_kv_reads=t_kv, experts=t_exp)
+            _add_parts(parts, count, t_ub, phases)
     return total
+
+
+# the phases explain reports a prompt's seconds by: dense weight reads, dense GEMMs (attention projections,
+# shared experts, dense FFNs), attention scores, MLA's latent decompression, the CPU attention's reads of the KV
+# cache, routed experts (their reads, GEMMs, copies and CPU work together) and the fixed rest (per-layer launch,
+# the output head)
+PREFILL_PHASES = ("weight_reads", "dense_gemm", "attention", "mla_decompress", "cpu_kv_reads", "experts",
+                  "launch_head")
+
+
+def _add_parts(parts: dict, count: int, t_ub: float, phases: dict) -> None:
+    """Add ``count`` ubatches of ``t_ub`` seconds, split by ``phases`` (per-layer arrays), to ``parts``; the
+    fixed costs are what remains of ``t_ub``."""
+    sums = {k: float(np.sum(v)) for k, v in phases.items()}
+    sums["launch_head"] = t_ub - sum(sums.values())
+    for k in PREFILL_PHASES:
+        parts[k] = parts.get(k, 0.0) + count * sums[k]
 
 
 def prefill_terms(m: Model, dm: dict, rtab: dict, rt: Runtime, prompt: int, depth: int = 0) -> dict:

@@ -365,6 +365,10 @@ def explain_text(d: dict) -> str:
     lines.append("by phase (ms):")
     lines += [f"  {k:14} {1e3 * v:10.4f}" for k, v in b["by_phase"].items() if v]
     lines.append("bytes per token: " + ", ".join(f"{k} {v / 1e9:.3f} GB" for k, v in d["bytes_per_token"].items() if v))
+    pp = d["prefill"].get("by_phase_s") or {}
+    if pp:
+        lines.append(f"prompt of {d['configuration']['prompt']} tokens {1e3 * sum(pp.values()):.2f} ms, by phase (ms):")
+        lines += [f"  {k:14} {1e3 * v:10.4f}" for k, v in pp.items() if v]
     r = d.get("rates") or {}
     if r:
         lines.append("rates: " + ", ".join(_rate_text(k, v) for k, v in r.items() if k != "backend"))
