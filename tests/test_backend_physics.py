@@ -5,6 +5,7 @@ checked against a hand computation from the catalog numbers."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 
 import numpy as np
@@ -306,6 +307,41 @@ def test_mlx_prompts_pay_bf16_emulation_on_m1_and_m2_only():
     cpu = lower_machine(mach, runtime("mlx"), parse_placement("cpu-only", m, mach),
                         Q.kernel_mix(m, Q.resolve("Q4_K_M", m)))
     assert cpu["prefill_gemm_flops"] == cpu["cpu_flops"]
+
+
+def test_mlx_expert_prompts_lose_rate_at_few_rows_per_expert():
+    """runtimes.toml [runtimes.mlx.decode] moe_half_tokens (the 16-row tile of MLX's sorted gather_qmm, mlx PR #3918 /
+    issue #4246) and moe_half_tokens_matrix (the M5 Neural Accelerator kernel's 32-row blocks, PR #4023; 64 before,
+    issue #3925): MLX's routed-expert prompt GEMMs run at r / (r + half) of the dense rate at r rows per expert, so
+    a 256-expert top-8 model's 512-token prompt (16 rows) pays more than its 4096-token one (128 rows); dense models,
+    llama.cpp's Metal path and CPU-only runs keep the dense rate, and a run dated before PR #4023 on an M5 takes 64."""
+    mlx = runtime("mlx").decode
+    assert (mlx.moe_half_tokens, mlx.moe_half_tokens_matrix) == (16.0, 32.0)
+    assert _hw("m3-max", "mlx")["prefill_moe_half_tokens"] == 16.0
+    assert _hw("m5-max", "mlx")["prefill_moe_half_tokens"] == 32.0
+    assert _hw("m3-max", "llama.cpp")["prefill_moe_half_tokens"] == 0.0
+    mach = moesim.machine(gpu="m3-max")
+    m = moesim.model("qwen3-30b-a3b")
+    assert lower_machine(mach, runtime("mlx"), parse_placement("cpu-only", m, mach),
+                         Q.kernel_mix(m, Q.resolve("Q4_K_M", m)))["prefill_moe_half_tokens"] == 0.0
+
+    def prompt_rate(model, prompt, **decode):
+        rt = runtime("mlx")
+        if decode:
+            rt = dataclasses.replace(rt, decode=dataclasses.replace(rt.decode, **decode))
+        return moesim.simulate(model, mach, quant="Q4_K_M", runtime=rt, mode="analytic", prompt=prompt).prefill_tok_s
+
+    # 128 experts, top 8: 32 rows per expert at 512 tokens, 256 at 4096 (MLX's 2048-token chunks)
+    short = prompt_rate("qwen3-30b-a3b", 512) / prompt_rate("qwen3-30b-a3b", 512, moe_half_tokens=0.0)
+    long_ = prompt_rate("qwen3-30b-a3b", 4096) / prompt_rate("qwen3-30b-a3b", 4096, moe_half_tokens=0.0)
+    assert short < long_ < 1.0
+    assert prompt_rate("llama-3.1-8b", 512) == prompt_rate("llama-3.1-8b", 512, moe_half_tokens=0.0)
+    rows = {"runtime": "mlx", "gpu": "m5-max", "date": "2026-04-17"}
+    assumed: list = []
+    from moesim.analysis.row_notes import nax_gather_block
+    assert nax_gather_block(rows, "", "mlx", assumed) == 64.0 and "PR #4023" in assumed[0]
+    assert nax_gather_block({**rows, "date": "2026-09-01"}, "", "mlx", []) is None
+    assert nax_gather_block({**rows, "gpu": "m3-max"}, "", "mlx", []) is None
 
 
 def test_moe_layers_on_a_gpu_pay_the_routing_and_combining_kernels():

@@ -191,6 +191,24 @@ def graph_max_batch(row: dict, notes: str, runtime: str | None, batch: int, assu
     return None
 
 
+# MLX's Neural Accelerator gather kernel took 64-row blocks whatever the expert runs until ml-explore/mlx PR #4023
+# (merged 2026-08-05) dispatched 32-row blocks where runs average under 64 rows (runtimes.toml moe_half_tokens_matrix)
+_NAX_BLOCK_SINCE = (2026, 8)
+_NAX_BLOCK_BEFORE = 64.0
+
+
+def nax_gather_block(row: dict, notes: str, runtime: str | None, assumed: list) -> float | None:
+    """The rows per expert at which an MLX run dated before PR #4023 prompted its routed experts at half rate on the
+    M5 Neural Accelerators (its fixed 64-row block); None: the profile's (current MLX, undated rows, other runtimes
+    and chips: only M5 chips take the Neural Accelerator path, engine/lower/machine.py)."""
+    when = row_month(row, notes)
+    if runtime != "mlx" or when is None or when >= _NAX_BLOCK_SINCE or not str(row.get("gpu", "")).startswith("m5"):
+        return None
+    assumed.append(f"MLX dated {when[0]}-{when[1]:02d}: the Neural Accelerators' expert gather in 64-row blocks "
+                   "(before ml-explore/mlx PR #4023)")
+    return _NAX_BLOCK_BEFORE
+
+
 # The CUDA GPUs a dated llama.cpp build replayed decode graphs on, by compute capability: none before PR #6766
 # (merged May 2024; issue #6763 and the PR measured master without graphs on 2024-04-19), then Ampere (8.0) and up
 # (ggml-cuda's architecture gate: PR #7302's thread asks for Turing on 2024-05-29/30), and Volta and Turing too from

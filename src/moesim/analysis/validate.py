@@ -31,8 +31,8 @@ from ..engine.prefill import prefill
 from .consistency import capacities, check_prediction, check_record
 from .intervals import device_family
 from .records import default_notes, record
-from .row_notes import (Skip, delta_net_fused, flash_month, graph_max_batch, graphs_min_cc, note_settings,
-                        runtime_for)
+from .row_notes import (Skip, delta_net_fused, flash_month, graph_max_batch, graphs_min_cc, nax_gather_block,
+                        note_settings, runtime_for)
 from .resolve import memory_of, resolve
 from .speculation import accepted_per_step, default_acceptance
 from .._catalog import load as _load_catalog
@@ -87,6 +87,7 @@ class RowConfig:
     delta_net_fused: bool | None = None  # the build's Gated DeltaNet recurrence fused or not (None: the profile's)
     graph_max_batch: int | None = None   # the most tokens per step the build replayed as a CUDA graph (None: profile's)
     graphs_min_cc: float | None = None   # the build replayed CUDA graphs only from this compute capability (None: profile's)
+    nax_gather_block: float | None = None  # MLX's M5 expert gather block of the run's date (None: profile's)
     repacked_cpu_weights: bool = False   # ik -rtr: CPU weights repacked, so large batches are not offloaded
     swa_full: bool = False               # llama.cpp --swa-full: sliding-window layers keep (and a GPU walks) all
 
@@ -261,6 +262,7 @@ def build(row: dict) -> RowConfig:
                      delta_net_fused=delta_net_fused(m, row, notes, runtime, assumed),
                      graph_max_batch=graph_max_batch(row, notes, runtime, batch * (1 + mtp), assumed),
                      graphs_min_cc=graphs_min_cc(row, notes, runtime, mach.compute_capability, assumed),
+                     nax_gather_block=nax_gather_block(row, notes, runtime, assumed),
                      **note_settings(notes, runtime, assumed, flash_month(row, notes, runtime)))
 
 
@@ -312,6 +314,8 @@ def row_decode_settings(cfg: RowConfig, d) -> dict:
         out["graph_max_batch"] = cfg.graph_max_batch
     if cfg.graphs_min_cc is not None:
         out["graphs_min_cc"] = cfg.graphs_min_cc
+    if cfg.nax_gather_block is not None:
+        out["moe_half_tokens_matrix"] = cfg.nax_gather_block
     if cfg.delta_net_fused is not None:
         out["delta_net_ops"] = 0.0 if cfg.delta_net_fused else d.delta_net_unfused_ops
     if cfg.repacked_cpu_weights:

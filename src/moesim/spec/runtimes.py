@@ -122,6 +122,10 @@ class DecodeParams:
                                   # not changed
     bf16_emulated_rel: float = 1.0    # prompt GEMM rate on a GPU without bf16 arithmetic (hardware.toml gpu_bf16 = false)
                                       # when the runtime computes in bf16 (MLX: a checkpoint's bf16 scales and norms)
+    moe_half_tokens: float = 0.0      # Apple GPUs: rows per used expert at which the runtime's routed-expert prompt GEMMs
+                                      # run at half the dense rate (a row tile straddling expert runs repeats its K loop);
+                                      # 0: at the dense rate (llama.cpp's backends set theirs in [backends.*])
+    moe_half_tokens_matrix: float = 0.0   # the same where the prompt runs on the Neural Accelerators (metal_tensor_api)
 
 
 def runtime_ids() -> list:

@@ -343,9 +343,12 @@ def _lower_unified(machine: Machine, rt: Runtime, mix: Q.KernelMix, cpu_only: bo
     if metal and not cpu_only and not u.get("gpu_bf16", True):
         # the runtime's bf16 forward on a GPU that emulates bf16 (M1 / M2): its prompt GEMMs pay the emulation
         pf_eff = pf_eff * d.bf16_emulated_rel
-    if metal and d.metal_tensor_api and not cpu_only:
+    # routed-expert prompt GEMMs that lose rate at few rows per expert: the runtime's tile on Apple GPUs (MLX), the
+    # llama.cpp backend's otherwise
+    moe_half = d.moe_half_tokens if metal else 0.0
+    if metal and d.metal_tensor_api and not cpu_only and machine.gpu_tflops.get("matrix", 0.0) > 0:
         # the M5 GPU's Neural Accelerators multiply the prompt's GEMMs (decode's GEMVs stay on the ALUs)
-        peak = machine.gpu_tflops.get("matrix", 0.0) * 1e12 or peak
+        peak, moe_half = machine.gpu_tflops["matrix"] * 1e12, d.moe_half_tokens_matrix
     if not metal:
         pf_eff, peak, terms = _unified_gemm(machine, rt, u, mix, peak)
         # a measured GEMM rate (Strix Halo: 36.9 of 59.4 TFLOPS) replaces the peak it falls short of
@@ -357,7 +360,7 @@ def _lower_unified(machine: Machine, rt: Runtime, mix: Q.KernelMix, cpu_only: bo
                 gpu_flops=max(gpu_flops, cpu_flops), cpu_flops=cpu_flops, interconnect_bw=pool, unified=1,
                 prefill_flops=pf, prefill_gemm_flops=pf, prefill_expert_flops=pf,
                 prefill_attn_flops=pf if cpu_only else flash_attention_flops(pf, machine.gpu_tflops, u, terms),
-                prefill_moe_half_tokens=0.0 if cpu_only else terms.get("moe_half_tokens", 0.0),
+                prefill_moe_half_tokens=0.0 if cpu_only else (moe_half or terms.get("moe_half_tokens", 0.0)),
                 gpu_moe_rowwise=0 if cpu_only else int(d.moe_rowwise_prefill),
                 overlap=1 if d.overlap else 0, launch_s=0.0 if cpu_only else launch * 1e-6,
                 sync_s=0.0, dma_s=0.0, allreduce_s=0.0, step_s=d.step_us * 1e-6, seq_s=d.seq_us * 1e-6,
