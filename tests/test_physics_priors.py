@@ -353,7 +353,7 @@ def test_cpu_attention_runs_at_its_kernels_share_of_the_fp32_peak():
     cpu = moesim.machine(cpu="ryzen-9-7950x", host="ddr5-6000x2")
     peak = _core_cycles(cpu) * flops_per_cycle(cpu)
     place = parse_placement("cpu-only", m, cpu)
-    for rid, decode, prefill in (("llama.cpp", 0.038, None), ("ik_llama.cpp", 0.10, 0.72), ("ollama", 0.038, None)):
+    for rid, decode, prefill in (("llama.cpp", 0.038, 0.067), ("ik_llama.cpp", 0.10, 0.72), ("ollama", 0.038, 0.067)):
         rt = runtime(rid, calibrated=False)
         hw = lower_machine(cpu, rt, place, mix)
         assert hw["cpu_attn_flops"] == pytest.approx(peak * decode, rel=1e-12)
@@ -396,6 +396,16 @@ def test_mainline_cpu_decode_depth_slopes_follow_their_prior(first, last):
     sources imply (3.67, 3.61, 4.04 %): each lies within 10 % of it, so any one held out predicts the others."""
     prior = runtime("llama.cpp", calibrated=False).decode.cpu_attn_eff
     assert _implied_share(first, last, "cpu_attn_eff", "decode") == pytest.approx(prior, rel=0.10)
+
+
+def test_mainline_cpu_prompt_depth_slopes_give_their_prior():
+    """runtimes.toml's llama.cpp cpu_prefill_attn_eff (0.067) is the geometric mean of what the same three depth
+    sweeps imply for a prompt's per-row walks (7.96, 5.67, 6.58 %), their re-reads served by the 7950X's L3."""
+    prior = runtime("llama.cpp", calibrated=False).decode.cpu_prefill_attn_eff
+    shares = [_implied_share(a, b, "cpu_prefill_attn_eff", "prefill")
+              for a, b in (("CPU-n105", "CPU-n108"), ("CPU-n003", "CPU-n005"), ("CPU-n201", "CPU-n204"))]
+    assert math.exp(sum(map(math.log, shares)) / 3) == pytest.approx(prior, rel=0.02)
+    assert all(s == pytest.approx(prior, rel=0.25) for s in shares)
 
 
 def test_swa_full_makes_a_gpu_decode_walk_the_whole_sliding_window_cache():

@@ -76,11 +76,11 @@ def test_explain_shows_the_cpu_rates_where_the_cpu_runs_part_of_the_model():
     assert {"host_bw", "cpu_flops"} <= set(hybrid) and "cpu_attn_flops" not in hybrid
 
 
-@pytest.mark.parametrize("row_id,phase", [("AP-n001", "experts"), ("CPU-n108", "cpu_kv_reads"), ("AP-n701", "dense_gemm")])
+@pytest.mark.parametrize("row_id,phase", [("AP-n001", "experts"), ("CPU-n108", "attention"), ("AP-n701", "dense_gemm")])
 def test_prompt_breakdown_sums_to_the_predicted_prefill(row_id, phase):
     """--explain splits the prompt's seconds by phase (engine.prefill.PREFILL_PHASES); they sum to the prompt
     tokens over the predicted prefill rate, and the phase that should dominate does: the routed experts of
-    gpt-oss-20b on a DGX Spark, the per-row reads of a q8_0 KV cache at 16k of depth on a CPU, the dense GEMMs of Llama-3.1-8B."""
+    gpt-oss-20b on a DGX Spark, the per-row walks of a q8_0 KV cache at 16k of depth on a CPU, the dense GEMMs of Llama-3.1-8B."""
     from moesim.engine.prefill import PREFILL_PHASES
     from moesim.ingest.packaged import collected_measurements_csv
     d = explain(collected_measurements_csv(), row_id)

@@ -48,13 +48,22 @@ def prefill_seconds(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, promp
     experts, kv = x["experts"], x["kv"]
     total = 0.0
     for n_tok, count in x["sizes"]:
+        sc, pt = score, per_tok
+        if kv is not None and _cpu_fa_tiled(dm, n_tok):
+            # ggml-cpu's 64-row tiled flash attention multiplies like a matmul: the scores of the CPU's layers at
+            # its matmul rate, not at the per-row walk's share (cpu_prefill_attn_eff)
+            sc = x["score_flops"] / np.where(on_gpu, hw["prefill_attn_flops"], cflops)
+            pt = x["flops"] / fl + sc
         # a ubatch streams each weight matrix once and its tiles' loads are not hidden behind the
         # multiply-adds (llama.cpp PR #8495: LLaMA-8B Q5_K_S on a 4090 takes 9.1 ms per 16-token and
         # 48 ms per 512-token ubatch, weight reads + per-token work, not their max)
-        t = x["weights"] / bw + n_tok * per_tok + decompress + np.where(on_gpu, hw["launch_s"], hw["cpu_layer_s"])
+        t = x["weights"] / bw + n_tok * pt + decompress + np.where(on_gpu, hw["launch_s"], hw["cpu_layer_s"])
         t_kv = 0.0
         if kv is not None:
-            t_kv = _kv_reads(dm, kv, n_tok) / hw["host_bw"]
+            # the CPU's attention walks stream the KV while they score it: only the reads its arithmetic does not
+            # cover add to the layer (a roofline, assumed: no measurement splits the two)
+            t_kv = _kv_reads(dm, kv, n_tok, hw.get("cpu_llc_bytes", 0.0)) / hw["host_bw"]
+            t_kv = np.maximum(t_kv - np.where(on_gpu, 0.0, n_tok * sc), 0.0)
             t += t_kv
         t_exp = 0.0
         if experts is not None:
@@ -67,7 +76,7 @@ def prefill_seconds(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, promp
         total += count * t_ub
         if parts is not None:
             phases = dict(weight_reads=x["weights"] / bw, dense_gemm=n_tok * x["flops"] / fl,
-                          attention=n_tok * score, mla_decompress=decompress, cpu_kv_reads=t_kv, experts=t_exp)
+                          attention=n_tok * sc, mla_decompress=decompress, cpu_kv_reads=t_kv, experts=t_exp)
             _add_parts(parts, count, t_ub, phases)
     return total
 
@@ -143,16 +152,26 @@ def _cpu_kv_reads(dm: dict, on_gpu: np.ndarray, context: int):
     return one, np.asarray(dm["prefill_kv_heads"])
 
 
-def _kv_reads(dm: dict, kv: tuple, n_tok: int) -> np.ndarray:
-    """KV bytes a ``n_tok``-token ubatch reads per layer in CPU attention: once per ubatch for tiled
+def _cpu_fa_tiled(dm: dict, n_tok: int) -> bool:
+    """Whether a ``n_tok``-token ubatch takes ggml-cpu's tiled flash attention (F16/F32 cache, >= 64 rows: the
+    lowered cpu_fa_tile) rather than the per-row walk of a runtime that has one (cpu_fa_query_rows > 0)."""
+    return dm["cpu_fa_rows"] > 0 and n_tok >= 64 and dm["cpu_fa_tile"] >= 64
+
+
+def _kv_reads(dm: dict, kv: tuple, n_tok: int, llc: float = 0.0) -> np.ndarray:
+    """KV bytes a ``n_tok``-token ubatch reads from DRAM per layer in CPU attention: once per ubatch for tiled
     kernels (cpu_fa_query_rows 0) and recurrent layers, else once per group of cpu_fa_query_rows query rows
     per query head (ggml-cpu's one_chunk path walks the KV for every row; its tiled path for every
-    GGML_FA_TILE_Q rows, from 64 rows on)."""
+    GGML_FA_TILE_Q rows, from 64 rows on). The walks after the first re-read rows the CPU's last-level cache
+    (``llc`` bytes) still holds: only the share of the layer's KV beyond it comes from DRAM again (the threads
+    walk every KV head of the layer together); without a catalogued cache, all of it."""
     one, heads = kv
     rows = dm["cpu_fa_tile"] if n_tok >= 64 else dm["cpu_fa_rows"]
     if rows <= 0:
         return one
-    return one * np.where(heads > 0, math.ceil(n_tok / rows) * heads, 1.0)
+    walks = np.where(heads > 0, math.ceil(n_tok / rows) * heads, 1.0)
+    spill = np.clip(1.0 - llc / np.maximum(one, 1e-300), 0.0, 1.0) if llc > 0 else 1.0
+    return one * (1.0 + (walks - 1.0) * spill)
 
 
 def _expert_layers(dm: dict, rtab: dict, mode: np.ndarray, moe_idx: np.ndarray, terms) -> "dict | None":

@@ -60,9 +60,11 @@ def flops_per_cycle(machine: Machine) -> float:
 def cpu_attention_flops(machine: Machine, d, cpu_flops: float) -> dict:
     """ms_machine_t.cpu_attn_flops and the prompt's CPU attention rate (cpu_prefill_attn_flops): the runtime's
     attention kernels at their share of the cores' fp32 vector peak (cpu_attn_eff, cpu_prefill_attn_eff), or
-    at its matmul rate ``cpu_flops`` where it sets none."""
+    at its matmul rate ``cpu_flops`` where it sets none; and the last-level cache a prompt's per-row walks of
+    the KV cache re-read from (cpu_llc_bytes: hardware.toml l3_mb, 0 where the catalog gives none)."""
     peak = _core_cycles(machine) * flops_per_cycle(machine)
-    return dict(cpu_attn_flops=peak * d.cpu_attn_eff if d.cpu_attn_eff > 0 else cpu_flops,
+    llc = 0.0 if machine.unified else float(_cpu_part(machine).get("l3_mb", 0.0)) * 2**20
+    return dict(cpu_llc_bytes=llc, cpu_attn_flops=peak * d.cpu_attn_eff if d.cpu_attn_eff > 0 else cpu_flops,
                 cpu_prefill_attn_flops=peak * d.cpu_prefill_attn_eff if d.cpu_prefill_attn_eff > 0 else cpu_flops)
 
 
