@@ -8,7 +8,7 @@ import numpy as np
 from ..spec.models import Model
 from ..spec.runtimes import Runtime
 from .codes import EXP_FETCH, EXP_GPU, EXP_NONE, EXP_SPLIT
-from .lower.decode_model import op_offload_threshold
+from .lower.decode_model import FA_TILE_Q, op_offload_threshold
 from .lower.attention import ctx_eval, full_window_fn, mla_decompress_flops, prefill_score_flops, prefill_score_fn
 
 
@@ -46,14 +46,14 @@ def prefill_seconds(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, promp
     decompress = x["decompress_flops"] / fl
     per_tok = x["flops"] / fl + score
     experts, kv = x["experts"], x["kv"]
+    # ggml-cpu's 64-row tiled flash attention multiplies like a matmul: the scores of the CPU's layers at its
+    # matmul rate, not at the per-row walk's share (cpu_prefill_attn_eff)
+    score_tiled = x["score_flops"] / np.where(on_gpu, hw["prefill_attn_flops"], cflops) if kv is not None else score
     total = 0.0
     for n_tok, count in x["sizes"]:
-        sc, pt = score, per_tok
-        if kv is not None and _cpu_fa_tiled(dm, n_tok):
-            # ggml-cpu's 64-row tiled flash attention multiplies like a matmul: the scores of the CPU's layers at
-            # its matmul rate, not at the per-row walk's share (cpu_prefill_attn_eff)
-            sc = x["score_flops"] / np.where(on_gpu, hw["prefill_attn_flops"], cflops)
-            pt = x["flops"] / fl + sc
+        tiled = kv is not None and _fa_rows_per_read(dm, n_tok) >= FA_TILE_Q
+        sc = score_tiled if tiled else score
+        pt = x["flops"] / fl + sc if tiled else per_tok
         # a ubatch streams each weight matrix once and its tiles' loads are not hidden behind the
         # multiply-adds (llama.cpp PR #8495: LLaMA-8B Q5_K_S on a 4090 takes 9.1 ms per 16-token and
         # 48 ms per 512-token ubatch, weight reads + per-token work, not their max)
@@ -63,7 +63,7 @@ def prefill_seconds(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, promp
             # the CPU's attention walks stream the KV while they score it: only the reads its arithmetic does not
             # cover add to the layer (a roofline, assumed: no measurement splits the two)
             t_kv = _kv_reads(dm, kv, n_tok, hw.get("cpu_llc_bytes", 0.0)) / hw["host_bw"]
-            t_kv = np.maximum(t_kv - np.where(on_gpu, 0.0, n_tok * sc), 0.0)
+            t_kv = np.maximum(t_kv - n_tok * sc, 0.0)        # GPU layers read none of it: 0 there
             t += t_kv
         t_exp = 0.0
         if experts is not None:
@@ -152,10 +152,11 @@ def _cpu_kv_reads(dm: dict, on_gpu: np.ndarray, context: int):
     return one, np.asarray(dm["prefill_kv_heads"])
 
 
-def _cpu_fa_tiled(dm: dict, n_tok: int) -> bool:
-    """Whether a ``n_tok``-token ubatch takes ggml-cpu's tiled flash attention (F16/F32 cache, >= 64 rows: the
-    lowered cpu_fa_tile) rather than the per-row walk of a runtime that has one (cpu_fa_query_rows > 0)."""
-    return dm["cpu_fa_rows"] > 0 and n_tok >= 64 and dm["cpu_fa_tile"] >= 64
+def _fa_rows_per_read(dm: dict, n_tok: int) -> float:
+    """Query rows of a ``n_tok``-token ubatch that share one walk of the KV in CPU attention: the lowered tile
+    (64 on an F16/F32 cache: ggml-cpu's tiled path) from 64 rows on, else the per-row walk's cpu_fa_query_rows;
+    0 for kernels that read the KV once per ubatch."""
+    return dm["cpu_fa_tile"] if n_tok >= FA_TILE_Q else dm["cpu_fa_rows"]
 
 
 def _kv_reads(dm: dict, kv: tuple, n_tok: int, llc: float = 0.0) -> np.ndarray:
@@ -166,7 +167,7 @@ def _kv_reads(dm: dict, kv: tuple, n_tok: int, llc: float = 0.0) -> np.ndarray:
     (``llc`` bytes) still holds: only the share of the layer's KV beyond it comes from DRAM again (the threads
     walk every KV head of the layer together); without a catalogued cache, all of it."""
     one, heads = kv
-    rows = dm["cpu_fa_tile"] if n_tok >= 64 else dm["cpu_fa_rows"]
+    rows = _fa_rows_per_read(dm, n_tok)
     if rows <= 0:
         return one
     walks = np.where(heads > 0, math.ceil(n_tok / rows) * heads, 1.0)

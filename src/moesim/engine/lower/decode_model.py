@@ -184,13 +184,13 @@ def _layer_modes(m: Model, p: Placement, cpu_only: bool, op_offload: bool, cache
     return out
 
 
-_FA_TILE_Q = 64                 # GGML_FA_TILE_Q: query rows of ggml-cpu's tiled flash attention (ggml-cpu common.h)
+FA_TILE_Q = 64                  # GGML_FA_TILE_Q: query rows of ggml-cpu's tiled flash attention (ggml-cpu common.h)
 
 
 def _cpu_fa(m: Model, low, rt: Runtime, kvb: float, kv_dtype: str) -> dict:
     fns, heads = prefill_kv_read(m, low, kvb)
     rows = float(rt.decode.cpu_fa_query_rows)
-    tile = float(_FA_TILE_Q) if rows > 0 and str(kv_dtype).lower() in ("f16", "f32") else rows
+    tile = float(FA_TILE_Q) if rows > 0 and str(kv_dtype).lower() in ("f16", "f32") else rows
     return dict(prefill_kv_fns=fns, prefill_kv_heads=heads, cpu_fa_rows=rows, cpu_fa_tile=tile)
 
 

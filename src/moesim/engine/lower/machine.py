@@ -362,7 +362,7 @@ def _lower_unified(machine: Machine, rt: Runtime, mix: Q.KernelMix, cpu_only: bo
                 gpu_flops=max(gpu_flops, cpu_flops), cpu_flops=cpu_flops, interconnect_bw=pool, unified=1,
                 prefill_flops=pf, prefill_gemm_flops=pf, prefill_expert_flops=pf,
                 prefill_attn_flops=pf if cpu_only else flash_attention_flops(pf, machine.gpu_tflops, u, terms),
-                prefill_moe_half_tokens=0.0 if cpu_only else (moe_half or terms.get("moe_half_tokens", 0.0)),
+                prefill_moe_half_tokens=0.0 if cpu_only else (moe_half if metal else terms.get("moe_half_tokens", 0.0)),
                 gpu_moe_rowwise=0 if cpu_only else int(d.moe_rowwise_prefill),
                 overlap=1 if d.overlap else 0, launch_s=0.0 if cpu_only else launch * 1e-6,
                 sync_s=0.0, dma_s=0.0, allreduce_s=0.0, step_s=d.step_us * 1e-6, seq_s=d.seq_us * 1e-6,
