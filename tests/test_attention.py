@@ -60,3 +60,27 @@ def test_mla_prefills_in_multi_head_form_and_decodes_on_the_latent():
     assert prefill_score_fn(lay) == score_fn(lay) and mla_decompress_flops(dsa).max() == 0.0
     gqa = moesim.model("qwen3-30b-a3b").layers[0]
     assert prefill_score_fn(gqa) == score_fn(gqa) and mla_decompress_flops(moesim.model("qwen3-30b-a3b")).max() == 0.0
+
+
+@pytest.mark.parametrize("rid, absorbed", [("llama.cpp", True), ("ollama", True), ("llama.cpp-hip", True),
+                                           ("ik_llama.cpp", False), ("llama.cpp-2024h1", False), ("vllm", False),
+                                           ("mlx", False)])
+def test_llama_cpp_prefills_mla_on_the_latent(rid, absorbed):
+    """llama.cpp's deepseek2 graph takes the absorbed MLA branch for any batch (runtimes.toml
+    mla_prefill_absorbed): a prompt token costs the decode form per key and decompresses nothing; ik's -mla 3,
+    pre-MLA builds and the served runtimes prefill in the multi-head form."""
+    from moesim.engine.lower.attention import prefill_score_fn
+    from moesim.engine.prefill import prefill_terms
+    from moesim.spec.runtimes import runtime
+    m = moesim.model("deepseek-v3")
+    layer = m.layers[0]
+    rt = runtime(rid)
+    assert rt.decode.mla_prefill_absorbed is absorbed
+    assert (prefill_score_fn(layer, rt.decode.mla_prefill_absorbed) == score_fn(layer)) is absorbed
+    n_l = m.n_layers
+    dm = {"attn_on_gpu": [1] * n_l, "expert_mode": [0] * n_l, "moe_index": [-1] * n_l, "attn_bytes": [0.0] * n_l,
+          "shared_bytes": [0.0] * n_l, "attn_flops": [0.0] * n_l, "shared_flops": [0.0] * n_l}
+    x = prefill_terms(m, dm, {}, rt, 8192)
+    keys = max(1, 8192 // 2)
+    assert x["score_flops"][0] == pytest.approx(ctx_eval(prefill_score_fn(layer, absorbed), keys), rel=1e-12)
+    assert bool(x["decompress_flops"].max() == 0.0) is absorbed

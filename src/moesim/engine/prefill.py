@@ -119,7 +119,8 @@ def prefill_terms(m: Model, dm: dict, rtab: dict, rt: Runtime, prompt: int, dept
     out = dict(threshold=threshold, sizes=[(ub, n_full)] + ([(last, 1)] if last else []),
                 offload=offload, on_gpu=on_gpu, k=rtab.get("top_k", 0), terms=terms,
                 score_flops=_score_flops(m, rt, on_gpu, prompt, depth),
-                decompress_flops=mean_keys * mla_decompress_flops(m),
+                # a runtime that attends on the latent (absorbed) decompresses no keys
+                decompress_flops=mean_keys * mla_decompress_flops(m) * (not rt.decode.mla_prefill_absorbed),
                 weights=np.asarray(dm["attn_bytes"]) + np.asarray(dm["shared_bytes"]),
                 flops=np.asarray(dm["attn_flops"]) + np.asarray(dm["shared_flops"]),
                 experts=_expert_layers(dm, rtab, mode, np.asarray(dm["moe_index"]), terms),
@@ -133,12 +134,13 @@ def prefill_terms(m: Model, dm: dict, rtab: dict, rt: Runtime, prompt: int, dept
 def _score_flops(m: Model, rt: Runtime, on_gpu: np.ndarray, prompt: int, depth: int) -> np.ndarray:
     """:func:`prefill_score_flops`, the GPU's sliding-window layers over the whole cache under ``swa_full``
     (engine.lower.attention.full_window_fn; the CPU's kernel skips masked keys)."""
-    score = prefill_score_flops(m, prompt, depth)
+    absorbed = rt.decode.mla_prefill_absorbed
+    score = prefill_score_flops(m, prompt, depth, absorbed)
     if rt.decode.swa_full:
         keys = depth + max(1, prompt // 2)
         for l, layer in enumerate(m.layers):
             if on_gpu[l]:
-                score[l] = ctx_eval(full_window_fn(prefill_score_fn(layer), layer), keys)
+                score[l] = ctx_eval(full_window_fn(prefill_score_fn(layer, absorbed), layer), keys)
     return score
 
 

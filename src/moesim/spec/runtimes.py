@@ -126,6 +126,9 @@ class DecodeParams:
                                       # run at half the dense rate (a row tile straddling expert runs repeats its K loop);
                                       # 0: at the dense rate (llama.cpp's backends set theirs in [backends.*])
     moe_half_tokens_matrix: float = 0.0   # the same where the prompt runs on the Neural Accelerators (metal_tensor_api)
+    mla_prefill_absorbed: bool = False    # MLA prompts attend in the absorbed form (MQA over the latent cache, no
+                                          # decompression: llama.cpp's deepseek2 graph); False: the multi-head form on
+                                          # keys decompressed per ubatch (engine.lower.attention.prefill_score_fn)
 
 
 def runtime_ids() -> list:

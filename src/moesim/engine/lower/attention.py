@@ -49,10 +49,11 @@ _KV_READ_ROWS: dict = {}                     # (model, cache columns, context, K
 
 
 # ------------------------------------------------------------------------------- prefill
-def prefill_score_flops(m: Model, prompt: int, depth: int = 0) -> np.ndarray:
+def prefill_score_flops(m: Model, prompt: int, depth: int = 0, absorbed: bool = False) -> np.ndarray:
     """Attention-score FLOPs per prompt token and layer: a prompt of ``prompt`` tokens appended to
-    ``depth`` cached ones attends, on average, over depth + prompt / 2 keys (:func:`prefill_score_fn`)."""
-    return _prefill_score_row(m, depth + max(1, prompt // 2)).copy()
+    ``depth`` cached ones attends, on average, over depth + prompt / 2 keys (:func:`prefill_score_fn`;
+    ``absorbed``: MLA in its absorbed form, the runtime's ``mla_prefill_absorbed``)."""
+    return _prefill_score_row(m, depth + max(1, prompt // 2), absorbed).copy()
 
 
 @functools.lru_cache(maxsize=4096)
@@ -61,11 +62,11 @@ def _score_row(m: Model, context: int) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=4096)
-def _prefill_score_row(m: Model, context: int) -> np.ndarray:
-    return np.array([ctx_eval(prefill_score_fn(layer), context) for layer in m.layers])
+def _prefill_score_row(m: Model, context: int, absorbed: bool = False) -> np.ndarray:
+    return np.array([ctx_eval(prefill_score_fn(layer, absorbed), context) for layer in m.layers])
 
 
-def prefill_score_fn(layer) -> tuple:
+def prefill_score_fn(layer, absorbed: bool = False) -> tuple:
     """Attention FLOPs per prompt token of a layer, as a context function: :func:`score_fn`, except that
     dense MLA prefills in its multi-head form. Runtimes decompress the cached latent into per-head keys and
     values for a prompt's attention (vLLM's MLA backend, "compute-friendly" prefill: k_nope = kv_c @ W_UK,
@@ -73,9 +74,10 @@ def prefill_score_fn(layer) -> tuple:
     when more than one token runs), so a key costs 2 H (d_nope + d_rope + d_v) FLOPs, not the absorbed
     decode form's 2 H (2 r + d_rope), 3.4x more for DeepSeek-V3. The decompression itself is
     :func:`mla_decompress_flops`. DSA layers (an indexer) keep the decode form: their sparse attention runs
-    on the latent."""
+    on the latent, and so does every MLA layer of a runtime that prefills ``absorbed`` (llama.cpp: MQA over
+    the latent, runtimes.toml mla_prefill_absorbed)."""
     a = layer.attention
-    if a.kind != "mla" or a.index_heads:
+    if a.kind != "mla" or a.index_heads or absorbed:
         return score_fn(layer)
     (_, a2, b1, b2, s), caps = score_fn(layer)
     return (2.0 * a.n_heads * (a.qk_nope_head_dim + a.qk_rope_head_dim + a.v_head_dim), a2, b1, b2, s), caps
