@@ -364,3 +364,36 @@ cdef extern from "ms_window.h" nogil:
     int ms_window_moments(const int32_t *tokens, int64_t n_tokens, int32_t n_layers, int32_t top_k, int32_t n_experts,
                           int64_t request_tokens, const int32_t *nodes, int32_t n_nodes, void *workspace,
                           int64_t workspace_bytes, int64_t *out)
+
+
+cdef extern from "ms_prefill.h" nogil:
+    ctypedef struct ms_prefill_model_t:
+        int32_t n_layers
+        const int32_t *on_gpu
+        const double *weights
+        const double *flops
+        const double *score_flops
+        const double *decompress_flops
+        const double *kv_one
+        const double *kv_heads
+        int32_t n_sizes
+        const int64_t *sizes
+        const double *size_rows
+        const int32_t *size_tiled
+        int32_t n_exp
+        const int32_t *exp_layer
+        const int32_t *exp_mode
+        const double *exp_share
+        const double *exp_bytes
+        const double *exp_flops
+        const double *exp_layer_experts
+        const double *exp_distinct
+        int32_t top_k, threshold
+        int32_t offload
+        double head_bytes, head_flops, amx_per_cycle
+    ctypedef struct ms_prefill_machine_t:
+        double gpu_bw, host_bw, pcie_bw, pcie_links, prefill_flops, prefill_gemm_flops, prefill_expert_flops, cpu_flops
+        double prefill_attn_flops, cpu_prefill_attn_flops, launch_s, cpu_layer_s, sync_s, cpu_llc_bytes
+        double prefill_moe_half_tokens, amx_flops
+        int32_t overlap, gpu_moe_rowwise
+    int ms_prefill_seconds(const ms_prefill_model_t *p, const ms_prefill_machine_t *h, double *workspace, double *out)

@@ -10,7 +10,8 @@ modules above. One extension module, its parts included per struct family:
 - ``_kernel_decode.pxi``: ms_decode_model_t / ms_machine_t / ms_decode_config_t, ``decode_many``;
 - ``_kernel_routing.pxi``: ms_routing_t, ``q_tables``, ``route_sample``, ``cache_replay``;
 - ``_kernel_sweep_memory.pxi`` / ``_kernel_sweep_decode.pxi``: the sweep groups and loops;
-- ``_kernel_serve.pxi``: the serving scheduler ``serve``.
+- ``_kernel_serve.pxi``: the serving scheduler ``serve``;
+- ``_kernel_prefill.pxi``: ms_prefill_model_t / ms_prefill_machine_t, ``prefill_seconds``.
 """
 import numpy as np
 cimport numpy as cnp
@@ -69,3 +70,4 @@ include "_kernel_sweep_memory.pxi"
 include "_kernel_sweep_decode.pxi"
 include "_place.pxi"
 include "_kernel_serve.pxi"
+include "_kernel_prefill.pxi"

@@ -182,11 +182,30 @@ SWEEP_DECODE = (Field("variant_f64", F64, ("n_variants", 13)), Field("variant_i3
 CACHE_REPLAY = (Field("sel", I32, ("n_steps", "n_layers", "width")), Field("nsel", I32, ("n_steps", "n_layers")),
                 Field("hot", I32, ("n_layers", "n_experts"), optional=True, note="only the static policy reads it"))
 
+# ms_prefill_model_t (engine.prefill's kernel path: prefill_terms packed once per lowered model); L layers, S
+# ubatch sizes, X layers with routed experts.
+PREFILL_MODEL = (_arrays(I32, ("n_layers",), "on_gpu")
+                 + _arrays(F64, ("n_layers",), "weights", "flops", "score_flops", "decompress_flops")
+                 + (Field("kv_one", F64, ("n_layers",), optional=True, note="CPU attention's KV bytes of one read"),
+                    Field("kv_heads", F64, ("n_layers",), optional=True, note="query heads per KV head (with kv_one)"),
+                    Field("sizes", I64, ("n_sizes", 2)))
+                 + _arrays(F64, ("n_sizes",), "size_rows") + _arrays(I32, ("n_sizes",), "size_tiled")
+                 + _arrays(I32, ("n_exp",), "exp_layer", "exp_mode")
+                 + _arrays(F64, ("n_exp",), "exp_share", "exp_bytes", "exp_flops", "exp_layer_experts")
+                 + (Field("exp_distinct", F64, ("n_sizes", "n_exp")),)
+                 + _scalars(INT, "top_k", "threshold", "offload") + _scalars(REAL, "head_bytes", "head_flops", "amx_per_cycle"))
+# ms_prefill_machine_t: the machine rates prefill reads (lower_machine's keys of the same names).
+PREFILL_MACHINE = (_scalars(REAL, "gpu_bw", "host_bw", "pcie_bw", "pcie_links", "prefill_flops", "prefill_gemm_flops",
+                            "prefill_expert_flops", "cpu_flops", "prefill_attn_flops", "cpu_prefill_attn_flops",
+                            "launch_s", "cpu_layer_s", "sync_s", "cpu_llc_bytes", "prefill_moe_half_tokens", "amx_flops")
+                   + _scalars(INT, "overlap", "gpu_moe_rowwise"))
+
 STRUCTS = {
     "ms_model_t": MODEL, "ms_mem_config_t[]": MEM_CONFIG_COLUMNS, "ms_mem_config_t": MEM_CONFIG,
     "ms_decode_model_t": DECODE_MODEL, "ms_machine_t": MACHINE, "ms_routing_t": ROUTING,
     "ms_decode_config_t[]": DECODE_CONFIG_COLUMNS, "ms_sweep_mem_t": SWEEP_MEMORY, "ms_sweep_place_t[]": SWEEP_PLACES,
     "ms_sweep_decode_t": SWEEP_DECODE, "ms_cache_replay()": CACHE_REPLAY,
+    "ms_prefill_model_t": PREFILL_MODEL, "ms_prefill_machine_t": PREFILL_MACHINE,
 }
 
 

@@ -36,6 +36,8 @@ def prefill_seconds(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, promp
     """Seconds to prefill one ``prompt``-token prompt (:func:`prefill`'s sum over ubatches). ``terms``:
     :func:`prefill_terms` of these arguments (a sweep keeps them per lowered model and routing). ``parts``, a
     dict, receives the seconds by phase (:data:`PREFILL_PHASES`), which sum to the total."""
+    if terms is not None and parts is None:
+        return _kernel_seconds(terms, dm, hw)       # the same arithmetic in C (ms_prefill.c), equal to the bit
     x = prefill_terms(m, dm, rtab, rt, prompt, depth) if terms is None else terms
     on_gpu, threshold, k = x["on_gpu"], x["threshold"], x["k"]
     gflops, gemm, cflops = hw["prefill_flops"], hw["prefill_gemm_flops"], hw["cpu_flops"]
@@ -79,6 +81,66 @@ def prefill_seconds(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, promp
                           attention=n_tok * sc, mla_decompress=decompress, cpu_kv_reads=t_kv, experts=t_exp)
             _add_parts(parts, count, t_ub, phases)
     return total
+
+
+def _kernel_seconds(x: dict, dm: dict, hw) -> float:
+    """:func:`prefill_seconds` of terms ``x`` by ms_prefill_seconds: the terms are packed for the kernel once
+    (kept in ``x``, which a sweep shares among the machines that run its lowered model), the machine once per
+    table (:func:`_kernel_machine`)."""
+    from . import _kernel
+    from .glue import handle_library_error
+    model = x.get("kernel")
+    if model is None:
+        model = x["kernel"] = _kernel.PrefillModel(_kernel_model(x, dm))
+    code, seconds = _kernel.prefill_seconds(model, _kernel_machine(hw))
+    handle_library_error(code, "ms_prefill_seconds")
+    return seconds
+
+
+def _kernel_model(x: dict, dm: dict) -> dict:
+    """Terms ``x`` of lowered model ``dm`` as ms_prefill_model_t's fields (glue.PREFILL_MODEL): the ubatch
+    sizes' KV-walk rows and each expert layer's distinct experts per size computed here, as prefill_seconds
+    would per call."""
+    e, kv, sizes = x["experts"], x["kv"], x["sizes"]
+    rows = [float(_fa_rows_per_read(dm, n)) if kv is not None else 0.0 for n, _ in sizes]
+    n_exp = 0 if e is None else len(e["layers"])
+    exp = dict(exp_layer=np.zeros(0, np.int32), exp_mode=np.zeros(0, np.int32), exp_share=np.zeros(0),
+               exp_bytes=np.zeros(0), exp_flops=np.zeros(0), exp_layer_experts=np.zeros(0))
+    if e is not None:
+        exp = dict(exp_layer=e["layers"].astype(np.int32), exp_mode=e["mode"].astype(np.int32), exp_share=e["gpu_share"],
+                   exp_bytes=e["eb"], exp_flops=e["ef"], exp_layer_experts=e["layer_experts"])
+    distinct = [_distinct(e, n, x["terms"]) for n, _ in sizes] if e is not None else []
+    return dict(on_gpu=x["on_gpu"].astype(np.int32), weights=x["weights"], flops=x["flops"],
+                score_flops=x["score_flops"], decompress_flops=x["decompress_flops"],
+                kv_one=None if kv is None else kv[0], kv_heads=None if kv is None else np.asarray(kv[1], dtype=np.float64),
+                sizes=np.array(sizes, dtype=np.int64).reshape(-1, 2), size_rows=np.array(rows, dtype=np.float64),
+                size_tiled=np.array([r >= FA_TILE_Q for r in rows], dtype=np.int32),
+                exp_distinct=np.array(distinct, dtype=np.float64).reshape(len(sizes), n_exp), **exp,
+                top_k=int(x["k"]), threshold=int(x["threshold"]), offload=int(bool(x["offload"])),
+                head_bytes=dm["head_bytes"], head_flops=dm["head_flops"],
+                amx_per_cycle=dm.get("amx_flops_per_cycle", 0.0))
+
+
+def _kernel_machine(hw):
+    """ms_prefill_machine_t of machine table ``hw`` (:func:`prefill_seconds`'s defaults for the keys it reads
+    with one), built once per table object."""
+    hit = _MACHINES.get(id(hw))
+    if hit is None or hit[0] is not hw:
+        from . import _kernel
+        t = {k: hw[k] for k in _MACHINE_KEYS}
+        t.update(prefill_expert_flops=hw.get("prefill_expert_flops", hw["prefill_gemm_flops"]),
+                 cpu_llc_bytes=hw.get("cpu_llc_bytes", 0.0),
+                 prefill_moe_half_tokens=hw.get("prefill_moe_half_tokens", 0.0),
+                 overlap=int(bool(hw["overlap"])), gpu_moe_rowwise=int(bool(hw.get("gpu_moe_rowwise", 0))))
+        if len(_MACHINES) > 4096:
+            _MACHINES.clear()
+        hit = _MACHINES[id(hw)] = (hw, _kernel.PrefillMachine(t))     # holds hw, so its id stays its own
+    return hit[1]
+
+
+_MACHINES: dict = {}
+_MACHINE_KEYS = ("gpu_bw", "host_bw", "pcie_bw", "pcie_links", "prefill_flops", "prefill_gemm_flops", "cpu_flops",
+                 "prefill_attn_flops", "cpu_prefill_attn_flops", "launch_s", "cpu_layer_s", "sync_s", "amx_flops")
 
 
 # the phases explain reports a prompt's seconds by: dense weight reads, dense GEMMs (attention projections,
