@@ -227,3 +227,79 @@ def page_table(rt, batches, tokens_per_step, int page_slots):
     finally:
         free(ws)
     return code, bad, out[:, :r.n_layers]
+
+
+cdef int _decode_job(ms_routing_t *r, dm, hw, cols, int nt, double[:, ::1] out, Py_ssize_t row0, int64_t *bad,
+                     ms_decode_config_t **cfg, ms_decode_result_t **res, Py_ssize_t *cap, char **ws,
+                     int64_t *ws_cap) except? -100:
+    """One job of decode_variants: ms_decode_many of its configurations into rows row0.. of out, growing the
+    shared buffers (*cfg, *res of *cap rows, *ws of *ws_cap bytes per thread) as it needs; the C code."""
+    cdef ms_decode_model_t m
+    cdef ms_machine_t mach
+    cdef Py_ssize_t n, i
+    cdef int64_t w, need = 64
+    cdef int code, k
+    keep = {}
+    _fill_decode_model(&m, check_struct("ms_decode_model_t", dm), keep)
+    _fill_machine(&mach, check_struct("ms_machine_t", hw))
+    c = check_columns("ms_decode_config_t[]", cols)
+    check_che_columns(c, r.n_layers)
+    n = c["n"]
+    if n > cap[0]:
+        free(cfg[0]); free(res[0])
+        cfg[0] = <ms_decode_config_t *> malloc(n * sizeof(ms_decode_config_t))
+        res[0] = <ms_decode_result_t *> malloc(n * sizeof(ms_decode_result_t))
+        cap[0] = n if cfg[0] != NULL and res[0] != NULL else 0
+        if cap[0] == 0:
+            raise MemoryError()
+    _fill_configs(cfg[0], c, n)
+    for i in range(n):
+        w = ms_decode_workspace_size(&m, r, &cfg[0][i])
+        if w > need:
+            need = w
+    need = (need + 63) // 64 * 64
+    if need > ws_cap[0]:
+        free(ws[0])
+        ws[0] = <char *> malloc(need * nt)
+        ws_cap[0] = need if ws[0] != NULL else 0
+        if ws[0] == NULL:
+            raise MemoryError()
+    with nogil:
+        code = ms_decode_many(&m, &mach, r, cfg[0], n, res[0], nt, ws[0], ws_cap[0], bad)
+    if code == 0:
+        for i in range(n):
+            out[row0 + i, 0] = res[0][i].step_mean
+            for k in range(MS_N_RES):
+                out[row0 + i, 1 + k] = res[0][i].by_resource[k]
+            out[row0 + i, 1 + MS_N_RES] = res[0][i].accepted
+            out[row0 + i, 3 + MS_N_RES] = res[0][i].hit_rate
+    return code
+
+
+def decode_variants(rt, list jobs, int n_threads):
+    """(code, failing job or -1, its bad configuration or -1, rows): ms_decode_many of several (decode model,
+    machine, config columns) jobs that share routing *rt*, one call for all (a sweep group's decode variants),
+    into one [configurations, 13] array in job order: step_mean, by_resource, accepted, 0, hit_rate, 0
+    (ms_sweep_variant_t's layout; the caller fills the zeros)."""
+    cdef ms_routing_t r
+    cdef ms_decode_config_t *cfg = NULL
+    cdef ms_decode_result_t *res = NULL
+    cdef char *ws = NULL
+    cdef Py_ssize_t cap = 0, row = 0, j
+    cdef int64_t ws_cap = 0, bad = -1
+    cdef int code = 0, nt = _threads(n_threads)
+    keep = {}
+    _fill_routing(&r, check_routing(rt), keep)
+    sizes = [len(cols["batch"]) for _, _, cols in jobs]
+    out = np.zeros((sum(sizes), 4 + MS_N_RES + 1))
+    cdef double[:, ::1] v = out
+    try:
+        for j in range(len(jobs)):
+            dm, hw, cols = jobs[j]
+            code = _decode_job(&r, dm, hw, cols, nt, v, row, &bad, &cfg, &res, &cap, &ws, &ws_cap)
+            if code:
+                return code, j, bad, None
+            row += sizes[j]
+    finally:
+        free(cfg); free(res); free(ws)
+    return 0, -1, -1, out

@@ -37,6 +37,17 @@ def run(dm: dict, hw: dict, rt: dict, cols: dict, n_threads: int = 1, engine: st
     return res
 
 
+def run_variants(rt: dict, jobs: list, n_threads: int = 1):
+    """:func:`run` of several (decode model, machine, config columns) jobs that share routing ``rt``, in one kernel
+    call (a sweep group's decode variants: the routing filled once, no result dict per job): one
+    ``[configurations, 13]`` array, a row per configuration in job order holding step_mean, by_resource (8),
+    accepted, 0, hit_rate, 0 (ms_sweep_variant_t's layout; the caller fills the zeros)."""
+    from . import _kernel
+    code, job, bad, rows = _kernel.decode_variants(rt, list(jobs), int(n_threads))
+    handle_library_error(code, "ms_decode_many", bad)
+    return rows
+
+
 # ------------------------------------------------------------------------------- analytic tables
 def che_table(rt: dict, batches, tokens_per_step, slots: int, policy: int = 0, engine: str = "c", steps: int = 256,
               warmup: int = 32):

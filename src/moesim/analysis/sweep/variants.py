@@ -20,7 +20,7 @@ from types import MappingProxyType
 
 import numpy as np
 
-from ...engine.decode import run
+from ...engine.decode import run_variants
 from ...engine.glue import seal
 from ...engine.lower.decode_model import attention_key, kv_copies_of, lower_model, op_offload_threshold
 from ...engine.lower.machine import lower_machine, placement_key
@@ -211,19 +211,35 @@ class DecodeVariants:
             b = int(g.plan.batches[bi])
             _, _, lk = self._lowered(j, b)
             todo.setdefault((j, lk, ps), []).append((key, b))
-        for (j, lk, ps), items in todo.items():
-            self._lower_rows(j, lk, ps, items)
+        jobs: list = []
+        staged = [self._lower_rows(j, lk, ps, items, jobs) for (j, lk, ps), items in todo.items()]
+        # every analytic variant of the group in one kernel call (the routing filled once for them all)
+        res = run_variants(sealed_routing(g.plan, g.routing), jobs) if jobs else None
+        row = 0
+        for items, pf0, kind0, nk, mc_index in staged:
+            for key, _ in items:
+                if res is not None:
+                    f64 = res[row]
+                    row += 1
+                else:
+                    f64 = np.zeros(13)
+                    f64[9] = 1.0
+                    f64[11] = -1.0
+                f64[10] = 1e3 / f64[9]
+                f64[12] = pf0
+                self._rows[key] = (f64, np.array([kind0, nk, mc_index], dtype=np.int32))
 
-    def _lower_rows(self, j: int, lk: tuple, ps: int, items: list) -> None:
-        """Variant rows of candidate j at page-cache size ps for (key, batch) items sharing one lowered
-        model (lowering key lk, :meth:`_lowered`)."""
+    def _lower_rows(self, j: int, lk: tuple, ps: int, items: list, jobs: list) -> tuple:
+        """What the variant rows of candidate j at page-cache size ps for (key, batch) items sharing one lowered
+        model (lowering key lk, :meth:`_lowered`) hold besides their decode: (items, prefill seconds, first kind
+        row, kinds, Monte Carlo template or -1); an analytic group's decode job (zeroed model, machine, columns)
+        is appended to ``jobs``."""
         g = self.group
         dm0, hw, _ = self._lowered(j, items[0][1])
         dm = dict(dm0)
         dm["page_slots"] = np.full(g.m.n_layers, ps, dtype=np.int32)
         pf0 = self._prefill_time(j, lk, dm0, hw)
         kind0, nk = self._kind_slice(j, dm0, hw)
-        res = None
         mc_index = -1
         if self.mc:
             mc_index = len(self._mc_models)
@@ -235,20 +251,8 @@ class DecodeVariants:
             cols = sealed_decode_cols(g.plan, g.routing, dm, g.policy, tuple(b for _, b in items))
             # the zeroed model checked once (engine.glue.seal), kept by the plan for every machine that runs it
             zdm = g.plan.shared(("zeroed", id(dm0), ps), lambda: seal("ms_decode_model_t", _zeroed(dm, g.plan)))
-            res = run(zdm, hw, sealed_routing(g.plan, g.routing), cols)
-        for i, (key, _) in enumerate(items):
-            f64 = np.zeros(13)
-            if res is not None:
-                f64[0] = res["step_mean"][i]
-                f64[1:9] = res["by_resource"][i]
-                f64[9] = res["accepted"][i]
-                f64[11] = res["hit_rate"][i]
-            else:
-                f64[9] = 1.0
-                f64[11] = -1.0
-            f64[10] = 1e3 / f64[9]
-            f64[12] = pf0
-            self._rows[key] = (f64, np.array([kind0, nk, mc_index], dtype=np.int32))
+            jobs.append((zdm, hw, cols))
+        return items, pf0, kind0, nk, mc_index
 
     def _kv_copies(self, j: int) -> np.ndarray:
         """Per layer, the KV read factor of candidate j's multi-GPU layout (lower_model's)."""
