@@ -274,7 +274,14 @@ def fill_sweep(cols: dict, s0: int, s1: int, machine, runtime, placement_labels)
     The regime varies only with the placement (the group fixes machine and runtime): one multiplier
     per placement code the rows hold (labels *placement_labels*), indexed by each row's code."""
     place = cols["placement"][s0:s1]
-    lut = _multipliers(machine, runtime, placement_labels, sorted(set(place.tolist())))   # np.unique imports numpy.ma
+    codes = sorted(set(place.tolist()))          # np.unique imports numpy.ma
+    if len(codes) == 1:
+        # one placement in the group's rows (most groups): its multipliers as scalars, the same products
+        mult = _code_multipliers(machine, runtime, placement_labels[codes[0]])
+        for f, point in zip(FIELDS, _POINTS):
+            np.multiply(cols[point][s0:s1], mult[f], out=cols[f][s0:s1])
+        return
+    lut = _multipliers(machine, runtime, placement_labels, codes)
     for f, point in zip(FIELDS, _POINTS):
         np.multiply(cols[point][s0:s1], lut[f][place], out=cols[f][s0:s1])
 
@@ -304,7 +311,24 @@ def _multipliers(machine, runtime, placement_labels, codes: list) -> dict:
     return lut
 
 
+def _code_multipliers(machine, runtime, label: str) -> dict:
+    """Per interval column, the multiplier of one placement label on this machine and runtime (the
+    regime's), memoised on the machine and runtime objects: each (machine, placement) pair of a sweep asks
+    once, where :func:`_multipliers`' sets of codes differ from group to group."""
+    table = _catalog_table()
+    key = (id(machine), id(runtime), id(table), label)
+    hit = _CODE_MULTIPLIERS.get(key)
+    if hit is not None and hit[0] is machine and hit[1] is runtime and hit[2] is table:
+        return hit[3]
+    mult = _regime_columns(regime(machine, label, runtime), table)
+    if len(_CODE_MULTIPLIERS) > 65536:
+        _CODE_MULTIPLIERS.clear()
+    _CODE_MULTIPLIERS[key] = (machine, runtime, table, mult)      # holds them, so their ids stay theirs
+    return mult
+
+
 _MULTIPLIERS: dict = {}
+_CODE_MULTIPLIERS: dict = {}
 _COLUMNS_CACHE: dict = {}
 
 

@@ -109,8 +109,10 @@ class Group:
                 ix["ubatch"])
         self.cands, self.rule = plan.resolved[("p",) + pkey]
         self.policy = POLICIES[self.labels["policy"]]
-        self.low = lower(m, self.q, self.kv)
-        self.kernel_mix = Q.kernel_mix(m, self.q)
+        # per (model, quant, KV dtype) and (model, quant): the plan's machines share them (lower's own cache
+        # returns these same objects, after resolving and checking the quant again)
+        self.low = plan.shared(("low", ix["models"], ix["quants"], self.kv), lambda: lower(m, self.q, self.kv))
+        self.kernel_mix = plan.shared(("mix", ix["models"], ix["quants"]), lambda: Q.kernel_mix(m, self.q))
         self.kvb = Q.kv_dtype_bytes(self.kv)
         self.labels.update(model=m.id, quant=self.q.id, runtime=self.rt.id, kv_dtype=self.kv)
         self.codes = {k: plan._codes[k][self.labels[k]] for k in ("model", "quant", "machine", "runtime",

@@ -143,6 +143,7 @@ class Plan:
         self.dicts = {k: [] for k in CATEGORICAL}
         self._codes = {k: {} for k in CATEGORICAL}
         self.resolved: dict = {}
+        self._cand_codes: dict = {}     # id(candidate tuple) -> (the tuple, its placement codes)
         self._runtimes: dict = {}
         self.models = [get_model(mid) for mid in v["models"]]
         for mi, m in enumerate(self.models):
@@ -278,9 +279,14 @@ class Plan:
                       f"{eff!r} on {m.id} / {machine_label(hv)}: {exc}")
             return
         self.resolved[key] = (cands, rule)
-        codes = np.array([self._code("placement", str(p)) for p in cands], dtype=np.int32)
-        codes.flags.writeable = False
-        self.resolved[("pc",) + key[1:]] = codes
+        # one code array per candidate tuple (automatic placement's are shared by every model of a shape): later
+        # machines' would only look up codes the first assigned, in the same order
+        hit = self._cand_codes.get(id(cands))
+        if hit is None or hit[0] is not cands:
+            codes = np.array([self._code("placement", str(p)) for p in cands], dtype=np.int32)
+            codes.flags.writeable = False
+            hit = self._cand_codes[id(cands)] = (cands, codes)      # holds the tuple: its id stays its own
+        self.resolved[("pc",) + key[1:]] = hit[1]
 
     def _bad(self, key, skip: bool, where: str, message: str):
         if not skip:

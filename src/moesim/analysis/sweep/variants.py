@@ -131,12 +131,13 @@ _cols_bytes = [0]
 
 
 def sealed_decode_cols(plan, routing: dict, dm: dict, policy: int, batches: tuple, drafts: int = 0,
-                       accepted: float = 1.0):
+                       accepted: float = 1.0, slots: "tuple | None" = None):
     """:func:`_decode_cols` of a lowered model ``dm`` at these batches, with the analytic tables' columns its
     step counts, GPU and page-cache hit rates read (sweep.che), sealed once and kept by the plan and the
-    process (:func:`_kept_cols`) under everything they hold."""
+    process (:func:`_kept_cols`) under everything they hold. ``slots``: (sweep.che.slots_of, page_slots_of) of
+    ``dm``, when the caller keeps them."""
     run_cfg = plan.run
-    s, pps = che_slots_of(dm, policy, routing), page_slots_of(dm, routing)
+    s, pps = (che_slots_of(dm, policy, routing), page_slots_of(dm, routing)) if slots is None else slots
     ckey = () if s < 0 and pps < 0 else (che_fingerprint(plan, routing), s, pps)
     key = ("decode_cols", policy, batches, run_cfg["tokens"], run_cfg["warmup"], int(run_cfg["seed"]), drafts,
            float(accepted)) + ckey
@@ -160,6 +161,7 @@ class DecodeVariants:
         self._mc_models: list = []
         self._mc_machines: list = []
         self._dm: dict = {}
+        self._lks: dict = {}            # (candidate, batch) -> lowering_key
         self._hw: dict = {}
         self._kinds: dict = {}
         self._prefill: dict = {}
@@ -209,7 +211,9 @@ class DecodeVariants:
             if not (0 <= j < len(g.cands)) or not (0 <= bi < g.plan.n_b):
                 raise KernelError(f"sweep: bad variant key {key}")
             b = int(g.plan.batches[bi])
-            _, _, lk = self._lowered(j, b)
+            lk = self._lks.get((j, b))
+            if lk is None:
+                lk = self._lks[(j, b)] = self.lowering_key(j, b)
             todo.setdefault((j, lk, ps), []).append((key, b))
         jobs: list = []
         staged = [self._lower_rows(j, lk, ps, items, jobs) for (j, lk, ps), items in todo.items()]
@@ -236,19 +240,23 @@ class DecodeVariants:
         is appended to ``jobs``."""
         g = self.group
         dm0, hw, _ = self._lowered(j, items[0][1])
-        dm = dict(dm0)
-        dm["page_slots"] = np.full(g.m.n_layers, ps, dtype=np.int32)
+        # the lowered model at ps page slots, kept by the plan for every machine and batch set that runs it
+        dm = g.plan.shared(("paged", id(dm0), ps), lambda: dict(dm0, page_slots=_frozen(np.full(g.m.n_layers, ps,
+                                                                                                dtype=np.int32))))
         pf0 = self._prefill_time(j, lk, dm0, hw)
         kind0, nk = self._kind_slice(j, dm0, hw)
         mc_index = -1
         if self.mc:
             mc_index = len(self._mc_models)
             # ms_sweep.c mc_one scales each layer's context KV bytes by the template's kv_bytes: the KV copies
-            dm["kv_bytes"] = self._kv_copies(j)
+            dm = dict(dm, kv_bytes=self._kv_copies(j))
             self._mc_models.append(dm)
             self._mc_machines.append(hw)
         else:
-            cols = sealed_decode_cols(g.plan, g.routing, dm, g.policy, tuple(b for _, b in items))
+            # the slot counts the analytic tables are read at: the lowered model's, the same for every batch set
+            slots = g.plan.shared(("slots", id(dm), g.policy, id(g.routing)), lambda: (
+                che_slots_of(dm, g.policy, g.routing), page_slots_of(dm, g.routing)))
+            cols = sealed_decode_cols(g.plan, g.routing, dm, g.policy, tuple(b for _, b in items), slots=slots)
             # the zeroed model checked once (engine.glue.seal), kept by the plan for every machine that runs it
             zdm = g.plan.shared(("zeroed", id(dm0), ps), lambda: seal("ms_decode_model_t", _zeroed(dm, g.plan)))
             jobs.append((zdm, hw, cols))
