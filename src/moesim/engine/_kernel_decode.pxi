@@ -129,37 +129,17 @@ cdef dict _decode_results(const ms_decode_result_t *res, Py_ssize_t n, bint fill
 def decode_many(dm, hw, rt, cols, int n_threads):
     """Run len(cols['batch']) decode configurations; returns (code, bad_index, result arrays). *dm*, *hw*,
     *rt* and *cols*: dicts, or tables glue.seal (glue.seal_routing) checked once."""
-    cdef ms_decode_model_t m
-    cdef ms_machine_t mach
     cdef ms_routing_t r
-    keep = {}
-    _fill_decode_model(&m, check_struct("ms_decode_model_t", dm), keep)
-    _fill_machine(&mach, check_struct("ms_machine_t", hw))
-    _fill_routing(&r, check_routing(rt), keep)
-    c = check_columns("ms_decode_config_t[]", cols)
-    check_che_columns(c, r.n_layers)
-    cdef Py_ssize_t n = c["n"], i
-    cdef int nt = _threads(n_threads)
-    cdef int64_t ws_bytes = 64, w
+    cdef ms_decode_config_t *cfg = NULL
+    cdef ms_decode_result_t *res = NULL
     cdef char *ws = NULL
-    cdef int code = 0
-    cdef int64_t bad = -1
-    cdef ms_decode_config_t *cfg = <ms_decode_config_t *> malloc(max(n, 1) * sizeof(ms_decode_config_t))
-    cdef ms_decode_result_t *res = <ms_decode_result_t *> malloc(max(n, 1) * sizeof(ms_decode_result_t))
+    cdef Py_ssize_t cap = 0, n = 0
+    cdef int64_t ws_cap = 0, bad = -1
+    cdef int code
+    keep = {}
     try:
-        if cfg == NULL or res == NULL:
-            raise MemoryError()
-        _fill_configs(cfg, c, n)
-        for i in range(n):
-            w = ms_decode_workspace_size(&m, &r, &cfg[i])
-            if w > ws_bytes:
-                ws_bytes = w
-        ws_bytes = (ws_bytes + 63) // 64 * 64
-        ws = <char *> malloc(ws_bytes * nt)
-        if ws == NULL:
-            raise MemoryError()
-        with nogil:
-            code = ms_decode_many(&m, &mach, &r, cfg, n, res, nt, ws, ws_bytes, &bad)
+        _fill_routing(&r, check_routing(rt), keep)
+        code = _decode_job(&r, dm, hw, cols, _threads(n_threads), &bad, &cfg, &res, &cap, &ws, &ws_cap, &n)
         out = _decode_results(res, n, code == 0)
     finally:
         free(cfg); free(res); free(ws)
@@ -229,27 +209,29 @@ def page_table(rt, batches, tokens_per_step, int page_slots):
     return code, bad, out[:, :r.n_layers]
 
 
-cdef int _decode_job(ms_routing_t *r, dm, hw, cols, int nt, double[:, ::1] out, Py_ssize_t row0, int64_t *bad,
-                     ms_decode_config_t **cfg, ms_decode_result_t **res, Py_ssize_t *cap, char **ws,
-                     int64_t *ws_cap) except? -100:
-    """One job of decode_variants: ms_decode_many of its configurations into rows row0.. of out, growing the
-    shared buffers (*cfg, *res of *cap rows, *ws of *ws_cap bytes per thread) as it needs; the C code."""
+cdef int _decode_job(ms_routing_t *r, dm, hw, cols, int nt, int64_t *bad, ms_decode_config_t **cfg,
+                     ms_decode_result_t **res, Py_ssize_t *cap, char **ws, int64_t *ws_cap,
+                     Py_ssize_t *n_out) except? -100:
+    """ms_decode_many of one (decode model, machine, config columns) job on routing *r*, its results left in
+    *res (*n_out of them), growing the buffers (*cfg, *res of *cap rows, *ws of *ws_cap bytes per thread) as
+    it needs (decode_many's one job, decode_variants' each); the C code."""
     cdef ms_decode_model_t m
     cdef ms_machine_t mach
     cdef Py_ssize_t n, i
     cdef int64_t w, need = 64
-    cdef int code, k
+    cdef int code
     keep = {}
     _fill_decode_model(&m, check_struct("ms_decode_model_t", dm), keep)
     _fill_machine(&mach, check_struct("ms_machine_t", hw))
     c = check_columns("ms_decode_config_t[]", cols)
     check_che_columns(c, r.n_layers)
     n = c["n"]
-    if n > cap[0]:
+    n_out[0] = n
+    if max(n, 1) > cap[0]:
         free(cfg[0]); free(res[0])
-        cfg[0] = <ms_decode_config_t *> malloc(n * sizeof(ms_decode_config_t))
-        res[0] = <ms_decode_result_t *> malloc(n * sizeof(ms_decode_result_t))
-        cap[0] = n if cfg[0] != NULL and res[0] != NULL else 0
+        cfg[0] = <ms_decode_config_t *> malloc(max(n, 1) * sizeof(ms_decode_config_t))
+        res[0] = <ms_decode_result_t *> malloc(max(n, 1) * sizeof(ms_decode_result_t))
+        cap[0] = max(n, 1) if cfg[0] != NULL and res[0] != NULL else 0
         if cap[0] == 0:
             raise MemoryError()
     _fill_configs(cfg[0], c, n)
@@ -266,13 +248,6 @@ cdef int _decode_job(ms_routing_t *r, dm, hw, cols, int nt, double[:, ::1] out, 
             raise MemoryError()
     with nogil:
         code = ms_decode_many(&m, &mach, r, cfg[0], n, res[0], nt, ws[0], ws_cap[0], bad)
-    if code == 0:
-        for i in range(n):
-            out[row0 + i, 0] = res[0][i].step_mean
-            for k in range(MS_N_RES):
-                out[row0 + i, 1 + k] = res[0][i].by_resource[k]
-            out[row0 + i, 1 + MS_N_RES] = res[0][i].accepted
-            out[row0 + i, 3 + MS_N_RES] = res[0][i].hit_rate
     return code
 
 
@@ -285,9 +260,9 @@ def decode_variants(rt, list jobs, int n_threads):
     cdef ms_decode_config_t *cfg = NULL
     cdef ms_decode_result_t *res = NULL
     cdef char *ws = NULL
-    cdef Py_ssize_t cap = 0, row = 0, j
+    cdef Py_ssize_t cap = 0, row = 0, n = 0, j, i
     cdef int64_t ws_cap = 0, bad = -1
-    cdef int code = 0, nt = _threads(n_threads)
+    cdef int code = 0, k, nt = _threads(n_threads)
     keep = {}
     _fill_routing(&r, check_routing(rt), keep)
     sizes = [len(cols["batch"]) for _, _, cols in jobs]
@@ -296,10 +271,16 @@ def decode_variants(rt, list jobs, int n_threads):
     try:
         for j in range(len(jobs)):
             dm, hw, cols = jobs[j]
-            code = _decode_job(&r, dm, hw, cols, nt, v, row, &bad, &cfg, &res, &cap, &ws, &ws_cap)
+            code = _decode_job(&r, dm, hw, cols, nt, &bad, &cfg, &res, &cap, &ws, &ws_cap, &n)
             if code:
                 return code, j, bad, None
-            row += sizes[j]
+            for i in range(n):
+                v[row + i, 0] = res[i].step_mean
+                for k in range(MS_N_RES):
+                    v[row + i, 1 + k] = res[i].by_resource[k]
+                v[row + i, 1 + MS_N_RES] = res[i].accepted
+                v[row + i, 3 + MS_N_RES] = res[i].hit_rate
+            row += n
     finally:
         free(cfg); free(res); free(ws)
     return 0, -1, -1, out
