@@ -277,8 +277,8 @@ def test_m5_neural_accelerators_multiply_the_prompt_gemms():
         assert hw["prefill_gemm_flops"] == pytest.approx(4 * 15.04e12 * eff, rel=1e-3), rid
         assert hw["gpu_flops"] == pytest.approx(15.04e12 * runtime(rid).decode.gpu_flops_eff), rid
     old = _hw("m5-max", "llama.cpp-2024h1")
-    old_eff = runtime("llama.cpp-2024h1").decode.prefill_flops_eff_unified
-    assert old["prefill_gemm_flops"] == pytest.approx(15.04e12 * old_eff)
+    old_d = runtime("llama.cpp-2024h1").decode
+    assert old["prefill_gemm_flops"] == pytest.approx(15.04e12 * old_d.prefill_flops_eff_unified * old_d.metal_prefill_rel)
     m4 = _hw("m4-max", "mlx")
     assert m4["prefill_gemm_flops"] == pytest.approx(17.18e12 * runtime("mlx").decode.prefill_flops_eff_unified)
 
@@ -480,3 +480,36 @@ def test_cdna_keeps_the_runtimes_launch_under_hip():
     hw = _hw("mi300x", "llama.cpp-hip", model="qwen3-8b")
     clock = 1980.0 / float(_catalog.load("hardware")["gpu"]["mi300x"]["boost_mhz"])
     assert hw["launch_s"] == pytest.approx(d.layer_kernels * d.kernel_us * clock * 1e-6)
+
+
+def test_metal_prompt_rates_by_build_era():
+    """llama.cpp on an Apple GPU: current builds multiply the prompt at prefill_flops_eff_unified of the fp16 rate,
+    builds before mid-2024 (llama.cpp-2024h1, and 2023 by its base) at metal_prefill_rel of that, and ggml-metal's
+    flash attention runs at [backends.metal]'s share of the fp16 rate; MLX's attention keeps its GEMM rate."""
+    peak = moesim.machine(gpu="m2-ultra").gpu_tflops["fp16"] * 1e12
+    new, old, older = (_hw("m2-ultra", rid, "qwen2.5-7b", "Q8_0")
+                       for rid in ("llama.cpp", "llama.cpp-2024h1", "llama.cpp-2023"))
+    eff = runtime("llama.cpp").decode.prefill_flops_eff_unified
+    rel = runtime("llama.cpp-2024h1").decode.metal_prefill_rel
+    assert rel < 1.0 and runtime("llama.cpp").decode.metal_prefill_rel == 1.0
+    assert new["prefill_gemm_flops"] == pytest.approx(peak * eff)
+    assert old["prefill_gemm_flops"] == pytest.approx(peak * eff * rel)
+    assert older["prefill_gemm_flops"] == pytest.approx(old["prefill_gemm_flops"])
+    share = _catalog.load("runtimes")["backends"]["metal"]["fa_fp16_share"]["apple"]
+    assert new["prefill_attn_flops"] == pytest.approx(peak * min(eff, share))
+    mlx = _hw("m2-ultra", "mlx", "qwen3-30b-a3b", "mlx-4bit")
+    assert mlx["prefill_attn_flops"] == pytest.approx(mlx["prefill_gemm_flops"])
+
+
+def test_metal_flash_attention_share_is_what_its_source_measures():
+    """[backends.metal] fa_fp16_share from its source's two depth pairs (llama.cpp PR #15616, M2 Ultra, fa 1): the
+    extra time per prompt token from pp2048 to pp16384 over the score FLOPs of the extra keys."""
+    share = _catalog.load("runtimes")["backends"]["metal"]["fa_fp16_share"]["apple"]
+    fp16 = moesim.machine(gpu="m2-ultra").gpu_tflops["fp16"] * 1e12
+    implied = []
+    for (layers, heads, dim), short, long in (((28, 28, 128), 1470.14, 1037.44), ((48, 32, 128), 2272.56, 1022.81)):
+        per_key = layers * heads * dim * 4                  # QK^T and PV, 2 FLOPs per multiply-add
+        extra_keys = (16384 - 2048) / 2                      # mean keys per prompt token, causal
+        implied.append(per_key * extra_keys / (1 / long - 1 / short) / fp16)
+    assert min(implied) > 0.35 and max(implied) < 0.41
+    assert share == pytest.approx(math.sqrt(implied[0] * implied[1]), abs=0.01)

@@ -215,6 +215,20 @@ def test_validate_and_calibrate_commands(tmp_path, capsys):
     assert "cannot read" in capsys.readouterr().err
 
 
+def test_a_runs_date_picks_the_llama_cpp_build_era():
+    """A llama.cpp row is modelled by the profile of its build's era whether its notes, its date column or its
+    source document dates it (row_notes.row_month): before June 2024 llama.cpp-2024h1, before 2024 the 2023
+    profile, an undated row and a later one the current profile."""
+    apple = dict(gpu="m2-ultra", placement="unified", host_mem="unified", quant="Q8_0", model="qwen2.5-7b")
+    assert V.build(row(**apple, date="2024-03-03")).runtime == "llama.cpp-2024h1"
+    assert V.build(row(**apple, date="2023-09-09")).runtime == "llama.cpp-2023"
+    assert V.build(row(**apple, date="2025-08-27")).runtime == "llama.cpp"
+    assert V.build(row(**apple)).runtime == "llama.cpp"
+    # the shared corpus's XiongjieDai rows state no month of their own; the document's tables are of May 2024
+    xdb = "github.com/XiongjieDai/GPU-Benchmarks-on-LLM-Inference README Overview tables"
+    assert V.build(row(**apple, source=xdb)).runtime == "llama.cpp-2024h1"
+
+
 def test_notes_and_depth_shape_the_configuration():
     """llama-bench -d rows (depth beyond the prompt) prefill on top of the depth; a stated -ub sets
     the ubatch; ktransformers v0.2 / v0.3 rows run the pre-SGLang profile (no layerwise prefill)."""

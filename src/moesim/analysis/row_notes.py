@@ -15,6 +15,7 @@ RUNTIME_ALIASES = {"moe-infinity": "offload", "mixtral-offloading": "offload", "
 NOT_MODELLED_RUNTIMES = {"exo": "exo pipelines one model over several networked Macs (multi-machine)"}
 # a llama.cpp build dated before PR #7860 (June 2024): "May 2024", "2023 Metal dev commit"
 _LCPP_BEFORE_MMA_NOTE = re.compile(r"\b(?:(?:Jan|Feb|Mar|Apr|May)[a-z]*\.? 2024|20(?:1\d|2[0-3]))\b")
+_LCPP_2024H2 = (2024, 6)       # the month from which a dated llama.cpp run is modelled by the current profile
 # a build of 2023 or earlier ("Dec 2023"): MUL_MAT_ID token by token on the GPU (llama.cpp PRs #4406, #4725)
 _LCPP_2023_NOTE = re.compile(r"\b20(?:1\d|2[0-3])\b")
 # the llama.cpp GPU backend a row's notes name; without one the vendor's own (CUDA, HIP, SYCL, Metal)
@@ -45,17 +46,19 @@ class Skip(Exception):
 
 
 def runtime_for(row: dict, notes: str, assumed: list) -> str | None:
-    """The runtime profile a row's runtime (and the build its notes date) is modelled by."""
+    """The runtime profile a row's runtime (and the build its notes, date or source date) is modelled by."""
     rid = row["runtime"].strip()
     if rid in NOT_MODELLED_RUNTIMES:
         raise Skip(NOT_MODELLED_RUNTIMES[rid])
     runtime = RUNTIME_ALIASES.get(rid, rid) or None
     if rid in RUNTIME_ALIASES:
         assumed.append(f"runtime {rid} modelled by the {runtime} profile")
-    if rid == "llama.cpp" and _LCPP_BEFORE_MMA_NOTE.search(notes):
+    when = row_month(row, notes)
+    if rid == "llama.cpp" and (_LCPP_BEFORE_MMA_NOTE.search(notes) or (when is not None and when < _LCPP_2024H2)):
         runtime = "llama.cpp-2024h1"
-        assumed.append("llama.cpp build before June 2024 (notes): K-quant MMQ without int8 tensor cores")
-        if _LCPP_2023_NOTE.search(notes):
+        assumed.append("llama.cpp build before June 2024 (notes or date): K-quant MMQ without int8 tensor cores, "
+                       "2024 ggml-metal prompt GEMMs")
+        if _LCPP_2023_NOTE.search(notes) or (when is not None and when < (2024, 1)):
             runtime = "llama.cpp-2023"
             assumed.append("llama.cpp build of 2023 (notes): GPU MUL_MAT_ID token by token (before PR #4725)")
     if rid == "llama.cpp" and _VULKAN_NOTE.search(notes) and runtime != "llama.cpp-2023":
@@ -237,9 +240,16 @@ def graphs_min_cc(row: dict, notes: str, runtime: str | None, cc: str | None, as
     return None
 
 
+# Source documents whose rows carry no date of their own, by the month the document dates them: XiongjieDai's
+# README tables run Llama 3 (released 2024-04-18) and its rows that give a month say "May 2024" (the shared
+# corpus's REF-01 notes); its Apple rows (REF-02) come from the same Overview tables
+_SOURCE_MONTHS = {"github.com/XiongjieDai/GPU-Benchmarks-on-LLM-Inference": (2024, 5)}
+
+
 def row_month(row: dict, notes: str) -> tuple | None:
     """(year, month) of a run: the row's date column, else a month and year in the notes, else a dated
-    source address; None when nothing dates it."""
+    source address, else the month its source document dates it (:data:`_SOURCE_MONTHS`); None when nothing
+    dates it."""
     for text in (row.get("date") or "", notes, row.get("source_url") or "", row.get("source") or ""):
         iso = _ISO_MONTH.search(text)
         if iso and 1 <= int(iso.group(2)) <= 12:
@@ -247,4 +257,5 @@ def row_month(row: dict, notes: str) -> tuple | None:
         named = _MONTH_YEAR.search(text)
         if named:
             return int(named.group(2)), _MONTHS.index(named.group(1)[:3].lower()) + 1
-    return None
+    source = (row.get("source") or "").strip()
+    return next((m for doc, m in _SOURCE_MONTHS.items() if source.startswith(doc)), None)

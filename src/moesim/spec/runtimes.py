@@ -120,6 +120,8 @@ class DecodeParams:
     swa_full: bool = False        # sliding-window layers keep their whole cache and a GPU's attention walks all of it
                                   # (llama.cpp --swa-full; the CPU kernel skips the masked keys); the cache's size is
                                   # not changed
+    metal_prefill_rel: float = 1.0    # Apple GPUs: the build's prompt GEMM rate against prefill_flops_eff_unified's
+                                      # (ggml-metal builds before mid-2024: llama.cpp-2024h1)
     bf16_emulated_rel: float = 1.0    # prompt GEMM rate on a GPU without bf16 arithmetic (hardware.toml gpu_bf16 = false)
                                       # when the runtime computes in bf16 (MLX: a checkpoint's bf16 scales and norms)
     moe_half_tokens: float = 0.0      # Apple GPUs: rows per used expert at which the runtime's routed-expert prompt GEMMs

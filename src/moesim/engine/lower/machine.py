@@ -341,7 +341,9 @@ def _lower_unified(machine: Machine, rt: Runtime, mix: Q.KernelMix, cpu_only: bo
     # Apple chips: launch_us_metal is fitted per MoE layer on Metal / MLX as it stands (no clock scaling)
     clock = 1.0 if metal else kernel_clock_scale(d, u)
     launch = d.launch_us_metal if metal else layer_launch_us(d, graphs, clock)
-    pf_eff, terms = d.prefill_flops_eff_unified, {}
+    pf_eff = d.prefill_flops_eff_unified * (d.metal_prefill_rel if metal else 1.0)
+    # ggml-metal's flash attention runs at its own share of the fp16 rate ([backends.metal]); MLX keeps the GEMM rate
+    terms = _metal_attention_terms() if metal and rt.llama_cpp_family else {}
     if metal and not cpu_only and not u.get("gpu_bf16", True):
         # the runtime's bf16 forward on a GPU that emulates bf16 (M1 / M2): its prompt GEMMs pay the emulation
         pf_eff = pf_eff * d.bf16_emulated_rel
@@ -371,6 +373,12 @@ def _lower_unified(machine: Machine, rt: Runtime, mix: Q.KernelMix, cpu_only: bo
                 moe_s=0.0 if (cpu_only or metal) else d.moe_layer_us * clock * 1e-6, cpu_layer_s=d.cpu_layer_us * 1e-6,
                 op_s=0.0 if cpu_only else node_op_us(d, metal or graphs, clock) * 1e-6, cpu_op_s=d.cpu_node_us * 1e-6,
                 **graph_limit(d, graphs and not (cpu_only or metal)), **cpu_attention_flops(machine, d, cpu_flops))
+
+
+def _metal_attention_terms() -> dict:
+    """llama.cpp's Metal backend terms the unified path reads: its prompt flash attention's share of the fp16 rate."""
+    b = _load_catalog("runtimes").get("backends", {}).get("metal", {})
+    return {"fa_fp16_share": float(b.get("fa_fp16_share", {}).get("apple", 0.0))}
 
 
 def _unified_gemm(machine: Machine, rt: Runtime, u: dict, mix: Q.KernelMix, peak: float) -> tuple:
