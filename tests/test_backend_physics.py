@@ -313,13 +313,16 @@ def test_mlx_expert_prompts_lose_rate_at_few_rows_per_expert():
     """runtimes.toml [runtimes.mlx.decode] moe_half_tokens (the 16-row tile of MLX's sorted gather_qmm, mlx PR #3918 /
     issue #4246) and moe_half_tokens_matrix (the M5 Neural Accelerator kernel's 32-row blocks, PR #4023; 64 before,
     issue #3925): MLX's routed-expert prompt GEMMs run at r / (r + half) of the dense rate at r rows per expert, so
-    a 256-expert top-8 model's 512-token prompt (16 rows) pays more than its 4096-token one (128 rows); dense models,
-    llama.cpp's Metal path and CPU-only runs keep the dense rate, and a run dated before PR #4023 on an M5 takes 64."""
+    a 256-expert top-8 model's 512-token prompt (16 rows) pays more than its 4096-token one (128 rows); dense models
+    and CPU-only runs keep the dense rate, llama.cpp's Metal path takes its backend's half-tile of 16 ([backends.metal]:
+    ggml-metal's 32-token expert tiles; none for a 2023 build's token-by-token MUL_MAT_ID), and a run dated before
+    PR #4023 on an M5 takes 64."""
     mlx = runtime("mlx").decode
     assert (mlx.moe_half_tokens, mlx.moe_half_tokens_matrix) == (16.0, 32.0)
     assert _hw("m3-max", "mlx")["prefill_moe_half_tokens"] == 16.0
     assert _hw("m5-max", "mlx")["prefill_moe_half_tokens"] == 32.0
-    assert _hw("m3-max", "llama.cpp")["prefill_moe_half_tokens"] == 0.0
+    assert _hw("m3-max", "llama.cpp")["prefill_moe_half_tokens"] == 16.0
+    assert _hw("m3-max", "llama.cpp-2023")["prefill_moe_half_tokens"] == 0.0
     mach = moesim.machine(gpu="m3-max")
     m = moesim.model("qwen3-30b-a3b")
     assert lower_machine(mach, runtime("mlx"), parse_placement("cpu-only", m, mach),

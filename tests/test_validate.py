@@ -235,6 +235,8 @@ def test_notes_and_depth_shape_the_configuration():
     bench = V.build(row(prompt_tokens="2048", depth_tokens="32768", notes="fa 1; ub 2048; pp2048 at depth 32768"))
     assert bench.prompt_depth == 32768 and bench.ubatch == 2048
     assert V.prepare(bench).rt.ubatch == 2048
+    # llama-bench's own column name states the ubatch too (n_ubatch 2048: 92 collected rows were read as the default)
+    assert V.build(row(prompt_tokens="2048", notes="llama-bench build 6918; n_ubatch 2048; fa 1")).ubatch == 2048
     server = V.build(row(prompt_tokens="2048", depth_tokens="2048", notes="amb 512; 16 threads"))
     assert server.prompt_depth == 0 and server.ubatch == 0
     kt = dict(runtime="ktransformers", model="deepseek-v3", quant="int8", gpu="rtx-4090", placement="experts-cpu",

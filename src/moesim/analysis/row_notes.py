@@ -23,8 +23,9 @@ _VULKAN_NOTE = re.compile(r"(?<![a-z])vulkan(?![a-z])", re.I)    # "Vulkan", "ll
 _SYCL_NOTE = re.compile(r"\bSYCL\b")
 _HIP_NOTE = re.compile(r"(?<![A-Za-z])(?:HIP|hip|ROCm)(?![A-Za-z])")
 _KT_LEGACY_NOTE = re.compile(r"\bv0\.[23]\b", re.I)     # ktransformers releases before kt-kernel + SGLang
-# llama.cpp's physical batch as notes state it: "ub 2048", "-ub 4096", "b/ub 4096"
-_UBATCH_NOTE = re.compile(r"(?:^|[\s;(/-])ub\s+(\d+)\b")
+# llama.cpp's physical batch as notes state it: "ub 2048", "-ub 4096", "b/ub 4096", and llama-bench's own column
+# name "n_ubatch 2048" ("n_ubatch = 512" in a log)
+_UBATCH_NOTE = re.compile(r"(?:(?:^|[\s;(/-])ub|\bn_ubatch\s*=?)\s+(\d+)\b")
 # ktransformers' --kt-gpu-prefill-token-threshold as notes state it: "GPU prefill threshold 2048"
 _KT_THRESHOLD_NOTE = re.compile(r"prefill threshold\s+(\d+)")
 # SGLang's --chunked-prefill-size under ktransformers as notes state it: "chunked prefill 4096"

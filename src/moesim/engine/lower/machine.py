@@ -342,14 +342,15 @@ def _lower_unified(machine: Machine, rt: Runtime, mix: Q.KernelMix, cpu_only: bo
     clock = 1.0 if metal else kernel_clock_scale(d, u)
     launch = d.launch_us_metal if metal else layer_launch_us(d, graphs, clock)
     pf_eff = d.prefill_flops_eff_unified * (d.metal_prefill_rel if metal else 1.0)
-    # ggml-metal's flash attention runs at its own share of the fp16 rate ([backends.metal]); MLX keeps the GEMM rate
-    terms = _metal_attention_terms() if metal and rt.llama_cpp_family else {}
+    # ggml-metal's flash attention and routed-expert tiles ([backends.metal]); MLX's are the runtime's own
+    terms = _metal_terms() if metal and rt.llama_cpp_family else {}
     if metal and not cpu_only and not u.get("gpu_bf16", True):
         # the runtime's bf16 forward on a GPU that emulates bf16 (M1 / M2): its prompt GEMMs pay the emulation
         pf_eff = pf_eff * d.bf16_emulated_rel
     # routed-expert prompt GEMMs that lose rate at few rows per expert: the runtime's tile on Apple GPUs (MLX), the
     # llama.cpp backend's otherwise
-    moe_half = d.moe_half_tokens if metal else 0.0
+    # (a 2023 build's token-by-token MUL_MAT_ID has no expert tiles)
+    moe_half = terms.get("moe_half_tokens", d.moe_half_tokens) if metal and not d.moe_rowwise_prefill else 0.0
     if metal and d.metal_tensor_api and not cpu_only and machine.gpu_tflops.get("matrix", 0.0) > 0:
         # the M5 GPU's Neural Accelerators multiply the prompt's GEMMs (decode's GEMVs stay on the ALUs)
         peak, moe_half = machine.gpu_tflops["matrix"] * 1e12, d.moe_half_tokens_matrix
@@ -375,10 +376,12 @@ def _lower_unified(machine: Machine, rt: Runtime, mix: Q.KernelMix, cpu_only: bo
                 **graph_limit(d, graphs and not (cpu_only or metal)), **cpu_attention_flops(machine, d, cpu_flops))
 
 
-def _metal_attention_terms() -> dict:
-    """llama.cpp's Metal backend terms the unified path reads: its prompt flash attention's share of the fp16 rate."""
+def _metal_terms() -> dict:
+    """llama.cpp's Metal backend terms the unified path reads: its prompt flash attention's share of the fp16 rate
+    and the tokens per used expert at which its routed-expert prompt GEMMs run at half the dense rate."""
     b = _load_catalog("runtimes").get("backends", {}).get("metal", {})
-    return {"fa_fp16_share": float(b.get("fa_fp16_share", {}).get("apple", 0.0))}
+    return {"fa_fp16_share": float(b.get("fa_fp16_share", {}).get("apple", 0.0)),
+            "moe_half_tokens": float(b.get("moe_half_tokens", {}).get("apple", 0.0))}
 
 
 def _unified_gemm(machine: Machine, rt: Runtime, u: dict, mix: Q.KernelMix, peak: float) -> tuple:
