@@ -341,3 +341,15 @@ def test_the_calibration_model_keeps_each_rows_settings(rid):
     want = V.predict_row(pr)
     assert decode == pytest.approx(want.decode, rel=1e-9)
     assert (prefill is None and want.prefill is None) or prefill == pytest.approx(want.prefill, rel=1e-9)
+
+
+def test_validate_prints_a_prefill_only_file(tmp_path, capsys):
+    """A file whose rows measure only prompts (no decode rate) reports its prefill errors and '-' for the decode
+    summaries it has no rows for, rather than failing on the empty ones."""
+    from moesim.cli import main
+    data = tmp_path / "prefill.csv"
+    write_csv(data, [row(id="AP-91", decode_tok_s="", prefill_tok_s="2000", prompt_tokens="2048", gpu="m2-ultra",
+                         placement="unified", host_mem="unified", quant="Q8_0")])
+    assert main(["validate", str(data)]) == 0
+    out = capsys.readouterr().out
+    assert "decode median |err| -, p90 - (0 rows); prefill median" in out and "(1 rows)" in out

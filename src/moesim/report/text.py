@@ -246,9 +246,9 @@ def validate_text(report: dict) -> str:
                      f"{_cell(r['prefill_measured'], 12)} {_cell(r['prefill_predicted'])} {_pct(r['prefill_err'])}")
     d, p, rf = s["decode"], s["prefill"], s["roofline_decode"]
     lines.append("")
-    lines.append(f"quality A+B rows: decode median |err| {d['median_abs_pct_err']:.1f} %, p90 {d['p90_abs_pct_err']:.1f} % "
-                 f"({d['n']} rows); prefill median {p['median_abs_pct_err'] or float('nan'):.1f} % ({p['n']} rows); "
-                 f"naive roofline decode median {rf['median_abs_pct_err']:.1f} %")
+    lines.append(f"quality A+B rows: decode median |err| {_pct_of(d, 'median')}, p90 {_pct_of(d, 'p90')} "
+                 f"({d['n']} rows); prefill median {_pct_of(p, 'median')} ({p['n']} rows); "
+                 f"naive roofline decode median {_pct_of(rf, 'median')}")
     for c, v in s["by_class"].items():
         dd = v["decode"]
         if dd["n"]:
