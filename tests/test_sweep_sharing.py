@@ -6,7 +6,7 @@ two-GPU machine gets its own lowered model."""
 from __future__ import annotations
 
 import moesim
-from moesim.analysis.sweep import variants as V
+from moesim.analysis.sweep import kept as K, variants as V
 
 import test_sweep_axes as TSA
 
@@ -21,6 +21,8 @@ def _counting(monkeypatch) -> dict:
     """Counts of the variants path's lower_model calls (the machine's GPU count each), prefill calls and
     prefill_terms calls (what prefill reads besides the machine rates)."""
     calls = {"lower_model": [], "prefill": 0, "prefill_terms": 0}
+    # lowered models and prefill terms are kept for the process (sweep.kept): counted from none, per this test
+    monkeypatch.setattr(K, "_KEPT", {})
     lower, prefill, terms = V.lower_model, V.prefill_seconds, V.prefill_terms
 
     def counting_lower(m, low, p, machine, *a, **k):
@@ -135,3 +137,22 @@ def test_decode_columns_kept_per_run_settings(monkeypatch):
         seen.clear()
         moesim.sweep(**grid, seed=seed)
         assert seen and set(seen) == {(tokens, min(32, tokens // 4), seed)}, seen
+
+
+def test_lowered_tables_kept_for_later_sweeps(monkeypatch):
+    """A later sweep of the same grid lowers no decode model and builds no prefill terms (sweep.kept), and its
+    rows are the first sweep's; another seed's routing gets its own prefill terms (they read the routing) but
+    the same lowered models (which read it only under expert parallelism). Fails if a kept key drops the
+    routing, or if the process store misses what a sweep lowered."""
+    calls = _counting(monkeypatch)
+    grid = dict(models=["qwen3-30b-a3b"], quants=["Q4_K_M"], machines=[TSA.M64, M5090], placements=["experts-cpu"],
+                contexts=[4096], batches=[1, 64], filter=TSA.SKIP, progress=False)
+    first = moesim.sweep(**grid, seed=1)
+    assert calls["lower_model"] and calls["prefill_terms"]
+    for seed, terms in ((1, 0), (2, 2), (1, 0)):
+        calls["lower_model"].clear()
+        calls["prefill_terms"] = 0
+        tab = moesim.sweep(**grid, seed=seed)
+        assert calls["lower_model"] == [] and calls["prefill_terms"] == terms, (seed, calls)
+        if seed == 1:
+            assert first.to_pandas().equals(tab.to_pandas())

@@ -15,6 +15,7 @@ from ...ingest import model as get_model
 from ...spec import quants as Q
 from ...spec.runtimes import check_runtime_applies, default_runtime, runtime as get_runtime
 from .group import Group
+from .kept import runtime as kept_runtime
 from .spec import (OPTION_AXES, OPTION_DEFAULT, SLOW_AXES, _err, expand_int_axis, machine_label, make_machine_cached,
                    spec_hash)
 from .table import CATEGORICAL, FITS_LABELS, RESOURCES, column_names
@@ -227,6 +228,14 @@ class Plan:
             hit = self._runtimes[key] = (rt, with_ubatch(rt, ubatch))     # holds rt: its id stays its own
         return hit[1]
 
+    def _process_runtime(self, rt):
+        """kept.runtime(rt) once per profile object of the plan: groups key process-kept tables on its id."""
+        key = ("process", id(rt))
+        hit = self._runtimes.get(key)
+        if hit is None:
+            hit = self._runtimes[key] = (rt, kept_runtime(rt))     # holds rt: its id stays its own
+        return hit[1]
+
     def _runtime(self, rname: str, q, m, mach):
         """The runtime profile of a runtimes-axis value for quant q of model m on machine mach, built once
         per plan (auto's depends on the quant and machine, a named one on the model's launch settings):
@@ -244,6 +253,7 @@ class Plan:
         v = self.values
         mach = self.machines[hi]
         r = (mi, qi, hi) + rix
+        rt = self._process_runtime(rt)
         self.resolved[("rt",) + r] = rt
         self._code("runtime", rt.id)
         for ki, kname in enumerate(v["kv_dtypes"]):

@@ -27,6 +27,7 @@ from ...engine.lower.machine import lower_machine, placement_key
 from ...engine.prefill import prefill_seconds, prefill_terms, rate_ttft
 from ...errors import KernelError
 from ...spec.placement import Placement
+from .kept import kept, routing_key
 from .che import (columns as che_columns, fingerprint as che_fingerprint, page_slots_of, sealed_routing,
                   slots_of as che_slots_of)
 
@@ -240,9 +241,9 @@ class DecodeVariants:
         is appended to ``jobs``."""
         g = self.group
         dm0, hw, _ = self._lowered(j, items[0][1])
-        # the lowered model at ps page slots, kept by the plan for every machine and batch set that runs it
-        dm = g.plan.shared(("paged", id(dm0), ps), lambda: dict(dm0, page_slots=_frozen(np.full(g.m.n_layers, ps,
-                                                                                                dtype=np.int32))))
+        # the lowered model at ps page slots, kept (.kept) for every machine and batch set that runs it
+        dm = kept(("paged", id(dm0), ps), lambda: dict(dm0, page_slots=_frozen(np.full(g.m.n_layers, ps,
+                                                                                       dtype=np.int32))), dm0)
         pf0 = self._prefill_time(j, lk, dm0, hw)
         kind0, nk = self._kind_slice(j, dm0, hw)
         mc_index = -1
@@ -254,11 +255,11 @@ class DecodeVariants:
             self._mc_machines.append(hw)
         else:
             # the slot counts the analytic tables are read at: the lowered model's, the same for every batch set
-            slots = g.plan.shared(("slots", id(dm), g.policy, id(g.routing)), lambda: (
-                che_slots_of(dm, g.policy, g.routing), page_slots_of(dm, g.routing)))
+            slots = kept(("slots", id(dm), g.policy, routing_key(g.plan, g.routing)), lambda: (
+                che_slots_of(dm, g.policy, g.routing), page_slots_of(dm, g.routing)), dm, g.routing)
             cols = sealed_decode_cols(g.plan, g.routing, dm, g.policy, tuple(b for _, b in items), slots=slots)
-            # the zeroed model checked once (engine.glue.seal), kept by the plan for every machine that runs it
-            zdm = g.plan.shared(("zeroed", id(dm0), ps), lambda: seal("ms_decode_model_t", _zeroed(dm, g.plan)))
+            # the zeroed model checked once (engine.glue.seal), kept for every machine that runs it
+            zdm = kept(("zeroed", id(dm0), ps), lambda: seal("ms_decode_model_t", _zeroed(dm, g.plan)), dm0)
             jobs.append((zdm, hw, cols))
         return items, pf0, kind0, nk, mc_index
 
@@ -267,8 +268,8 @@ class DecodeVariants:
         g = self.group
         p = g.cands[j]
         # kv_copies_of reads the machine only through its GPU count: shared by the plan's machines alike in it
-        return g.plan.shared(("kv_copies", g.ix["models"], g.machine.n_gpus, id(g.rt), attention_key(p)),
-                             lambda: _frozen(np.array(kv_copies_of(g.m, p, g.machine, g.rt), dtype=np.float64)))
+        return kept(("kv_copies", id(g.m), g.machine.n_gpus, id(g.rt), attention_key(p)),
+                    lambda: _frozen(np.array(kv_copies_of(g.m, p, g.machine, g.rt), dtype=np.float64)), g.m, g.rt)
 
     def _op_offload(self, p: Placement, tokens_per_step: int) -> bool:
         """decode.lower_model's choice to copy CPU experts to the GPU at this step size (the one thing
@@ -291,16 +292,19 @@ class DecodeVariants:
         lk = self.lowering_key(j, b)
         if (j, lk) not in self._dm:
             # lower_model reads the machine only through its GPU count and the routing only under expert
-            # parallelism (where lk holds the tokens): the plan's groups that differ only in the machine's
-            # other properties, the policy or the prefetch recall share the lowered model, kept read-only
-            key = ("dm", g.ix["models"], g.ix["quants"], g.kv, id(g.rt), g.machine.n_gpus, p, lk,
-                   id(g.routing) if g.rt.decode.expert_parallel > 1 else None)
-            self._dm[(j, lk)] = g.plan.shared(key, lambda: _frozen_tables(
-                lower_model(g.m, g.low, p, g.machine, g.rt, 1, g.kv, b, routing=g.routing)))
+            # parallelism (where lk holds the tokens): the groups that differ only in the machine's other
+            # properties, the policy or the prefetch recall share the lowered model, kept read-only (.kept: by
+            # later sweeps too; g.low is the (model, quant, KV dtype)'s lowering, one object per process)
+            routing = g.routing if g.rt.decode.expert_parallel > 1 else None
+            key = ("dm", id(g.m), id(g.low), g.kv, id(g.rt), g.machine.n_gpus, p, lk,
+                   None if routing is None else routing_key(g.plan, routing))
+            self._dm[(j, lk)] = kept(key, lambda: _frozen_tables(
+                lower_model(g.m, g.low, p, g.machine, g.rt, 1, g.kv, b, routing=g.routing)), g.m, g.low, g.rt, routing)
         if j not in self._hw:
-            # the machine's rates under one runtime, kind of placement and kernel mix: shared by the plan's groups
-            self._hw[j] = g.plan.shared(("hw", g.ix["machines"], id(g.rt), placement_key(p), g.kernel_mix),
-                                        lambda: seal("ms_machine_t", lower_machine(g.machine, g.rt, p, g.kernel_mix)))
+            # the machine's rates under one runtime, kind of placement and kernel mix: shared by the groups (.kept)
+            self._hw[j] = kept(("hw", id(g.machine), id(g.rt), placement_key(p), g.kernel_mix),
+                               lambda: seal("ms_machine_t", lower_machine(g.machine, g.rt, p, g.kernel_mix)),
+                               g.machine, g.rt)
         return self._dm[(j, lk)], self._hw[j], lk
 
     def _prefill_time(self, j: int, lk: tuple, dm, hw) -> float:
@@ -312,8 +316,8 @@ class DecodeVariants:
             g = self.group
             prompt = g.prompt
             # what prefill reads besides the machine rates, shared by the machines that share the lowered model
-            terms = g.plan.shared(("prefill_terms", id(dm), id(g.routing), id(g.rt), prompt),
-                                  lambda: prefill_terms(g.m, dm, g.routing, g.rt, prompt))
+            terms = kept(("prefill_terms", id(dm), routing_key(g.plan, g.routing), id(g.rt), prompt),
+                         lambda: prefill_terms(g.m, dm, g.routing, g.rt, prompt), dm, g.routing, g.rt)
             key = ("prefill", id(dm), id(hw), id(g.routing), id(g.rt), prompt)
             self._prefill[(j, lk)] = g.plan.shared(key, lambda: rate_ttft(
                 prompt, prefill_seconds(g.m, dm, hw, g.routing, g.rt, prompt, terms=terms), 1)[1])
@@ -329,11 +333,11 @@ class DecodeVariants:
         # layers alike in (attention on the GPU, bytes, FLOPs, context function, KV copies), in first-seen
         # order (Counter counts in C and keeps first-seen order): read from the lowered model alone, so the
         # plan's machines that share it share the count
-        table = g.plan.shared(("kinds", id(dm), id(g.layer_fn), id(kvc)), lambda: tuple(Counter(zip(
+        table = kept(("kinds", id(dm), id(g.layer_fn), id(kvc)), lambda: tuple(Counter(zip(
             (np.asarray(dm["attn_on_gpu"]) != 0).tolist(),
             (np.asarray(dm["attn_bytes"], dtype=np.float64) + np.asarray(dm["shared_bytes"])).tolist(),
             (np.asarray(dm["attn_flops"], dtype=np.float64) + np.asarray(dm["shared_flops"])).tolist(),
-            np.asarray(g.layer_fn).tolist(), kvc.tolist())).items()))
+            np.asarray(g.layer_fn).tolist(), kvc.tolist())).items()), dm, g.layer_fn, kvc)
         start = len(self._kind_rows)
         for (on, ab, af, fn, copies), n in table:
             self._kind_rows.append(kind_row(n, on, ab, af, int(fn), hw, copies))
