@@ -12,6 +12,7 @@ from ...engine.lower.placement import memory_configs, memory_tables
 from ...engine.lower.memory import configure, kv_columns_key, lower
 from ...engine.memory import evaluate
 from ...spec import quants as Q
+from .kept import kept
 from .spec import OPTION_AXES, machine_label
 from .variants import DecodeVariants
 
@@ -127,11 +128,15 @@ class Group:
         # what does not depend on the quant is shared by the plan's groups of this model (plan.shared)
         mkey = (ix["models"], ix["machines"], id(self.rt), self.kv)
         # the memory tables and their checked kernel object read the placement axis, not the policy, prefetch
-        # recall or routing: the plan's groups that differ only in those share one (read-only in the kernels)
+        # recall or routing: the plan's groups that differ only in those share one (read-only in the kernels), and
+        # a later sweep's group of the same lowering, machine, runtime, candidates and output codes (.kept)
         self.mem_tables, self.mem = plan.shared(("mem", self.kv, bool(self.mtp), ix["placements"], ix["cache_experts"])
-                                                + r, lambda: self._memory(mkey))
-        cfg = plan.shared(("cfg0",) + mkey + (self.cands[0], self.mtp), lambda: tuple(sorted(
-            configure(m, self.low, self.machine, self.rt, self.cands[0], 1, 1, self.kv, self.mtp).items())))
+                                                + r, lambda: self._kept_memory(mkey))
+        # configure reads the model, machine, runtime, KV dtype and placement, not the quant (as mem_cfg's tables)
+        cfg = plan.shared(("cfg0",) + mkey + (self.cands[0], self.mtp), lambda: kept(
+            ("cfg0", id(m), id(self.machine), id(self.rt), self.kv, self.cands[0], self.mtp), lambda: tuple(sorted(
+                configure(m, self.low, self.machine, self.rt, self.cands[0], 1, 1, self.kv, self.mtp).items())),
+            m, self.machine, self.rt))
         self.kv_bytes_per_token = _kv_bytes_per_token(self.low, cfg)
         self.facts = ChunkFacts(self)
         # simulate's routing tables (seed = run.seed); prefetch is on only where prefetch_recall > 0
@@ -147,6 +152,15 @@ class Group:
         self.variants = DecodeVariants(self)
 
     # ---------------------------------------------------------------- memory
+    def _kept_memory(self, mkey: tuple) -> tuple:
+        """:meth:`_memory`, kept for the process (.kept) under what memory_tables reads: the (model, quant, KV
+        dtype)'s lowering, the machine, runtime, MTP switch, candidate tuple and rule, and the plan's output codes
+        of the candidates and fits bits (another plan's dictionaries may number them differently)."""
+        fits = self.plan.fits_codes[1 if self.machine.unified else 0]
+        key = ("mem", id(self.low), id(self.machine), id(self.rt), self.kv, bool(self.mtp), id(self.cands), self.rule,
+               self.place_codes.tobytes(), fits.tobytes())
+        return kept(key, lambda: self._memory(mkey), self.low, self.machine, self.rt, self.cands)
+
     def _memory(self, mkey: tuple) -> tuple:
         from ...engine import _kernel
         tables = self._memory_tables(mkey)
@@ -154,8 +168,9 @@ class Group:
 
     def _memory_tables(self, mkey: tuple) -> dict:
         n_mtp = int(self.low.mtp_layers) if self.mtp else 0
-        configs = self.plan.shared(("mem_cfg",) + mkey + (n_mtp,), lambda: memory_configs(
-            self.m, self.low, self.machine, self.rt, self.kv, n_mtp))
+        configs = self.plan.shared(("mem_cfg",) + mkey + (n_mtp,), lambda: kept(
+            ("mem_cfg", id(self.m), id(self.machine), id(self.rt), self.kv, n_mtp),
+            lambda: memory_configs(self.m, self.low, self.machine, self.rt, self.kv, n_mtp), self.m, self.machine, self.rt))
         return memory_tables(self.m, self.low, self.machine, self.rt, self.kv, self.cands, self.rule,
                              mtp=1 if self.mtp else 0, labels=self.place_codes,
                              fits_label=self.plan.fits_codes[1 if self.machine.unified else 0], configs=configs)
