@@ -241,27 +241,42 @@ class DecodeVariants:
         is appended to ``jobs``."""
         g = self.group
         dm0, hw, _ = self._lowered(j, items[0][1])
-        # the lowered model at ps page slots, kept (.kept) for every machine and batch set that runs it
-        dm = kept(("paged", id(dm0), ps), lambda: dict(dm0, page_slots=_frozen(np.full(g.m.n_layers, ps,
-                                                                                       dtype=np.int32))), dm0)
         pf0 = self._prefill_time(j, lk, dm0, hw)
         kind0, nk = self._kind_slice(j, dm0, hw)
         mc_index = -1
         if self.mc:
             mc_index = len(self._mc_models)
             # ms_sweep.c mc_one scales each layer's context KV bytes by the template's kv_bytes: the KV copies
-            dm = dict(dm, kv_bytes=self._kv_copies(j))
+            dm = dict(self._paged(dm0, ps), kv_bytes=self._kv_copies(j))
             self._mc_models.append(dm)
             self._mc_machines.append(hw)
         else:
-            # the slot counts the analytic tables are read at: the lowered model's, the same for every batch set
-            slots = kept(("slots", id(dm), g.policy, routing_key(g.plan, g.routing)), lambda: (
-                che_slots_of(dm, g.policy, g.routing), page_slots_of(dm, g.routing)), dm, g.routing)
-            cols = sealed_decode_cols(g.plan, g.routing, dm, g.policy, tuple(b for _, b in items), slots=slots)
-            # the zeroed model checked once (engine.glue.seal), kept for every machine that runs it
-            zdm = kept(("zeroed", id(dm0), ps), lambda: seal("ms_decode_model_t", _zeroed(dm, g.plan)), dm0)
+            batches = tuple(b for _, b in items)
+            run_cfg = g.plan.run
+            # the job but its machine rates reads the lowered model, page slots, policy, routing, batches and the
+            # run's steps, warmup and seed: kept (.kept) for every machine, group and sweep that runs the same
+            key = ("job", id(dm0), ps, g.policy, routing_key(g.plan, g.routing), batches, run_cfg["tokens"],
+                   run_cfg["warmup"], int(run_cfg["seed"]))
+            zdm, cols = kept(key, lambda: self._job(dm0, ps, batches), dm0, g.routing)
             jobs.append((zdm, hw, cols))
         return items, pf0, kind0, nk, mc_index
+
+    def _paged(self, dm0: dict, ps: int) -> dict:
+        """Lowered model ``dm0`` at ps page slots, kept (.kept) for every machine and batch set that runs it."""
+        n_layers = self.group.m.n_layers
+        return kept(("paged", id(dm0), ps),
+                    lambda: dict(dm0, page_slots=_frozen(np.full(n_layers, ps, dtype=np.int32))), dm0)
+
+    def _job(self, dm0: dict, ps: int, batches: tuple) -> tuple:
+        """(zeroed model, sealed decode columns) of an analytic decode job of ``dm0`` at ps page slots."""
+        g = self.group
+        dm = self._paged(dm0, ps)
+        # the slot counts the analytic tables are read at: the lowered model's, the same for every batch set
+        slots = che_slots_of(dm, g.policy, g.routing), page_slots_of(dm, g.routing)
+        cols = sealed_decode_cols(g.plan, g.routing, dm, g.policy, batches, slots=slots)
+        # the zeroed model checked once (engine.glue.seal), kept for every machine that runs it
+        zdm = kept(("zeroed", id(dm0), ps), lambda: seal("ms_decode_model_t", _zeroed(dm, g.plan)), dm0)
+        return zdm, cols
 
     def _kv_copies(self, j: int) -> np.ndarray:
         """Per layer, the KV read factor of candidate j's multi-GPU layout (lower_model's)."""
@@ -339,8 +354,9 @@ class DecodeVariants:
             (np.asarray(dm["attn_flops"], dtype=np.float64) + np.asarray(dm["shared_flops"])).tolist(),
             np.asarray(g.layer_fn).tolist(), kvc.tolist())).items()), dm, g.layer_fn, kvc)
         start = len(self._kind_rows)
-        for (on, ab, af, fn, copies), n in table:
-            self._kind_rows.append(kind_row(n, on, ab, af, int(fn), hw, copies))
+        # the rows read the kinds and the machine rates alone: kept for the groups and sweeps that share both
+        self._kind_rows.extend(kept(("kind_rows", id(table), id(hw)), lambda: tuple(
+            kind_row(n, on, ab, af, int(fn), hw, copies) for (on, ab, af, fn, copies), n in table), table, hw))
         self._kinds[j] = (start, len(table))
         return self._kinds[j]
 
