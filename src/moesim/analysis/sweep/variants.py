@@ -205,19 +205,22 @@ class DecodeVariants:
             return self.table
 
     def _lower(self, new: list) -> None:
-        g = self.group
+        g = self.group                  # once: the helpers take it rather than dereference the weak reference
         todo: dict = {}
+        n_b, n_ps, n_cands, lks = g.plan.n_b, g.E + 2, len(g.cands), self._lks
+        batches = g.plan.batches
         for key in new:
-            j, ps, bi = self.decode_key(key)
-            if not (0 <= j < len(g.cands)) or not (0 <= bi < g.plan.n_b):
+            rest, bi = divmod(key, n_b)             # decode_key's, inline
+            j, ps = divmod(rest, n_ps)
+            if not (0 <= j < n_cands) or not (0 <= bi < n_b):
                 raise KernelError(f"sweep: bad variant key {key}")
-            b = int(g.plan.batches[bi])
-            lk = self._lks.get((j, b))
+            b = int(batches[bi])
+            lk = lks.get((j, b))
             if lk is None:
-                lk = self._lks[(j, b)] = self.lowering_key(j, b)
+                lk = lks[(j, b)] = self.lowering_key(j, b)
             todo.setdefault((j, lk, ps), []).append((key, b))
         jobs: list = []
-        staged = [self._lower_rows(j, lk, ps, items, jobs) for (j, lk, ps), items in todo.items()]
+        staged = [self._lower_rows(g, j, lk, ps, items, jobs) for (j, lk, ps), items in todo.items()]
         # every analytic variant of the group in one kernel call (the routing filled once for them all)
         res = run_variants(sealed_routing(g.plan, g.routing), jobs) if jobs else None
         row = 0
@@ -234,20 +237,19 @@ class DecodeVariants:
                 f64[12] = pf0
                 self._rows[key] = (f64, np.array([kind0, nk, mc_index], dtype=np.int32))
 
-    def _lower_rows(self, j: int, lk: tuple, ps: int, items: list, jobs: list) -> tuple:
+    def _lower_rows(self, g, j: int, lk: tuple, ps: int, items: list, jobs: list) -> tuple:
         """What the variant rows of candidate j at page-cache size ps for (key, batch) items sharing one lowered
         model (lowering key lk, :meth:`_lowered`) hold besides their decode: (items, prefill seconds, first kind
         row, kinds, Monte Carlo template or -1); an analytic group's decode job (zeroed model, machine, columns)
         is appended to ``jobs``."""
-        g = self.group
-        dm0, hw, _ = self._lowered(j, items[0][1])
-        pf0 = self._prefill_time(j, lk, dm0, hw)
-        kind0, nk = self._kind_slice(j, dm0, hw)
+        dm0, hw = self._lowered(g, j, lk, items[0][1])
+        pf0 = self._prefill_time(g, j, lk, dm0, hw)
+        kind0, nk = self._kind_slice(g, j, dm0, hw)
         mc_index = -1
         if self.mc:
             mc_index = len(self._mc_models)
             # ms_sweep.c mc_one scales each layer's context KV bytes by the template's kv_bytes: the KV copies
-            dm = dict(self._paged(dm0, ps), kv_bytes=self._kv_copies(j))
+            dm = dict(self._paged(g, dm0, ps), kv_bytes=self._kv_copies(g, j))
             self._mc_models.append(dm)
             self._mc_machines.append(hw)
         else:
@@ -257,20 +259,19 @@ class DecodeVariants:
             # run's steps, warmup and seed: kept (.kept) for every machine, group and sweep that runs the same
             key = ("job", id(dm0), ps, g.policy, routing_key(g.plan, g.routing), batches, run_cfg["tokens"],
                    run_cfg["warmup"], int(run_cfg["seed"]))
-            zdm, cols = kept(key, lambda: self._job(dm0, ps, batches), dm0, g.routing)
+            zdm, cols = kept(key, lambda: self._job(g, dm0, ps, batches), dm0, g.routing)
             jobs.append((zdm, hw, cols))
         return items, pf0, kind0, nk, mc_index
 
-    def _paged(self, dm0: dict, ps: int) -> dict:
+    @staticmethod
+    def _paged(g, dm0: dict, ps: int) -> dict:
         """Lowered model ``dm0`` at ps page slots, kept (.kept) for every machine and batch set that runs it."""
-        n_layers = self.group.m.n_layers
         return kept(("paged", id(dm0), ps),
-                    lambda: dict(dm0, page_slots=_frozen(np.full(n_layers, ps, dtype=np.int32))), dm0)
+                    lambda: dict(dm0, page_slots=_frozen(np.full(g.m.n_layers, ps, dtype=np.int32))), dm0)
 
-    def _job(self, dm0: dict, ps: int, batches: tuple) -> tuple:
+    def _job(self, g, dm0: dict, ps: int, batches: tuple) -> tuple:
         """(zeroed model, sealed decode columns) of an analytic decode job of ``dm0`` at ps page slots."""
-        g = self.group
-        dm = self._paged(dm0, ps)
+        dm = self._paged(g, dm0, ps)
         # the slot counts the analytic tables are read at: the lowered model's, the same for every batch set
         slots = che_slots_of(dm, g.policy, g.routing), page_slots_of(dm, g.routing)
         cols = sealed_decode_cols(g.plan, g.routing, dm, g.policy, batches, slots=slots)
@@ -278,9 +279,9 @@ class DecodeVariants:
         zdm = kept(("zeroed", id(dm0), ps), lambda: seal("ms_decode_model_t", _zeroed(dm, g.plan)), dm0)
         return zdm, cols
 
-    def _kv_copies(self, j: int) -> np.ndarray:
-        """Per layer, the KV read factor of candidate j's multi-GPU layout (lower_model's)."""
-        g = self.group
+    @staticmethod
+    def _kv_copies(g, j: int) -> np.ndarray:
+        """Per layer, the KV read factor of group g's candidate j's multi-GPU layout (lower_model's)."""
         p = g.cands[j]
         # kv_copies_of reads the machine only through its GPU count: shared by the plan's machines alike in it
         return kept(("kv_copies", id(g.m), g.machine.n_gpus, id(g.rt), attention_key(p)),
@@ -300,11 +301,9 @@ class DecodeVariants:
         g = self.group
         return self._op_offload(g.cands[j], tokens), tokens if g.rt.decode.expert_parallel > 1 else -1
 
-    def _lowered(self, j: int, b: int) -> tuple:
-        """(decode model, machine, :meth:`lowering_key`) of candidate j at batch b."""
-        g = self.group
+    def _lowered(self, g, j: int, lk: tuple, b: int) -> tuple:
+        """(decode model, machine) of candidate j at batch b, whose :meth:`lowering_key` is lk."""
         p = g.cands[j]
-        lk = self.lowering_key(j, b)
         if (j, lk) not in self._dm:
             # lower_model reads the machine only through its GPU count and the routing only under expert
             # parallelism (where lk holds the tokens): the groups that differ only in the machine's other
@@ -320,15 +319,14 @@ class DecodeVariants:
             self._hw[j] = kept(("hw", id(g.machine), id(g.rt), placement_key(p), g.kernel_mix),
                                lambda: seal("ms_machine_t", lower_machine(g.machine, g.rt, p, g.kernel_mix)),
                                g.machine, g.rt)
-        return self._dm[(j, lk)], self._hw[j], lk
+        return self._dm[(j, lk)], self._hw[j]
 
-    def _prefill_time(self, j: int, lk: tuple, dm, hw) -> float:
+    def _prefill_time(self, g, j: int, lk: tuple, dm, hw) -> float:
         """Seconds to prefill the prompt on candidate j's lowered model ``dm`` (:meth:`_lowered`'s, which the
         plan keeps; prefill reads neither the page slots nor the swept context: the prompt is prefilled from
         an empty cache) and machine rates ``hw``. Keyed by those objects, the routing and the runtime, so
         the plan's groups that share them (groups that differ only in the policy) share the time."""
         if (j, lk) not in self._prefill:
-            g = self.group
             prompt = g.prompt
             # what prefill reads besides the machine rates, shared by the machines that share the lowered model
             terms = kept(("prefill_terms", id(dm), routing_key(g.plan, g.routing), id(g.rt), prompt),
@@ -338,13 +336,12 @@ class DecodeVariants:
                 prompt, prefill_seconds(g.m, dm, hw, g.routing, g.rt, prompt, terms=terms), 1)[1])
         return self._prefill[(j, lk)]
 
-    def _kind_slice(self, j: int, dm: dict, hw: dict) -> tuple:
+    def _kind_slice(self, g, j: int, dm: dict, hw: dict) -> tuple:
         """(first row, rows) of candidate j's attention kinds in the group's kind table; ``dm``: a lowered
         model the plan keeps (:meth:`_lowered`'s)."""
         if j in self._kinds:
             return self._kinds[j]
-        g = self.group
-        kvc = self._kv_copies(j)
+        kvc = self._kv_copies(g, j)
         # layers alike in (attention on the GPU, bytes, FLOPs, context function, KV copies), in first-seen
         # order (Counter counts in C and keeps first-seen order): read from the lowered model alone, so the
         # plan's machines that share it share the count
