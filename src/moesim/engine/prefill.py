@@ -132,13 +132,16 @@ def _kernel_machine(hw):
                  cpu_llc_bytes=hw.get("cpu_llc_bytes", 0.0),
                  prefill_moe_half_tokens=hw.get("prefill_moe_half_tokens", 0.0),
                  overlap=int(bool(hw["overlap"])), gpu_moe_rowwise=int(bool(hw.get("gpu_moe_rowwise", 0))))
-        if len(_MACHINES) > 4096:
+        if len(_MACHINES) > _MAX_MACHINES:
             _MACHINES.clear()
         hit = _MACHINES[id(hw)] = (hw, _kernel.PrefillMachine(t))     # holds hw, so its id stays its own
     return hit[1]
 
 
 _MACHINES: dict = {}
+# above the machine tables a sweep keeps (the 59-machine website grid: 5,576 (machine, runtime, placement kind,
+# kernel mix) tables; at 4,096 every warm sweep cleared and packed them all again)
+_MAX_MACHINES = 16384
 _MACHINE_KEYS = ("gpu_bw", "host_bw", "pcie_bw", "pcie_links", "prefill_flops", "prefill_gemm_flops", "cpu_flops",
                  "prefill_attn_flops", "cpu_prefill_attn_flops", "launch_s", "cpu_layer_s", "sync_s", "amx_flops")
 
