@@ -15,7 +15,7 @@ import numpy as np
 
 _KEPT: dict = {}
 # bounded by entries like the other process memos (cleared whole when full): the 59-machine website grid keeps
-# ~80k; a process that sweeps more only lowers again
+# ~160k; a process that sweeps more only lowers again
 _MAX_KEPT = 1 << 18
 
 
