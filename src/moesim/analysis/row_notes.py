@@ -15,7 +15,8 @@ RUNTIME_ALIASES = {"moe-infinity": "offload", "mixtral-offloading": "offload", "
 NOT_MODELLED_RUNTIMES = {"exo": "exo pipelines one model over several networked Macs (multi-machine)"}
 # a llama.cpp build dated before PR #7860 (June 2024): "May 2024", "2023 Metal dev commit"
 _LCPP_BEFORE_MMA_NOTE = re.compile(r"\b(?:(?:Jan|Feb|Mar|Apr|May)[a-z]*\.? 2024|20(?:1\d|2[0-3]))\b")
-_LCPP_2024H2 = (2024, 6)       # the month from which a dated llama.cpp run is modelled by the current profile
+# the months from which a dated llama.cpp run is modelled by the 2024h1 profile, then by the current one
+_LCPP_2024H1, _LCPP_2024H2 = (2024, 1), (2024, 6)
 # a build of 2023 or earlier ("Dec 2023"): MUL_MAT_ID token by token on the GPU (llama.cpp PRs #4406, #4725)
 _LCPP_2023_NOTE = re.compile(r"\b20(?:1\d|2[0-3])\b")
 # the llama.cpp GPU backend a row's notes name; without one the vendor's own (CUDA, HIP, SYCL, Metal)
@@ -59,9 +60,9 @@ def runtime_for(row: dict, notes: str, assumed: list) -> str | None:
         runtime = "llama.cpp-2024h1"
         assumed.append("llama.cpp build before June 2024 (notes or date): K-quant MMQ without int8 tensor cores, "
                        "2024 ggml-metal prompt GEMMs")
-        if _LCPP_2023_NOTE.search(notes) or (when is not None and when < (2024, 1)):
+        if _LCPP_2023_NOTE.search(notes) or (when is not None and when < _LCPP_2024H1):
             runtime = "llama.cpp-2023"
-            assumed.append("llama.cpp build of 2023 (notes): GPU MUL_MAT_ID token by token (before PR #4725)")
+            assumed.append("llama.cpp build of 2023 (notes or date): GPU MUL_MAT_ID token by token (before PR #4725)")
     if rid == "llama.cpp" and _VULKAN_NOTE.search(notes) and runtime != "llama.cpp-2023":
         runtime += "-vulkan"
         assumed.append("llama.cpp's Vulkan backend (notes): runtimes.toml [backends.vulkan]")
