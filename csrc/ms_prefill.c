@@ -65,7 +65,9 @@ static void dense_layers(const ms_prefill_model_t *p, const ms_prefill_machine_t
         /* the tiled path scores the CPU's layers at its matmul rate, the per-row walk at its attention rate */
         double sc = p->score_flops[l] / (g ? h->prefill_attn_flops : (tiled ? h->cpu_flops : h->cpu_prefill_attn_flops));
         double pt = p->flops[l] / fl + sc;
-        t[l] = p->weights[l] / bw + nt * pt + p->decompress_flops[l] / fl + (g ? h->launch_s : h->cpu_layer_s);
+        /* a tiled GPU GEMM sweeps its weights once per tile of tokens (prefill.py weight_passes) */
+        double passes = (g && h->prefill_weight_pass_tokens > 0.0) ? ceil(nt / h->prefill_weight_pass_tokens) : 1.0;
+        t[l] = p->weights[l] * passes / bw + nt * pt + p->decompress_flops[l] / fl + (g ? h->launch_s : h->cpu_layer_s);
         if (p->kv_one != NULL)
             t[l] += np_max(kv_reads(p, h, l, n_tok, rows) / h->host_bw - nt * sc, 0.0);
     }
@@ -74,11 +76,11 @@ static void dense_layers(const ms_prefill_model_t *p, const ms_prefill_machine_t
 /* routed-expert seconds of expert layer i when some of its traffic is on the host (prefill.py _expert_times'
  * host branch) */
 static double host_experts(const ms_prefill_model_t *p, const ms_prefill_machine_t *h, int32_t i, double distinct,
-                           double pairs, double gemm, double t_gpu, int layerwise)
+                           double pairs, double gemm, double passes, double t_gpu, int layerwise)
 {
     double share = p->exp_share[i], eb = p->exp_bytes[i], ef = p->exp_flops[i];
     double host_distinct = distinct * (1.0 - share), host_pairs = pairs * (1.0 - share);
-    double t_cgpu = host_distinct * eb / h->gpu_bw + host_pairs * ef / gemm;
+    double t_cgpu = host_distinct * passes * eb / h->gpu_bw + host_pairs * ef / gemm;
     if (layerwise) {
         double link = h->pcie_bw * h->pcie_links;
         if (h->host_bw < link) link = h->host_bw;
@@ -99,15 +101,17 @@ static double host_experts(const ms_prefill_model_t *p, const ms_prefill_machine
 static double expert_time(const ms_prefill_model_t *p, const ms_prefill_machine_t *h, int32_t i, double distinct,
                           double pairs, int layerwise)
 {
-    double share = p->exp_share[i], gemm = h->prefill_expert_flops;
-    if (h->prefill_moe_half_tokens > 0.0) {
-        double per_expert = pairs / np_max(distinct, 1e-300);
+    double share = p->exp_share[i], gemm = h->prefill_expert_flops, passes = 1.0;
+    double per_expert = pairs / np_max(distinct, 1e-300);
+    if (h->prefill_moe_half_tokens > 0.0)
         gemm = gemm * per_expert / (per_expert + h->prefill_moe_half_tokens);
-    }
-    double reads = h->gpu_moe_rowwise ? pairs : distinct;
+    /* each used expert's weights once per tile of its tokens, the last tile half full on average */
+    if (h->prefill_weight_pass_tokens > 0.0)
+        passes = np_max(per_expert / h->prefill_weight_pass_tokens + 0.5, 1.0);
+    double reads = h->gpu_moe_rowwise ? pairs : distinct * passes;
     double t_gpu = reads * share * p->exp_bytes[i] / h->gpu_bw + pairs * share * p->exp_flops[i] / gemm;
     if (!(pairs * (1.0 - share) > 0.0)) return t_gpu;
-    return host_experts(p, h, i, distinct, pairs, gemm, t_gpu, layerwise);
+    return host_experts(p, h, i, distinct, pairs, gemm, passes, t_gpu, layerwise);
 }
 
 static int check(const ms_prefill_model_t *p, const ms_prefill_machine_t *h, const double *t, const double *out)

@@ -38,6 +38,7 @@ typedef struct {
     double gpu_bw, host_bw, pcie_bw, pcie_links, prefill_flops, prefill_gemm_flops, prefill_expert_flops, cpu_flops;
     double prefill_attn_flops, cpu_prefill_attn_flops, launch_s, cpu_layer_s, sync_s, cpu_llc_bytes;
     double prefill_moe_half_tokens, amx_flops;
+    double prefill_weight_pass_tokens;     /* tokens per pass of a GPU GEMM over its weights (MMQ's mmq_x; 0: one pass) */
     int32_t overlap, gpu_moe_rowwise;
 } ms_prefill_machine_t;
 

@@ -577,7 +577,8 @@ def _hand_hw():
 
 def test_prefill_dense_by_hand():
     """llama-3-8b BF16 all on the 4090 under llama.cpp, a 512-token prompt: one 512-token ubatch reads
-    every layer's weights once and runs 512 tokens of GEMMs plus attention over an average depth of 256."""
+    every layer's weights once per 128-token tile (4 passes: [backends.cuda] weight_pass_tokens) and runs 512
+    tokens of GEMMs plus attention over an average depth of 256."""
     m = ingest.model("llama-3-8b")
     x = hand("llama-3-8b", "BF16")
     mach, rt = _machine("desktop-4090"), get_runtime("llama.cpp")
@@ -590,7 +591,7 @@ def test_prefill_dense_by_hand():
     per_layer_w = x["attn_bytes"] + x["router_bytes"] + x["dense_bytes"]
     per_tok = 2.0 * (x["attn_params"] + x["router_params"] + x["dense_params"]) / h["gemm"] \
         + x["score_per_token"] * 256 / h["attn"]
-    t = x["L"] * (per_layer_w / h["gpu_bw"] + 512 * per_tok + h["launch"]) \
+    t = x["L"] * (per_layer_w * 4 / h["gpu_bw"] + 512 * per_tok + h["launch"]) \
         + x["head_bytes"] / h["gpu_bw"] + 2.0 * x["head_params"] / h["gemm"]
     assert math.isclose(ttft, t, rel_tol=1e-9)
     assert math.isclose(tok_s, 512 / t, rel_tol=1e-9)
@@ -600,8 +601,9 @@ def test_prefill_dense_by_hand():
 def test_prefill_moe_by_hand(place):
     """mixtral-8x7b BF16, 512-token prompt, uniform routing (each expert picked with probability k/E = 1/4
     per token): a ubatch of n tokens uses 8 (1 - (3/4)^n) distinct experts per layer. All on the GPU they
-    are read once and multiplied for n x k token-expert pairs; in host RAM llama.cpp copies the used
-    experts over PCIe (op offload, ubatch >= 32) and computes them on the GPU, copy then compute."""
+    are read once per 128-token tile of their tokens (n k / distinct / 128 + 1/2 times, the last tile half
+    full; the dense weights 4 times) and multiplied for n x k token-expert pairs; in host RAM llama.cpp copies
+    the used experts over PCIe (op offload, ubatch >= 32) and computes them on the GPU, copy then compute."""
     m = ingest.model("mixtral-8x7b")
     x = hand("mixtral-8x7b", "BF16")
     mach, rt = _machine("desktop-4090"), get_runtime("llama.cpp")
@@ -616,8 +618,9 @@ def test_prefill_moe_by_hand(place):
     distinct = 8 * (1 - 0.75 ** n)
     pairs = n * 2
     per_tok = 2.0 * (x["attn_params"] + x["router_params"]) / h["gemm"] + x["score_per_token"] * 256 / h["attn"]
-    dense = (x["attn_bytes"] + x["router_bytes"]) / h["gpu_bw"] + n * per_tok + h["launch"]
-    compute = distinct * x["expert_bytes"] / h["gpu_bw"] + pairs * 2.0 * x["expert_params"] / h["gemm"]
+    dense = (x["attn_bytes"] + x["router_bytes"]) * 4 / h["gpu_bw"] + n * per_tok + h["launch"]
+    passes = max(pairs / distinct / 128 + 0.5, 1.0)
+    compute = distinct * passes * x["expert_bytes"] / h["gpu_bw"] + pairs * 2.0 * x["expert_params"] / h["gemm"]
     experts = compute if place == "all-gpu" else distinct * x["expert_bytes"] / h["pcie_bw"] + compute
     t = x["L"] * (dense + experts) + x["head_bytes"] / h["gpu_bw"] + 2.0 * x["head_params"] / h["gemm"]
     assert math.isclose(ttft, t, rel_tol=1e-9)

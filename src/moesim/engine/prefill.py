@@ -59,7 +59,9 @@ def prefill_seconds(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, promp
         # a ubatch streams each weight matrix once and its tiles' loads are not hidden behind the
         # multiply-adds (llama.cpp PR #8495: LLaMA-8B Q5_K_S on a 4090 takes 9.1 ms per 16-token and
         # 48 ms per 512-token ubatch, weight reads + per-token work, not their max)
-        t = x["weights"] / bw + n_tok * pt + decompress + np.where(on_gpu, hw["launch_s"], hw["cpu_layer_s"])
+        # ... once per tile of tokens where the GPU's GEMM kernels tile them (weight_passes)
+        reads = x["weights"] * np.where(on_gpu, weight_passes(hw, n_tok), 1.0) / bw
+        t = reads + n_tok * pt + decompress + np.where(on_gpu, hw["launch_s"], hw["cpu_layer_s"])
         t_kv = 0.0
         if kv is not None:
             # the CPU's attention walks stream the KV while they score it: only the reads its arithmetic does not
@@ -77,10 +79,18 @@ def prefill_seconds(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, promp
         t_ub = float(t.sum()) + dm["head_bytes"] / hw["gpu_bw"] + dm["head_flops"] / gflops
         total += count * t_ub
         if parts is not None:
-            phases = dict(weight_reads=x["weights"] / bw, dense_gemm=n_tok * x["flops"] / fl,
+            phases = dict(weight_reads=reads, dense_gemm=n_tok * x["flops"] / fl,
                           attention=n_tok * sc, mla_decompress=decompress, cpu_kv_reads=t_kv, experts=t_exp)
             _add_parts(parts, count, t_ub, phases)
     return total
+
+
+def weight_passes(hw: dict, n_tok: int) -> float:
+    """How many times a GPU GEMM of ``n_tok`` tokens reads its weights from memory: once per tile of
+    ``prefill_weight_pass_tokens`` tokens (ggml-cuda's MMQ: mmq_x columns per tile, runtimes.toml [backends.*]
+    weight_pass_tokens), once where the machine has no such term."""
+    tile = hw.get("prefill_weight_pass_tokens", 0.0)
+    return math.ceil(n_tok / tile) if tile > 0 else 1.0
 
 
 def _kernel_seconds(x: dict, dm: dict, hw) -> float:
@@ -131,6 +141,7 @@ def _kernel_machine(hw):
         t.update(prefill_expert_flops=hw.get("prefill_expert_flops", hw["prefill_gemm_flops"]),
                  cpu_llc_bytes=hw.get("cpu_llc_bytes", 0.0),
                  prefill_moe_half_tokens=hw.get("prefill_moe_half_tokens", 0.0),
+                 prefill_weight_pass_tokens=hw.get("prefill_weight_pass_tokens", 0.0),
                  overlap=int(bool(hw["overlap"])), gpu_moe_rowwise=int(bool(hw.get("gpu_moe_rowwise", 0))))
         if len(_MACHINES) > _MAX_MACHINES:
             _MACHINES.clear()
@@ -319,21 +330,23 @@ def _expert_times(x: dict, dm: dict, hw: dict, n_tok: int, k: int, gemm: float, 
     share, eb, ef = x["gpu_share"], x["eb"], x["ef"]
     distinct = _distinct(x, n_tok, terms)
     pairs = float(n_tok * k)
-    half = hw.get("prefill_moe_half_tokens", 0.0)
+    half, tile = hw.get("prefill_moe_half_tokens", 0.0), hw.get("prefill_weight_pass_tokens", 0.0)
+    per_expert = pairs / np.maximum(distinct, 1e-300)
     if half > 0:
         # a backend whose expert GEMMs lose rate on the few tokens each used expert gets (per-expert tiles
         # padded, launched one expert at a time): half the dense rate at `half` tokens per used expert
-        per_expert = pairs / np.maximum(distinct, 1e-300)
         gemm = gemm * per_expert / (per_expert + half)
     # as for the dense GEMMs, each used expert's weights are read once per ubatch on top of its
-    # multiply-adds (it serves only pairs / distinct tokens of the ubatch); a token-by-token MUL_MAT_ID
+    # multiply-adds (it serves only pairs / distinct tokens of the ubatch), once per tile of its tokens where
+    # the kernels tile them (the last tile half full on average); a token-by-token MUL_MAT_ID
     # (llama.cpp before Jan 2024, PR #4406 / #4725) streams them once per token-expert pair, as decode does
-    reads = pairs if rowwise else distinct
+    passes = np.maximum(per_expert / tile + 0.5, 1.0) if tile > 0 else 1.0
+    reads = pairs if rowwise else distinct * passes
     t_gpu = reads * share * eb / hw["gpu_bw"] + pairs * share * ef / gemm
     host_distinct, host_pairs = distinct * (1 - share), pairs * (1 - share)
     if not (host_pairs > 0).any():
         return t_gpu                # every used expert on the GPU: the host terms below would go unused
-    t_cgpu = host_distinct * eb / hw["gpu_bw"] + host_pairs * ef / gemm
+    t_cgpu = host_distinct * passes * eb / hw["gpu_bw"] + host_pairs * ef / gemm
     if layerwise:
         # the layer's whole expert set crosses PCIe (double-buffered expert by expert), then the GPU
         # computes the layer: the load synchronises the device before and after it (KTSGL

@@ -341,6 +341,8 @@ def _rate_text(name: str, value: float) -> str:
         return f"{name} {value / 1e12:.2f} T/s"
     if name == "kernel_latency_x":
         return f"kernel latency x{value:.3f} (kernel_ref_mhz / the GPU's boost_mhz)"
+    if name == "prefill_weight_pass_tokens":
+        return f"{name} {value:g} tokens per pass over the weights"
     if name.endswith("_tokens"):
         return f"{name} {value:g} tokens per expert"
     return f"{name} {value / 1e9:.1f} GB/s"

@@ -106,7 +106,8 @@ def backend_terms(rt: Runtime, g: dict) -> dict:
     ``bw_eff`` (decode share of peak bandwidth, 0: the runtime's gddr / HBM share) and ``fa_fp32_share`` (the
     prompt's flash attention at this share of the fp32 vector peak where that is below its GEMM rate, 0: at
     the GEMM rate) and ``fa_fp16_share`` (the same of the 16-bit matrix peak, on cards with matrix units) and
-    ``launch_us_nograph`` (the backend's own per-layer host cost, by arch prefix or vendor, in place of the
+    ``weight_pass_tokens`` (the tokens per pass its prompt GEMMs make over their weights, 0: one pass per
+    ubatch) and ``launch_us_nograph`` (the backend's own per-layer host cost, by arch prefix or vendor, in place of the
     runtime's no-graph launch and paid whether or not the chip replays CUDA graphs; -1: the runtime's, see
     :func:`with_backend_launch`).
     Runtimes outside llama.cpp get {} (their own GEMM paths)."""
@@ -123,6 +124,7 @@ def backend_terms(rt: Runtime, g: dict) -> dict:
                 launch_us_nograph=_arch_value(nograph, arch, float(nograph.get(vendor, -1.0))),
                 moe_fp32_share=float(b.get("moe_fp32_share", {}).get(vendor, 0.0)),
                 moe_half_tokens=float(b.get("moe_half_tokens", {}).get(vendor, 0.0)),
+                weight_pass_tokens=float(b.get("weight_pass_tokens", {}).get("matrix" if matrix else "no_matrix", 0.0)),
                 bw_eff=float(b.get("bw_eff", {}).get(arch, 0.0)),
                 fa_fp32_share=_arch_value(b.get("fa_fp32_share", {}), arch),
                 fa_fp16_share=float(b.get("fa_fp16_share", {}).get(vendor, 0.0)) if matrix else 0.0,
@@ -145,7 +147,7 @@ def fp32_tflops(tf: dict, g: dict) -> float:
 # each per-family map of a backend and the key that must cite its numbers
 _TERM_SOURCES = {"moe_fp32_share": "moe_source", "bw_eff": "bw_source", "fp16_acc_rel": "acc_source",
                  "moe_half_tokens": "moe_half_source", "fa_fp32_share": "fa_source", "fa_fp16_share": "fa_fp16_source",
-                 "launch_us_nograph": "launch_source"}
+                 "launch_us_nograph": "launch_source", "weight_pass_tokens": "pass_source"}
 
 
 def backend_source_errors(tables: dict) -> list:
@@ -292,6 +294,7 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement, mix: Q.KernelMix)
     return dict(gpu_bw=machine.gpu_bw_gbs * GB * bw_eff * tp, host_bw=host_bw, pcie_bw=pcie,
                 prefill_flops=pf, prefill_gemm_flops=gemm, prefill_attn_flops=attn, prefill_expert_flops=expert,
                 prefill_moe_half_tokens=terms.get("moe_half_tokens", 0.0),
+                prefill_weight_pass_tokens=terms.get("weight_pass_tokens", 0.0),
                 gpu_moe_rowwise=int(d.moe_rowwise_prefill),
                 storage_bw=storage_bw, gpu_flops=peak_tflops * 1e12 * d.gpu_flops_eff * tp, cpu_flops=cpu_flops,
                 interconnect_bw=(scale_up or machine.pcie_gbs or 16.0) * GB, unified=0,
@@ -366,6 +369,7 @@ def _lower_unified(machine: Machine, rt: Runtime, mix: Q.KernelMix, cpu_only: bo
                 prefill_flops=pf, prefill_gemm_flops=pf, prefill_expert_flops=pf,
                 prefill_attn_flops=pf if cpu_only else flash_attention_flops(pf, machine.gpu_tflops, u, terms),
                 prefill_moe_half_tokens=0.0 if cpu_only else (moe_half if metal else terms.get("moe_half_tokens", 0.0)),
+                prefill_weight_pass_tokens=0.0 if cpu_only else terms.get("weight_pass_tokens", 0.0),
                 gpu_moe_rowwise=0 if cpu_only else int(d.moe_rowwise_prefill),
                 overlap=1 if d.overlap else 0, launch_s=0.0 if cpu_only else launch * 1e-6,
                 sync_s=0.0, dma_s=0.0, allreduce_s=0.0, step_s=d.step_us * 1e-6, seq_s=d.seq_us * 1e-6,

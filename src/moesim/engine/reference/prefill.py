@@ -58,7 +58,9 @@ def _dense(p: dict, h: dict, s: int) -> list:
         sc = float(p["score_flops"][l]) / (h["prefill_attn_flops"] if g else
                                            h["cpu_flops"] if tiled else h["cpu_prefill_attn_flops"])
         pt = float(p["flops"][l]) / fl + sc
-        x = float(p["weights"][l]) / bw + nt * pt + float(p["decompress_flops"][l]) / fl + (
+        tile = h["prefill_weight_pass_tokens"]
+        passes = float(math.ceil(nt / tile)) if (g and tile > 0.0) else 1.0
+        x = float(p["weights"][l]) * passes / bw + nt * pt + float(p["decompress_flops"][l]) / fl + (
             h["launch_s"] if g else h["cpu_layer_s"])
         if kv:
             x += _np_max(_kv_reads(p, h, l, n_tok, rows) / h["host_bw"] - nt * sc, 0.0)
@@ -68,16 +70,18 @@ def _dense(p: dict, h: dict, s: int) -> list:
 
 def _expert(p: dict, h: dict, i: int, distinct: float, pairs: float, layerwise: bool) -> float:
     share, eb, ef = float(p["exp_share"][i]), float(p["exp_bytes"][i]), float(p["exp_flops"][i])
-    gemm = h["prefill_expert_flops"]
+    gemm, passes = h["prefill_expert_flops"], 1.0
+    per_expert = pairs / _np_max(distinct, 1e-300)
     if h["prefill_moe_half_tokens"] > 0.0:
-        per_expert = pairs / _np_max(distinct, 1e-300)
         gemm = gemm * per_expert / (per_expert + h["prefill_moe_half_tokens"])
-    reads = pairs if h["gpu_moe_rowwise"] else distinct
+    if h["prefill_weight_pass_tokens"] > 0.0:
+        passes = _np_max(per_expert / h["prefill_weight_pass_tokens"] + 0.5, 1.0)
+    reads = pairs if h["gpu_moe_rowwise"] else distinct * passes
     t_gpu = reads * share * eb / h["gpu_bw"] + pairs * share * ef / gemm
     host_distinct, host_pairs = distinct * (1.0 - share), pairs * (1.0 - share)
     if not host_pairs > 0.0:
         return t_gpu
-    t_cgpu = host_distinct * eb / h["gpu_bw"] + host_pairs * ef / gemm
+    t_cgpu = host_distinct * passes * eb / h["gpu_bw"] + host_pairs * ef / gemm
     if layerwise:
         link = min(h["pcie_bw"] * h["pcie_links"], h["host_bw"])
         return t_gpu + float(p["exp_layer_experts"][i]) * eb * (1.0 - share) / link + t_cgpu
