@@ -300,12 +300,14 @@ def _multipliers(machine, runtime, placement_labels, codes: list) -> dict:
     n = codes[-1] + 1 if codes else 1
     lut = {f: np.full(n, np.nan) for f in FIELDS}
     for code in codes:
-        mult = _regime_columns(regime(machine, placement_labels[code], runtime), table)
+        mult = _code_multipliers(machine, runtime, placement_labels[code])
         for f in FIELDS:
             lut[f][code] = mult[f]
     for a in lut.values():
         a.flags.writeable = False
-    if len(_MULTIPLIERS) > 1024:
+    # bounded like _CODE_MULTIPLIERS: the 59-machine website grid asks for ~12k sets per sweep, which a bound of
+    # 1,024 cleared over and over (every set then rebuilt from its regimes again)
+    if len(_MULTIPLIERS) > 65536:
         _MULTIPLIERS.clear()
     _MULTIPLIERS[key] = (machine, runtime, table, lut)      # holds them, so their ids stay theirs
     return lut
