@@ -66,6 +66,12 @@ def _build_layer_functions(m, low, kvb: float) -> tuple:
     return layer_fn, fns, tables
 
 
+def _routing(rt: dict) -> tuple:
+    """(routing table, whether any layer prefetches: a routing recall above 0), the latter read once per table."""
+    recall = np.asarray(rt.get("recall", ()), dtype=np.float64)
+    return rt, bool(np.any(recall != 0.0))
+
+
 class ChunkFacts:
     """What a chunk's consistency check reads of a group (analysis.consistency.check_chunk: its memory
     configurations, lowered model and cache bytes per token), held by the chunk in the group's place: a
@@ -110,11 +116,9 @@ class Group:
                 ix["ubatch"])
         self.cands, self.rule = plan.resolved[("p",) + pkey]
         self.policy = POLICIES[self.labels["policy"]]
-        # per (model, quant, KV dtype) and (model, quant): the plan's machines share them (lower's own cache
-        # returns these same objects, after resolving and checking the quant again)
-        self.low = plan.shared(("low", ix["models"], ix["quants"], self.kv), lambda: lower(m, self.q, self.kv))
-        self.kernel_mix = plan.shared(("mix", ix["models"], ix["quants"]), lambda: Q.kernel_mix(m, self.q))
-        self.kvb = Q.kv_dtype_bytes(self.kv)
+        # per (model, quant, KV dtype): the plan's machines share them, found with one look-up per group
+        self.low, self.kernel_mix, self.kvb, self.E, (self.layer_fn, self.fns, self.fn_tables) = plan.shared(
+            ("lowering", ix["models"], ix["quants"], self.kv), lambda: self._lowering(ix))
         self.labels.update(model=m.id, quant=self.q.id, runtime=self.rt.id, kv_dtype=self.kv)
         self.codes = {k: plan._codes[k][self.labels[k]] for k in ("model", "quant", "machine", "runtime",
                                                                    "kv_dtype", "policy")}
@@ -124,7 +128,6 @@ class Group:
         self.prompt = self.opts["prompt"] or plan.run["prompt"]      # the prompt axis, else run.prompt
         self.accepted = plan.resolved[("acc", ix["models"], ix["mtp"], ix["mtp_acceptance"])]
         self.place_codes = plan.resolved[("pc",) + pkey]
-        self.E = m.n_experts
         # what does not depend on the quant is shared by the plan's groups of this model (plan.shared)
         mkey = (ix["models"], ix["machines"], id(self.rt), self.kv)
         # the memory tables and their checked kernel object read the placement axis, not the policy, prefetch
@@ -141,15 +144,22 @@ class Group:
         self.facts = ChunkFacts(self)
         # simulate's routing tables (seed = run.seed); prefetch is on only where prefetch_recall > 0
         routing, recall = self.opts["routing"], self.opts["prefetch_recall"]
-        self.routing = plan.shared(("routing", ix["models"], routing, recall), lambda: routing_table(
-            m, None if routing in (None, "auto") else routing, recall, plan.run["seed"])[0])
+        self.routing, prefetch = plan.shared(("routing", ix["models"], routing, recall), lambda: _routing(
+            routing_table(m, None if routing in (None, "auto") else routing, recall, plan.run["seed"])[0]))
         # drafts and prefetch break the analytic variants' split (variants.check_separable): those groups
         # evaluate each (variant, context) whole, as simulate does (.direct)
-        recall = np.asarray(self.routing.get("recall", ()), dtype=np.float64)
         self.direct_hw: dict = {}
-        self.direct = plan.mode != "montecarlo" and (self.mtp > 0 or bool(np.any(recall != 0.0)))
-        self.layer_fn, self.fns, self.fn_tables = _layer_functions(m, self.low, self.kvb)
+        self.direct = plan.mode != "montecarlo" and (self.mtp > 0 or prefetch)
         self.variants = DecodeVariants(self)
+
+    def _lowering(self, ix: dict) -> tuple:
+        """(lowering, kernel mix, KV bytes per element, experts, _layer_functions) of the group's (model, quant,
+        KV dtype): lower's own cache returns the same lowering, after resolving and checking the quant again."""
+        m, q = self.m, self.q
+        low = lower(m, q, self.kv)
+        kvb = Q.kv_dtype_bytes(self.kv)
+        mix = self.plan.shared(("mix", ix["models"], ix["quants"]), lambda: Q.kernel_mix(m, q))
+        return low, mix, kvb, m.n_experts, _layer_functions(m, low, kvb)
 
     # ---------------------------------------------------------------- memory
     def _kept_memory(self, mkey: tuple) -> tuple:
