@@ -161,9 +161,9 @@ class DecodeVariants:
         self._kind_rows: list = []      # (f64[5], i32[3]) rows of ms_sweep_kind_t
         self._mc_models: list = []
         self._mc_machines: list = []
-        self._dm: dict = {}
+        self._cand: dict = {}           # (candidate, lowering key) -> _candidate's
         self._lks: dict = {}            # (candidate, batch) -> lowering_key
-        self._hw: dict = {}
+        self._hw: dict = {}             # placement_key -> sealed machine rates
         self._kinds: dict = {}
         self._prefill: dict = {}
         self.table = EMPTY
@@ -225,25 +225,28 @@ class DecodeVariants:
         res = run_variants(sealed_routing(g.plan, g.routing), jobs) if jobs else None
         row = 0
         for items, pf0, kind0, nk, mc_index in staged:
-            for key, _ in items:
-                if res is not None:
-                    f64 = res[row]
-                    row += 1
-                else:
-                    f64 = np.zeros(13)
-                    f64[9] = 1.0
-                    f64[11] = -1.0
-                f64[10] = 1e3 / f64[9]
-                f64[12] = pf0
-                self._rows[key] = (f64, np.array([kind0, nk, mc_index], dtype=np.int32))
+            n = len(items)
+            if res is not None:
+                f64 = res[row:row + n]
+                row += n
+            else:
+                f64 = np.zeros((n, 13))
+                f64[:, 9] = 1.0
+                f64[:, 11] = -1.0
+            f64[:, 10] = 1e3 / f64[:, 9]
+            f64[:, 12] = pf0
+            i32 = (kind0, nk, mc_index)
+            for (key, _), r in zip(items, f64):
+                self._rows[key] = (r, i32)
 
     def _lower_rows(self, g, j: int, lk: tuple, ps: int, items: list, jobs: list) -> tuple:
         """What the variant rows of candidate j at page-cache size ps for (key, batch) items sharing one lowered
-        model (lowering key lk, :meth:`_lowered`) hold besides their decode: (items, prefill seconds, first kind
+        model (lowering key lk, :meth:`_candidate`) hold besides their decode: (items, prefill seconds, first kind
         row, kinds, Monte Carlo template or -1); an analytic group's decode job (zeroed model, machine, columns)
         is appended to ``jobs``."""
-        dm0, hw = self._lowered(g, j, lk, items[0][1])
-        pf0 = self._prefill_time(g, j, lk, dm0, hw)
+        dm0, terms = self._candidate(g, j, lk, items[0][1])
+        hw = self._machine(g, j)
+        pf0 = self._prefill_time(g, j, lk, dm0, terms, hw)
         kind0, nk = self._kind_slice(g, j, dm0, hw)
         mc_index = -1
         if self.mc:
@@ -256,10 +259,11 @@ class DecodeVariants:
             batches = tuple(b for _, b in items)
             run_cfg = g.plan.run
             # the job but its machine rates reads the lowered model, page slots, policy, routing, batches and the
-            # run's steps, warmup and seed: kept (.kept) for every machine, group and sweep that runs the same
-            key = ("job", id(dm0), ps, g.policy, routing_key(g.plan, g.routing), batches, run_cfg["tokens"],
-                   run_cfg["warmup"], int(run_cfg["seed"]))
-            zdm, cols = kept(key, lambda: self._job(g, dm0, ps, batches), dm0, g.routing)
+            # run's steps, warmup and seed: kept (.kept) for every machine, group and sweep that runs the same, and
+            # found by the plan's groups under the ids the plan holds (no routing key to build per group)
+            zdm, cols = g.plan.shared(("job", id(dm0), ps, g.policy, id(g.routing), batches), lambda: kept(
+                ("job", id(dm0), ps, g.policy, routing_key(g.plan, g.routing), batches, run_cfg["tokens"],
+                 run_cfg["warmup"], int(run_cfg["seed"])), lambda: self._job(g, dm0, ps, batches), dm0, g.routing))
             jobs.append((zdm, hw, cols))
         return items, pf0, kind0, nk, mc_index
 
@@ -301,36 +305,55 @@ class DecodeVariants:
         g = self.group
         return self._op_offload(g.cands[j], tokens), tokens if g.rt.decode.expert_parallel > 1 else -1
 
-    def _lowered(self, g, j: int, lk: tuple, b: int) -> tuple:
-        """(decode model, machine) of candidate j at batch b, whose :meth:`lowering_key` is lk."""
-        p = g.cands[j]
-        if (j, lk) not in self._dm:
+    def _candidate(self, g, j: int, lk: tuple, b: int) -> tuple:
+        """(decode model, prefill terms) of candidate j at batch b, whose :meth:`lowering_key` is lk: what reads
+        no machine rate, one entry of the plan (plan.shared) under the ids of the objects it reads, which the plan
+        holds, so each of its groups finds both with one look-up instead of building the process store's (.kept)
+        keys of each again."""
+        hit = self._cand.get((j, lk))
+        if hit is None:
             # lower_model reads the machine only through its GPU count and the routing only under expert
-            # parallelism (where lk holds the tokens): the groups that differ only in the machine's other
-            # properties, the policy or the prefetch recall share the lowered model, kept read-only (.kept: by
-            # later sweeps too; g.low is the (model, quant, KV dtype)'s lowering, one object per process)
-            routing = g.routing if g.rt.decode.expert_parallel > 1 else None
-            key = ("dm", id(g.m), id(g.low), g.kv, id(g.rt), g.machine.n_gpus, p, lk,
-                   None if routing is None else routing_key(g.plan, routing))
-            self._dm[(j, lk)] = kept(key, lambda: _frozen_tables(
-                lower_model(g.m, g.low, p, g.machine, g.rt, 1, g.kv, b, routing=g.routing)), g.m, g.low, g.rt, routing)
-        if j not in self._hw:
-            # the machine's rates under one runtime, kind of placement and kernel mix: shared by the groups (.kept)
-            self._hw[j] = kept(("hw", id(g.machine), id(g.rt), placement_key(p), g.kernel_mix),
-                               lambda: seal("ms_machine_t", lower_machine(g.machine, g.rt, p, g.kernel_mix)),
-                               g.machine, g.rt)
-        return self._dm[(j, lk)], self._hw[j]
+            # parallelism (where lk holds the tokens); the routing's id keeps the prefill terms, which read it
+            key = ("candidate", id(g.low), id(g.rt), g.machine.n_gpus, id(g.cands), j, lk, id(g.routing), g.prompt)
+            hit = self._cand[(j, lk)] = g.plan.shared(key, lambda: self._lower_candidate(g, j, lk, b))
+        return hit
 
-    def _prefill_time(self, g, j: int, lk: tuple, dm, hw) -> float:
-        """Seconds to prefill the prompt on candidate j's lowered model ``dm`` (:meth:`_lowered`'s, which the
-        plan keeps; prefill reads neither the page slots nor the swept context: the prompt is prefilled from
-        an empty cache) and machine rates ``hw``. Keyed by those objects, the routing and the runtime, so
-        the plan's groups that share them (groups that differ only in the policy) share the time."""
+    def _lower_candidate(self, g, j: int, lk: tuple, b: int) -> tuple:
+        """:meth:`_candidate`'s two, each kept for the process (.kept) under what it reads."""
+        p = g.cands[j]
+        # the groups that differ only in the machine's other properties, the policy or the prefetch recall share
+        # the lowered model, kept read-only (by later sweeps too; g.low is the (model, quant, KV dtype)'s
+        # lowering, one object per process)
+        routing = g.routing if g.rt.decode.expert_parallel > 1 else None
+        key = ("dm", id(g.m), id(g.low), g.kv, id(g.rt), g.machine.n_gpus, p, lk,
+               None if routing is None else routing_key(g.plan, routing))
+        dm = kept(key, lambda: _frozen_tables(
+            lower_model(g.m, g.low, p, g.machine, g.rt, 1, g.kv, b, routing=g.routing)), g.m, g.low, g.rt, routing)
+        # what prefill reads besides the machine rates (prefill reads neither the page slots nor the swept
+        # context: the prompt is prefilled from an empty cache), shared by the machines that share the lowered model
+        prompt = g.prompt
+        terms = kept(("prefill_terms", id(dm), routing_key(g.plan, g.routing), id(g.rt), prompt),
+                     lambda: prefill_terms(g.m, dm, g.routing, g.rt, prompt), dm, g.routing, g.rt)
+        return dm, terms
+
+    def _machine(self, g, j: int) -> dict:
+        """Candidate j's machine rates: the machine's under one runtime, kind of placement and kernel mix, shared by
+        the groups (.kept) and, in the group, by the candidates of one kind (placement_key)."""
+        p = g.cands[j]
+        pk = placement_key(p)
+        hw = self._hw.get(pk)
+        if hw is None:
+            hw = self._hw[pk] = kept(("hw", id(g.machine), id(g.rt), pk, g.kernel_mix),
+                                     lambda: seal("ms_machine_t", lower_machine(g.machine, g.rt, p, g.kernel_mix)),
+                                     g.machine, g.rt)
+        return hw
+
+    def _prefill_time(self, g, j: int, lk: tuple, dm, terms: dict, hw) -> float:
+        """Seconds to prefill the prompt on candidate j's lowered model ``dm`` (its prefill ``terms``,
+        :meth:`_candidate`'s) and machine rates ``hw``. Keyed by those objects, the routing and the runtime,
+        so the plan's groups that share them (groups that differ only in the policy) share the time."""
         if (j, lk) not in self._prefill:
             prompt = g.prompt
-            # what prefill reads besides the machine rates, shared by the machines that share the lowered model
-            terms = kept(("prefill_terms", id(dm), routing_key(g.plan, g.routing), id(g.rt), prompt),
-                         lambda: prefill_terms(g.m, dm, g.routing, g.rt, prompt), dm, g.routing, g.rt)
             key = ("prefill", id(dm), id(hw), id(g.routing), id(g.rt), prompt)
             self._prefill[(j, lk)] = g.plan.shared(key, lambda: rate_ttft(
                 prompt, prefill_seconds(g.m, dm, hw, g.routing, g.rt, prompt, terms=terms), 1)[1])
@@ -338,24 +361,29 @@ class DecodeVariants:
 
     def _kind_slice(self, g, j: int, dm: dict, hw: dict) -> tuple:
         """(first row, rows) of candidate j's attention kinds in the group's kind table; ``dm``: a lowered
-        model the plan keeps (:meth:`_lowered`'s)."""
+        model the plan keeps (:meth:`_candidate`'s), which determines the kinds (its lowering's model, layer
+        functions and KV copies): the plan's groups find them by its id."""
         if j in self._kinds:
             return self._kinds[j]
+        kinds = g.plan.shared(("kinds", id(dm)), lambda: self._kinds_of(g, j, dm))
+        start = len(self._kind_rows)
+        # the rows read the kinds and the machine rates alone: kept for the groups and sweeps that share both
+        self._kind_rows.extend(kept(("kind_rows", id(kinds), id(hw)), lambda: tuple(
+            kind_row(n, on, ab, af, int(fn), hw, copies) for (on, ab, af, fn, copies), n in kinds), kinds, hw))
+        self._kinds[j] = (start, len(kinds))
+        return self._kinds[j]
+
+    def _kinds_of(self, g, j: int, dm: dict) -> tuple:
+        """The (attention kind, layers) pairs of candidate j's lowered model ``dm``, kept (.kept)."""
         kvc = self._kv_copies(g, j)
         # layers alike in (attention on the GPU, bytes, FLOPs, context function, KV copies), in first-seen
         # order (Counter counts in C and keeps first-seen order): read from the lowered model alone, so the
         # plan's machines that share it share the count
-        table = kept(("kinds", id(dm), id(g.layer_fn), id(kvc)), lambda: tuple(Counter(zip(
+        return kept(("kinds", id(dm), id(g.layer_fn), id(kvc)), lambda: tuple(Counter(zip(
             (np.asarray(dm["attn_on_gpu"]) != 0).tolist(),
             (np.asarray(dm["attn_bytes"], dtype=np.float64) + np.asarray(dm["shared_bytes"])).tolist(),
             (np.asarray(dm["attn_flops"], dtype=np.float64) + np.asarray(dm["shared_flops"])).tolist(),
             np.asarray(g.layer_fn).tolist(), kvc.tolist())).items()), dm, g.layer_fn, kvc)
-        start = len(self._kind_rows)
-        # the rows read the kinds and the machine rates alone: kept for the groups and sweeps that share both
-        self._kind_rows.extend(kept(("kind_rows", id(table), id(hw)), lambda: tuple(
-            kind_row(n, on, ab, af, int(fn), hw, copies) for (on, ab, af, fn, copies), n in table), table, hw))
-        self._kinds[j] = (start, len(table))
-        return self._kinds[j]
 
     # ---------------------------------------------------------------- the table
     def _build(self) -> VariantTable:
@@ -366,7 +394,7 @@ class DecodeVariants:
         rows = [self._rows[k] for k in keys.tolist()]
         kr = self._kind_rows
         t = dict(variant_f64=np.array([r[0] for r in rows]).reshape(-1, 13),
-                 variant_i32=np.array([r[1] for r in rows]).reshape(-1, 3),
+                 variant_i32=np.array([r[1] for r in rows], dtype=np.int32).reshape(-1, 3),
                  kind_f64=np.array([r[0] for r in kr]).reshape(-1, 5),
                  kind_i32=np.array([r[1] for r in kr], dtype=np.int32).reshape(-1, 3),
                  **g.fn_tables, prompt=float(g.prompt))
