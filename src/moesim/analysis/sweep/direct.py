@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .che import sealed_routing
+from .kept import kept, routing_key
 from .variants import sealed_decode_cols
 
 
@@ -34,10 +35,14 @@ def _many(grp, j: int, ps: int, context: int, batches: list) -> np.ndarray:
         return seal("ms_decode_model_t", dm), seal("ms_machine_t", hw), seconds
 
     # the lowered model, machine and prefill read neither the cache policy nor the prefetch recall (the routing's
-    # recall column): the plan's groups that differ only in those share them
-    key = (("direct", j, ps, context, grp.variants.lowering_key(j, batches[0] * tps))
+    # recall column): the plan's groups that differ only in those share them, and a later sweep's group that reads
+    # the same objects finds them kept for the process (.kept; the routing by its tables' ids, recall included)
+    lk = grp.variants.lowering_key(j, batches[0] * tps)
+    key = (("direct", j, ps, context, lk)
            + tuple(sorted((a, i) for a, i in grp.ix.items() if a not in ("policies", "prefetch_recall"))))
-    dm, hw, seconds = plan.shared(key, lowered)
+    dm, hw, seconds = plan.shared(key, lambda: kept(
+        ("direct", id(grp.low), grp.kv, id(grp.rt), id(grp.machine), p, lk, ps, context, grp.mtp, grp.kernel_mix,
+         grp.prompt, routing_key(plan, grp.routing)), lowered, grp.low, grp.rt, grp.machine, grp.routing))
     n = len(batches)
     # sealed once for the plan's groups that share them (the prefetch recalls of one cache size and policy)
     cols = sealed_decode_cols(plan, grp.routing, dm, grp.policy, tuple(batches), grp.mtp, grp.accepted)
