@@ -157,7 +157,7 @@ class DecodeVariants:
         if not self.mc and not group.direct:
             check_separable(group.routing)
         self._lock = threading.Lock()
-        self._rows: dict = {}           # key -> (f64[13], i32[3]): a row of ms_sweep_variant_t
+        self._known: set = set()        # the keys lowered so far (the table holds their rows)
         self._kind_rows: list = []      # (f64[5], i32[3]) rows of ms_sweep_kind_t
         self._mc_models: list = []
         self._mc_machines: list = []
@@ -198,13 +198,14 @@ class DecodeVariants:
         """Lower the variants of these keys (one analytic kernel run per placement and page-cache size)
         and swap in a table holding them; returns that table."""
         with self._lock:
-            new = sorted(set(np.asarray(keys, dtype=np.int64).tolist()) - self._rows.keys())
+            new = sorted(set(np.asarray(keys, dtype=np.int64).tolist()) - self._known)
             if new:
-                self._lower(new)
-                self.table = self._build()
+                self.table = self._build(*self._lower(new))
+                self._known.update(new)
             return self.table
 
-    def _lower(self, new: list) -> None:
+    def _lower(self, new: list) -> tuple:
+        """(keys, f64 [n, 13], i32 [n, 3]): the ms_sweep_variant_t rows of keys ``new``, in an order of their own."""
         g = self.group                  # once: the helpers take it rather than dereference the weak reference
         todo: dict = {}
         n_b, n_ps, n_cands, lks = g.plan.n_b, g.E + 2, len(g.cands), self._lks
@@ -222,22 +223,16 @@ class DecodeVariants:
         jobs: list = []
         staged = [self._lower_rows(g, j, lk, ps, items, jobs) for (j, lk, ps), items in todo.items()]
         # every analytic variant of the group in one kernel call (the routing filled once for them all)
-        res = run_variants(sealed_routing(g.plan, g.routing), jobs) if jobs else None
-        row = 0
-        for items, pf0, kind0, nk, mc_index in staged:
-            n = len(items)
-            if res is not None:
-                f64 = res[row:row + n]
-                row += n
-            else:
-                f64 = np.zeros((n, 13))
-                f64[:, 9] = 1.0
-                f64[:, 11] = -1.0
-            f64[:, 10] = 1e3 / f64[:, 9]
-            f64[:, 12] = pf0
-            i32 = (kind0, nk, mc_index)
-            for (key, _), r in zip(items, f64):
-                self._rows[key] = (r, i32)
+        f64 = run_variants(sealed_routing(g.plan, g.routing), jobs) if jobs else None
+        counts = [len(st[0]) for st in staged]
+        if f64 is None:                 # Monte Carlo templates: no analytic step
+            f64 = np.zeros((sum(counts), 13))
+            f64[:, 9] = 1.0
+            f64[:, 11] = -1.0
+        f64[:, 10] = 1e3 / f64[:, 9]
+        f64[:, 12] = np.repeat([st[1] for st in staged], counts)
+        i32 = np.repeat(np.array([st[2:] for st in staged], dtype=np.int32).reshape(-1, 3), counts, axis=0)
+        return [key for st in staged for key, _ in st[0]], f64, i32
 
     def _lower_rows(self, g, j: int, lk: tuple, ps: int, items: list, jobs: list) -> tuple:
         """What the variant rows of candidate j at page-cache size ps for (key, batch) items sharing one lowered
@@ -386,15 +381,20 @@ class DecodeVariants:
             np.asarray(g.layer_fn).tolist(), kvc.tolist())).items()), dm, g.layer_fn, kvc)
 
     # ---------------------------------------------------------------- the table
-    def _build(self) -> VariantTable:
-        """A new table over every variant lowered so far (the kernel indexes variants in sorted-key order)."""
+    def _build(self, new: list, f64: np.ndarray, i32: np.ndarray) -> VariantTable:
+        """A new table over the current one's variants and the rows (f64, i32) of keys ``new`` (the kernel indexes
+        variants in sorted-key order)."""
         from ...engine import _kernel
         g = self.group
-        keys = np.array(sorted(self._rows), dtype=np.int64)
-        rows = [self._rows[k] for k in keys.tolist()]
+        keys = np.array(new, dtype=np.int64)
+        old = self.table
+        if len(old):
+            keys = np.concatenate((old.keys, keys))
+            f64 = np.concatenate((old.tables["variant_f64"], f64))
+            i32 = np.concatenate((old.tables["variant_i32"], i32))
+        order = np.argsort(keys)
         kr = self._kind_rows
-        t = dict(variant_f64=np.array([r[0] for r in rows]).reshape(-1, 13),
-                 variant_i32=np.array([r[1] for r in rows], dtype=np.int32).reshape(-1, 3),
+        t = dict(variant_f64=f64[order], variant_i32=i32[order],
                  kind_f64=np.array([r[0] for r in kr]).reshape(-1, 5),
                  kind_i32=np.array([r[1] for r in kr], dtype=np.int32).reshape(-1, 3),
                  **g.fn_tables, prompt=float(g.prompt))
@@ -408,4 +408,4 @@ class DecodeVariants:
             if isinstance(v, np.ndarray):
                 _frozen(v)
         dec = _kernel.SweepDecode(t)
-        return VariantTable(_frozen(keys), MappingProxyType(t), dec)
+        return VariantTable(_frozen(keys[order]), MappingProxyType(t), dec)
