@@ -305,7 +305,7 @@ def _multipliers(machine, runtime, placement_labels, codes: list) -> dict:
             lut[f][code] = mult[f]
     for a in lut.values():
         a.flags.writeable = False
-    # bounded like _CODE_MULTIPLIERS: the 59-machine website grid asks for ~12k sets per sweep, which a bound of
+    # bounded like _CODE_MULTIPLIERS: the 59-machine website grid asks for ~6,700 sets per sweep, which a bound of
     # 1,024 cleared over and over (every set then rebuilt from its regimes again)
     if len(_MULTIPLIERS) > 65536:
         _MULTIPLIERS.clear()

@@ -87,8 +87,8 @@ def prefill_seconds(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, promp
 
 def weight_passes(hw: dict, n_tok: int) -> float:
     """How many times a GPU GEMM of ``n_tok`` tokens reads its weights from memory: once per tile of
-    ``prefill_weight_pass_tokens`` tokens (ggml-cuda's MMQ: mmq_x columns per tile, runtimes.toml [backends.*]
-    weight_pass_tokens), once where the machine has no such term."""
+    ``prefill_weight_pass_tokens`` tokens (ggml-cuda's MMQ: mmq_x columns per tile; ggml-vulkan's mul_mm: BN;
+    runtimes.toml [backends.*] weight_pass_tokens), once where the machine has no such term."""
     tile = hw.get("prefill_weight_pass_tokens", 0.0)
     return math.ceil(n_tok / tile) if tile > 0 else 1.0
 
