@@ -133,7 +133,9 @@ def test_collected_rows_name_their_source_web_address_and_date():
     for r in rows:
         assert r["source"].strip() and _WEB_ADDRESS.match(r["source_url"]), r["id"]
         assert _ISO_DATE.match(r["date"]), (r["id"], r["date"])
-        assert r["quality"] in ("A", "B") and V.row_class(r) in V.CLASSES, r["id"]
+        # a row found not to be a steady-state measurement after it was collected stays as quality C, saying why
+        assert r["quality"] in ("A", "B") or (r["quality"] == "C" and "quality C: " in r["notes"]), r["id"]
+        assert V.row_class(r) in V.CLASSES, r["id"]
         assert r["decode_tok_s"] or r["prefill_tok_s"], r["id"]
         assert r["notes"].strip(), r["id"]
 
