@@ -67,7 +67,8 @@ static void dense_layers(const ms_prefill_model_t *p, const ms_prefill_machine_t
         double pt = p->flops[l] / fl + sc;
         /* a tiled GPU GEMM sweeps its weights once per tile of tokens (prefill.py weight_passes) */
         double passes = (g && h->prefill_weight_pass_tokens > 0.0) ? ceil(nt / h->prefill_weight_pass_tokens) : 1.0;
-        t[l] = p->weights[l] * passes / bw + nt * pt + p->decompress_flops[l] / fl + (g ? h->launch_s : h->cpu_layer_s);
+        t[l] = p->weights[l] * passes / bw + nt * pt + nt * p->act[l] / bw + p->decompress_flops[l] / fl
+               + (g ? h->launch_s : h->cpu_layer_s);
         if (p->kv_one != NULL)
             t[l] += np_max(kv_reads(p, h, l, n_tok, rows) / h->host_bw - nt * sc, 0.0);
     }
@@ -119,7 +120,8 @@ static int check(const ms_prefill_model_t *p, const ms_prefill_machine_t *h, con
     if (p == NULL || h == NULL || t == NULL || out == NULL) return MS_ERR_NULL_ARGUMENT;
     if (p->n_layers <= 0 || p->n_sizes < 0 || p->n_exp < 0 || p->n_exp > p->n_layers) return MS_ERR_BAD_SIZE;
     if (p->on_gpu == NULL || p->weights == NULL || p->flops == NULL || p->score_flops == NULL
-        || p->decompress_flops == NULL || (p->kv_one == NULL) != (p->kv_heads == NULL)) return MS_ERR_NULL_ARGUMENT;
+        || p->decompress_flops == NULL || p->act == NULL || (p->kv_one == NULL) != (p->kv_heads == NULL))
+        return MS_ERR_NULL_ARGUMENT;
     if (p->n_sizes > 0 && (p->sizes == NULL || p->size_rows == NULL || p->size_tiled == NULL))
         return MS_ERR_NULL_ARGUMENT;
     if (p->n_exp > 0 && (p->exp_layer == NULL || p->exp_mode == NULL || p->exp_share == NULL || p->exp_bytes == NULL

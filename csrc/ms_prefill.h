@@ -16,6 +16,8 @@ typedef struct {
     const double *weights, *flops;         /* [n_layers] attention + shared weight bytes, FLOPs per token */
     const double *score_flops;             /* [n_layers] attention score FLOPs per token */
     const double *decompress_flops;        /* [n_layers] MLA latent decompression FLOPs per ubatch */
+    const double *act;                     /* [n_layers] activation bytes a token's graph ops move through the
+                                              GPU's memory (0 on CPU layers and for fused runtimes) */
     const double *kv_one, *kv_heads;       /* [n_layers] CPU attention: KV bytes of one read, query heads per
                                               KV head; both NULL when no layer's attention runs on the CPU */
     int32_t n_sizes;

@@ -31,6 +31,7 @@ def _random_tables(rng) -> tuple:
     pos = lambda *shape: rng.uniform(0.5, 2.0, shape) * 10.0 ** rng.uniform(-3, 9, shape)  # noqa: E731
     p = dict(on_gpu=rng.integers(0, 2, L).astype(np.int32), weights=pos(L), flops=pos(L), score_flops=pos(L),
              decompress_flops=np.where(rng.random(L) < 0.5, 0.0, pos(L)),
+             act=np.where(rng.random(L) < 0.3, 0.0, pos(L)),
              kv_one=np.where(rng.random(L) < 0.3, 0.0, pos(L)) if kv else None,
              kv_heads=rng.integers(0, 9, L).astype(np.float64) if kv else None,
              sizes=np.array([[int(rng.integers(1, 3000)), int(rng.integers(0, 5))] for _ in range(S)], dtype=np.int64),

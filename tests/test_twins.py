@@ -441,7 +441,19 @@ def hand(mid, quant):
         embed_bytes=h * V * bpw,
         kv_elems=2 * KV * hd,                                     # K and V per token per layer
         score_per_token=4.0 * H * hd,                             # QK^T and AV, 2 FLOPs per MAC
+        act_bytes=_hand_act(h, H * hd, KV * hd, qkn, E, k, F),
     )
+
+
+def _hand_act(h, q, kv, qkn, E, k, F):
+    """Activation bytes one prompt token's ggml ops move per layer (engine.lower.activations), restated: f32
+    rows read and written, MMQ's q8_1 copy (36 bytes per 32 values) of each matmul input."""
+    quant = 4.0 + 36 / 32
+    attn = (8 * h + 3 * quant * h + 4 * (q + 2 * kv) + 8 * (q + kv) * (2 if qkn else 1) + 12 * kv + 8 * q
+            + quant * q + 4 * h + 12 * h)
+    mlp = lambda inter: 2 * quant * h + 8 * inter + 12 * inter + quant * inter + 4 * h  # noqa: E731
+    ffn = 20 * h + (mlp(F) if not E else 4 * h + 4 * E + k * mlp(F) + 8 * k * h + 12 * (k - 1) * h)
+    return attn + ffn
 
 
 @pytest.mark.parametrize("quant", ["BF16", "Q8_0"])
@@ -578,7 +590,7 @@ def _hand_hw():
 def test_prefill_dense_by_hand():
     """llama-3-8b BF16 all on the 4090 under llama.cpp, a 512-token prompt: one 512-token ubatch reads
     every layer's weights once per 128-token tile (4 passes: [backends.cuda] weight_pass_tokens) and runs 512
-    tokens of GEMMs plus attention over an average depth of 256."""
+    tokens of GEMMs plus attention over an average depth of 256, and of activation traffic."""
     m = ingest.model("llama-3-8b")
     x = hand("llama-3-8b", "BF16")
     mach, rt = _machine("desktop-4090"), get_runtime("llama.cpp")
@@ -591,7 +603,7 @@ def test_prefill_dense_by_hand():
     per_layer_w = x["attn_bytes"] + x["router_bytes"] + x["dense_bytes"]
     per_tok = 2.0 * (x["attn_params"] + x["router_params"] + x["dense_params"]) / h["gemm"] \
         + x["score_per_token"] * 256 / h["attn"]
-    t = x["L"] * (per_layer_w * 4 / h["gpu_bw"] + 512 * per_tok + h["launch"]) \
+    t = x["L"] * (per_layer_w * 4 / h["gpu_bw"] + 512 * per_tok + 512 * x["act_bytes"] / h["gpu_bw"] + h["launch"]) \
         + x["head_bytes"] / h["gpu_bw"] + 2.0 * x["head_params"] / h["gemm"]
     assert math.isclose(ttft, t, rel_tol=1e-9)
     assert math.isclose(tok_s, 512 / t, rel_tol=1e-9)
@@ -618,7 +630,8 @@ def test_prefill_moe_by_hand(place):
     distinct = 8 * (1 - 0.75 ** n)
     pairs = n * 2
     per_tok = 2.0 * (x["attn_params"] + x["router_params"]) / h["gemm"] + x["score_per_token"] * 256 / h["attn"]
-    dense = (x["attn_bytes"] + x["router_bytes"]) * 4 / h["gpu_bw"] + n * per_tok + h["launch"]
+    dense = (x["attn_bytes"] + x["router_bytes"]) * 4 / h["gpu_bw"] + n * per_tok + n * x["act_bytes"] / h["gpu_bw"] \
+        + h["launch"]
     passes = max(pairs / distinct / 128 + 0.5, 1.0)
     compute = distinct * passes * x["expert_bytes"] / h["gpu_bw"] + pairs * 2.0 * x["expert_params"] / h["gemm"]
     experts = compute if place == "all-gpu" else distinct * x["expert_bytes"] / h["pcie_bw"] + compute

@@ -374,6 +374,7 @@ cdef extern from "ms_prefill.h" nogil:
         const double *flops
         const double *score_flops
         const double *decompress_flops
+        const double *act
         const double *kv_one
         const double *kv_heads
         int32_t n_sizes

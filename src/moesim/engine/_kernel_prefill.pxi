@@ -17,6 +17,7 @@ cdef class PrefillModel:
         self.p.flops = <double *> _data(keep, "flops", c["flops"])
         self.p.score_flops = <double *> _data(keep, "score_flops", c["score_flops"])
         self.p.decompress_flops = <double *> _data(keep, "decompress_flops", c["decompress_flops"])
+        self.p.act = <double *> _data(keep, "act", c["act"])
         self.p.kv_one = <double *> _data(keep, "kv_one", c["kv_one"])
         self.p.kv_heads = <double *> _data(keep, "kv_heads", c["kv_heads"])
         self.p.n_sizes = <int32_t> c["sizes"].shape[0]

@@ -185,7 +185,7 @@ CACHE_REPLAY = (Field("sel", I32, ("n_steps", "n_layers", "width")), Field("nsel
 # ms_prefill_model_t (engine.prefill's kernel path: prefill_terms packed once per lowered model); L layers, S
 # ubatch sizes, X layers with routed experts.
 PREFILL_MODEL = (_arrays(I32, ("n_layers",), "on_gpu")
-                 + _arrays(F64, ("n_layers",), "weights", "flops", "score_flops", "decompress_flops")
+                 + _arrays(F64, ("n_layers",), "weights", "flops", "score_flops", "decompress_flops", "act")
                  + (Field("kv_one", F64, ("n_layers",), optional=True, note="CPU attention's KV bytes of one read"),
                     Field("kv_heads", F64, ("n_layers",), optional=True, note="query heads per KV head (with kv_one)"),
                     Field("sizes", I64, ("n_sizes", 2)))

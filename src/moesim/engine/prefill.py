@@ -8,6 +8,7 @@ import numpy as np
 from ..spec.models import Model
 from ..spec.runtimes import Runtime
 from .codes import EXP_FETCH, EXP_GPU, EXP_NONE, EXP_SPLIT
+from .lower.activations import prompt_activation_bytes
 from .lower.decode_model import FA_TILE_Q, op_offload_threshold
 from .lower.attention import ctx_eval, full_window_fn, mla_decompress_flops, prefill_score_flops, prefill_score_fn
 
@@ -61,7 +62,10 @@ def prefill_seconds(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, promp
         # 48 ms per 512-token ubatch, weight reads + per-token work, not their max)
         # ... once per tile of tokens where the GPU's GEMM kernels tile them (weight_passes)
         reads = x["weights"] * np.where(on_gpu, weight_passes(hw, n_tok), 1.0) / bw
-        t = reads + n_tok * pt + decompress + np.where(on_gpu, hw["launch_s"], hw["cpu_layer_s"])
+        # the graph's ops stream their activations through the GPU's memory (engine.lower.activations; 0 on
+        # the CPU's layers, whose per-op tensors of a ubatch stay largely in its caches, and for fused runtimes)
+        acts = n_tok * x["act"] / bw
+        t = reads + n_tok * pt + acts + decompress + np.where(on_gpu, hw["launch_s"], hw["cpu_layer_s"])
         t_kv = 0.0
         if kv is not None:
             # the CPU's attention walks stream the KV while they score it: only the reads its arithmetic does not
@@ -80,7 +84,8 @@ def prefill_seconds(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, promp
         total += count * t_ub
         if parts is not None:
             phases = dict(weight_reads=reads, dense_gemm=n_tok * x["flops"] / fl,
-                          attention=n_tok * sc, mla_decompress=decompress, cpu_kv_reads=t_kv, experts=t_exp)
+                          attention=n_tok * sc, mla_decompress=decompress, cpu_kv_reads=t_kv, experts=t_exp,
+                          activations=acts)
             _add_parts(parts, count, t_ub, phases)
     return total
 
@@ -121,7 +126,7 @@ def _kernel_model(x: dict, dm: dict) -> dict:
                    exp_bytes=e["eb"], exp_flops=e["ef"], exp_layer_experts=e["layer_experts"])
     distinct = [_distinct(e, n, x["terms"]) for n, _ in sizes] if e is not None else []
     return dict(on_gpu=x["on_gpu"].astype(np.int32), weights=x["weights"], flops=x["flops"],
-                score_flops=x["score_flops"], decompress_flops=x["decompress_flops"],
+                score_flops=x["score_flops"], decompress_flops=x["decompress_flops"], act=x["act"],
                 kv_one=None if kv is None else kv[0], kv_heads=None if kv is None else np.asarray(kv[1], dtype=np.float64),
                 sizes=np.array(sizes, dtype=np.int64).reshape(-1, 2), size_rows=np.array(rows, dtype=np.float64),
                 size_tiled=np.array([r >= FA_TILE_Q for r in rows], dtype=np.int32),
@@ -159,10 +164,10 @@ _MACHINE_KEYS = ("gpu_bw", "host_bw", "pcie_bw", "pcie_links", "prefill_flops", 
 
 # the phases explain reports a prompt's seconds by: dense weight reads, dense GEMMs (attention projections,
 # shared experts, dense FFNs), attention scores, MLA's latent decompression, the CPU attention's reads of the KV
-# cache, routed experts (their reads, GEMMs, copies and CPU work together) and the fixed rest (per-layer launch,
-# the output head)
+# cache, routed experts (their reads, GEMMs, copies and CPU work together), the graph's activation traffic and
+# the fixed rest (per-layer launch, the output head)
 PREFILL_PHASES = ("weight_reads", "dense_gemm", "attention", "mla_decompress", "cpu_kv_reads", "experts",
-                  "launch_head")
+                  "activations", "launch_head")
 
 
 def _add_parts(parts: dict, count: int, t_ub: float, phases: dict) -> None:
@@ -198,6 +203,7 @@ def prefill_terms(m: Model, dm: dict, rtab: dict, rt: Runtime, prompt: int, dept
                 # a runtime that attends on the latent (absorbed) decompresses no keys
                 decompress_flops=mean_keys * mla_decompress_flops(m) * (not rt.decode.mla_prefill_absorbed),
                 weights=np.asarray(dm["attn_bytes"]) + np.asarray(dm["shared_bytes"]),
+                act=prompt_activation_bytes(m) * on_gpu if rt.decode.prompt_activations else np.zeros(m.n_layers),
                 flops=np.asarray(dm["attn_flops"]) + np.asarray(dm["shared_flops"]),
                 experts=_expert_layers(dm, rtab, mode, np.asarray(dm["moe_index"]), terms),
                 kv=_cpu_kv_reads(dm, on_gpu, mean_keys))

@@ -100,6 +100,8 @@ class DecodeParams:
     expert_parallel: int = 1      # expert-parallel ranks (epN, tpN-epM): routed experts sharded, all-to-all per MoE layer
     redundant_experts: int = 0    # EPLB replicas of the hottest experts per MoE layer (--redundant-experts)
     moe_rowwise_prefill: bool = False  # GPU MUL_MAT_ID of a batch token by token (llama.cpp before Jan 2024)
+    prompt_activations: bool = False   # a prompt's graph ops stream their f32 activations through device memory
+                                       # one kernel each (ggml: engine.lower.activations); False: fused kernels
     cpu_layer_us: float = 0.0     # per layer computed on the CPU: the graph's per-node thread barriers (llama.cpp's
                                   # ggml-cpu); 0 for runtimes whose CPU cost is in their other terms
     moe_layer_us: float = 0.0     # per MoE layer on a GPU: the routing, weighting and combining kernels beside

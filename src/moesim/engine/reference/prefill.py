@@ -60,8 +60,8 @@ def _dense(p: dict, h: dict, s: int) -> list:
         pt = float(p["flops"][l]) / fl + sc
         tile = h["prefill_weight_pass_tokens"]
         passes = float(math.ceil(nt / tile)) if (g and tile > 0.0) else 1.0
-        x = float(p["weights"][l]) * passes / bw + nt * pt + float(p["decompress_flops"][l]) / fl + (
-            h["launch_s"] if g else h["cpu_layer_s"])
+        x = (float(p["weights"][l]) * passes / bw + nt * pt + nt * float(p["act"][l]) / bw
+             + float(p["decompress_flops"][l]) / fl + (h["launch_s"] if g else h["cpu_layer_s"]))
         if kv:
             x += _np_max(_kv_reads(p, h, l, n_tok, rows) / h["host_bw"] - nt * sc, 0.0)
         t.append(x)
