@@ -122,12 +122,13 @@ def test_decode_columns_kept_per_run_settings(monkeypatch):
     key drops the seed."""
     from moesim.analysis.sweep.spec import RUN_DEFAULTS
     seen = []
-    run = V.run_variants
+    run = V.run_prepared
 
     def recording(rt, jobs, *a, **k):
-        seen.extend((int(cols["steps"][0]), int(cols["warmup"][0]), int(cols["seed"][0])) for _, _, cols in jobs)
+        seen.extend((int(cols.table["steps"][0]), int(cols.table["warmup"][0]), int(cols.table["seed"][0]))
+                    for _, _, cols in jobs)
         return run(rt, jobs, *a, **k)
-    monkeypatch.setattr(V, "run_variants", recording)
+    monkeypatch.setattr(V, "run_prepared", recording)
     # a dense model (no analytic tables, so no routing digest in the key) and a MoE one (whose digest changes
     # with the seed's routing)
     grid = dict(models=["gemma-2-2b", "qwen3-30b-a3b"], quants=["Q4_K_M"], machines=[TSA.M64], contexts=[4096],

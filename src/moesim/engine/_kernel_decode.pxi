@@ -284,3 +284,131 @@ def decode_variants(rt, list jobs, int n_threads):
     finally:
         free(cfg); free(res); free(ws)
     return 0, -1, -1, out
+
+
+# ------------------------------------------------------------------------------- prepared jobs (issue 19)
+# A sweep runs the same lowered decode models, machine rates and config columns in many decode calls (the website
+# grid: ~15k calls of ~5 jobs each). These hold each one checked (glue.check_struct) and filled into its C struct
+# once, so decode_prepared only points at them: decode_variants' per-job checks and fills (typed views of twelve
+# config columns, a dict per model) were more instructions than the decode itself.
+
+cdef class DecodeModel:
+    """A decode model table (glue.DECODE_MODEL), checked and filled into ms_decode_model_t once (``table``: it)."""
+    cdef ms_decode_model_t m
+    cdef dict keep
+    cdef readonly object table
+
+    def __init__(self, dm):
+        self.keep = {}
+        _fill_decode_model(&self.m, check_struct("ms_decode_model_t", dm), self.keep)
+        self.table = dm
+
+
+cdef class DecodeMachine:
+    """A machine table (glue.MACHINE), checked and filled into ms_machine_t once."""
+    cdef ms_machine_t h
+    cdef readonly object table
+
+    def __init__(self, hw):
+        _fill_machine(&self.h, check_struct("ms_machine_t", hw))
+        self.table = hw
+
+
+cdef class DecodeConfigs:
+    """Config columns (glue.DECODE_CONFIG_COLUMNS), checked and filled into n ms_decode_config_t once; the
+    analytic tables' layer counts kept for the routing check (glue.check_che_columns)."""
+    cdef ms_decode_config_t *cfg
+    cdef Py_ssize_t n
+    cdef dict c
+    cdef readonly object che_layers, page_layers, table
+
+    def __cinit__(self):
+        self.cfg = NULL
+
+    def __init__(self, cols):
+        c = check_columns("ms_decode_config_t[]", cols)
+        self.n = c["n"]
+        self.che_layers = None if c.get("che") is None else c["che"].shape[1]
+        self.page_layers = None if c.get("page_hit") is None else c["page_hit"].shape[1]
+        check_che_columns(c, self.che_layers if self.che_layers is not None else (
+            self.page_layers if self.page_layers is not None else 0))
+        self.cfg = <ms_decode_config_t *> malloc(max(self.n, 1) * sizeof(ms_decode_config_t))
+        if self.cfg == NULL:
+            raise MemoryError()
+        _fill_configs(self.cfg, c, self.n)
+        self.c = c                      # the checked arrays the configs point into
+        self.table = cols
+
+    def __dealloc__(self):
+        free(self.cfg)
+
+
+cdef class DecodeRouting:
+    """A routing table (glue.check_routing), checked and filled into ms_routing_t once."""
+    cdef ms_routing_t r
+    cdef dict keep
+    cdef readonly object table
+
+    def __init__(self, rt):
+        self.keep = {}
+        _fill_routing(&self.r, check_routing(rt), self.keep)
+        self.table = rt
+
+
+def decode_prepared(DecodeRouting routing, list jobs, int n_threads):
+    """decode_variants of prepared (DecodeModel, DecodeMachine, DecodeConfigs) jobs that share ``routing``: the same
+    C calls on the same structs, into the same [configurations, 13] array; (code, failing job or -1, its bad
+    configuration or -1, rows)."""
+    cdef ms_routing_t *r = &routing.r
+    cdef ms_decode_result_t *res = NULL
+    cdef char *ws = NULL
+    cdef Py_ssize_t cap = 0, row = 0, n, j, i, total = 0
+    cdef int64_t ws_cap = 0, bad = -1, w, need
+    cdef int code = 0, k, nt = _threads(n_threads)
+    cdef DecodeModel dm
+    cdef DecodeMachine hw
+    cdef DecodeConfigs cc
+    for j in range(len(jobs)):
+        cc = jobs[j][2]
+        for name, layers in (("che", cc.che_layers), ("page_hit", cc.page_layers)):
+            if layers is not None and layers != r.n_layers:     # glue.check_che_columns' check, per call
+                raise StructError("ms_decode_config_t[]", name, f"{layers} layers, the routing has {r.n_layers}")
+        total += cc.n
+    out = np.zeros((total, 4 + MS_N_RES + 1))
+    cdef double[:, ::1] v = out
+    try:
+        for j in range(len(jobs)):
+            dm, hw, cc = jobs[j]
+            n = cc.n
+            if max(n, 1) > cap:
+                free(res)
+                res = <ms_decode_result_t *> malloc(max(n, 1) * sizeof(ms_decode_result_t))
+                cap = max(n, 1) if res != NULL else 0
+                if res == NULL:
+                    raise MemoryError()
+            need = 64
+            for i in range(n):
+                w = ms_decode_workspace_size(&dm.m, r, &cc.cfg[i])
+                if w > need:
+                    need = w
+            need = (need + 63) // 64 * 64
+            if need > ws_cap:
+                free(ws)
+                ws = <char *> malloc(need * nt)
+                ws_cap = need if ws != NULL else 0
+                if ws == NULL:
+                    raise MemoryError()
+            with nogil:
+                code = ms_decode_many(&dm.m, &hw.h, r, cc.cfg, n, res, nt, ws, ws_cap, &bad)
+            if code:
+                return code, j, bad, None
+            for i in range(n):
+                v[row + i, 0] = res[i].step_mean
+                for k in range(MS_N_RES):
+                    v[row + i, 1 + k] = res[i].by_resource[k]
+                v[row + i, 1 + MS_N_RES] = res[i].accepted
+                v[row + i, 3 + MS_N_RES] = res[i].hit_rate
+            row += n
+    finally:
+        free(res); free(ws)
+    return 0, -1, -1, out

@@ -48,6 +48,28 @@ def run_variants(rt: dict, jobs: list, n_threads: int = 1):
     return rows
 
 
+def prepare(dm: dict = None, hw: dict = None, cols: dict = None, rt: dict = None):
+    """The C structs of a decode model, machine, config columns or routing, each checked (engine.glue) and filled
+    once: what :func:`run_prepared` takes in the place of :func:`run_variants`' tables (give exactly one)."""
+    from . import _kernel
+    given = [(k, v) for k, v in (("dm", dm), ("hw", hw), ("cols", cols), ("rt", rt)) if v is not None]
+    if len(given) != 1:
+        raise MoesimError("prepare: give exactly one of dm, hw, cols, rt", "prepare")
+    kind, table = given[0]
+    return {"dm": _kernel.DecodeModel, "hw": _kernel.DecodeMachine, "cols": _kernel.DecodeConfigs,
+            "rt": _kernel.DecodeRouting}[kind](table)
+
+
+def run_prepared(rt, jobs: list, n_threads: int = 1):
+    """:func:`run_variants` of prepared jobs (:func:`prepare`'s decode model, machine and config columns, and its
+    routing ``rt``): the same kernel calls and rows, without checking and filling the tables again per call (a sweep
+    runs each lowered model, machine and column set in many calls)."""
+    from . import _kernel
+    code, job, bad, rows = _kernel.decode_prepared(rt, jobs, int(n_threads))
+    handle_library_error(code, "ms_decode_many", bad)
+    return rows
+
+
 # ------------------------------------------------------------------------------- analytic tables
 def che_table(rt: dict, batches, tokens_per_step, slots: int, policy: int = 0, engine: str = "c", steps: int = 256,
               warmup: int = 32):

@@ -20,7 +20,7 @@ from types import MappingProxyType
 
 import numpy as np
 
-from ...engine.decode import run_variants
+from ...engine.decode import prepare, run_prepared
 from ...engine.glue import seal
 from ...engine.lower.decode_model import attention_key, kv_copies_of, lower_model, op_offload_threshold
 from ...engine.lower.machine import lower_machine, placement_key
@@ -146,6 +146,21 @@ def sealed_decode_cols(plan, routing: dict, dm: dict, policy: int, batches: tupl
         batches, policy, run_cfg, che_columns(plan, routing, dm, policy, batches, 1 + drafts), drafts, accepted)))
 
 
+def _sealed_machine(g, p: Placement) -> tuple:
+    """(sealed machine rates of group g's machine under placement p, the same prepared for the decode kernel)."""
+    hw = seal("ms_machine_t", lower_machine(g.machine, g.rt, p, g.kernel_mix))
+    return hw, prepare(hw=hw)
+
+
+def _prepared_routing(plan, rt: dict):
+    """The group routing's sealed table prepared for the decode kernel (engine.decode.prepare), once per plan."""
+    key = ("prepared_routing", id(rt))
+    hit = plan._shared.get(key)
+    if hit is None or hit[0] is not rt:
+        hit = plan.shared(key, lambda: (rt, prepare(rt=sealed_routing(plan, rt))))
+    return hit[1]
+
+
 class DecodeVariants:
     """The growing set of a group's decode variants and their current :class:`VariantTable`."""
 
@@ -223,7 +238,7 @@ class DecodeVariants:
         jobs: list = []
         staged = [self._lower_rows(g, j, lk, ps, items, jobs) for (j, lk, ps), items in todo.items()]
         # every analytic variant of the group in one kernel call (the routing filled once for them all)
-        f64 = run_variants(sealed_routing(g.plan, g.routing), jobs) if jobs else None
+        f64 = run_prepared(_prepared_routing(g.plan, g.routing), jobs) if jobs else None
         counts = [len(st[0]) for st in staged]
         if f64 is None:                 # Monte Carlo templates: no analytic step
             f64 = np.zeros((sum(counts), 13))
@@ -240,7 +255,7 @@ class DecodeVariants:
         row, kinds, Monte Carlo template or -1); an analytic group's decode job (zeroed model, machine, columns)
         is appended to ``jobs``."""
         dm0, terms = self._candidate(g, j, lk, items[0][1])
-        hw = self._machine(g, j)
+        hw, chw = self._machine(g, j)
         pf0 = self._prefill_time(g, j, lk, dm0, terms, hw)
         kind0, nk = self._kind_slice(g, j, dm0, hw)
         mc_index = -1
@@ -259,7 +274,7 @@ class DecodeVariants:
             zdm, cols = g.plan.shared(("job", id(dm0), ps, g.policy, id(g.routing), batches), lambda: kept(
                 ("job", id(dm0), ps, g.policy, routing_key(g.plan, g.routing), batches, run_cfg["tokens"],
                  run_cfg["warmup"], int(run_cfg["seed"])), lambda: self._job(g, dm0, ps, batches), dm0, g.routing))
-            jobs.append((zdm, hw, cols))
+            jobs.append((zdm, chw, cols))
         return items, pf0, kind0, nk, mc_index
 
     @staticmethod
@@ -269,14 +284,15 @@ class DecodeVariants:
                     lambda: dict(dm0, page_slots=_frozen(np.full(g.m.n_layers, ps, dtype=np.int32))), dm0)
 
     def _job(self, g, dm0: dict, ps: int, batches: tuple) -> tuple:
-        """(zeroed model, sealed decode columns) of an analytic decode job of ``dm0`` at ps page slots."""
+        """(zeroed model, decode columns) of an analytic decode job of ``dm0`` at ps page slots, prepared for the
+        kernel (engine.decode.prepare)."""
         dm = self._paged(g, dm0, ps)
         # the slot counts the analytic tables are read at: the lowered model's, the same for every batch set
         slots = che_slots_of(dm, g.policy, g.routing), page_slots_of(dm, g.routing)
         cols = sealed_decode_cols(g.plan, g.routing, dm, g.policy, batches, slots=slots)
         # the zeroed model checked once (engine.glue.seal), kept for every machine that runs it
-        zdm = kept(("zeroed", id(dm0), ps), lambda: seal("ms_decode_model_t", _zeroed(dm, g.plan)), dm0)
-        return zdm, cols
+        zdm = kept(("zeroed", id(dm0), ps), lambda: prepare(dm=seal("ms_decode_model_t", _zeroed(dm, g.plan))), dm0)
+        return zdm, prepare(cols=cols)
 
     @staticmethod
     def _kv_copies(g, j: int) -> np.ndarray:
@@ -331,16 +347,16 @@ class DecodeVariants:
                      lambda: prefill_terms(g.m, dm, g.routing, g.rt, prompt), dm, g.routing, g.rt)
         return dm, terms
 
-    def _machine(self, g, j: int) -> dict:
-        """Candidate j's machine rates: the machine's under one runtime, kind of placement and kernel mix, shared by
-        the groups (.kept) and, in the group, by the candidates of one kind (placement_key)."""
+    def _machine(self, g, j: int) -> tuple:
+        """Candidate j's machine rates and the same prepared for the decode kernel (engine.decode.prepare): the
+        machine's under one runtime, kind of placement and kernel mix, shared by the groups (.kept) and, in the
+        group, by the candidates of one kind (placement_key)."""
         p = g.cands[j]
         pk = placement_key(p)
         hw = self._hw.get(pk)
         if hw is None:
             hw = self._hw[pk] = kept(("hw", id(g.machine), id(g.rt), pk, g.kernel_mix),
-                                     lambda: seal("ms_machine_t", lower_machine(g.machine, g.rt, p, g.kernel_mix)),
-                                     g.machine, g.rt)
+                                     lambda: _sealed_machine(g, p), g.machine, g.rt)
         return hw
 
     def _prefill_time(self, g, j: int, lk: tuple, dm, terms: dict, hw) -> float:
