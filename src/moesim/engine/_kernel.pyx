@@ -62,6 +62,25 @@ cdef void *_data(dict keep, str name, arr):
     return cnp.PyArray_DATA(arr)
 
 
+cdef void *_col(arr, char kind, int itemsize, Py_ssize_t n, bint writable, str name) except NULL:
+    """Data pointer of a one-dimensional, C-contiguous, native-order ndarray of ``kind`` ('f', 'i') and ``itemsize``
+    with at least n >= 1 elements, writable where asked (ValueError naming ``name`` otherwise): what a typed
+    memoryview of it points at, without building one (a sweep group passes ~30 columns of a few rows)."""
+    cdef cnp.ndarray a
+    if not isinstance(arr, np.ndarray):
+        raise TypeError(f"{name}: expected a numpy array, got {type(arr).__name__}")
+    a = <cnp.ndarray> arr
+    if (cnp.PyArray_NDIM(a) != 1 or cnp.PyArray_DESCR(a).kind != kind or cnp.PyArray_ITEMSIZE(a) != itemsize
+            or not cnp.PyArray_IS_C_CONTIGUOUS(a) or not cnp.PyArray_ISNOTSWAPPED(a)):
+        raise ValueError(f"{name}: expected a contiguous one-dimensional array of {chr(kind)}{itemsize}, got "
+                         f"{a.dtype} of shape {a.shape}")
+    if writable and not cnp.PyArray_ISWRITEABLE(a):
+        raise ValueError(f"{name}: buffer source array is read-only")
+    if n < 1 or cnp.PyArray_DIM(a, 0) < n:
+        raise ValueError("output column shorter than the configurations")
+    return cnp.PyArray_DATA(a)
+
+
 include "_kernel_rng.pxi"
 include "_kernel_memory.pxi"
 include "_kernel_decode.pxi"

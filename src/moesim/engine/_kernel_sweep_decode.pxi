@@ -145,47 +145,38 @@ cdef ms_sweep_dec_out_t _dec_out(dict out, Py_ssize_t n, bint bottleneck=True) e
     """The decode columns of `out` (each at least n long) as C sees them; p50 / p99 NULL when absent
     (analytic), and the bottleneck column NULL without `bottleneck` (what only reads, the screen)."""
     cdef ms_sweep_dec_out_t o
-    cdef double[::1] a = out["decode_tok_s"], b = out["aggregate_tok_s"], c = out["tpot_ms"]
-    cdef double[::1] f = out["prefill_tok_s"], h = out["expert_hit_rate"]
-    cdef double[::1] d, e
-    cdef int32_t[::1] bn
-    if a.shape[0] < n or b.shape[0] < n or c.shape[0] < n or f.shape[0] < n or h.shape[0] < n or n < 1:
-        raise ValueError("output column shorter than the configurations")
-    o.decode_tok_s = &a[0]; o.aggregate_tok_s = &b[0]; o.tpot_ms = &c[0]
-    o.prefill_tok_s = &f[0]; o.hit_rate = &h[0]; o.bottleneck = NULL
+    o.decode_tok_s = <double *> _col(out["decode_tok_s"], b'f', 8, n, True, "decode_tok_s")
+    o.aggregate_tok_s = <double *> _col(out["aggregate_tok_s"], b'f', 8, n, True, "aggregate_tok_s")
+    o.tpot_ms = <double *> _col(out["tpot_ms"], b'f', 8, n, True, "tpot_ms")
+    o.prefill_tok_s = <double *> _col(out["prefill_tok_s"], b'f', 8, n, True, "prefill_tok_s")
+    o.hit_rate = <double *> _col(out["expert_hit_rate"], b'f', 8, n, True, "expert_hit_rate")
+    o.bottleneck = NULL
     if bottleneck:
-        bn = out["bottleneck"]
-        if bn.shape[0] < n:
-            raise ValueError("output column shorter than the configurations")
-        o.bottleneck = &bn[0]
+        o.bottleneck = <int32_t *> _col(out["bottleneck"], b'i', 4, n, True, "bottleneck")
     o.tpot_p50_ms = NULL
     o.tpot_p99_ms = NULL
     if out.get("tpot_p50_ms") is not None:
-        d = out["tpot_p50_ms"]
-        e = out["tpot_p99_ms"]
-        if d.shape[0] < n or e.shape[0] < n:
-            raise ValueError("output column shorter than the configurations")
-        o.tpot_p50_ms = &d[0]
-        o.tpot_p99_ms = &e[0]
+        o.tpot_p50_ms = <double *> _col(out["tpot_p50_ms"], b'f', 8, n, True, "tpot_p50_ms")
+        o.tpot_p99_ms = <double *> _col(out["tpot_p99_ms"], b'f', 8, n, True, "tpot_p99_ms")
     return o
 
 
 def sweep_analytic(SweepDecode dec, context, batch, variant, int n_threads, dict out):
     """Analytic decode and prefill of n configurations into `out`; returns (code, bad)."""
-    cdef const int64_t[::1] ctx = context
-    cdef const int64_t[::1] bat = batch
-    cdef const int32_t[::1] var = variant
-    cdef Py_ssize_t n = ctx.shape[0]
-    if bat.shape[0] != n or var.shape[0] != n:
+    cdef Py_ssize_t n = len(context)
+    if len(batch) != n or len(variant) != n:
         raise ValueError("context, batch and variant differ in length")
     if n == 0:
         return 0, -1
+    cdef const int64_t *ctx = <int64_t *> _col(context, b'i', 8, n, False, "context")
+    cdef const int64_t *bat = <int64_t *> _col(batch, b'i', 8, n, False, "batch")
+    cdef const int32_t *var = <int32_t *> _col(variant, b'i', 4, n, False, "variant")
     cdef ms_sweep_dec_out_t o = _dec_out(out, n)
     cdef int nt = _threads(n_threads)
     cdef int code
     cdef int64_t bad = -1
     with nogil:
-        code = ms_sweep_analytic(&dec.d, &ctx[0], &bat[0], &var[0], n, nt, &o, &bad)
+        code = ms_sweep_analytic(&dec.d, ctx, bat, var, n, nt, &o, &bad)
     return code, bad
 
 

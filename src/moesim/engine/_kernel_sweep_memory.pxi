@@ -110,42 +110,38 @@ cdef class SweepMemory:
 cdef ms_sweep_mem_out_t _mem_out(dict out, Py_ssize_t n, bint keys=True) except *:
     """The memory columns of `out` (each at least n long) as C sees them; without `keys` the key and
     placement columns are not read (NULL: what only reads the others, the screen)."""
-    cdef int64_t[::1] ctx = out["context"], bat = out["batch"], mc = out["max_context"], mb = out["max_batch"], key
-    cdef int32_t[::1] fits = out["fits"], place
-    cdef double[::1] w = out["weights_bytes"], kv = out["kv_bytes"], st = out["state_bytes"]
-    cdef double[::1] gpu = out["gpu_bytes"], host = out["host_bytes"], sto = out["storage_bytes"]
-    if min(ctx.shape[0], bat.shape[0], mc.shape[0], mb.shape[0], fits.shape[0], w.shape[0], kv.shape[0],
-           st.shape[0], gpu.shape[0], host.shape[0], sto.shape[0]) < n or n < 1:
-        raise ValueError("output column shorter than the configurations")
     cdef ms_sweep_mem_out_t o
-    o.context = &ctx[0]; o.batch = &bat[0]; o.fits = &fits[0]; o.placement = NULL; o.key = NULL
-    o.weights = &w[0]; o.kv = &kv[0]; o.state = &st[0]; o.gpu = &gpu[0]; o.host = &host[0]; o.storage = &sto[0]
-    o.max_context = &mc[0]; o.max_batch = &mb[0]
+    o.context = <int64_t *> _col(out["context"], b'i', 8, n, True, "context")
+    o.batch = <int64_t *> _col(out["batch"], b'i', 8, n, True, "batch")
+    o.max_context = <int64_t *> _col(out["max_context"], b'i', 8, n, True, "max_context")
+    o.max_batch = <int64_t *> _col(out["max_batch"], b'i', 8, n, True, "max_batch")
+    o.fits = <int32_t *> _col(out["fits"], b'i', 4, n, True, "fits")
+    o.weights = <double *> _col(out["weights_bytes"], b'f', 8, n, True, "weights_bytes")
+    o.kv = <double *> _col(out["kv_bytes"], b'f', 8, n, True, "kv_bytes")
+    o.state = <double *> _col(out["state_bytes"], b'f', 8, n, True, "state_bytes")
+    o.gpu = <double *> _col(out["gpu_bytes"], b'f', 8, n, True, "gpu_bytes")
+    o.host = <double *> _col(out["host_bytes"], b'f', 8, n, True, "host_bytes")
+    o.storage = <double *> _col(out["storage_bytes"], b'f', 8, n, True, "storage_bytes")
+    o.placement = NULL; o.key = NULL
     if keys:
-        key = out["key"]
-        place = out["placement"]
-        if key.shape[0] < n or place.shape[0] < n:
-            raise ValueError("output column shorter than the configurations")
-        o.key = &key[0]
-        o.placement = &place[0]
+        o.key = <int64_t *> _col(out["key"], b'i', 8, n, True, "key")
+        o.placement = <int32_t *> _col(out["placement"], b'i', 4, n, True, "placement")
     return o
 
 
 def sweep_memory(SweepMemory mem, contexts, batches, bint zipped, long long j0, long long n, int n_threads,
                  dict out):
     """Memory of configurations j0 .. j0+n-1 of one group into the columns of `out`; (code, bad)."""
-    cdef const int64_t[::1] cv = contexts
-    cdef const int64_t[::1] bv = batches
     if n <= 0:
         return 0, -1
-    if cv.shape[0] == 0 or bv.shape[0] == 0:
+    if len(contexts) == 0 or len(batches) == 0:
         raise ValueError("sweep_memory needs at least one context and one batch")
     cdef ms_sweep_mem_out_t o = _mem_out(out, n)
     cdef ms_sweep_axes_t ax
-    ax.contexts = &cv[0]
-    ax.batches = &bv[0]
-    ax.n_c = cv.shape[0]
-    ax.n_b = <int32_t> bv.shape[0]
+    ax.contexts = <int64_t *> _col(contexts, b'i', 8, 1, False, "contexts")
+    ax.batches = <int64_t *> _col(batches, b'i', 8, 1, False, "batches")
+    ax.n_c = len(contexts)
+    ax.n_b = <int32_t> len(batches)
     ax.zipped = 1 if zipped else 0
     cdef int nt = _threads(n_threads)
     cdef int64_t per = ms_sweep_memory_workspace_size(ax.n_b)

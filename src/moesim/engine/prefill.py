@@ -8,6 +8,7 @@ import numpy as np
 from ..spec.models import Model
 from ..spec.runtimes import Runtime
 from .codes import EXP_FETCH, EXP_GPU, EXP_NONE, EXP_SPLIT
+from .glue import handle_library_error
 from .lower.activations import prompt_activation_bytes
 from .lower.decode_model import FA_TILE_Q, op_offload_threshold
 from .lower.attention import ctx_eval, full_window_fn, mla_decompress_flops, prefill_score_flops, prefill_score_fn
@@ -102,14 +103,24 @@ def _kernel_seconds(x: dict, dm: dict, hw) -> float:
     """:func:`prefill_seconds` of terms ``x`` by ms_prefill_seconds: the terms are packed for the kernel once
     (kept in ``x``, which a sweep shares among the machines that run its lowered model), the machine once per
     table (:func:`_kernel_machine`)."""
-    from . import _kernel
-    from .glue import handle_library_error
+    _kernel = _KERNEL[0] if _KERNEL else _load_kernel()
     model = x.get("kernel")
     if model is None:
         model = x["kernel"] = _kernel.PrefillModel(_kernel_model(x, dm))
     code, seconds = _kernel.prefill_seconds(model, _kernel_machine(hw))
     handle_library_error(code, "ms_prefill_seconds")
     return seconds
+
+
+def _load_kernel():
+    """The compiled kernel module, imported on first use (as the other engine wrappers do) and then held in
+    _KERNEL: a function-level import per call costs ~1 us, and a sweep makes one call per (lowered model, machine)."""
+    from . import _kernel
+    _KERNEL.append(_kernel)
+    return _kernel
+
+
+_KERNEL: list = []
 
 
 def _kernel_model(x: dict, dm: dict) -> dict:

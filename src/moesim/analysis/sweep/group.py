@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...engine import _kernel
 from ...engine.codes import POLICIES
 from ...engine.lower.attention import kv_read_fns, score_fns
 from ...engine.lower.placement import memory_configs, memory_tables
 from ...engine.lower.memory import configure, kv_columns_key, lower
 from ...engine.memory import evaluate
 from ...spec import quants as Q
+from ..simulate import routing_table
 from .kept import kept
 from .spec import OPTION_AXES, machine_label
 from .variants import DecodeVariants
@@ -94,7 +96,6 @@ class Group:
     one consistent table (the indices they resolved and the kernel tables those index)."""
 
     def __init__(self, plan, g: int):
-        from ..simulate import routing_table
         self.plan = plan
         self.g = g
         ix = plan.group_axes(g)
@@ -172,7 +173,6 @@ class Group:
         return kept(key, lambda: self._memory(mkey), self.low, self.machine, self.rt, self.cands)
 
     def _memory(self, mkey: tuple) -> tuple:
-        from ...engine import _kernel
         tables = self._memory_tables(mkey)
         return tables, _kernel.SweepMemory(tables)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...engine import _kernel
 from ...engine.glue import handle_library_error
 from ..consistency import check_chunk
 from ..intervals import fill_sweep
@@ -31,7 +32,6 @@ def _empty_columns(plan, n: int) -> dict:
 def _run_group(plan, grp, cols: dict, key: np.ndarray, variant: np.ndarray, a: int, b: int, start: int,
                threads: int) -> None:
     """Rows [a, b) (global indices, one group) into cols[a - start : b - start]."""
-    from ...engine import _kernel
     s0, s1 = a - start, b - start
     for k, v in grp.codes.items():
         cols[k][s0:s1] = v

@@ -20,6 +20,7 @@ from types import MappingProxyType
 
 import numpy as np
 
+from ...engine import _kernel
 from ...engine.decode import prepare, run_prepared
 from ...engine.glue import seal
 from ...engine.lower.decode_model import attention_key, kv_copies_of, lower_model, op_offload_threshold
@@ -82,6 +83,14 @@ def kind_row(n: int, on_gpu: bool, ab: float, af: float, fn: int, hw: dict, kv_c
     # the scores at the CPU's attention-kernel rate (ms_machine_t.cpu_attn_flops), the weights at its matmul rate
     f64 = [float(n), ab / bw, kv_copies / bw, af / fl, 1.0 / (fl if on_gpu else hw["cpu_attn_flops"])]
     return f64, [0, 1, fn] if on_gpu else [2, 3, fn]
+
+
+def _kind_block(kinds: tuple, hw: dict) -> tuple:
+    """(f64 [k, 5], i32 [k, 3]): the :func:`kind_row` rows of ``kinds`` ((attention kind, layers) pairs) on machine
+    rates ``hw`` as the kernel's arrays (read-only), which a group's table concatenates."""
+    rows = [kind_row(n, on, ab, af, int(fn), hw, copies) for (on, ab, af, fn, copies), n in kinds]
+    return (_frozen(np.array([r[0] for r in rows], dtype=np.float64).reshape(-1, 5)),
+            _frozen(np.array([r[1] for r in rows], dtype=np.int32).reshape(-1, 3)))
 
 
 def _zeroed(dm: dict, plan=None) -> dict:
@@ -173,7 +182,8 @@ class DecodeVariants:
             check_separable(group.routing)
         self._lock = threading.Lock()
         self._known: set = set()        # the keys lowered so far (the table holds their rows)
-        self._kind_rows: list = []      # (f64[5], i32[3]) rows of ms_sweep_kind_t
+        self._kind_rows: list = []      # (f64 [k, 5], i32 [k, 3]) blocks of ms_sweep_kind_t rows
+        self._n_kind_rows = 0
         self._mc_models: list = []
         self._mc_machines: list = []
         self._cand: dict = {}           # (candidate, lowering key) -> _candidate's
@@ -197,7 +207,6 @@ class DecodeVariants:
     def resolve(self, keys: np.ndarray, variant: np.ndarray) -> VariantTable:
         """Fill ``variant`` with each key's row index, lowering unknown keys first; returns the table
         those indices refer to (evaluate with its ``dec``, not with a later table)."""
-        from ...engine import _kernel
         table = self.table
         if not len(table):              # a new group: every key is unknown, no lookup needed to say so
             table = self.add(keys)
@@ -377,10 +386,11 @@ class DecodeVariants:
         if j in self._kinds:
             return self._kinds[j]
         kinds = g.plan.shared(("kinds", id(dm)), lambda: self._kinds_of(g, j, dm))
-        start = len(self._kind_rows)
-        # the rows read the kinds and the machine rates alone: kept for the groups and sweeps that share both
-        self._kind_rows.extend(kept(("kind_rows", id(kinds), id(hw)), lambda: tuple(
-            kind_row(n, on, ab, af, int(fn), hw, copies) for (on, ab, af, fn, copies), n in kinds), kinds, hw))
+        start = self._n_kind_rows
+        # the rows read the kinds and the machine rates alone: kept, as the kernel's arrays, for the groups and
+        # sweeps that share both
+        self._kind_rows.append(kept(("kind_rows", id(kinds), id(hw)), lambda: _kind_block(kinds, hw), kinds, hw))
+        self._n_kind_rows += len(kinds)
         self._kinds[j] = (start, len(kinds))
         return self._kinds[j]
 
@@ -400,7 +410,6 @@ class DecodeVariants:
     def _build(self, new: list, f64: np.ndarray, i32: np.ndarray) -> VariantTable:
         """A new table over the current one's variants and the rows (f64, i32) of keys ``new`` (the kernel indexes
         variants in sorted-key order)."""
-        from ...engine import _kernel
         g = self.group
         keys = np.array(new, dtype=np.int64)
         old = self.table
@@ -411,8 +420,8 @@ class DecodeVariants:
         order = np.argsort(keys)
         kr = self._kind_rows
         t = dict(variant_f64=f64[order], variant_i32=i32[order],
-                 kind_f64=np.array([r[0] for r in kr]).reshape(-1, 5),
-                 kind_i32=np.array([r[1] for r in kr], dtype=np.int32).reshape(-1, 3),
+                 kind_f64=np.concatenate([r[0] for r in kr]) if kr else np.zeros((0, 5)),
+                 kind_i32=np.concatenate([r[1] for r in kr]) if kr else np.zeros((0, 3), dtype=np.int32),
                  **g.fn_tables, prompt=float(g.prompt))
         if self.mc:
             run_cfg = g.plan.run
