@@ -300,6 +300,45 @@ def _sweep_out(n):
                 tpot_p99_ms=np.zeros(n))
 
 
+def test_sweep_columns_are_checked_without_memoryviews():
+    """sweep_analytic and sweep_memory read their columns through _kernel._col (a data pointer after checking the
+    array, where typed memoryviews were built before): a column of another dtype, shape or length, not contiguous,
+    not an array, or a read-only output is refused (ValueError / TypeError) before the C runs, and good columns give
+    the rows they gave."""
+    from moesim.analysis.sweep import Plan, build_spec, normalize_spec
+    plan = Plan(normalize_spec(build_spec(models=["qwen3-30b-a3b"], quants=["Q4_K_M"],
+                                          machines=[{"gpu": "rtx-4090", "host": "ddr5-6000x2", "host_mem_gb": 64,
+                                                     "name": "m"}], contexts=[4096], batches=[1, 2])))
+    grp = plan.group(0)
+    grp.add_variants([0])
+    dec = _kernel.SweepDecode(dict(grp.dec_tables))
+    ctx, bat, var = np.array([4096, 4096], np.int64), np.array([1, 2], np.int64), np.zeros(2, np.int32)
+    out = _sweep_out(2)
+    assert _kernel.sweep_analytic(dec, ctx, bat, var, 1, out) == (0, -1) and out["decode_tok_s"].min() > 0
+    for bad in (ctx.astype(np.int32), ctx.astype(np.float64), np.array([[4096, 4096]], np.int64),
+                np.array([4096, 0, 4096, 0], np.int64)[::2], ctx.astype(ctx.dtype.newbyteorder())):
+        with pytest.raises(ValueError):
+            _kernel.sweep_analytic(dec, bad, bat, var, 1, _sweep_out(2))
+    with pytest.raises(TypeError):
+        _kernel.sweep_analytic(dec, [4096, 4096], bat, var, 1, _sweep_out(2))
+    ro = _sweep_out(2)
+    ro["tpot_ms"].flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        _kernel.sweep_analytic(dec, ctx, bat, var, 1, ro)
+    with pytest.raises(ValueError, match="shorter"):
+        _kernel.sweep_analytic(dec, ctx, bat, var, 1, dict(_sweep_out(2), tpot_ms=np.zeros(1)))
+    mem = {k: np.zeros(2, np.int64) for k in ("context", "batch", "key", "max_context", "max_batch")}
+    mem.update({k: np.zeros(2, np.int32) for k in ("placement", "fits")})
+    mem.update({k: np.zeros(2) for k in ("weights_bytes", "kv_bytes", "state_bytes", "gpu_bytes", "host_bytes",
+                                         "storage_bytes")})
+    assert _kernel.sweep_memory(grp.mem, plan.contexts, plan.batches, False, 0, 2, 1, mem)[0] == 0
+    assert mem["context"].tolist() == [4096, 4096] and mem["batch"].tolist() == [1, 2]
+    with pytest.raises(ValueError):
+        _kernel.sweep_memory(grp.mem, plan.contexts, plan.batches, False, 0, 2, 1, dict(mem, fits=np.zeros(2)))
+    with pytest.raises(ValueError):
+        _kernel.sweep_memory(grp.mem, plan.contexts.astype(np.float64), plan.batches, False, 0, 2, 1, mem)
+
+
 @pytest.mark.parametrize("mode", ["analytic", "montecarlo"])
 def test_sweep_decode_bad_kind_slice_or_template_is_an_error_code(mode):
     """ms_sweep_decode_t carries n_kinds and n_templates: a variant whose kind slice runs past the kinds

@@ -70,10 +70,11 @@ cdef void *_col(arr, char kind, int itemsize, Py_ssize_t n, bint writable, str n
     if not isinstance(arr, np.ndarray):
         raise TypeError(f"{name}: expected a numpy array, got {type(arr).__name__}")
     a = <cnp.ndarray> arr
-    if (cnp.PyArray_NDIM(a) != 1 or cnp.PyArray_DESCR(a).kind != kind or cnp.PyArray_ITEMSIZE(a) != itemsize
+    if (cnp.PyArray_NDIM(a) != 1 or cnp.PyArray_ITEMSIZE(a) != itemsize
+            or not (cnp.PyArray_ISFLOAT(a) if kind == b'f' else cnp.PyArray_ISSIGNED(a))
             or not cnp.PyArray_IS_C_CONTIGUOUS(a) or not cnp.PyArray_ISNOTSWAPPED(a)):
         raise ValueError(f"{name}: expected a contiguous one-dimensional array of {chr(kind)}{itemsize}, got "
-                         f"{a.dtype} of shape {a.shape}")
+                         f"{arr.dtype} of shape {arr.shape}")
     if writable and not cnp.PyArray_ISWRITEABLE(a):
         raise ValueError(f"{name}: buffer source array is read-only")
     if n < 1 or cnp.PyArray_DIM(a, 0) < n:
