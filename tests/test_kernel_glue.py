@@ -327,12 +327,21 @@ def test_sweep_columns_are_checked_without_memoryviews():
         _kernel.sweep_analytic(dec, ctx, bat, var, 1, ro)
     with pytest.raises(ValueError, match="shorter"):
         _kernel.sweep_analytic(dec, ctx, bat, var, 1, dict(_sweep_out(2), tpot_ms=np.zeros(1)))
+    wide = _sweep_out(5)                # a chunk's columns, the group's rows from an offset on
+    assert _kernel.sweep_analytic(dec, ctx, bat, var, 1, wide, 3) == (0, -1)
+    assert wide["decode_tok_s"][3:].tolist() == out["decode_tok_s"].tolist() and not wide["decode_tok_s"][:3].any()
+    for off in (4, -1):
+        with pytest.raises(ValueError, match="shorter"):
+            _kernel.sweep_analytic(dec, ctx, bat, var, 1, _sweep_out(5), off)
     mem = {k: np.zeros(2, np.int64) for k in ("context", "batch", "key", "max_context", "max_batch")}
     mem.update({k: np.zeros(2, np.int32) for k in ("placement", "fits")})
     mem.update({k: np.zeros(2) for k in ("weights_bytes", "kv_bytes", "state_bytes", "gpu_bytes", "host_bytes",
                                          "storage_bytes")})
     assert _kernel.sweep_memory(grp.mem, plan.contexts, plan.batches, False, 0, 2, 1, mem)[0] == 0
     assert mem["context"].tolist() == [4096, 4096] and mem["batch"].tolist() == [1, 2]
+    wide = {k: np.zeros(4, v.dtype) for k, v in mem.items()}
+    assert _kernel.sweep_memory(grp.mem, plan.contexts, plan.batches, False, 0, 2, 1, wide, 2)[0] == 0
+    assert all(wide[k][2:].tolist() == mem[k].tolist() and not wide[k][:2].any() for k in mem)
     with pytest.raises(ValueError):
         _kernel.sweep_memory(grp.mem, plan.contexts, plan.batches, False, 0, 2, 1, dict(mem, fits=np.zeros(2)))
     with pytest.raises(ValueError):

@@ -62,10 +62,12 @@ cdef void *_data(dict keep, str name, arr):
     return cnp.PyArray_DATA(arr)
 
 
-cdef void *_col(arr, char kind, int itemsize, Py_ssize_t n, bint writable, str name) except NULL:
-    """Data pointer of a one-dimensional, C-contiguous, native-order ndarray of ``kind`` ('f', 'i') and ``itemsize``
-    with at least n >= 1 elements, writable where asked (ValueError naming ``name`` otherwise): what a typed
-    memoryview of it points at, without building one (a sweep group passes ~30 columns of a few rows)."""
+cdef void *_col(arr, char kind, int itemsize, Py_ssize_t n, bint writable, str name,
+               Py_ssize_t offset=0) except NULL:
+    """Pointer to element ``offset`` of a one-dimensional, C-contiguous, native-order ndarray of ``kind`` ('f', 'i')
+    and ``itemsize`` with at least offset + n elements (n >= 1, offset >= 0), writable where asked (ValueError naming
+    ``name`` otherwise): what a typed memoryview of its [offset:] slice points at, without building the slice or
+    the view (a sweep group passes ~30 columns of a few rows)."""
     cdef cnp.ndarray a
     if not isinstance(arr, np.ndarray):
         raise TypeError(f"{name}: expected a numpy array, got {type(arr).__name__}")
@@ -77,9 +79,9 @@ cdef void *_col(arr, char kind, int itemsize, Py_ssize_t n, bint writable, str n
                          f"{arr.dtype} of shape {arr.shape}")
     if writable and not cnp.PyArray_ISWRITEABLE(a):
         raise ValueError(f"{name}: buffer source array is read-only")
-    if n < 1 or cnp.PyArray_DIM(a, 0) < n:
+    if n < 1 or offset < 0 or cnp.PyArray_DIM(a, 0) - offset < n:
         raise ValueError("output column shorter than the configurations")
-    return cnp.PyArray_DATA(a)
+    return (<char *> cnp.PyArray_DATA(a)) + offset * itemsize
 
 
 include "_kernel_rng.pxi"

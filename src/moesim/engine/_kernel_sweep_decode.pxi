@@ -141,28 +141,29 @@ cdef class SweepDecode:
         free(self.machines)
 
 
-cdef ms_sweep_dec_out_t _dec_out(dict out, Py_ssize_t n, bint bottleneck=True) except *:
+cdef ms_sweep_dec_out_t _dec_out(dict out, Py_ssize_t n, bint bottleneck=True, Py_ssize_t offset=0) except *:
     """The decode columns of `out` (each at least n long) as C sees them; p50 / p99 NULL when absent
-    (analytic), and the bottleneck column NULL without `bottleneck` (what only reads, the screen)."""
+    (analytic), and the bottleneck column NULL without `bottleneck` (what only reads, the screen); from row
+    ``offset`` of each on."""
     cdef ms_sweep_dec_out_t o
-    o.decode_tok_s = <double *> _col(out["decode_tok_s"], b'f', 8, n, True, "decode_tok_s")
-    o.aggregate_tok_s = <double *> _col(out["aggregate_tok_s"], b'f', 8, n, True, "aggregate_tok_s")
-    o.tpot_ms = <double *> _col(out["tpot_ms"], b'f', 8, n, True, "tpot_ms")
-    o.prefill_tok_s = <double *> _col(out["prefill_tok_s"], b'f', 8, n, True, "prefill_tok_s")
-    o.hit_rate = <double *> _col(out["expert_hit_rate"], b'f', 8, n, True, "expert_hit_rate")
+    o.decode_tok_s = <double *> _col(out["decode_tok_s"], b'f', 8, n, True, "decode_tok_s", offset)
+    o.aggregate_tok_s = <double *> _col(out["aggregate_tok_s"], b'f', 8, n, True, "aggregate_tok_s", offset)
+    o.tpot_ms = <double *> _col(out["tpot_ms"], b'f', 8, n, True, "tpot_ms", offset)
+    o.prefill_tok_s = <double *> _col(out["prefill_tok_s"], b'f', 8, n, True, "prefill_tok_s", offset)
+    o.hit_rate = <double *> _col(out["expert_hit_rate"], b'f', 8, n, True, "expert_hit_rate", offset)
     o.bottleneck = NULL
     if bottleneck:
-        o.bottleneck = <int32_t *> _col(out["bottleneck"], b'i', 4, n, True, "bottleneck")
+        o.bottleneck = <int32_t *> _col(out["bottleneck"], b'i', 4, n, True, "bottleneck", offset)
     o.tpot_p50_ms = NULL
     o.tpot_p99_ms = NULL
     if out.get("tpot_p50_ms") is not None:
-        o.tpot_p50_ms = <double *> _col(out["tpot_p50_ms"], b'f', 8, n, True, "tpot_p50_ms")
-        o.tpot_p99_ms = <double *> _col(out["tpot_p99_ms"], b'f', 8, n, True, "tpot_p99_ms")
+        o.tpot_p50_ms = <double *> _col(out["tpot_p50_ms"], b'f', 8, n, True, "tpot_p50_ms", offset)
+        o.tpot_p99_ms = <double *> _col(out["tpot_p99_ms"], b'f', 8, n, True, "tpot_p99_ms", offset)
     return o
 
 
-def sweep_analytic(SweepDecode dec, context, batch, variant, int n_threads, dict out):
-    """Analytic decode and prefill of n configurations into `out`; returns (code, bad)."""
+def sweep_analytic(SweepDecode dec, context, batch, variant, int n_threads, dict out, Py_ssize_t offset=0):
+    """Analytic decode and prefill of n configurations into rows offset .. offset+n-1 of `out`; returns (code, bad)."""
     cdef Py_ssize_t n = len(context)
     if len(batch) != n or len(variant) != n:
         raise ValueError("context, batch and variant differ in length")
@@ -171,7 +172,7 @@ def sweep_analytic(SweepDecode dec, context, batch, variant, int n_threads, dict
     cdef const int64_t *ctx = <int64_t *> _col(context, b'i', 8, n, False, "context")
     cdef const int64_t *bat = <int64_t *> _col(batch, b'i', 8, n, False, "batch")
     cdef const int32_t *var = <int32_t *> _col(variant, b'i', 4, n, False, "variant")
-    cdef ms_sweep_dec_out_t o = _dec_out(out, n)
+    cdef ms_sweep_dec_out_t o = _dec_out(out, n, True, offset)
     cdef int nt = _threads(n_threads)
     cdef int code
     cdef int64_t bad = -1

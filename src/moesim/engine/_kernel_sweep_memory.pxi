@@ -107,36 +107,37 @@ cdef class SweepMemory:
         free(self.places)
 
 
-cdef ms_sweep_mem_out_t _mem_out(dict out, Py_ssize_t n, bint keys=True) except *:
+cdef ms_sweep_mem_out_t _mem_out(dict out, Py_ssize_t n, bint keys=True, Py_ssize_t offset=0) except *:
     """The memory columns of `out` (each at least n long) as C sees them; without `keys` the key and
-    placement columns are not read (NULL: what only reads the others, the screen)."""
+    placement columns are not read (NULL: what only reads the others, the screen); from row ``offset`` of each on."""
     cdef ms_sweep_mem_out_t o
-    o.context = <int64_t *> _col(out["context"], b'i', 8, n, True, "context")
-    o.batch = <int64_t *> _col(out["batch"], b'i', 8, n, True, "batch")
-    o.max_context = <int64_t *> _col(out["max_context"], b'i', 8, n, True, "max_context")
-    o.max_batch = <int64_t *> _col(out["max_batch"], b'i', 8, n, True, "max_batch")
-    o.fits = <int32_t *> _col(out["fits"], b'i', 4, n, True, "fits")
-    o.weights = <double *> _col(out["weights_bytes"], b'f', 8, n, True, "weights_bytes")
-    o.kv = <double *> _col(out["kv_bytes"], b'f', 8, n, True, "kv_bytes")
-    o.state = <double *> _col(out["state_bytes"], b'f', 8, n, True, "state_bytes")
-    o.gpu = <double *> _col(out["gpu_bytes"], b'f', 8, n, True, "gpu_bytes")
-    o.host = <double *> _col(out["host_bytes"], b'f', 8, n, True, "host_bytes")
-    o.storage = <double *> _col(out["storage_bytes"], b'f', 8, n, True, "storage_bytes")
+    o.context = <int64_t *> _col(out["context"], b'i', 8, n, True, "context", offset)
+    o.batch = <int64_t *> _col(out["batch"], b'i', 8, n, True, "batch", offset)
+    o.max_context = <int64_t *> _col(out["max_context"], b'i', 8, n, True, "max_context", offset)
+    o.max_batch = <int64_t *> _col(out["max_batch"], b'i', 8, n, True, "max_batch", offset)
+    o.fits = <int32_t *> _col(out["fits"], b'i', 4, n, True, "fits", offset)
+    o.weights = <double *> _col(out["weights_bytes"], b'f', 8, n, True, "weights_bytes", offset)
+    o.kv = <double *> _col(out["kv_bytes"], b'f', 8, n, True, "kv_bytes", offset)
+    o.state = <double *> _col(out["state_bytes"], b'f', 8, n, True, "state_bytes", offset)
+    o.gpu = <double *> _col(out["gpu_bytes"], b'f', 8, n, True, "gpu_bytes", offset)
+    o.host = <double *> _col(out["host_bytes"], b'f', 8, n, True, "host_bytes", offset)
+    o.storage = <double *> _col(out["storage_bytes"], b'f', 8, n, True, "storage_bytes", offset)
     o.placement = NULL; o.key = NULL
     if keys:
-        o.key = <int64_t *> _col(out["key"], b'i', 8, n, True, "key")
-        o.placement = <int32_t *> _col(out["placement"], b'i', 4, n, True, "placement")
+        o.key = <int64_t *> _col(out["key"], b'i', 8, n, True, "key", offset)
+        o.placement = <int32_t *> _col(out["placement"], b'i', 4, n, True, "placement", offset)
     return o
 
 
 def sweep_memory(SweepMemory mem, contexts, batches, bint zipped, long long j0, long long n, int n_threads,
-                 dict out):
-    """Memory of configurations j0 .. j0+n-1 of one group into the columns of `out`; (code, bad)."""
+                 dict out, Py_ssize_t offset=0):
+    """Memory of configurations j0 .. j0+n-1 of one group into rows offset .. offset+n-1 of the columns of `out`;
+    (code, bad)."""
     if n <= 0:
         return 0, -1
     if len(contexts) == 0 or len(batches) == 0:
         raise ValueError("sweep_memory needs at least one context and one batch")
-    cdef ms_sweep_mem_out_t o = _mem_out(out, n)
+    cdef ms_sweep_mem_out_t o = _mem_out(out, n, True, offset)
     cdef ms_sweep_axes_t ax
     ax.contexts = <int64_t *> _col(contexts, b'i', 8, 1, False, "contexts")
     ax.batches = <int64_t *> _col(batches, b'i', 8, 1, False, "batches")

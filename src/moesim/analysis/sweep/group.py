@@ -145,12 +145,12 @@ class Group:
         self.facts = ChunkFacts(self)
         # simulate's routing tables (seed = run.seed); prefetch is on only where prefetch_recall > 0
         routing, recall = self.opts["routing"], self.opts["prefetch_recall"]
-        self.routing, prefetch = plan.shared(("routing", ix["models"], routing, recall), lambda: _routing(
+        self.routing, self.prefetch = plan.shared(("routing", ix["models"], routing, recall), lambda: _routing(
             routing_table(m, None if routing in (None, "auto") else routing, recall, plan.run["seed"])[0]))
         # drafts and prefetch break the analytic variants' split (variants.check_separable): those groups
         # evaluate each (variant, context) whole, as simulate does (.direct)
         self.direct_hw: dict = {}
-        self.direct = plan.mode != "montecarlo" and (self.mtp > 0 or prefetch)
+        self.direct = plan.mode != "montecarlo" and (self.mtp > 0 or self.prefetch)
         self.variants = DecodeVariants(self)
 
     def _lowering(self, ix: dict) -> tuple:

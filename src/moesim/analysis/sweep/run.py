@@ -30,38 +30,59 @@ def _empty_columns(plan, n: int) -> dict:
 
 
 def _run_group(plan, grp, cols: dict, key: np.ndarray, variant: np.ndarray, a: int, b: int, start: int,
-               threads: int) -> None:
-    """Rows [a, b) (global indices, one group) into cols[a - start : b - start]."""
+               threads: int, views: tuple) -> None:
+    """Rows [a, b) (global indices, one group) into cols[a - start : b - start]; ``views``: (memory columns, decode
+    columns) of the whole chunk (:func:`_chunk_views`), which the kernels write from row a - start on. The
+    columns that hold one value per group (codes, options, cache bytes per token) are :func:`_fill_constants`'."""
     s0, s1 = a - start, b - start
-    for k, v in grp.codes.items():
-        cols[k][s0:s1] = v
-    view = {k: cols[k][s0:s1] for k in _kernel.MEM_OUT_I32 + _kernel.MEM_OUT_I64 + _kernel.MEM_OUT_F64
-            if k != "key"}
-    view["key"] = key[s0:s1]
+    mem_view, dec_view = views
     code, bad = _kernel.sweep_memory(grp.mem, plan.contexts, plan.batches, plan.fast_zipped, a - grp.g * plan.block,
-                                     b - a, threads, view)
+                                     b - a, threads, mem_view, s0)
     handle_library_error(code, "ms_sweep_memory", start + s0 + max(bad, 0))
-    cols["kv_bytes_per_token"][s0:s1] = grp.kv_bytes_per_token
-    for k, v in grp.option_values.items():
-        cols[k][s0:s1] = v
-    dview = {k: cols[k][s0:s1] for k in decode_columns(plan.mode)}
+    keys, ctx, bat = key[s0:s1], cols["context"][s0:s1], cols["batch"][s0:s1]
     if grp.direct:
         from .direct import evaluate
-        evaluate(grp, view["key"], view["context"], view["batch"], dview)
+        evaluate(grp, keys, ctx, bat, {k: v[s0:s1] for k, v in dec_view.items()})
         fill_sweep(cols, s0, s1, grp.machine, grp.rt, plan.dicts["placement"])
         return
     var = variant[s0:s1]
     # evaluate with the very table the rows were resolved against (others may grow the group meanwhile)
-    table = grp.resolve_variants(view["key"], var)
+    table = grp.resolve_variants(keys, var)
     if plan.mode != "montecarlo":
-        code, bad = _kernel.sweep_analytic(table.dec, view["context"], view["batch"], var, threads, dview)
+        code, bad = _kernel.sweep_analytic(table.dec, ctx, bat, var, threads, dec_view, s0)
         where = "ms_sweep_analytic"
     else:
         idx = np.arange(a, b, dtype=np.uint64)
-        code, bad = _kernel.sweep_montecarlo(table.dec, view["context"], view["batch"], var, idx, threads, dview)
+        code, bad = _kernel.sweep_montecarlo(table.dec, ctx, bat, var, idx, threads,
+                                             {k: v[s0:s1] for k, v in dec_view.items()})
         where = "ms_sweep_montecarlo"
     handle_library_error(code, where, start + s0 + max(bad, 0))
     fill_sweep(cols, s0, s1, grp.machine, grp.rt, plan.dicts["placement"])
+
+
+def _chunk_views(plan, cols: dict, key: np.ndarray) -> tuple:
+    """(memory columns, decode columns) of a chunk as the sweep kernels take them (whole columns and a row offset)."""
+    mem = {k: cols[k] for k in _kernel.MEM_OUT_I32 + _kernel.MEM_OUT_I64 + _kernel.MEM_OUT_F64 if k != "key"}
+    mem["key"] = key
+    return mem, {k: cols[k] for k in decode_columns(plan.mode)}
+
+
+def _fill_constants(cols: dict, consts: list, lengths: list, n: int) -> None:
+    """The columns that hold one value per group (the categorical codes, the option axes' values, the cache bytes
+    per token) over a chunk's rows [0, n) at once: ``consts`` each group's (codes, option values, cache bytes per
+    token) in row order (None where skipped: rows the keep mask drops), ``lengths`` its rows. The chunk holds
+    these, not the groups (see ChunkFacts)."""
+    live = next((c for c in consts if c is not None), None)
+    if live is None:
+        return
+    def fill(col, value):
+        vals = np.array([value(c) if c is not None else 0 for c in consts], dtype=cols[col].dtype)
+        cols[col][:n] = np.repeat(vals, lengths)
+    for k in live[0]:
+        fill(k, lambda c: c[0][k])
+    for k in live[1]:
+        fill(k, lambda c: c[1][k])
+    fill("kv_bytes_per_token", lambda c: c[2])
 
 
 def _filter_rows(plan, cols: dict, keep, n: int):
@@ -96,16 +117,21 @@ def run_range(plan, start: int, end: int, threads: int = 1, buffers: dict | None
     variant = cols.pop("_variant")
     g0, g1 = start // plan.block, (end - 1) // plan.block
     segments = []
+    views = _chunk_views(plan, cols, key)
+    consts, lengths = [], []
     for g in range(g0, g1 + 1) if n > 0 else ():
         a = max(start, g * plan.block)
         b = min(end, (g + 1) * plan.block)
         grp = plan.group(g)
+        lengths.append(b - a)
         if grp.skip:
+            consts.append(None)
             if keep is None:
                 keep = np.ones(n, dtype=bool)
             keep[a - start:b - start] = False
             continue
-        _run_group(plan, grp, cols, key, variant, a, b, start, threads)
+        consts.append((grp.codes, grp.option_values, grp.kv_bytes_per_token))
+        _run_group(plan, grp, cols, key, variant, a, b, start, threads, views)
         segments.append((a - start, b - start, grp.facts))     # not the group: see ChunkFacts
         limit = grp.m.max_context
         if limit > 0 and not plan.norm["filter"].get("allow_beyond_max_context", False):
@@ -114,6 +140,7 @@ def run_range(plan, start: int, end: int, threads: int = 1, buffers: dict | None
                 if keep is None:
                     keep = np.ones(n, dtype=bool)
                 keep[a - start:b - start] &= ~beyond
+    _fill_constants(cols, consts, lengths, n)
     check_chunk(plan, cols, segments, threads)     # every evaluated row, before filters or a file see it
     keep = _filter_rows(plan, cols, keep, n)
     names = plan.columns

@@ -178,7 +178,9 @@ class DecodeVariants:
         # cache evicts alive until a full collection (whose cost grows with them: issue 19's wide grids)
         self._group = weakref.ref(group)
         self.mc = group.plan.mode == "montecarlo"
-        if not self.mc and not group.direct:
+        # the group read its routing's prefetch once (Group.prefetch: any recall above 0, check_separable's test); a
+        # group without it is separable
+        if not self.mc and not group.direct and getattr(group, "prefetch", True):
             check_separable(group.routing)
         self._lock = threading.Lock()
         self._known: set = set()        # the keys lowered so far (the table holds their rows)
@@ -254,8 +256,10 @@ class DecodeVariants:
             f64[:, 9] = 1.0
             f64[:, 11] = -1.0
         f64[:, 10] = 1e3 / f64[:, 9]
-        f64[:, 12] = np.repeat([st[1] for st in staged], counts)
-        i32 = np.repeat(np.array([st[2:] for st in staged], dtype=np.int32).reshape(-1, 3), counts, axis=0)
+        # each unit's prefill time and (kind0, n_kinds, mc) on each of its rows, as lists (a few rows: np.repeat's
+        # list conversion cost more than the rows)
+        f64[:, 12] = [st[1] for st in staged for _ in st[0]]
+        i32 = np.array([st[2:] for st in staged for _ in st[0]], dtype=np.int32).reshape(-1, 3)
         return [key for st in staged for key, _ in st[0]], f64, i32
 
     def _lower_rows(self, g, j: int, lk: tuple, ps: int, items: list, jobs: list) -> tuple:
