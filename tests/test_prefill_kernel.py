@@ -120,3 +120,44 @@ def test_kernel_errors_raise():
     p = dict(p, sizes=np.array([[0, 1]] * len(p["sizes"]), dtype=np.int64))
     with pytest.raises(KernelError, match="ms_prefill_seconds"):
         PF._kernel_seconds({"kernel": _kernel.PrefillModel(p)}, {}, h)
+
+
+def test_prefill_many_equals_one_call_per_pair():
+    """_kernel.prefill_many (a sweep group's prefill times in one call) gives each (model, machine) pair's
+    prefill_seconds bit for bit, deep models (> 256 layers: the heap workspace) among them, and the failing pair's
+    index; engine.prefill.kernel_seconds_many equals prefill_seconds(..., terms=) per item."""
+    rng = np.random.default_rng(7)
+    pairs = [_random_tables(rng) for _ in range(40)]
+    models = [_kernel.PrefillModel(p) for p, _ in pairs]
+    machines = [_kernel.PrefillMachine(h) for _, h in pairs]
+    code, bad, secs = _kernel.prefill_many(models, machines)
+    assert (code, bad) == (0, -1)
+    want = [_kernel.prefill_seconds(p, h) for p, h in zip(models, machines)]
+    assert all(c == 0 for c, _ in want) and secs == [s for _, s in want]
+    assert any(p["on_gpu"].shape[0] > 256 for p, _ in pairs)
+    assert _kernel.prefill_many([], []) == (0, -1, [])
+    with pytest.raises(ValueError):
+        _kernel.prefill_many(models, machines[:-1])
+    p, _ = pairs[3]
+    broken = _kernel.PrefillModel(dict(p, sizes=np.array([[0, 1]] * len(p["sizes"]), dtype=np.int64)))
+    code, bad, _ = _kernel.prefill_many(models[:3] + [broken] + models[4:6], machines[:6])
+    assert code != 0 and bad == 3
+
+
+def test_kernel_seconds_many_equals_terms_calls():
+    m = ingest.model("qwen3-30b-a3b")
+    low = LMEM.lower(m, "Q4_K_M")
+    rt = get_runtime("llama.cpp")
+    rtab = routing_table(m)[0]
+    items, want = [], []
+    for gpu in ("rtx-4090", "rtx-3060"):
+        mach = hardware.machine(cpu="ryzen-9-7950x", gpu=gpu, host="ddr5-6000x2", host_mem_gb=64)
+        for place in ("experts-cpu", "n-cpu-moe=20"):
+            pl = Placement(place)
+            dm = lower_model(m, low, pl, mach, rt, 1, "f16", 1, routing=rtab)
+            hw = lower_machine(mach, rt, pl, Q.kernel_mix(m, "Q4_K_M"))
+            terms = PF.prefill_terms(m, dm, rtab, rt, 512)
+            items.append((terms, dm, hw))
+            want.append(PF.prefill_seconds(m, dm, hw, rtab, rt, 512, terms=PF.prefill_terms(m, dm, rtab, rt, 512)))
+    assert PF.kernel_seconds_many(items) == want
+    assert PF.kernel_seconds_many([]) == []

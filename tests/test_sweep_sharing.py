@@ -23,22 +23,22 @@ def _counting(monkeypatch) -> dict:
     calls = {"lower_model": [], "prefill": 0, "prefill_terms": 0}
     # lowered models and prefill terms are kept for the process (sweep.kept): counted from none, per this test
     monkeypatch.setattr(K, "_KEPT", {})
-    lower, prefill, terms = V.lower_model, V.prefill_seconds, V.prefill_terms
+    lower, prefill, terms = V.lower_model, V.kernel_seconds_many, V.prefill_terms
 
     def counting_lower(m, low, p, machine, *a, **k):
         calls["lower_model"].append(machine.n_gpus)
         return lower(m, low, p, machine, *a, **k)
 
-    def counting_prefill(*a, **k):
-        calls["prefill"] += 1
-        return prefill(*a, **k)
+    def counting_prefill(items):            # a group's prefill times in one call: one count per time
+        calls["prefill"] += len(items)
+        return prefill(items)
 
     def counting_terms(*a, **k):
         calls["prefill_terms"] += 1
         return terms(*a, **k)
 
     monkeypatch.setattr(V, "lower_model", counting_lower)
-    monkeypatch.setattr(V, "prefill_seconds", counting_prefill)
+    monkeypatch.setattr(V, "kernel_seconds_many", counting_prefill)
     monkeypatch.setattr(V, "prefill_terms", counting_terms)
     for mach in (M5090, M4090X2, H200, H800, H200X2):
         monkeypatch.setitem(TSA.MACHINES, mach["name"], mach)

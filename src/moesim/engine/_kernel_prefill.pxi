@@ -75,3 +75,38 @@ def prefill_seconds(PrefillModel p, PrefillMachine h):
         if ws != stack:
             free(ws)
     return code, out
+
+
+def prefill_many(list models, list machines):
+    """(code, index of the failing pair or -1, seconds): prefill_seconds of each (models[i], machines[i]) pair, one
+    call for a sweep group's (lowered model, machine) pairs; the same C call per pair."""
+    cdef Py_ssize_t n = len(models), i, most = 0
+    cdef PrefillModel p
+    cdef PrefillMachine h
+    cdef double stack[256]
+    cdef double *ws = stack
+    cdef double out = 0.0
+    cdef int code = 0
+    if len(machines) != n:
+        raise ValueError("prefill_many: as many machines as models")
+    for i in range(n):
+        p = models[i]
+        most = max(most, p.p.n_layers)
+    secs = [0.0] * n
+    if most > 256:                  # the per-layer times of a deeper model live on the heap
+        ws = <double *> malloc(most * sizeof(double))
+        if ws == NULL:
+            raise MemoryError()
+    try:
+        for i in range(n):
+            p = models[i]
+            h = machines[i]
+            with nogil:
+                code = ms_prefill_seconds(&p.p, &h.h, ws, &out)
+            if code:
+                return code, i, None
+            secs[i] = out
+    finally:
+        if ws != stack:
+            free(ws)
+    return 0, -1, secs

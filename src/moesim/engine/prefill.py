@@ -112,6 +112,22 @@ def _kernel_seconds(x: dict, dm: dict, hw) -> float:
     return seconds
 
 
+def kernel_seconds_many(items: list) -> list:
+    """:func:`prefill_seconds` of each (terms, lowered model, machine rates) in ``items`` (terms: :func:`prefill_terms`'s,
+    as a sweep keeps them), in one kernel call: the same ms_prefill_seconds per item as ``terms=`` calls, each
+    item's terms packed for the kernel once (kept in them) and each machine table once."""
+    _kernel = _KERNEL[0] if _KERNEL else _load_kernel()
+    models = []
+    for x, dm, _ in items:
+        model = x.get("kernel")
+        if model is None:
+            model = x["kernel"] = _kernel.PrefillModel(_kernel_model(x, dm))
+        models.append(model)
+    code, bad, seconds = _kernel.prefill_many(models, [_kernel_machine(hw) for _, _, hw in items])
+    handle_library_error(code, "ms_prefill_seconds", bad)
+    return seconds
+
+
 def _load_kernel():
     """The compiled kernel module, imported on first use (as the other engine wrappers do) and then held in
     _KERNEL: a function-level import per call costs ~1 us, and a sweep makes one call per (lowered model, machine)."""

@@ -15,7 +15,7 @@ from ...engine.memory import evaluate
 from ...spec import quants as Q
 from ..simulate import routing_table
 from .kept import kept
-from .spec import OPTION_AXES, machine_label
+from .spec import OPTION_AXES
 from .variants import DecodeVariants
 
 
@@ -102,7 +102,7 @@ class Group:
         self.ix = ix
         self.skip = plan.skipped(ix)
         v = plan.values
-        self.labels = {"model": None, "machine": machine_label(v["machines"][ix["machines"]]),
+        self.labels = {"model": None, "machine": plan.machine_labels[ix["machines"]],
                        "policy": v["policies"][ix["policies"]]}
         self.opts = {a: v[a][ix[a]] for a in OPTION_AXES}
         if self.skip:

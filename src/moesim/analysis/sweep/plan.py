@@ -85,6 +85,7 @@ class Plan:
         self.mode = self.run["mode"]
         self.contexts = expand_int_axis(ax["contexts"])
         self.batches = expand_int_axis(ax["batches"])
+        self.batch_list = self.batches.tolist()     # Python ints, for per-key look-ups
         if self.batches.max() > 2**30:
             raise _err("axes.batches", f"batch {int(self.batches.max())} exceeds 2^30")
         self.values = {a: ax.get(a, OPTION_DEFAULT) for a in SLOW_AXES}
@@ -99,6 +100,9 @@ class Plan:
             done.update(grp)
             dims.append((grp, len(self.values[grp[0]])))
         self.dims = dims
+        # group_axes' walk: the dimensions of more than one value (the others' index is 0 in every group)
+        self._zero_axes = {a: 0 for grp, _ in dims for a in grp}
+        self._varying = tuple((grp, n) for grp, n in reversed(dims) if n > 1)
         self.n_groups = int(np.prod([n for _, n in dims], dtype=np.int64)) if dims else 1
         self.fast_zipped = "contexts" in zipped
         self.n_c, self.n_b = len(self.contexts), len(self.batches)
@@ -117,9 +121,9 @@ class Plan:
     # ---------------------------------------------------------------- indices
     def group_axes(self, g: int) -> dict:
         """Axis index per slow axis of group g (last dimension fastest)."""
-        idx = {}
+        idx = dict(self._zero_axes)
         rest = g
-        for grp, n in reversed(self.dims):
+        for grp, n in self._varying:
             rest, i = divmod(rest, n)
             for a in grp:
                 idx[a] = i
@@ -162,8 +166,9 @@ class Plan:
                 self._code("quant", q.id)
                 for hi, hv in enumerate(v["machines"]):
                     self._check_machine(m, mi, q, qi, hi, hv, skip)
-        for hv in v["machines"]:
-            self._code("machine", machine_label(hv))
+        self.machine_labels = [machine_label(hv) for hv in v["machines"]]     # one per machines-axis value
+        for label in self.machine_labels:
+            self._code("machine", label)
         for p in v["policies"]:
             self._code("policy", p)
         for col in ("parallel", "routing"):
@@ -315,6 +320,8 @@ class Plan:
         return ix["models"], ix["quants"], ix["machines"], ix["runtimes"], ix["parallel"], ix["ubatch"]
 
     def skipped(self, ix: dict) -> bool:
+        if not self.bad:                # nothing refused (skip_inapplicable's grids of applicable combinations)
+            return False
         r = self.rt_key(ix)
         return (("mq", ix["models"], ix["quants"]) in self.bad
                 or ("mt", ix["models"], ix["mtp"]) in self.bad

@@ -25,7 +25,7 @@ from ...engine.decode import prepare, run_prepared
 from ...engine.glue import seal
 from ...engine.lower.decode_model import attention_key, kv_copies_of, lower_model, op_offload_threshold
 from ...engine.lower.machine import lower_machine, placement_key
-from ...engine.prefill import prefill_seconds, prefill_terms, rate_ttft
+from ...engine.prefill import kernel_seconds_many, prefill_terms, rate_ttft
 from ...errors import KernelError
 from ...spec.placement import Placement
 from .kept import kept, routing_key
@@ -190,6 +190,7 @@ class DecodeVariants:
         self._mc_machines: list = []
         self._cand: dict = {}           # (candidate, lowering key) -> _candidate's
         self._lks: dict = {}            # (candidate, batch) -> lowering_key
+        self._threshold = None          # op_offload_threshold of the group's runtime and model
         self._hw: dict = {}             # placement_key -> sealed machine rates
         self._kinds: dict = {}
         self._prefill: dict = {}
@@ -235,19 +236,23 @@ class DecodeVariants:
         g = self.group                  # once: the helpers take it rather than dereference the weak reference
         todo: dict = {}
         n_b, n_ps, n_cands, lks = g.plan.n_b, g.E + 2, len(g.cands), self._lks
-        batches = g.plan.batches
+        batches = g.plan.batch_list
         for key in new:
             rest, bi = divmod(key, n_b)             # decode_key's, inline
             j, ps = divmod(rest, n_ps)
             if not (0 <= j < n_cands) or not (0 <= bi < n_b):
                 raise KernelError(f"sweep: bad variant key {key}")
-            b = int(batches[bi])
+            b = batches[bi]
             lk = lks.get((j, b))
             if lk is None:
                 lk = lks[(j, b)] = self.lowering_key(j, b)
             todo.setdefault((j, lk, ps), []).append((key, b))
         jobs: list = []
-        staged = [self._lower_rows(g, j, lk, ps, items, jobs) for (j, lk, ps), items in todo.items()]
+        pending: dict = {}              # prefill times not known yet: computed in one kernel call below
+        staged = [self._lower_rows(g, j, lk, ps, items, jobs, pending) for (j, lk, ps), items in todo.items()]
+        if pending:
+            times = self._prefill_times(g, pending)
+            staged = [(st[0], times[st[1]]) + st[2:] if type(st[1]) is tuple else st for st in staged]
         # every analytic variant of the group in one kernel call (the routing filled once for them all)
         f64 = run_prepared(_prepared_routing(g.plan, g.routing), jobs) if jobs else None
         counts = [len(st[0]) for st in staged]
@@ -262,14 +267,15 @@ class DecodeVariants:
         i32 = np.array([st[2:] for st in staged for _ in st[0]], dtype=np.int32).reshape(-1, 3)
         return [key for st in staged for key, _ in st[0]], f64, i32
 
-    def _lower_rows(self, g, j: int, lk: tuple, ps: int, items: list, jobs: list) -> tuple:
+    def _lower_rows(self, g, j: int, lk: tuple, ps: int, items: list, jobs: list, pending: dict) -> tuple:
         """What the variant rows of candidate j at page-cache size ps for (key, batch) items sharing one lowered
         model (lowering key lk, :meth:`_candidate`) hold besides their decode: (items, prefill seconds, first kind
         row, kinds, Monte Carlo template or -1); an analytic group's decode job (zeroed model, machine, columns)
-        is appended to ``jobs``."""
+        is appended to ``jobs``, and a prefill time not known yet to ``pending`` (its key in the prefill seconds'
+        place: :meth:`_prefill_time`)."""
         dm0, terms = self._candidate(g, j, lk, items[0][1])
         hw, chw = self._machine(g, j)
-        pf0 = self._prefill_time(g, j, lk, dm0, terms, hw)
+        pf0 = self._prefill_time(g, j, lk, dm0, terms, hw, pending)
         kind0, nk = self._kind_slice(g, j, dm0, hw)
         mc_index = -1
         if self.mc:
@@ -320,7 +326,11 @@ class DecodeVariants:
         about a placement's lowered model that depends on the batch)."""
         g = self.group
         cpu_only = p.kind == "cpu-only" or g.machine.n_gpus == 0
-        return not cpu_only and tokens_per_step >= op_offload_threshold(g.rt, g.m)
+        if cpu_only:
+            return False
+        if self._threshold is None:     # the group's runtime and model: once per group
+            self._threshold = op_offload_threshold(g.rt, g.m)
+        return tokens_per_step >= self._threshold
 
     def lowering_key(self, j: int, tokens: int) -> tuple:
         """What candidate j's lowered model depends on at ``tokens`` per step besides j: the op-offload
@@ -372,16 +382,29 @@ class DecodeVariants:
                                      lambda: _sealed_machine(g, p), g.machine, g.rt)
         return hw
 
-    def _prefill_time(self, g, j: int, lk: tuple, dm, terms: dict, hw) -> float:
+    def _prefill_time(self, g, j: int, lk: tuple, dm, terms: dict, hw, pending: dict):
         """Seconds to prefill the prompt on candidate j's lowered model ``dm`` (its prefill ``terms``,
         :meth:`_candidate`'s) and machine rates ``hw``. Keyed by those objects, the routing and the runtime,
-        so the plan's groups that share them (groups that differ only in the policy) share the time."""
-        if (j, lk) not in self._prefill:
-            prompt = g.prompt
-            key = ("prefill", id(dm), id(hw), id(g.routing), id(g.rt), prompt)
-            self._prefill[(j, lk)] = g.plan.shared(key, lambda: rate_ttft(
-                prompt, prefill_seconds(g.m, dm, hw, g.routing, g.rt, prompt, terms=terms), 1)[1])
-        return self._prefill[(j, lk)]
+        so the plan's groups that share them (groups that differ only in the policy) share the time. One the plan
+        does not know yet is left to :meth:`_prefill_times` (``pending`` under its key, which is returned)."""
+        pf = self._prefill.get((j, lk))
+        if pf is None:
+            key = ("prefill", id(dm), id(hw), id(g.routing), id(g.rt), g.prompt)
+            pf = g.plan._shared.get(key)
+            if pf is None:
+                pending.setdefault(key, ((j, lk), terms, dm, hw))
+                return key
+            self._prefill[(j, lk)] = pf
+        return pf
+
+    def _prefill_times(self, g, pending: dict) -> dict:
+        """The prefill seconds of ``pending`` (:meth:`_prefill_time`'s), in one kernel call
+        (engine.prefill.kernel_seconds_many: prefill_seconds(..., terms=) of each), kept in the plan and the group."""
+        seconds = kernel_seconds_many([(terms, dm, hw) for _, terms, dm, hw in pending.values()])
+        out = {}
+        for (key, (jl, _, _, _)), s in zip(pending.items(), seconds):
+            out[key] = self._prefill[jl] = g.plan.shared(key, lambda: rate_ttft(g.prompt, s, 1)[1])
+        return out
 
     def _kind_slice(self, g, j: int, dm: dict, hw: dict) -> tuple:
         """(first row, rows) of candidate j's attention kinds in the group's kind table; ``dm``: a lowered
