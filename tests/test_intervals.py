@@ -169,3 +169,36 @@ def test_sweep_columns_match_the_per_configuration_interval():
                      I.regime(m, row["placement"], get_runtime(row["runtime"])))
         for k in I.FIELDS:
             assert row[k] == pytest.approx(f[k], rel=1e-12)
+
+
+@needs_table
+def test_chunk_fill_equals_the_group_by_group_fill():
+    """intervals.fill_sweep_chunk (a sweep chunk's interval columns at once) writes what fill_sweep writes group by
+    group, bit for bit: groups of several machines and runtimes, one or several placement codes each, rows of
+    skipped groups between them left alone, and codes outside the labels (the group by group path)."""
+    rng = np.random.default_rng(3)
+    labels = ["all-gpu", "experts-cpu", "n-cpu-moe=20", "cpu-only", "layers-gpu=10"]
+    machines = [moesim.machine(**GPU_BOX), moesim.machine(host="ddr5-4800x8", host_mem_gb=256)]
+    runtimes = [get_runtime("llama.cpp"), get_runtime("ollama")]
+    n = 200
+    cols = {p: rng.uniform(1.0, 100.0, n) for p in ("decode_tok_s", "prefill_tok_s")}
+    cols["placement"] = rng.integers(0, len(labels), n).astype(np.int32)
+    groups, s0 = [], 0
+    while s0 < n:
+        s1 = min(n, s0 + int(rng.integers(1, 13)))
+        if rng.random() < 0.8:                  # the others: a skipped group's rows
+            if rng.random() < 0.5:
+                cols["placement"][s0:s1] = cols["placement"][s0]
+            groups.append((s0, s1, machines[int(rng.integers(0, 2))], runtimes[int(rng.integers(0, 2))]))
+        s0 = s1
+    for codes in (cols["placement"], np.where(np.arange(n) == groups[0][0], -1, cols["placement"]).astype(np.int32)):
+        if codes.min() < 0:                     # fill_sweep reads label -1 as the last: the same on both paths
+            cols["placement"] = codes
+        want = {**cols, **{f: np.full(n, -7.0) for f in I.FIELDS}}
+        got = {**cols, **{f: np.full(n, -7.0) for f in I.FIELDS}}
+        for g0, g1, m, r in groups:
+            I.fill_sweep(want, g0, g1, m, r, labels)
+        I.fill_sweep_chunk(got, groups, labels)
+        for f in I.FIELDS:
+            assert np.array_equal(got[f], want[f], equal_nan=True), f
+    I.fill_sweep_chunk(got, [], labels)

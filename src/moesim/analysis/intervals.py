@@ -289,6 +289,40 @@ def fill_sweep(cols: dict, s0: int, s1: int, machine, runtime, placement_labels)
 _POINTS = tuple(f.rsplit("_", 1)[0] for f in FIELDS)        # each interval column's tok/s column
 
 
+def fill_sweep_chunk(cols: dict, groups: list, placement_labels) -> None:
+    """:func:`fill_sweep` of every group of a sweep chunk at once: ``groups`` each evaluated group's (first row, end
+    row, machine, runtime). The regime varies with the (machine, runtime) and the row's placement code: one multiplier
+    per such triple the rows hold (found once, :func:`_code_multipliers`), gathered per row, and the same products as
+    group by group. Codes outside the labels (none are written) take the group by group path."""
+    if not groups:
+        return
+    pairs: dict = {}                # (id(machine), id(runtime)) -> (index, machine, runtime), the chunk's pairs
+    pair_ids = []
+    for _, _, machine, runtime in groups:
+        hit = pairs.get((id(machine), id(runtime)))
+        if hit is None:
+            hit = pairs[(id(machine), id(runtime))] = (len(pairs), machine, runtime)
+        pair_ids.append(hit[0])
+    starts = np.array([g[0] for g in groups], dtype=np.int64)
+    lens = np.array([g[1] - g[0] for g in groups], dtype=np.int64)
+    # the groups' rows in order (they tile the chunk but for skipped groups' rows)
+    rows = np.arange(int(lens.sum()), dtype=np.int64) + np.repeat(starts - (np.cumsum(lens) - lens), lens)
+    place = cols["placement"][rows].astype(np.int64)
+    n_codes = len(placement_labels)
+    if place.size and (place.min() < 0 or place.max() >= n_codes):
+        for s0, s1, machine, runtime in groups:
+            fill_sweep(cols, s0, s1, machine, runtime, placement_labels)
+        return
+    combo = np.repeat(np.array(pair_ids, dtype=np.int64), lens) * n_codes + place
+    uniq = np.sort(combo)
+    uniq = uniq[np.concatenate(([True], uniq[1:] != uniq[:-1]))]        # np.unique imports numpy.ma
+    by_pair = {i: (m, r) for i, m, r in pairs.values()}
+    mults = [_code_multipliers(*by_pair[p], placement_labels[c]) for p, c in (divmod(u, n_codes) for u in uniq.tolist())]
+    at = np.searchsorted(uniq, combo)
+    for f, point in zip(FIELDS, _POINTS):
+        cols[f][rows] = cols[point][rows] * np.array([m[f] for m in mults], dtype=np.float64)[at]
+
+
 def _multipliers(machine, runtime, placement_labels, codes: list) -> dict:
     """Per interval column, the multiplier of each placement code in *codes* (NaN elsewhere), memoised on
     the machine and runtime objects and the codes' labels: a sweep's groups share a few."""

@@ -7,7 +7,7 @@ import numpy as np
 from ...engine import _kernel
 from ...engine.glue import handle_library_error
 from ..consistency import check_chunk
-from ..intervals import fill_sweep
+from ..intervals import fill_sweep_chunk
 from .table import DECODE_COLUMNS, INTERVAL_COLUMNS, column_type, decode_columns
 
 
@@ -33,7 +33,8 @@ def _run_group(plan, grp, cols: dict, key: np.ndarray, variant: np.ndarray, a: i
                threads: int, views: tuple) -> None:
     """Rows [a, b) (global indices, one group) into cols[a - start : b - start]; ``views``: (memory columns, decode
     columns) of the whole chunk (:func:`_chunk_views`), which the kernels write from row a - start on. The
-    columns that hold one value per group (codes, options, cache bytes per token) are :func:`_fill_constants`'."""
+    columns that hold one value per group (codes, options, cache bytes per token) are :func:`_fill_constants`', the
+    interval columns intervals.fill_sweep_chunk's (run_range fills both for the chunk)."""
     s0, s1 = a - start, b - start
     mem_view, dec_view = views
     code, bad = _kernel.sweep_memory(grp.mem, plan.contexts, plan.batches, plan.fast_zipped, a - grp.g * plan.block,
@@ -43,7 +44,6 @@ def _run_group(plan, grp, cols: dict, key: np.ndarray, variant: np.ndarray, a: i
     if grp.direct:
         from .direct import evaluate
         evaluate(grp, keys, ctx, bat, {k: v[s0:s1] for k, v in dec_view.items()})
-        fill_sweep(cols, s0, s1, grp.machine, grp.rt, plan.dicts["placement"])
         return
     var = variant[s0:s1]
     # evaluate with the very table the rows were resolved against (others may grow the group meanwhile)
@@ -57,7 +57,6 @@ def _run_group(plan, grp, cols: dict, key: np.ndarray, variant: np.ndarray, a: i
                                              {k: v[s0:s1] for k, v in dec_view.items()})
         where = "ms_sweep_montecarlo"
     handle_library_error(code, where, start + s0 + max(bad, 0))
-    fill_sweep(cols, s0, s1, grp.machine, grp.rt, plan.dicts["placement"])
 
 
 def _chunk_views(plan, cols: dict, key: np.ndarray) -> tuple:
@@ -118,7 +117,7 @@ def run_range(plan, start: int, end: int, threads: int = 1, buffers: dict | None
     g0, g1 = start // plan.block, (end - 1) // plan.block
     segments = []
     views = _chunk_views(plan, cols, key)
-    consts, lengths = [], []
+    consts, lengths, intervals = [], [], []
     for g in range(g0, g1 + 1) if n > 0 else ():
         a = max(start, g * plan.block)
         b = min(end, (g + 1) * plan.block)
@@ -131,6 +130,7 @@ def run_range(plan, start: int, end: int, threads: int = 1, buffers: dict | None
             keep[a - start:b - start] = False
             continue
         consts.append((grp.codes, grp.option_values, grp.kv_bytes_per_token))
+        intervals.append((a - start, b - start, grp.machine, grp.rt))
         _run_group(plan, grp, cols, key, variant, a, b, start, threads, views)
         segments.append((a - start, b - start, grp.facts))     # not the group: see ChunkFacts
         limit = grp.m.max_context
@@ -141,6 +141,7 @@ def run_range(plan, start: int, end: int, threads: int = 1, buffers: dict | None
                     keep = np.ones(n, dtype=bool)
                 keep[a - start:b - start] &= ~beyond
     _fill_constants(cols, consts, lengths, n)
+    fill_sweep_chunk(cols, intervals, plan.dicts["placement"])
     check_chunk(plan, cols, segments, threads)     # every evaluated row, before filters or a file see it
     keep = _filter_rows(plan, cols, keep, n)
     names = plan.columns
