@@ -2,12 +2,21 @@
 # Monte Carlo templates) and the analytic / Monte Carlo loops; included by _kernel.pyx.
 
 
-cdef void _fill_ctx_fns(ms_ctx_fn_t *out, const double[:, ::1] fv, const int64_t[:, ::1] cv, Py_ssize_t n):
+cdef inline const void *_rows(arr):
+    """Data of a checked table's array (glue.check_struct: C-contiguous, the C dtype, the declared shape): read
+    through a pointer, not a typed memoryview (a sweep builds a table per group)."""
+    return cnp.PyArray_DATA(<cnp.ndarray> arr)
+
+
+cdef void _fill_ctx_fns(ms_ctx_fn_t *out, f, c, Py_ssize_t n):
     """n ms_ctx_fn_t from checked rows: 5 coefficients (a1, a2, b1, b2, s), 4 caps (c1, c2, r, k1)."""
+    cdef const double *fv = <const double *> _rows(f)
+    cdef const int64_t *cv = <const int64_t *> _rows(c)
     cdef Py_ssize_t i
     for i in range(n):
-        out[i].a1 = fv[i, 0]; out[i].a2 = fv[i, 1]; out[i].b1 = fv[i, 2]; out[i].b2 = fv[i, 3]; out[i].s = fv[i, 4]
-        out[i].c1 = cv[i, 0]; out[i].c2 = cv[i, 1]; out[i].r = cv[i, 2]; out[i].k1 = cv[i, 3]
+        out[i].a1 = fv[5 * i]; out[i].a2 = fv[5 * i + 1]; out[i].b1 = fv[5 * i + 2]; out[i].b2 = fv[5 * i + 3]
+        out[i].s = fv[5 * i + 4]
+        out[i].c1 = cv[4 * i]; out[i].c2 = cv[4 * i + 1]; out[i].r = cv[4 * i + 2]; out[i].k1 = cv[4 * i + 3]
 
 
 def ctx_eval(f, c, long long context):
@@ -18,37 +27,41 @@ def ctx_eval(f, c, long long context):
     return ms_ctx_eval(&fn, context)
 
 
-cdef void _fill_variants(ms_sweep_variant_t *out, const double[:, ::1] vf, const int32_t[:, ::1] vi, Py_ssize_t n):
+cdef void _fill_variants(ms_sweep_variant_t *out, f, i32, Py_ssize_t n):
     """n ms_sweep_variant_t from checked rows: f64 (step0, by_resource[8], accepted, tpot_scale, hit_rate,
     prefill0), i32 (kind0, n_kinds, mc)."""
+    cdef const double *vf = <const double *> _rows(f)
+    cdef const int32_t *vi = <const int32_t *> _rows(i32)
     cdef Py_ssize_t i
     cdef int k
     for i in range(n):
-        out[i].step0 = vf[i, 0]
+        out[i].step0 = vf[13 * i]
         for k in range(MS_N_RES):
-            out[i].by_resource[k] = vf[i, 1 + k]
-        out[i].accepted = vf[i, 9]
-        out[i].tpot_scale = vf[i, 10]
-        out[i].hit_rate = vf[i, 11]
-        out[i].prefill0 = vf[i, 12]
-        out[i].kind0 = vi[i, 0]
-        out[i].n_kinds = vi[i, 1]
-        out[i].mc = vi[i, 2]
+            out[i].by_resource[k] = vf[13 * i + 1 + k]
+        out[i].accepted = vf[13 * i + 9]
+        out[i].tpot_scale = vf[13 * i + 10]
+        out[i].hit_rate = vf[13 * i + 11]
+        out[i].prefill0 = vf[13 * i + 12]
+        out[i].kind0 = vi[3 * i]
+        out[i].n_kinds = vi[3 * i + 1]
+        out[i].mc = vi[3 * i + 2]
 
 
-cdef void _fill_kinds(ms_sweep_kind_t *out, const double[:, ::1] kf, const int32_t[:, ::1] ki, Py_ssize_t n):
+cdef void _fill_kinds(ms_sweep_kind_t *out, f, i32, Py_ssize_t n):
     """n ms_sweep_kind_t from checked rows: f64 (n, t_bytes0, kv_rate, t_flops0, sf_rate), i32 (res_mem,
     res_flops, fn)."""
+    cdef const double *kf = <const double *> _rows(f)
+    cdef const int32_t *ki = <const int32_t *> _rows(i32)
     cdef Py_ssize_t i
     for i in range(n):
-        out[i].n = kf[i, 0]
-        out[i].t_bytes0 = kf[i, 1]
-        out[i].kv_rate = kf[i, 2]
-        out[i].t_flops0 = kf[i, 3]
-        out[i].sf_rate = kf[i, 4]
-        out[i].res_mem = ki[i, 0]
-        out[i].res_flops = ki[i, 1]
-        out[i].fn = ki[i, 2]
+        out[i].n = kf[5 * i]
+        out[i].t_bytes0 = kf[5 * i + 1]
+        out[i].kv_rate = kf[5 * i + 2]
+        out[i].t_flops0 = kf[5 * i + 3]
+        out[i].sf_rate = kf[5 * i + 4]
+        out[i].res_mem = ki[3 * i]
+        out[i].res_flops = ki[3 * i + 1]
+        out[i].fn = ki[3 * i + 2]
 
 
 cdef class SweepDecode:

@@ -456,8 +456,7 @@ class DecodeVariants:
                 layer_fn=g.layer_fn, models=tuple(self._mc_models), machines=tuple(self._mc_machines),
                 routing=g.routing, steps=run_cfg["tokens"], warmup=run_cfg["warmup"], policy=g.policy,
                 seed=run_cfg["seed"]))
-        for v in t.values():
-            if isinstance(v, np.ndarray):
-                _frozen(v)
+        for k in ("variant_f64", "variant_i32", "kind_f64", "kind_i32"):    # the layer functions' are already
+            _frozen(t[k])
         dec = _kernel.SweepDecode(t)
         return VariantTable(_frozen(keys[order]), MappingProxyType(t), dec)
