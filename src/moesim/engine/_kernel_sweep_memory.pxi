@@ -162,17 +162,20 @@ def sweep_memory(SweepMemory mem, contexts, batches, bint zipped, long long j0, 
 
 def sweep_lookup(keys, table_keys, variant, Py_ssize_t max_missing=4096):
     """Variant index per key (-1 unknown) into `variant`; returns (unknown count, missing keys)."""
-    cdef const int64_t[::1] k = keys
-    cdef const int64_t[::1] tk = table_keys if len(table_keys) else np.zeros(1, dtype=np.int64)
-    cdef int32_t[::1] v = variant
-    cdef Py_ssize_t n = k.shape[0]
+    cdef Py_ssize_t n = len(keys)
     missing = np.empty(max(1, max_missing), dtype=np.int64)
-    cdef int64_t[::1] mv = missing
     cdef int64_t nm = 0, unknown = 0, n_table = len(table_keys)
     if n == 0:
         return 0, missing[:0]
-    if v.shape[0] < n:
+    if len(variant) < n:
         raise ValueError("variant column shorter than keys")
+    cdef const int64_t *k = <int64_t *> _col(keys, b'i', 8, n, False, "keys")
+    cdef const int64_t *tk = <int64_t *> _col(table_keys if n_table else _ONE_KEY, b'i', 8, 1, False, "table_keys")
+    cdef int32_t *v = <int32_t *> _col(variant, b'i', 4, n, True, "variant")
+    cdef int64_t *mv = <int64_t *> cnp.PyArray_DATA(<cnp.ndarray> missing)
     with nogil:
-        unknown = ms_sweep_lookup(&k[0], n, &tk[0], n_table, &v[0], &mv[0], max_missing, &nm)
+        unknown = ms_sweep_lookup(k, n, tk, n_table, v, mv, max_missing, &nm)
     return unknown, missing[:nm]
+
+
+_ONE_KEY = np.zeros(1, dtype=np.int64)          # an empty table's stand-in (C reads none of it)

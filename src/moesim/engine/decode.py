@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..errors import MoesimError
-from .glue import Sealed, handle_library_error
+from .glue import Sealed, handle_library_error, kernel_module
 
 
 RESOURCES = ("gpu_memory", "gpu_compute", "host_memory", "cpu_compute", "pcie", "storage", "latency",
@@ -64,8 +64,7 @@ def run_prepared(rt, jobs: list, n_threads: int = 1):
     """:func:`run_variants` of prepared jobs (:func:`prepare`'s decode model, machine and config columns, and its
     routing ``rt``): the same kernel calls and rows, without checking and filling the tables again per call (a sweep
     runs each lowered model, machine and column set in many calls)."""
-    from . import _kernel
-    code, job, bad, rows = _kernel.decode_prepared(rt, jobs, int(n_threads))
+    code, job, bad, rows = kernel_module().decode_prepared(rt, jobs, int(n_threads))
     handle_library_error(code, "ms_decode_many", bad)
     return rows
 

@@ -23,6 +23,18 @@ from ..errors import KernelError, MoesimError
 from .codes import CHE_FIELDS, MAX_HISTORY, MAX_MOE_LAYERS, MAX_PARTNERS, MAX_TOP_K, N_CLASSES
 
 
+def kernel_module():
+    """The compiled kernel module (engine._kernel), imported on first use, so that the engine's modules load
+    without it, and then held: a function-level import costs ~1 us a call, and a sweep calls the kernels per group."""
+    if not _KERNEL:
+        from . import _kernel
+        _KERNEL.append(_kernel)
+    return _KERNEL[0]
+
+
+_KERNEL: list = []
+
+
 def handle_library_error(code: int, where: str, index: int | None = None) -> None:
     """Raise KernelError for a non-zero *code* returned by the C entry point *where*; else return."""
     if not code:

@@ -8,7 +8,7 @@ import numpy as np
 from ..spec.models import Model
 from ..spec.runtimes import Runtime
 from .codes import EXP_FETCH, EXP_GPU, EXP_NONE, EXP_SPLIT
-from .glue import handle_library_error
+from .glue import handle_library_error, kernel_module
 from .lower.activations import prompt_activation_bytes
 from .lower.decode_model import FA_TILE_Q, op_offload_threshold
 from .lower.attention import ctx_eval, full_window_fn, mla_decompress_flops, prefill_score_flops, prefill_score_fn
@@ -103,7 +103,7 @@ def _kernel_seconds(x: dict, dm: dict, hw) -> float:
     """:func:`prefill_seconds` of terms ``x`` by ms_prefill_seconds: the terms are packed for the kernel once
     (kept in ``x``, which a sweep shares among the machines that run its lowered model), the machine once per
     table (:func:`_kernel_machine`)."""
-    _kernel = _KERNEL[0] if _KERNEL else _load_kernel()
+    _kernel = kernel_module()
     model = x.get("kernel")
     if model is None:
         model = x["kernel"] = _kernel.PrefillModel(_kernel_model(x, dm))
@@ -116,7 +116,7 @@ def kernel_seconds_many(items: list) -> list:
     """:func:`prefill_seconds` of each (terms, lowered model, machine rates) in ``items`` (terms: :func:`prefill_terms`'s,
     as a sweep keeps them), in one kernel call: the same ms_prefill_seconds per item as ``terms=`` calls, each
     item's terms packed for the kernel once (kept in them) and each machine table once."""
-    _kernel = _KERNEL[0] if _KERNEL else _load_kernel()
+    _kernel = kernel_module()
     models = []
     for x, dm, _ in items:
         model = x.get("kernel")
@@ -126,17 +126,6 @@ def kernel_seconds_many(items: list) -> list:
     code, bad, seconds = _kernel.prefill_many(models, [_kernel_machine(hw) for _, _, hw in items])
     handle_library_error(code, "ms_prefill_seconds", bad)
     return seconds
-
-
-def _load_kernel():
-    """The compiled kernel module, imported on first use (as the other engine wrappers do) and then held in
-    _KERNEL: a function-level import per call costs ~1 us, and a sweep makes one call per (lowered model, machine)."""
-    from . import _kernel
-    _KERNEL.append(_kernel)
-    return _kernel
-
-
-_KERNEL: list = []
 
 
 def _kernel_model(x: dict, dm: dict) -> dict:
