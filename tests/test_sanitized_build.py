@@ -48,6 +48,9 @@ SUBSET = [
     "tests/test_routing.py::test_belady_is_the_offline_optimum",
     "tests/test_routing_window.py",
     "tests/test_sweep.py::test_kernel_equals_python_twin",
+    # the sweep's prepared decode jobs and batched prefill: the per-call entry points they replaced are reached here
+    "tests/test_decode_variants.py::test_one_call_equals_one_run_per_job",
+    "tests/test_prefill_kernel.py::test_prefill_many_equals_one_call_per_pair",
     "tests/test_sweep.py::test_context_functions_match_decode",
     "tests/test_sweep.py::test_montecarlo_rows_equal_kernel_runs_and_threads",
     "tests/test_sweep.py::test_threads_sharing_one_plan_equal_serial",
