@@ -52,7 +52,12 @@ typedef struct {
 static double lru_layer(const ms_routing_t *r, int32_t l, int32_t batch, int32_t tps, double C, double D,
                         const an_scratch_t *s)
 {
-    if (r->win_lq) return D > 0.0 ? ms_window_hits(r, l, (double) batch, (double) tps, C, D) / D : 0.0;
+    if (r->win_lq) {
+        /* hits / D rounds a hair above 1 where the slots hold nearly every expert (C = E - 1): a rate stays <= 1,
+         * as ms_page_table's readers check */
+        double h = D > 0.0 ? ms_window_hits(r, l, (double) batch, (double) tps, C, D) / D : 0.0;
+        return h > 1.0 ? 1.0 : h;
+    }
     return ms_lru_hit_rate(r, batch, tps, l, C, s->pc, s->pf, s->che, s->lq, s->ls);
 }
 

@@ -445,7 +445,8 @@ def _lru_layer(rt, q, l, B, tps, C, D):
     """Routing layer ``l``'s LRU hit rate (ms_analytic.c lru_layer): Che on the window tables under token
     memory (D: the step's distinct experts), else the sticky chain per scenario combination."""
     if rt.get("win_lq") is not None:
-        return W.window_hits(rt, l, B, tps, C, D) / D if D > 0 else 0.0
+        h = W.window_hits(rt, l, B, tps, C, D) / D if D > 0 else 0.0
+        return 1.0 if h > 1.0 else h        # rounding a hair above 1 at C = E - 1 (ms_analytic.c)
     return lru_hit_rate(q, float(rt["stickiness"][l]), l, rt["n_experts"], B, tps, C)
 
 
