@@ -51,13 +51,12 @@ def run_variants(rt: dict, jobs: list, n_threads: int = 1):
 def prepare(dm: dict = None, hw: dict = None, cols: dict = None, rt: dict = None):
     """The C structs of a decode model, machine, config columns or routing, each checked (engine.glue) and filled
     once: what :func:`run_prepared` takes in the place of :func:`run_variants`' tables (give exactly one)."""
-    from . import _kernel
     given = [(k, v) for k, v in (("dm", dm), ("hw", hw), ("cols", cols), ("rt", rt)) if v is not None]
     if len(given) != 1:
         raise MoesimError("prepare: give exactly one of dm, hw, cols, rt", "prepare")
     kind, table = given[0]
-    return {"dm": _kernel.DecodeModel, "hw": _kernel.DecodeMachine, "cols": _kernel.DecodeConfigs,
-            "rt": _kernel.DecodeRouting}[kind](table)
+    k = kernel_module()
+    return {"dm": k.DecodeModel, "hw": k.DecodeMachine, "cols": k.DecodeConfigs, "rt": k.DecodeRouting}[kind](table)
 
 
 def run_prepared(rt, jobs: list, n_threads: int = 1):

@@ -103,11 +103,7 @@ def _kernel_seconds(x: dict, dm: dict, hw) -> float:
     """:func:`prefill_seconds` of terms ``x`` by ms_prefill_seconds: the terms are packed for the kernel once
     (kept in ``x``, which a sweep shares among the machines that run its lowered model), the machine once per
     table (:func:`_kernel_machine`)."""
-    _kernel = kernel_module()
-    model = x.get("kernel")
-    if model is None:
-        model = x["kernel"] = _kernel.PrefillModel(_kernel_model(x, dm))
-    code, seconds = _kernel.prefill_seconds(model, _kernel_machine(hw))
+    code, seconds = kernel_module().prefill_seconds(_packed(x, dm), _kernel_machine(hw))
     handle_library_error(code, "ms_prefill_seconds")
     return seconds
 
@@ -116,16 +112,18 @@ def kernel_seconds_many(items: list) -> list:
     """:func:`prefill_seconds` of each (terms, lowered model, machine rates) in ``items`` (terms: :func:`prefill_terms`'s,
     as a sweep keeps them), in one kernel call: the same ms_prefill_seconds per item as ``terms=`` calls, each
     item's terms packed for the kernel once (kept in them) and each machine table once."""
-    _kernel = kernel_module()
-    models = []
-    for x, dm, _ in items:
-        model = x.get("kernel")
-        if model is None:
-            model = x["kernel"] = _kernel.PrefillModel(_kernel_model(x, dm))
-        models.append(model)
-    code, bad, seconds = _kernel.prefill_many(models, [_kernel_machine(hw) for _, _, hw in items])
+    models = [_packed(x, dm) for x, dm, _ in items]
+    code, bad, seconds = kernel_module().prefill_many(models, [_kernel_machine(hw) for _, _, hw in items])
     handle_library_error(code, "ms_prefill_seconds", bad)
     return seconds
+
+
+def _packed(x: dict, dm: dict):
+    """Terms ``x``'s ms_prefill_model_t, packed once and kept in ``x``."""
+    model = x.get("kernel")
+    if model is None:
+        model = x["kernel"] = kernel_module().PrefillModel(_kernel_model(x, dm))
+    return model
 
 
 def _kernel_model(x: dict, dm: dict) -> dict:

@@ -28,7 +28,7 @@ ROW_OP = 2 * F32               # a unary op (norm, RoPE): read and write one f32
 BINARY_OP = 3 * F32            # an add or multiply of two f32 rows into a third
 
 
-def attention_widths(a: Attention, hidden: int) -> tuple:
+def _attention_widths(a: Attention, hidden: int) -> tuple:
     """(query width, width of each of K and V as written to the cache, attention output width) of one token."""
     if a.kind == "mla":
         q = a.n_heads * (a.qk_nope_head_dim + a.qk_rope_head_dim)
@@ -40,7 +40,7 @@ def attention_widths(a: Attention, hidden: int) -> tuple:
 
 
 def _attention_bytes(a: Attention, d: int) -> float:
-    q, kv, out = attention_widths(a, d)
+    q, kv, out = _attention_widths(a, d)
     b = ROW_OP * d                                     # attn_norm (rms_norm x weight, one fused kernel)
     b += 3 * QUANTIZE * d + F32 * (q + 2 * kv)         # Q, K, V projections: three input copies, three outputs
     b += ROW_OP * (q + kv) * (2 if a.qk_norm else 1)   # RoPE of Q and K (and their norms)
