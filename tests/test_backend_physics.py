@@ -37,7 +37,7 @@ def _eff(rid: str) -> float:
 def test_every_backend_term_cites_a_source():
     tables = _catalog.load("runtimes")["backends"]
     assert backend_source_errors(tables) == []
-    assert {"cuda", "hip", "sycl", "vulkan", "vulkan-2024h1", "metal"} <= set(tables)
+    assert {"cuda", "hip", "sycl", "vulkan", "vulkan-2024h1", "vulkan-2025", "metal"} <= set(tables)
 
 
 @pytest.mark.parametrize("drop", ["source", "bw_source", "moe_source", "acc_source"])
@@ -179,6 +179,42 @@ def _row(notes: str, gpu: str = "arc-a770-16gb", model: str = "qwen3-30b-a3b", q
 ])
 def test_validate_reads_the_backend_and_era_from_the_notes(notes, rid):
     assert build(_row(notes)).runtime == rid
+
+
+@pytest.mark.parametrize("date,rid", [("2025-08", "llama.cpp-2025-vulkan"), ("2024-07-02", "llama.cpp-2025-vulkan"),
+                                      ("2025-12-31", "llama.cpp-2025-vulkan"), ("2026-01-11", "llama.cpp-vulkan"),
+                                      ("2024-03", "llama.cpp-2024h1-vulkan")])
+def test_a_dated_vulkan_row_takes_its_builds_era(date, rid):
+    """PR #18749 (January 2026) gave AMD coopmat cards their large dense GEMM tiles: a Vulkan row dated before
+    it is modelled by llama.cpp-2025-vulkan (back to June 2024, where the 2024h1 profile takes over)."""
+    assert build(dict(_row("Vulkan backend; ngl 99"), date=date)).runtime == rid
+
+
+@pytest.mark.parametrize("gpu", ["rx-9070-xt", "ryzen-ai-max-plus-395"])
+def test_vulkan_before_the_amd_coopmat_tiles_runs_dense_gemms_slower_and_experts_alike(gpu):
+    """[backends."vulkan-2025"]: an AMD coopmat card's dense prompt GEMMs at 0.56 of the current build's rate
+    (PR #18749's before / after on a Radeon 8060S), its routed experts (MUL_MAT_ID, whose large tile stays off)
+    and its attention at the current rate; everything else as [backends.vulkan]."""
+    now, then = _hw(gpu, "llama.cpp-vulkan"), _hw(gpu, "llama.cpp-2025-vulkan")
+    assert then["prefill_gemm_flops"] == pytest.approx(0.56 * now["prefill_gemm_flops"])
+    for key in ("prefill_expert_flops", "prefill_attn_flops", "prefill_flops", "gpu_bw", "launch_s",
+                "prefill_moe_half_tokens", "prefill_weight_pass_tokens"):
+        assert then[key] == pytest.approx(now[key]), key
+
+
+@pytest.mark.parametrize("gpu", ["rtx-4090", "arc-b580", "rx-6700-xt"])
+def test_the_2025_vulkan_tiles_touch_amd_coopmat_cards_alone(gpu):
+    """NVIDIA and Intel cards, and an RDNA2 card without matrix units, prefill alike under both eras."""
+    assert _hw(gpu, "llama.cpp-2025-vulkan", model="qwen2.5-7b") == \
+        pytest.approx(_hw(gpu, "llama.cpp-vulkan", model="qwen2.5-7b"))
+
+
+def test_a_backend_era_inherits_its_base_and_cites_its_own_terms():
+    tables = copy.deepcopy(_catalog.load("runtimes")["backends"])
+    assert tables["vulkan-2025"]["base"] == "vulkan"
+    del tables["vulkan-2025"]["dense_rel_source"]
+    assert backend_source_errors(tables) == ["backend vulkan-2025: dense_gemm_rel.amd has no source line "
+                                             "(dense_rel_source)"]
 
 
 # ---------------------------------------------------------------- AMD: MXFP4 under HIP, unified chips, MoE tiles

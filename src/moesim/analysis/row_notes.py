@@ -17,6 +17,8 @@ NOT_MODELLED_RUNTIMES = {"exo": "exo pipelines one model over several networked 
 _LCPP_BEFORE_MMA_NOTE = re.compile(r"\b(?:(?:Jan|Feb|Mar|Apr|May)[a-z]*\.? 2024|20(?:1\d|2[0-3]))\b")
 # the months from which a dated llama.cpp run is modelled by the 2024h1 profile, then by the current one
 _LCPP_2024H1, _LCPP_2024H2 = (2024, 1), (2024, 6)
+# the month from which a dated Vulkan run has PR #18749's AMD coopmat GEMM tiles (before: llama.cpp-2025-vulkan)
+_VULKAN_AMD_TILES = (2026, 1)
 # a build of 2023 or earlier ("Dec 2023"): MUL_MAT_ID token by token on the GPU (llama.cpp PRs #4406, #4725)
 _LCPP_2023_NOTE = re.compile(r"\b20(?:1\d|2[0-3])\b")
 # the llama.cpp GPU backend a row's notes name; without one the vendor's own (CUDA, HIP, SYCL, Metal)
@@ -64,6 +66,10 @@ def runtime_for(row: dict, notes: str, assumed: list) -> str | None:
             runtime = "llama.cpp-2023"
             assumed.append("llama.cpp build of 2023 (notes or date): GPU MUL_MAT_ID token by token (before PR #4725)")
     if rid == "llama.cpp" and _VULKAN_NOTE.search(notes) and runtime != "llama.cpp-2023":
+        if runtime == "llama.cpp" and when is not None and when < _VULKAN_AMD_TILES:
+            runtime = "llama.cpp-2025"
+            assumed.append("llama.cpp Vulkan build before January 2026 (date): AMD coopmat dense GEMMs before "
+                           "PR #18749's tiles")
         runtime += "-vulkan"
         assumed.append("llama.cpp's Vulkan backend (notes): runtimes.toml [backends.vulkan]")
     elif rid == "llama.cpp" and _SYCL_NOTE.search(notes) and runtime == "llama.cpp":
@@ -142,7 +148,8 @@ def flash_month(row: dict, notes: str, runtime: str | None) -> tuple | None:
     """The run's month where its date decides flash attention: mainline llama.cpp and Ollama (whose CPU
     flash attention walks the KV per query row) with attention on the CPU; None elsewhere."""
     mainline = (runtime or "llama.cpp") in ("llama.cpp", "llama.cpp-2024h1", "llama.cpp-2023", "llama.cpp-vulkan",
-                                            "llama.cpp-2024h1-vulkan", "llama.cpp-sycl", "llama.cpp-hip", "ollama")
+                                            "llama.cpp-2024h1-vulkan", "llama.cpp-2025-vulkan", "llama.cpp-sycl",
+                                            "llama.cpp-hip", "ollama")
     place = (row.get("placement") or "").strip()
     cpu_attention = place.startswith(("cpu-only", "layers-gpu")) or (row.get("gpus") or "").strip() == "0"
     return row_month(row, notes) if mainline and cpu_attention else None

@@ -173,7 +173,8 @@ def calibration() -> dict:
 FAMILIES = {"llama.cpp": "llama.cpp", "ik_llama.cpp": "llama.cpp", "ollama": "llama.cpp", "vllm": "served",
             "sglang": "served", "trtllm": "served", "ktransformers": "ktransformers",
             "ktransformers-legacy": "ktransformers", "llama.cpp-2024h1": "llama.cpp", "llama.cpp-2023": "llama.cpp",
-            "llama.cpp-vulkan": "llama.cpp", "llama.cpp-2024h1-vulkan": "llama.cpp", "llama.cpp-sycl": "llama.cpp",
+            "llama.cpp-vulkan": "llama.cpp", "llama.cpp-2024h1-vulkan": "llama.cpp", "llama.cpp-2025-vulkan": "llama.cpp",
+            "llama.cpp-sycl": "llama.cpp",
             "llama.cpp-hip": "llama.cpp", "mlx": "mlx",
             "offload": "offload"}
 

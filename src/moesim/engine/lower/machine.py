@@ -107,7 +107,8 @@ def backend_terms(rt: Runtime, g: dict) -> dict:
     prompt's flash attention at this share of the fp32 vector peak where that is below its GEMM rate, 0: at
     the GEMM rate) and ``fa_fp16_share`` (the same of the 16-bit matrix peak, on cards with matrix units) and
     ``weight_pass_tokens`` (the tokens per pass its prompt GEMMs make over their weights, 0: one pass per
-    ubatch) and ``launch_us_nograph`` (the backend's own per-layer host cost, by arch prefix or vendor, in place of the
+    ubatch) and ``dense_gemm_rel`` (an earlier build's dense prompt GEMMs on a card's matrix units at this multiple of
+    the current rate; routed experts keep it) and ``launch_us_nograph`` (the backend's own per-layer host cost, by arch prefix or vendor, in place of the
     runtime's no-graph launch and paid whether or not the chip replays CUDA graphs; -1: the runtime's, see
     :func:`with_backend_launch`).
     Runtimes outside llama.cpp get {} (their own GEMM paths)."""
@@ -116,6 +117,8 @@ def backend_terms(rt: Runtime, g: dict) -> dict:
     tables = _load_catalog("runtimes").get("backends", {})
     name = rt.backend or _BACKEND_OF_VENDOR.get(str(g.get("vendor", "")), "cuda")
     b = tables.get(name, {})
+    if "base" in b:                                     # an era of a backend: its base's terms, then its own
+        b = {**tables.get(b["base"], {}), **b}
     arch, vendor = str(g.get("arch", "")), str(g.get("vendor", ""))
     matrix = bool(g.get("tensor_cores", False)) and arch not in b.get("matrix_off", ())
     segment = f"{vendor}-{g.get('segment', '')}"
@@ -128,7 +131,8 @@ def backend_terms(rt: Runtime, g: dict) -> dict:
                 bw_eff=float(b.get("bw_eff", {}).get(arch, 0.0)),
                 fa_fp32_share=_arch_value(b.get("fa_fp32_share", {}), arch),
                 fa_fp16_share=float(b.get("fa_fp16_share", {}).get(vendor, 0.0)) if matrix else 0.0,
-                fp16_acc_rel=float(b.get("fp16_acc_rel", {}).get(segment, 1.0)))
+                fp16_acc_rel=float(b.get("fp16_acc_rel", {}).get(segment, 1.0)),
+                dense_gemm_rel=float(b.get("dense_gemm_rel", {}).get(vendor, 1.0)) if matrix else 1.0)
 
 
 def _arch_value(table: dict, arch: str, default: float = 0.0) -> float:
@@ -146,6 +150,7 @@ def fp32_tflops(tf: dict, g: dict) -> float:
 
 # each per-family map of a backend and the key that must cite its numbers
 _TERM_SOURCES = {"moe_fp32_share": "moe_source", "bw_eff": "bw_source", "fp16_acc_rel": "acc_source",
+                 "dense_gemm_rel": "dense_rel_source",
                  "moe_half_tokens": "moe_half_source", "fa_fp32_share": "fa_source", "fa_fp16_share": "fa_fp16_source",
                  "launch_us_nograph": "launch_source", "weight_pass_tokens": "pass_source"}
 
@@ -290,6 +295,7 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement, mix: Q.KernelMix)
     share, fp32 = terms.get("moe_fp32_share", 0.0), fp32_tflops(tf, g)
     # a backend whose MUL_MAT_ID measurably runs the routed experts slower than its dense GEMMs (moe_fp32_share)
     expert = min(gemm, fp32 * 1e12 * share * tp) if share > 0 and fp32 > 0 else gemm
+    gemm *= terms.get("dense_gemm_rel", 1.0)        # an earlier build's dense GEMM tiles (experts keep theirs)
     clock = kernel_clock_scale(d, g)
     return dict(gpu_bw=machine.gpu_bw_gbs * GB * bw_eff * tp, host_bw=host_bw, pcie_bw=pcie,
                 prefill_flops=pf, prefill_gemm_flops=gemm, prefill_attn_flops=attn, prefill_expert_flops=expert,
@@ -366,7 +372,8 @@ def _lower_unified(machine: Machine, rt: Runtime, mix: Q.KernelMix, cpu_only: bo
     pf = cpu_flops if cpu_only else max(peak * pf_eff, cpu_flops)
     return dict(gpu_bw=pool, host_bw=host, pcie_bw=pool, storage_bw=max(machine.storage_read_gbs, 1e-3) * GB,
                 gpu_flops=max(gpu_flops, cpu_flops), cpu_flops=cpu_flops, interconnect_bw=pool, unified=1,
-                prefill_flops=pf, prefill_gemm_flops=pf, prefill_expert_flops=pf,
+                prefill_flops=pf, prefill_expert_flops=pf,
+                prefill_gemm_flops=pf if cpu_only else pf * terms.get("dense_gemm_rel", 1.0),
                 prefill_attn_flops=pf if cpu_only else flash_attention_flops(pf, machine.gpu_tflops, u, terms),
                 prefill_moe_half_tokens=0.0 if cpu_only else (moe_half if metal else terms.get("moe_half_tokens", 0.0)),
                 prefill_weight_pass_tokens=0.0 if cpu_only else terms.get("weight_pass_tokens", 0.0),
