@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 from ..engine.lower.decode_model import delta_net_ops
+from ..spec.runtimes import runtime as profile
 
 # Runtimes in the data that moesim models through a profile of the same kind.
 RUNTIME_ALIASES = {"moe-infinity": "offload", "mixtral-offloading": "offload", "fiddler": "offload",
@@ -71,7 +72,7 @@ def runtime_for(row: dict, notes: str, assumed: list) -> str | None:
             assumed.append("llama.cpp Vulkan build before January 2026 (date): AMD coopmat dense GEMMs before "
                            "PR #18749's tiles")
         runtime += "-vulkan"
-        assumed.append("llama.cpp's Vulkan backend (notes): runtimes.toml [backends.vulkan]")
+        assumed.append(f"llama.cpp's Vulkan backend (notes): runtimes.toml [backends.{_backend_key(runtime)}]")
     elif rid == "llama.cpp" and _SYCL_NOTE.search(notes) and runtime == "llama.cpp":
         runtime = "llama.cpp-sycl"
         assumed.append("llama.cpp's SYCL backend (notes): runtimes.toml [backends.sycl]")
@@ -81,6 +82,12 @@ def runtime_for(row: dict, notes: str, assumed: list) -> str | None:
         runtime = "ktransformers-legacy"
         assumed.append("ktransformers v0.2 / v0.3 (notes): the standalone server, no layerwise prefill")
     return runtime
+
+
+def _backend_key(runtime: str) -> str:
+    """runtimes.toml's [backends.*] key of a llama.cpp runtime profile's GPU backend, quoted where TOML needs it."""
+    name = profile(runtime).backend
+    return f'"{name}"' if "-" in name else name
 
 
 def note_settings(notes: str, runtime: str, assumed: list, when: tuple | None = None) -> dict:
