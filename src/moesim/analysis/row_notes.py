@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 from ..engine.lower.decode_model import delta_net_ops
-from ..spec.runtimes import runtime as profile
+from ..spec.runtimes import FAMILIES, runtime as profile
 
 # Runtimes in the data that moesim models through a profile of the same kind.
 RUNTIME_ALIASES = {"moe-infinity": "offload", "mixtral-offloading": "offload", "fiddler": "offload",
@@ -154,9 +154,8 @@ def no_flash(notes: str, when: tuple | None, assumed: list) -> bool:
 def flash_month(row: dict, notes: str, runtime: str | None) -> tuple | None:
     """The run's month where its date decides flash attention: mainline llama.cpp and Ollama (whose CPU
     flash attention walks the KV per query row) with attention on the CPU; None elsewhere."""
-    mainline = (runtime or "llama.cpp") in ("llama.cpp", "llama.cpp-2024h1", "llama.cpp-2023", "llama.cpp-vulkan",
-                                            "llama.cpp-2024h1-vulkan", "llama.cpp-2025-vulkan", "llama.cpp-sycl",
-                                            "llama.cpp-hip", "ollama")
+    rid = runtime or "llama.cpp"
+    mainline = FAMILIES.get(rid) == "llama.cpp" and rid != "ik_llama.cpp"      # every era and backend, and Ollama
     place = (row.get("placement") or "").strip()
     cpu_attention = place.startswith(("cpu-only", "layers-gpu")) or (row.get("gpus") or "").strip() == "0"
     return row_month(row, notes) if mainline and cpu_attention else None
