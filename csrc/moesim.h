@@ -1,15 +1,10 @@
-/*
- * moesim C core: memory accounting (and, later, the decode simulation kernel).
- *
- * Plain C99, no Python. Every function returns 0 or a negative MS_ERR_* code; callers own all
- * buffers. Inputs are validated by the Python layer before they reach here; the kernel re-checks
- * only what could make it crash or loop (defence in depth) and otherwise runs unchecked.
- */
+/* moesim C core: memory accounting, decode, routing, sweeps, serving. Plain C99, no Python. Every function returns
+ * 0 or a negative MS_ERR_* code; callers own all buffers. Inputs are validated by the Python layer before they reach
+ * here; the kernel re-checks only what could make it crash or loop (defence in depth) and otherwise runs unchecked. */
 #ifndef MOESIM_H
 #define MOESIM_H
 
 #include <stdint.h>
-
 #define MS_ERR_NULL_ARGUMENT   (-1)
 #define MS_ERR_BAD_SIZE        (-2)
 #define MS_ERR_BAD_PLACEMENT   (-3)
@@ -118,7 +113,6 @@ int ms_memory(const ms_model_t *model, const ms_mem_config_t *cfg, ms_mem_result
 int ms_memory_many(const ms_model_t *model, const ms_mem_config_t *cfgs, int64_t n,
                    ms_mem_result_t *out, int n_threads, int64_t *err_index);
 
-
 /* ================================================================ decode simulation
  *
  * One configuration = a lowered model (per-layer bytes and FLOPs at the measured context, where
@@ -218,6 +212,10 @@ typedef struct {
     int32_t graph_max_tokens;                     /* steps of more tokens run without CUDA graphs (0: none do) */
     double nograph_s;                             /* ... and each GPU layer then pays this on top of launch_s */
     double cpu_attn_flops;                        /* attention scores' FLOP/s on the CPU (its kernel, not cpu_flops) */
+    /* token-count kernel paths (ggml-metal; mm_min_tokens 0: off): ms_weight_passes; routed experts of a step under
+     * moe_rowwise_below tokens are read once per token-expert pair (0: off) */
+    int32_t mm_min_tokens, mm_tile_tokens, mv_ext_cols, mv_ext_min_tokens, mv_ext_k_min_tokens, moe_rowwise_below;
+    double mv_ext_share, mv_ext_k_share;          /* dense weight byte shares the small-batch GEMV takes */
 } ms_machine_t;
 
 /* A dense model routes nothing: with n_layers 0 every array below may be NULL. */
@@ -314,6 +312,9 @@ typedef struct {
 
 /* Bytes of workspace one configuration needs (per thread). */
 int64_t ms_decode_workspace_size(const ms_decode_model_t *m, const ms_routing_t *r, const ms_decode_config_t *c);
+
+/* Dense weight reads of a GPU step of `tokens` tokens (Python twin: engine.lower.machine.weight_passes). */
+double ms_weight_passes(const ms_machine_t *hw, double tokens);
 
 int ms_decode(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_routing_t *r,
               const ms_decode_config_t *c, void *workspace, int64_t workspace_bytes, ms_decode_result_t *out);
@@ -468,6 +469,7 @@ typedef struct {
     double tpot_scale;           /* 1e3 / accepted */
     double hit_rate;             /* GPU expert hit rate (-1: none) */
     double prefill0;             /* prefill seconds of the prompt (one sequence, from an empty cache) */
+    double weight_passes;        /* its step's reads of the GPU kinds' weights (ms_weight_passes at its tokens) */
     int32_t kind0, n_kinds;      /* its slice of the kinds table */
     int32_t mc;                  /* its Monte Carlo template (-1: none) */
 } ms_sweep_variant_t;

@@ -44,11 +44,13 @@ static double layer_attention(const ms_decode_model_t *m, const ms_machine_t *hw
     int gpu = m->attn_on_gpu[l] != 0, win;
     double bw = gpu ? hw->gpu_bw : hw->host_bw, fl = gpu ? hw->gpu_flops : hw->cpu_flops;
     int res_mem = gpu ? MS_RES_GPU_MEM : MS_RES_HOST_MEM, res_flops = gpu ? MS_RES_GPU_COMPUTE : MS_RES_CPU_COMPUTE;
-    double tw = ms_kernel_time(w_bytes / bw, w_flops / fl, res_mem, res_flops, &win), ts, total;
+    /* a GPU backend whose GEMVs re-read the weights per token (or per small-batch tile) reads them that often */
+    double passes = gpu ? ms_weight_passes(hw, toks) : 1.0;
+    double tw = ms_kernel_time(passes * (w_bytes / bw), w_flops / fl, res_mem, res_flops, &win), ts, total;
     attribute(acc, win, MS_PHASE_ATTENTION, tw);
     ts = ms_kernel_time(kv_bytes / bw, s_flops / (gpu ? fl : hw->cpu_attn_flops), res_mem, res_flops, &win);
     attribute(acc, win, MS_PHASE_ATTENTION, ts);
-    acc->bytes[gpu ? MS_BYTES_GPU_MEM : MS_BYTES_HOST_MEM] += w_bytes + kv_bytes;
+    acc->bytes[gpu ? MS_BYTES_GPU_MEM : MS_BYTES_HOST_MEM] += passes * w_bytes + kv_bytes;
     total = tw + ts;
     if (m->attn_on_gpu[l] && hw->launch_s > 0.0) {
         /* a build that captures graphs only up to graph_max_tokens launches larger steps kernel by kernel */
@@ -81,11 +83,17 @@ static double layer_experts(const ms_decode_model_t *m, const ms_machine_t *hw, 
                             double toks, double total, ms_decode_result_t *acc)
 {
     double eb = m->expert_bytes[l], ef = m->expert_flops[l];
-    double g_bytes = w->n_res * eb, c_bytes = w->n_cpu * eb;
+    /* a step of fewer than moe_rowwise_below tokens multiplies each token-expert pair on its own (ggml-metal's
+     * mul_mv_id), re-reading the expert's rows per pair */
+    int rowwise = hw->moe_rowwise_below > 0 && toks < (double) hw->moe_rowwise_below;
+    double g_bytes = (rowwise ? w->pairs_gpu : w->n_res) * eb, c_bytes = w->n_cpu * eb;
     double demand = (w->n_fetch - w->n_pref) * eb;
     /* under expert parallelism the busiest rank sets the GPU experts' time (the rates are the ranks' sum) */
     double tg_mem = g_bytes * (m->ep_load_experts ? m->ep_load_experts[l] : 1.0) / hw->gpu_bw;
-    double tg_fl = w->pairs_gpu * ef * (m->ep_load_pairs ? m->ep_load_pairs[l] : 1.0) / hw->gpu_flops;
+    /* ... and from there its mat-mat kernel multiplies each used expert's tokens in whole mm_tile_tokens tiles */
+    double pairs = hw->mm_min_tokens > 0 && hw->moe_rowwise_below > 0 && !rowwise
+        ? fmax(w->pairs_gpu, w->n_res * (double) hw->mm_tile_tokens) : w->pairs_gpu;
+    double tg_fl = pairs * ef * (m->ep_load_pairs ? m->ep_load_pairs[l] : 1.0) / hw->gpu_flops;
     double t_g = fmax(tg_mem, tg_fl);
     int r_g = tg_mem >= tg_fl ? MS_RES_GPU_MEM : MS_RES_GPU_COMPUTE;
     double t_c = fmax(c_bytes / hw->host_bw, w->pairs_cpu * ef / hw->cpu_flops);
@@ -172,11 +180,12 @@ static double step_fixed(const ms_decode_model_t *m, const ms_machine_t *hw, con
     double total = 0.0, t[2];
     int r[2], win;
     double bw = m->head_on_gpu ? hw->gpu_bw : hw->host_bw, fl = m->head_on_gpu ? hw->gpu_flops : hw->cpu_flops;
-    t[0] = m->head_bytes / bw; r[0] = m->head_on_gpu ? MS_RES_GPU_MEM : MS_RES_HOST_MEM;
+    double passes = m->head_on_gpu ? ms_weight_passes(hw, toks) : 1.0;
+    t[0] = passes * (m->head_bytes / bw); r[0] = m->head_on_gpu ? MS_RES_GPU_MEM : MS_RES_HOST_MEM;
     t[1] = toks * m->head_flops / fl; r[1] = m->head_on_gpu ? MS_RES_GPU_COMPUTE : MS_RES_CPU_COMPUTE;
     total += max_term(t, r, 2, &win);
     attribute(acc, win, MS_PHASE_HEAD, total);
-    acc->bytes[m->head_on_gpu ? MS_BYTES_GPU_MEM : MS_BYTES_HOST_MEM] += m->head_bytes;
+    acc->bytes[m->head_on_gpu ? MS_BYTES_GPU_MEM : MS_BYTES_HOST_MEM] += passes * m->head_bytes;
     if (c->drafts > 0) {
         double td;
         t[0] = m->draft_bytes / bw;
@@ -468,6 +477,11 @@ static int check(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_ro
     if (!(hw->op_s >= 0.0) || !(hw->cpu_op_s >= 0.0)) return MS_ERR_BAD_MACHINE;
     if (hw->graph_max_tokens < 0 || !(hw->nograph_s >= 0.0)) return MS_ERR_BAD_MACHINE;
     if (!(hw->cpu_attn_flops > 0.0)) return MS_ERR_BAD_MACHINE;
+    if (hw->mm_min_tokens < 0 || hw->moe_rowwise_below < 0) return MS_ERR_BAD_MACHINE;
+    if (hw->mm_min_tokens > 0 && (hw->mm_tile_tokens < 1 || hw->mv_ext_cols < 1 || hw->mv_ext_min_tokens < 0
+                                  || hw->mv_ext_k_min_tokens < 0 || !(hw->mv_ext_share >= 0.0)
+                                  || !(hw->mv_ext_k_share >= 0.0) || hw->mv_ext_share + hw->mv_ext_k_share > 1.0 + 1e-9))
+        return MS_ERR_BAD_MACHINE;
     if (!(m->a2a_bytes >= 0.0)) return MS_ERR_BAD_SIZE;
     if (r->n_layers > 0) {
         if (r->n_experts <= 0 || r->top_k <= 0 || r->top_k > r->n_experts) return MS_ERR_BAD_ROUTING;

@@ -16,6 +16,7 @@ from moesim.analysis import simulate as D
 from moesim.engine import codes as CODES
 from moesim.engine import decode as KD
 from moesim.engine import _kernel
+from moesim.engine.lower.machine import DECODE_PATHS_OFF
 from moesim.engine.lower import attention as ATT
 from moesim.engine.lower import decode_model as LDM
 from moesim.engine.lower import machine as LHW
@@ -82,7 +83,13 @@ def decode_case(draw, mode=None, policy=None):
               moe_s=draw(st.sampled_from([0.0, 4e-5])), cpu_layer_s=draw(st.sampled_from([0.0, 9e-5])),
               op_s=draw(st.sampled_from([0.0, 3e-6, 4.7e-6])), cpu_op_s=draw(st.sampled_from([0.0, 2.5e-6])))
     hw.update(graph_max_tokens=draw(st.sampled_from([0, 1, 4])), nograph_s=draw(st.sampled_from([0.0, 2.5e-5])),
-              cpu_attn_flops=draw(st.floats(1e9, 1e13)))
+              cpu_attn_flops=draw(st.floats(1e9, 1e13)), **DECODE_PATHS_OFF)
+    if draw(st.booleans()):             # token-count kernel paths (ggml-metal's shape, shares drawn)
+        s = draw(st.floats(0.0, 1.0))
+        hw.update(mm_min_tokens=draw(st.sampled_from([3, 9])), mm_tile_tokens=draw(st.sampled_from([4, 32])),
+                  mv_ext_cols=draw(st.integers(1, 5)), mv_ext_min_tokens=2, mv_ext_k_min_tokens=4, mv_ext_share=s,
+                  mv_ext_k_share=draw(st.floats(0.0, 1.0)) * (1.0 - s),
+                  moe_rowwise_below=draw(st.sampled_from([0, 2, 32])))
     mode = draw(st.integers(0, 1)) if mode is None else mode
     grouped = draw(st.booleans()) and E % 4 == 0 and E >= 8
     prof = R.RoutingProfile(
@@ -150,7 +157,7 @@ def synthetic(L, E, k, mode=CODES.EXP_FETCH, slots=0, page=None, **hw_over):
     hw = dict(gpu_bw=1e12, host_bw=5e10, pcie_bw=2.5e10, storage_bw=5e9, gpu_flops=1e14, cpu_flops=1e12,
               interconnect_bw=1e11, unified=0, overlap=1, launch_s=3e-6, sync_s=2e-5, dma_s=6e-6, allreduce_s=0.0,
               step_s=3e-4, seq_s=0.0, a2a_bw=1e11, a2a_s=0.0, moe_s=0.0, cpu_layer_s=0.0, op_s=0.0,
-              cpu_op_s=0.0, graph_max_tokens=0, nograph_s=0.0, cpu_attn_flops=1e12)
+              cpu_op_s=0.0, graph_max_tokens=0, nograph_s=0.0, cpu_attn_flops=1e12, **DECODE_PATHS_OFF)
     hw.update(hw_over)
     return dm, hw
 

@@ -987,6 +987,7 @@ static void make_dec_group(dec_group_t *g)
         x->tpot_scale = 1e3 / x->accepted;
         x->hit_rate = v ? 0.6 : -1.0;
         x->prefill0 = 0.05 * (v + 1);
+        x->weight_passes = 1.0 + v;            /* variant 1 reads its GPU kinds' weights twice */
         x->kind0 = v; x->n_kinds = 2; x->mc = v;
     }
     for (int l = 0; l < L; l++) g->layer_fn[l] = l % 2;

@@ -118,6 +118,8 @@ cdef extern from "moesim.h" nogil:
         int32_t graph_max_tokens
         double nograph_s
         double cpu_attn_flops
+        int32_t mm_min_tokens, mm_tile_tokens, mv_ext_cols, mv_ext_min_tokens, mv_ext_k_min_tokens, moe_rowwise_below
+        double mv_ext_share, mv_ext_k_share
 
     ctypedef struct ms_routing_t:
         int32_t n_layers
@@ -202,6 +204,7 @@ cdef extern from "moesim.h" nogil:
         int64_t c1, c2, r, k1
 
     double ms_ctx_eval(const ms_ctx_fn_t *f, int64_t context)
+    double ms_weight_passes(const ms_machine_t *hw, double tokens)
 
     ctypedef struct ms_sweep_place_t:
         int32_t code
@@ -274,6 +277,7 @@ cdef extern from "moesim.h" nogil:
         double tpot_scale
         double hit_rate
         double prefill0
+        double weight_passes
         int32_t kind0, n_kinds
         int32_t mc
 

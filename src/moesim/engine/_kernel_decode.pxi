@@ -49,6 +49,10 @@ cdef void _fill_machine(ms_machine_t *h, dict hw):
     h.op_s = hw["op_s"]; h.cpu_op_s = hw["cpu_op_s"]
     h.graph_max_tokens = hw["graph_max_tokens"]; h.nograph_s = hw["nograph_s"]
     h.cpu_attn_flops = hw["cpu_attn_flops"]
+    h.mm_min_tokens = hw["mm_min_tokens"]; h.mm_tile_tokens = hw["mm_tile_tokens"]
+    h.mv_ext_cols = hw["mv_ext_cols"]; h.mv_ext_min_tokens = hw["mv_ext_min_tokens"]
+    h.mv_ext_k_min_tokens = hw["mv_ext_k_min_tokens"]; h.mv_ext_share = hw["mv_ext_share"]
+    h.mv_ext_k_share = hw["mv_ext_k_share"]; h.moe_rowwise_below = hw["moe_rowwise_below"]
 
 
 cdef void _fill_configs(ms_decode_config_t *cfg, dict c, Py_ssize_t n):

@@ -27,21 +27,34 @@ def ctx_eval(f, c, long long context):
     return ms_ctx_eval(&fn, context)
 
 
+def weight_passes(dict hw, double tokens):
+    """ms_weight_passes of a checked machine table (glue.MACHINE) at a step of ``tokens`` tokens (the C side of
+    engine.lower.machine.weight_passes, which the differential tests hold it equal to)."""
+    cdef ms_machine_t h
+    _fill_machine(&h, hw)
+    return ms_weight_passes(&h, tokens)
+
+
+cdef enum:
+    VARIANT_F64 = 14      # glue.SWEEP_DECODE variant_f64's columns
+
+
 cdef void _fill_variants(ms_sweep_variant_t *out, f, i32, Py_ssize_t n):
     """n ms_sweep_variant_t from checked rows: f64 (step0, by_resource[8], accepted, tpot_scale, hit_rate,
-    prefill0), i32 (kind0, n_kinds, mc)."""
+    prefill0, weight_passes), i32 (kind0, n_kinds, mc)."""
     cdef const double *vf = <const double *> _rows(f)
     cdef const int32_t *vi = <const int32_t *> _rows(i32)
     cdef Py_ssize_t i
     cdef int k
     for i in range(n):
-        out[i].step0 = vf[13 * i]
+        out[i].step0 = vf[VARIANT_F64 * i]
         for k in range(MS_N_RES):
-            out[i].by_resource[k] = vf[13 * i + 1 + k]
-        out[i].accepted = vf[13 * i + 9]
-        out[i].tpot_scale = vf[13 * i + 10]
-        out[i].hit_rate = vf[13 * i + 11]
-        out[i].prefill0 = vf[13 * i + 12]
+            out[i].by_resource[k] = vf[VARIANT_F64 * i + 1 + k]
+        out[i].accepted = vf[VARIANT_F64 * i + 9]
+        out[i].tpot_scale = vf[VARIANT_F64 * i + 10]
+        out[i].hit_rate = vf[VARIANT_F64 * i + 11]
+        out[i].prefill0 = vf[VARIANT_F64 * i + 12]
+        out[i].weight_passes = vf[VARIANT_F64 * i + 13]
         out[i].kind0 = vi[3 * i]
         out[i].n_kinds = vi[3 * i + 1]
         out[i].mc = vi[3 * i + 2]

@@ -114,7 +114,9 @@ MACHINE = (_scalars(REAL, "gpu_bw", "host_bw", "pcie_bw", "storage_bw", "gpu_flo
            + _scalars(INT, "unified", "overlap")
            + _scalars(REAL, "launch_s", "sync_s", "dma_s", "allreduce_s", "step_s", "seq_s", "a2a_bw", "a2a_s",
                       "moe_s", "cpu_layer_s", "op_s", "cpu_op_s")
-           + _scalars(INT, "graph_max_tokens") + _scalars(REAL, "nograph_s", "cpu_attn_flops"))
+           + _scalars(INT, "graph_max_tokens") + _scalars(REAL, "nograph_s", "cpu_attn_flops")
+           + _scalars(INT, "mm_min_tokens", "mm_tile_tokens", "mv_ext_cols", "mv_ext_min_tokens", "mv_ext_k_min_tokens")
+           + _scalars(REAL, "mv_ext_share", "mv_ext_k_share") + _scalars(INT, "moe_rowwise_below"))
 
 # ms_routing_t (engine.lower.routing.lower / lower_trace); L MoE layers, E experts, S request scenarios.
 # A dense model (n_layers 0) has no per-layer tables: ROUTING_LAYERS are then absent and C gets NULL.
@@ -182,7 +184,7 @@ SWEEP_MEMORY = (_arrays(F64, ("n_kinds",), "per_token", "ratio_bytes", "state") 
 # length of mc["models"]; the C checks every variant's kind slice and template index against them.
 SWEEP_MC = (Field("layer_fn", I32, ("n_layers",)),) + _scalars(INT, "steps", "warmup", "policy", "seed")
 # "models" / "machines": lists of DECODE_MODEL / MACHINE tables (one per template); "routing": ROUTING.
-SWEEP_DECODE = (Field("variant_f64", F64, ("n_variants", 13)), Field("variant_i32", I32, ("n_variants", 3)),
+SWEEP_DECODE = (Field("variant_f64", F64, ("n_variants", 14)), Field("variant_i32", I32, ("n_variants", 3)),
                 Field("kind_f64", F64, ("n_kinds", 5)), Field("kind_i32", I32, ("n_kinds", 3)),
                 Field("fn_kv_f", F64, ("n_fns", 5)), Field("fn_kv_c", I64, ("n_fns", 4)),
                 Field("fn_sf_f", F64, ("n_fns", 5)), Field("fn_sf_c", I64, ("n_fns", 4)),

@@ -451,7 +451,9 @@ class KernelMix:
     all linear weights (GPU GEMMs on fp8 tensor cores) and among those the CPU multiplies (converted to
     bf16 first); ``fp4_a4`` / ``fp4_a8``, fp4 checkpoint weights among all linear weights whose GEMMs run
     on fp4 tensor cores (W4A4 NVFP4) or at the fp8 rate (W4A8 MXFP4) on GPUs with fp4 tensor cores
-    (quants.toml fp4_gemm)."""
+    (quants.toml fp4_gemm); ``mv_ext`` / ``mv_ext_k``, the types ggml-metal's small-batch mat-vec takes from 2 /
+    4 tokens per step among the dense linear weights (quants.toml metal_mv_ext / metal_mv_ext_k: decode's weight
+    reads per step, engine.lower.machine.weight_passes)."""
 
     cpu_grid: float = 0.0
     cpu_lut: float = 0.0
@@ -461,6 +463,8 @@ class KernelMix:
     cpu_fp8: float = 0.0
     fp4_a4: float = 0.0
     fp4_a8: float = 0.0
+    mv_ext: float = 0.0
+    mv_ext_k: float = 0.0
 
 
 def kernel_mix(model: Model, quant: "str | Quant") -> KernelMix:
@@ -503,10 +507,12 @@ def _kernel_mix(model: Model, quant: Quant) -> KernelMix:
 
     cpu_cls = ("routed_experts",) if model.n_experts else ("attention", "dense_ffn", "shared_experts")
     linear = ("attention", "dense_ffn", "shared_experts", "routed_experts", "lm_head")
+    dense = tuple(c for c in linear if c != "routed_experts")     # mul_mat's weights (routed experts: mul_mat_id)
     return KernelMix(cpu_grid=share(cpu_cls, "cpu_grid"), cpu_lut=share(cpu_cls, "cpu_lut"),
                      mmq_kquant=share(linear, "mmq_kquant"),
                      mmq_mxfp4=share(linear, "mmq_mxfp4"), fp8=share(linear, "fp8"), cpu_fp8=share(cpu_cls, "fp8"),
-                     fp4_a4=share(linear, "fp4_gemm", "fp4"), fp4_a8=share(linear, "fp4_gemm", "fp8"))
+                     fp4_a4=share(linear, "fp4_gemm", "fp4"), fp4_a8=share(linear, "fp4_gemm", "fp8"),
+                     mv_ext=share(dense, "metal_mv_ext"), mv_ext_k=share(dense, "metal_mv_ext_k"))
 
 
 def alias_note(requested, q: Quant) -> "str | None":

@@ -24,7 +24,7 @@ from ...engine import _kernel
 from ...engine.decode import prepare, run_prepared
 from ...engine.glue import seal
 from ...engine.lower.decode_model import attention_key, kv_copies_of, lower_model, op_offload_threshold
-from ...engine.lower.machine import lower_machine, placement_key
+from ...engine.lower.machine import lower_machine, placement_key, weight_passes
 from ...engine.prefill import kernel_seconds_many, prefill_terms, rate_ttft
 from ...errors import KernelError
 from ...spec.placement import Placement
@@ -232,7 +232,7 @@ class DecodeVariants:
             return self.table
 
     def _lower(self, new: list) -> tuple:
-        """(keys, f64 [n, 13], i32 [n, 3]): the ms_sweep_variant_t rows of keys ``new``, in an order of their own."""
+        """(keys, f64 [n, 14], i32 [n, 3]): the ms_sweep_variant_t rows of keys ``new``, in an order of their own."""
         g = self.group                  # once: the helpers take it rather than dereference the weak reference
         todo: dict = {}
         n_b, n_ps, n_cands, lks = g.plan.n_b, g.E + 2, len(g.cands), self._lks
@@ -255,15 +255,20 @@ class DecodeVariants:
             staged = [(st[0], times[st[1]]) + st[2:] if type(st[1]) is tuple else st for st in staged]
         # every analytic variant of the group in one kernel call (the routing filled once for them all)
         f64 = run_prepared(_prepared_routing(g.plan, g.routing), jobs) if jobs else None
+        if f64 is not None:             # the analytic step's 13 columns, then the weight passes'
+            f64 = np.concatenate((f64, np.empty((len(f64), 1))), axis=1)
         counts = [len(st[0]) for st in staged]
         if f64 is None:                 # Monte Carlo templates: no analytic step
-            f64 = np.zeros((sum(counts), 13))
+            f64 = np.zeros((sum(counts), 14))
             f64[:, 9] = 1.0
             f64[:, 11] = -1.0
         f64[:, 10] = 1e3 / f64[:, 9]
         # each unit's prefill time and (kind0, n_kinds, mc) on each of its rows, as lists (a few rows: np.repeat's
         # list conversion cost more than the rows)
         f64[:, 12] = [st[1] for st in staged for _ in st[0]]
+        # the GPU kinds' weight reads at each row's tokens per step (its batch: analytic variants draft nothing)
+        f64[:, 13] = [weight_passes(self._machine(g, j)[0], float(b)) for (j, _, _), items in todo.items()
+                      for _, b in items]
         i32 = np.array([st[2:] for st in staged for _ in st[0]], dtype=np.int32).reshape(-1, 3)
         return [key for st in staged for key, _ in st[0]], f64, i32
 

@@ -1,6 +1,7 @@
 """Lowering a machine under a runtime to ``ms_machine_t``: effective bandwidths, FLOP/s, latencies."""
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from ...spec import quants as Q
@@ -152,7 +153,8 @@ def fp32_tflops(tf: dict, g: dict) -> float:
 _TERM_SOURCES = {"moe_fp32_share": "moe_source", "bw_eff": "bw_source", "fp16_acc_rel": "acc_source",
                  "dense_gemm_rel": "dense_rel_source",
                  "moe_half_tokens": "moe_half_source", "fa_fp32_share": "fa_source", "fa_fp16_share": "fa_fp16_source",
-                 "launch_us_nograph": "launch_source", "weight_pass_tokens": "pass_source"}
+                 "launch_us_nograph": "launch_source", "weight_pass_tokens": "pass_source",
+                 "decode_paths": "decode_paths_source"}
 
 
 def backend_source_errors(tables: dict) -> list:
@@ -278,7 +280,7 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement, mix: Q.KernelMix)
                     dma_s=0.0, allreduce_s=0.0, step_s=d.step_us * 1e-6, seq_s=d.seq_us * 1e-6,
                     amx_flops=amx, pcie_links=1, a2a_bw=host_bw, a2a_s=0.0, moe_s=0.0,
                     cpu_layer_s=d.cpu_layer_us * 1e-6, op_s=0.0, cpu_op_s=d.cpu_node_us * 1e-6,
-                    **graph_limit(d, False), **cpu_attention_flops(machine, d, cpu_flops))
+                    **graph_limit(d, False), **cpu_attention_flops(machine, d, cpu_flops), **DECODE_PATHS_OFF)
     g = _load_catalog("hardware")["gpu"].get(machine.gpu, {})
     tp = machine.n_gpus if (d.tensor_parallel and machine.n_gpus > 1) else 1
     tf = machine.gpu_tflops
@@ -311,7 +313,8 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement, mix: Q.KernelMix)
                 amx_flops=amx, pcie_links=tp, a2a_bw=_alltoall_gbs(machine, g) * GB * d.alltoall_bw_eff,
                 a2a_s=2.0 * d.alltoall_us * 1e-6, moe_s=d.moe_layer_us * clock * 1e-6,
                 cpu_layer_s=d.cpu_layer_us * 1e-6, op_s=node_op_us(d, graphs, clock) * 1e-6,
-                cpu_op_s=d.cpu_node_us * 1e-6, **graph_limit(d, graphs), **cpu_attention_flops(machine, d, cpu_flops))
+                cpu_op_s=d.cpu_node_us * 1e-6, **graph_limit(d, graphs), **cpu_attention_flops(machine, d, cpu_flops),
+                **decode_paths(terms.get("decode_paths", {}), mix))
 
 
 def _allreduce_s(machine: Machine, rt: Runtime) -> float:
@@ -384,15 +387,48 @@ def _lower_unified(machine: Machine, rt: Runtime, mix: Q.KernelMix, cpu_only: bo
                 # Metal's per-MoE-layer cost is launch_us_metal already
                 moe_s=0.0 if (cpu_only or metal) else d.moe_layer_us * clock * 1e-6, cpu_layer_s=d.cpu_layer_us * 1e-6,
                 op_s=0.0 if cpu_only else node_op_us(d, metal or graphs, clock) * 1e-6, cpu_op_s=d.cpu_node_us * 1e-6,
-                **graph_limit(d, graphs and not (cpu_only or metal)), **cpu_attention_flops(machine, d, cpu_flops))
+                **graph_limit(d, graphs and not (cpu_only or metal)), **cpu_attention_flops(machine, d, cpu_flops),
+                **decode_paths({} if cpu_only else terms.get("decode_paths", {}), mix))
 
 
 def _metal_terms() -> dict:
-    """llama.cpp's Metal backend terms the unified path reads: its prompt flash attention's share of the fp16 rate
-    and the tokens per used expert at which its routed-expert prompt GEMMs run at half the dense rate."""
+    """llama.cpp's Metal backend terms the unified path reads: its prompt flash attention's share of the fp16 rate,
+    the tokens per used expert at which its routed-expert prompt GEMMs run at half the dense rate, and its decode
+    kernels' token-count paths (decode_paths)."""
     b = _load_catalog("runtimes").get("backends", {}).get("metal", {})
     return {"fa_fp16_share": float(b.get("fa_fp16_share", {}).get("apple", 0.0)),
-            "moe_half_tokens": float(b.get("moe_half_tokens", {}).get("apple", 0.0))}
+            "moe_half_tokens": float(b.get("moe_half_tokens", {}).get("apple", 0.0)),
+            "decode_paths": dict(b.get("decode_paths", {}))}
+
+
+DECODE_PATHS_OFF = dict(mm_min_tokens=0, mm_tile_tokens=1, mv_ext_cols=1, mv_ext_min_tokens=0, mv_ext_k_min_tokens=0,
+                        mv_ext_share=0.0, mv_ext_k_share=0.0, moe_rowwise_below=0)
+
+
+def decode_paths(paths: dict, mix: Q.KernelMix) -> dict:
+    """ms_machine_t's token-count kernel paths: a backend's ``decode_paths`` table (runtimes.toml [backends.*];
+    empty: off, every step reads its weights once) with the configuration's weight-type shares (``mix``)."""
+    if not paths:
+        return dict(DECODE_PATHS_OFF)
+    out = {k: int(paths[k]) for k in ("mm_min_tokens", "mm_tile_tokens", "mv_ext_cols", "mv_ext_min_tokens",
+                                      "mv_ext_k_min_tokens", "moe_rowwise_below")}
+    return dict(out, mv_ext_share=float(mix.mv_ext), mv_ext_k_share=float(mix.mv_ext_k))
+
+
+def weight_passes(hw: dict, tokens: float) -> float:
+    """How many times a decode step of ``tokens`` tokens reads the dense weights on the GPU under ``hw``'s token-count
+    kernel paths (ms_weight_passes, the same arithmetic): once where they are off or for one token; once per
+    mm_tile_tokens tile from mm_min_tokens (ggml-metal's mat-mat); below it once per mv_ext_cols tokens for the
+    weights the small-batch mat-vec takes from their types' fewest tokens, else once per token (mul_mv)."""
+    if hw["mm_min_tokens"] <= 0 or tokens <= 1.0:
+        return 1.0
+    if tokens >= hw["mm_min_tokens"]:
+        return float(math.ceil(tokens / hw["mm_tile_tokens"]))
+    ext = float(math.ceil(tokens / hw["mv_ext_cols"]))
+    s_ext = ext if tokens >= hw["mv_ext_min_tokens"] else tokens
+    k_ext = ext if tokens >= hw["mv_ext_k_min_tokens"] else tokens
+    s, k = hw["mv_ext_share"], hw["mv_ext_k_share"]
+    return s * s_ext + k * k_ext + max(0.0, 1.0 - s - k) * tokens
 
 
 def _unified_gemm(machine: Machine, rt: Runtime, u: dict, mix: Q.KernelMix, peak: float) -> tuple:

@@ -13,6 +13,7 @@ from ..codes import (BYTES_GPU_MEM, BYTES_HOST_MEM, BYTES_PCIE, BYTES_STORAGE, E
     EXP_SPLIT, PHASE_ALLTOALL, PHASE_ATTENTION, PHASE_EXPERTS, PHASE_HEAD, PHASE_OVERHEAD, PHASE_SYNC, PHASE_TRANSFER, POLICY_BELADY,
     POLICY_LFU, POLICY_LRU, POLICY_STATIC, RES_CPU_COMPUTE, RES_GPU_COMPUTE, RES_GPU_MEM, RES_HOST_MEM, RES_INTERCONNECT,
     RES_LATENCY, RES_PCIE, RES_STORAGE)
+from ..lower.machine import weight_passes
 from .cache import Cache, next_use
 from .rng import M64, Rng
 from .route import route
@@ -52,12 +53,14 @@ def _attention_time(dm, hw, l, seqs, toks, acc):
     gpu = bool(dm["attn_on_gpu"][l])
     bw, fl = (hw["gpu_bw"], hw["gpu_flops"]) if gpu else (hw["host_bw"], hw["cpu_flops"])
     res_mem, res_flops = (RES_GPU_MEM, RES_GPU_COMPUTE) if gpu else (RES_HOST_MEM, RES_CPU_COMPUTE)
-    tw, r = kernel_time(w_bytes / bw, w_flops / fl, res_mem, res_flops)
+    # a GPU backend whose GEMVs re-read the weights per token (or per small-batch tile) reads them that often
+    passes = weight_passes(hw, toks) if gpu else 1.0
+    tw, r = kernel_time(passes * (w_bytes / bw), w_flops / fl, res_mem, res_flops)
     _put(acc, r, PHASE_ATTENTION, tw)
     # the attention scores at the CPU's attention-kernel rate, not its matmul rate
     ts, r = kernel_time(kv_bytes / bw, s_flops / (fl if gpu else hw["cpu_attn_flops"]), res_mem, res_flops)
     _put(acc, r, PHASE_ATTENTION, ts)
-    acc["bytes"][BYTES_GPU_MEM if gpu else BYTES_HOST_MEM] += w_bytes + kv_bytes
+    acc["bytes"][BYTES_GPU_MEM if gpu else BYTES_HOST_MEM] += passes * w_bytes + kv_bytes
     total = tw + ts
     if dm["attn_on_gpu"][l] and hw["launch_s"] > 0:
         # a build that captures graphs only up to graph_max_tokens launches larger steps kernel by kernel
@@ -85,11 +88,17 @@ def _layer_time(dm, hw, l, w, seqs, toks, acc):
     if dm["expert_mode"][l] == EXP_NONE:
         return total
     eb, ef = dm["expert_bytes"][l], dm["expert_flops"][l]
-    g_bytes, c_bytes = w["n_res"] * eb, w["n_cpu"] * eb
+    # a step of fewer than moe_rowwise_below tokens multiplies each token-expert pair on its own (mul_mv_id)
+    rowwise = 0 < hw["moe_rowwise_below"] and toks < hw["moe_rowwise_below"]
+    g_bytes, c_bytes = (w["pairs_gpu"] if rowwise else w["n_res"]) * eb, w["n_cpu"] * eb
     demand = (w["n_fetch"] - w["n_pref"]) * eb
     # expert parallelism: the busiest rank's experts and pairs over the mean (1 without EP)
     tg_mem = g_bytes * dm["ep_load_experts"][l] / hw["gpu_bw"]
-    tg_fl = w["pairs_gpu"] * ef * dm["ep_load_pairs"][l] / hw["gpu_flops"]
+    # ... and from there its mat-mat kernel multiplies each used expert's tokens in whole mm_tile_tokens tiles
+    pairs = w["pairs_gpu"]
+    if hw["mm_min_tokens"] > 0 and hw["moe_rowwise_below"] > 0 and not rowwise:
+        pairs = max(pairs, w["n_res"] * float(hw["mm_tile_tokens"]))
+    tg_fl = pairs * ef * dm["ep_load_pairs"][l] / hw["gpu_flops"]
     t_g, r_g = max(tg_mem, tg_fl), (RES_GPU_MEM if tg_mem >= tg_fl else RES_GPU_COMPUTE)
     tc_mem, tc_fl = c_bytes / hw["host_bw"], w["pairs_cpu"] * ef / hw["cpu_flops"]
     t_c, r_c = max(tc_mem, tc_fl), (RES_HOST_MEM if tc_mem >= tc_fl else RES_CPU_COMPUTE)
@@ -154,11 +163,12 @@ def _step_time(dm, hw, c, work, acc):
     bw = hw["gpu_bw"] if on_gpu else hw["host_bw"]
     fl = hw["gpu_flops"] if on_gpu else hw["cpu_flops"]
     rm, rf = (RES_GPU_MEM, RES_GPU_COMPUTE) if on_gpu else (RES_HOST_MEM, RES_CPU_COMPUTE)
-    th_m, th_f = dm["head_bytes"] / bw, toks * dm["head_flops"] / fl
+    passes = weight_passes(hw, toks) if on_gpu else 1.0
+    th_m, th_f = passes * (dm["head_bytes"] / bw), toks * dm["head_flops"] / fl
     fixed = th_m if th_m >= th_f else th_f
     acc["res"][rm if th_m >= th_f else rf] += fixed
     acc["phase"][PHASE_HEAD] += fixed
-    acc["bytes"][BYTES_GPU_MEM if on_gpu else BYTES_HOST_MEM] += dm["head_bytes"]
+    acc["bytes"][BYTES_GPU_MEM if on_gpu else BYTES_HOST_MEM] += passes * dm["head_bytes"]
     if c["drafts"] > 0:
         dm_t, df_t = dm["draft_bytes"] / bw, seqs * dm["draft_flops"] / fl
         td = c["drafts"] * (dm_t if dm_t >= df_t else df_t)

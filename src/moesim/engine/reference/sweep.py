@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from ..codes import CLASS_BUFFERS, CLASS_KV, CLASS_STATE
+from ..codes import CLASS_BUFFERS, CLASS_KV, CLASS_STATE, RES_GPU_MEM
 from .decode import kernel_time
 from .memory import fits_rule
 
@@ -185,8 +185,10 @@ def analytic_one(d: dict, v: int, ctx: int, b: int) -> dict:
     for k in range(int(vi[0]), int(vi[0]) + int(vi[1])):
         n, tb0, kv_rate, tf0, sf_rate = (float(x) for x in d["kind_f64"][k])
         res_mem, res_flops, fn = (int(x) for x in d["kind_i32"][k])
-        # the weight GEMVs, then the attention over the cache: each the larger of memory and compute
-        tw, rw = kernel_time(tb0, db * tf0, res_mem, res_flops)
+        # the weight GEMVs (read weight_passes times on the GPU), then the attention over the cache: each the
+        # larger of memory and compute
+        tb = float(vf[13]) * tb0 if res_mem == RES_GPU_MEM else tb0
+        tw, rw = kernel_time(tb, db * tf0, res_mem, res_flops)
         res[rw] += n * tw
         ts, rs = kernel_time(db * kvv[fn] * kv_rate, db * (sfv[fn] * sf_rate), res_mem, res_flops)
         res[rs] += n * ts

@@ -1,0 +1,22 @@
+/*
+ * Machine-level terms the decode kernels share: how many times a step reads its dense weights under a backend's
+ * token-count kernel paths (ms_machine_t.mm_min_tokens ...; runtimes.toml [backends.metal] decode_paths).
+ */
+#include <math.h>
+
+#include "moesim.h"
+
+/* 1 where the paths are off or for one token; ceil(tokens / mm_tile_tokens) from mm_min_tokens (mat-mat tiles);
+ * below, the byte-weighted mean of ceil(tokens / mv_ext_cols) (the small-batch GEMV, from its weight types' fewest
+ * tokens) and tokens (mul_mv: one read per token). */
+double ms_weight_passes(const ms_machine_t *hw, double tokens)
+{
+    double ext, s_ext, k_ext;
+    if (hw->mm_min_tokens <= 0 || tokens <= 1.0) return 1.0;
+    if (tokens >= (double) hw->mm_min_tokens) return ceil(tokens / (double) hw->mm_tile_tokens);
+    ext = ceil(tokens / (double) hw->mv_ext_cols);
+    s_ext = tokens >= (double) hw->mv_ext_min_tokens ? ext : tokens;
+    k_ext = tokens >= (double) hw->mv_ext_k_min_tokens ? ext : tokens;
+    return hw->mv_ext_share * s_ext + hw->mv_ext_k_share * k_ext
+           + fmax(0.0, 1.0 - hw->mv_ext_share - hw->mv_ext_k_share) * tokens;
+}

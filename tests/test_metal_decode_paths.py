@@ -1,0 +1,120 @@
+"""ggml-metal's decode kernels by token count (runtimes.toml [backends.metal] decode_paths, ms_weight_passes,
+ms_decode.c layer_experts): a step of t tokens reads the dense weights once per small-batch tile (mul_mv_ext), once
+per token (mul_mv) or once per 32-token mat-mat tile, and below 32 tokens reads each token-expert pair's expert
+(mul_mv_id). Checked against the kernels' dispatch arithmetic, the C kernel against its Python twin, the other
+backends left alone, and llama.cpp's own M2 Ultra bench (benches/mac-m2-ultra/mac-m2-ultra.md, build 7948)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import moesim
+from moesim.engine import _kernel
+from moesim.engine.glue import seal
+from moesim.engine.lower.machine import DECODE_PATHS_OFF, lower_machine, weight_passes
+from moesim.spec import quants as Q
+from moesim.spec.placement import parse as parse_placement
+from moesim.spec.runtimes import runtime
+
+
+def _hw(chip: str, rid: str, model: str, quant: str) -> dict:
+    m = moesim.model(model)
+    mach = moesim.machine(gpu=chip)
+    p = parse_placement("unified" if mach.unified else "all-gpu", m, mach)
+    return lower_machine(mach, runtime(rid), p, Q.kernel_mix(m, Q.resolve(quant, m)))
+
+
+def _r1ptg(t: int) -> int:
+    """ggml_metal_op_mul_mat's tokens per threadgroup of mul_mv_ext at ne11 = t (2..8)."""
+    return {2: 2, 3: 3, 4: 4, 5: 5, 6: 3, 7: 4, 8: 4}[t]
+
+
+def test_q8_0_weights_follow_the_kernels_dispatch():
+    """Qwen2.5-7B Q8_0 on an M2 Ultra: every dense weight takes mul_mv_ext at 2..8 tokens, in ceil(t / r1ptg) rows
+    of threadgroups that each read the weights, then mul_mm's 32-token tiles from 9 tokens."""
+    hw = _hw("m2-ultra", "llama.cpp", "qwen2.5-7b", "Q8_0")
+    assert (hw["mm_min_tokens"], hw["mm_tile_tokens"], hw["moe_rowwise_below"]) == (9, 32, 32)
+    assert hw["mv_ext_share"] == pytest.approx(1.0) and hw["mv_ext_k_share"] == 0.0
+    for t in range(2, 9):
+        assert weight_passes(hw, t) == pytest.approx(math.ceil(t / _r1ptg(t)))
+    assert [weight_passes(hw, t) for t in (1, 9, 16, 32, 33, 64)] == pytest.approx([1, 1, 1, 1, 2, 2])
+
+
+def test_k_quants_take_the_small_batch_kernel_from_four_tokens():
+    """Q4_K_M's dense weights are K-quants (Q4_K / Q6_K), which mul_mv_ext takes from 4 tokens only: at 2 and 3
+    tokens mul_mv reads them once per token."""
+    hw = _hw("m2-ultra", "llama.cpp", "llama-3.1-8b", "Q4_K_M")
+    assert hw["mv_ext_k_share"] > 0.9
+    assert weight_passes(hw, 2) > 1.8 and weight_passes(hw, 3) > 2.7
+    assert weight_passes(hw, 4) < 1.2
+
+
+@pytest.mark.parametrize("chip,rid", [("m2-ultra", "mlx"), ("rtx-4090", "llama.cpp"),
+                                      ("ryzen-ai-max-plus-395", "llama.cpp-vulkan"),
+                                      ("ryzen-ai-max-plus-395", "llama.cpp-hip"), ("dgx-spark", "llama.cpp")])
+def test_other_backends_read_weights_once_per_step(chip, rid):
+    hw = _hw(chip, rid, "qwen3-30b-a3b", "Q4_K_M" if rid != "mlx" else "mlx-4bit")
+    assert {k: hw[k] for k in DECODE_PATHS_OFF} == DECODE_PATHS_OFF
+    assert all(weight_passes(hw, t) == 1.0 for t in (1, 2, 8, 16, 64))
+
+
+def test_metal_on_the_cpu_cores_has_no_gpu_kernel_paths():
+    m = moesim.model("qwen3-30b-a3b")
+    mach = moesim.machine(gpu="m2-ultra")
+    hw = lower_machine(mach, runtime("llama.cpp"), parse_placement("cpu-only", m, mach),
+                       Q.kernel_mix(m, Q.resolve("Q4_K_M", m)))
+    assert hw["mm_min_tokens"] == 0 and hw["moe_rowwise_below"] == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(t=st.one_of(st.integers(1, 80), st.floats(1.0, 300.0)), s=st.floats(0.0, 1.0), k=st.floats(0.0, 1.0),
+       cols=st.integers(1, 6), mm=st.sampled_from([0, 3, 9]), tile=st.sampled_from([1, 8, 32]))
+def test_c_weight_passes_equal_the_python_twin(t, s, k, cols, mm, tile):
+    hw = seal("ms_machine_t", dict(_hw("m2-ultra", "llama.cpp", "qwen2.5-7b", "Q8_0"), mm_min_tokens=mm,
+                                   mm_tile_tokens=tile, mv_ext_cols=cols, mv_ext_share=s, mv_ext_k_share=k * (1 - s)))
+    assert _kernel.weight_passes(dict(hw), float(t)) == weight_passes(hw, float(t))
+    assert weight_passes(hw, float(t)) > 0.0
+
+
+def _expert_bytes(batch: int) -> float:
+    r = moesim.simulate("gpt-oss-20b", moesim.machine(gpu="m2-ultra"), quant="MXFP4", batch=batch, context=512,
+                        mode="analytic")
+    return r.bytes_per_token["gpu_memory"] * batch, r
+
+
+def test_moe_steps_under_32_tokens_read_each_pair():
+    """gpt-oss-20b (32 experts, top-4) on Metal: at 16 sequences mul_mv_id reads 64 expert slices per layer where
+    the batch uses about 28 distinct experts; at 32 mul_mm_id reads each used expert once."""
+    b16, r16 = _expert_bytes(16)
+    b32, r32 = _expert_bytes(32)
+    distinct16 = r16.distinct_experts_per_step
+    assert distinct16 < 0.5 * 64
+    # the step at 32 tokens reads fewer bytes than at 16: the union, not the pairs
+    assert b32 < b16
+
+
+def test_m2_ultra_bench_small_batches():
+    """llama.cpp's M2 Ultra bench (benches/mac-m2-ultra/mac-m2-ultra.md, build 7948), Qwen2.5-Coder-7B Q8_0
+    llama-batched-bench at PP 512: S_TG 218.67, 254.83 t/s at 4 and 8 sequences (steps of 18.3 and 31.4 ms): 8
+    sequences take two weight reads (mul_mv_ext's 4 tokens per threadgroup), 4 one. And gpt-oss-20b: S_TG 326.11
+    at 16 (mul_mv_id reading every pair; the union alone put it at 2.4x that)."""
+    kw = dict(quant="Q8_0", context=512, mode="analytic")
+    mach = moesim.machine(gpu="m2-ultra")
+    four = moesim.simulate("qwen2.5-7b", mach, batch=4, **kw).aggregate_tok_s
+    eight = moesim.simulate("qwen2.5-7b", mach, batch=8, **kw).aggregate_tok_s
+    assert (8 / eight) / (4 / four) == pytest.approx((8 / 254.83) / (4 / 218.67), rel=0.25)
+    assert eight == pytest.approx(254.83, rel=0.25)
+    oss16 = moesim.simulate("gpt-oss-20b", mach, quant="MXFP4", batch=16, context=512, mode="analytic")
+    assert oss16.aggregate_tok_s == pytest.approx(326.11, rel=0.4)
+
+
+def test_moe_steps_from_32_tokens_multiply_whole_tiles_per_used_expert():
+    """From 32 tokens mul_mm_id runs ((ne21 + 31) / 32) 32-token tiles per used expert: gpt-oss-20b's 32 sequences
+    (about 4 tokens on each of ~31 used experts per layer) cost each used expert a whole tile. The bench: S_TG
+    536.15 t/s at 32 sequences (PP 512), 16.75 per sequence; with the pairs' FLOPs alone moesim read 39."""
+    r = moesim.simulate("gpt-oss-20b", moesim.machine(gpu="m2-ultra"), quant="MXFP4", batch=32, context=512,
+                        mode="analytic")
+    assert r.decode_tok_s == pytest.approx(536.15 / 32, rel=0.3)
+
