@@ -187,6 +187,7 @@ typedef struct {
     /* graph nodes layer l runs per step beyond the runtime's count for an attention layer (an unfused
      * recurrence: Gated DeltaNet before ggml's fused op), each at op_s on the GPU, cpu_op_s on the CPU; NULL = none */
     const double *layer_ops;
+    const double *gemm_rows;         /* layer l's dense GEMMs' output rows, FLOP-weighted harmonic mean (NULL: unknown) */
 } ms_decode_model_t;
 
 typedef struct {
@@ -212,10 +213,10 @@ typedef struct {
     int32_t graph_max_tokens;                     /* steps of more tokens run without CUDA graphs (0: none do) */
     double nograph_s;                             /* ... and each GPU layer then pays this on top of launch_s */
     double cpu_attn_flops;                        /* attention scores' FLOP/s on the CPU (its kernel, not cpu_flops) */
-    /* token-count kernel paths (ggml-metal; mm_min_tokens 0: off): ms_weight_passes; routed experts of a step under
-     * moe_rowwise_below tokens are read once per token-expert pair (0: off) */
+    /* token-count kernel paths (ggml-metal; mm_min_tokens 0: off): ms_weight_passes, ms_gemm_tokens; moe_rowwise_below */
     int32_t mm_min_tokens, mm_tile_tokens, mv_ext_cols, mv_ext_min_tokens, mv_ext_k_min_tokens, moe_rowwise_below;
     double mv_ext_share, mv_ext_k_share;          /* dense weight byte shares the small-batch GEMV takes */
+    int32_t mm_tile_rows; double mm_slots;        /* mat-mat tile rows; threadgroups the GPU runs at once (0: off) */
 } ms_machine_t;
 
 /* A dense model routes nothing: with n_layers 0 every array below may be NULL. */
@@ -313,8 +314,9 @@ typedef struct {
 /* Bytes of workspace one configuration needs (per thread). */
 int64_t ms_decode_workspace_size(const ms_decode_model_t *m, const ms_routing_t *r, const ms_decode_config_t *c);
 
-/* Dense weight reads of a GPU step of `tokens` tokens (Python twin: engine.lower.machine.weight_passes). */
+/* A GPU step's dense weight reads, and the tokens its GEMM FLOPs count (csrc/ms_machine.c; twins: lower.machine) */
 double ms_weight_passes(const ms_machine_t *hw, double tokens);
+double ms_gemm_tokens(const ms_machine_t *hw, double tokens, double rows);
 
 int ms_decode(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_routing_t *r,
               const ms_decode_config_t *c, void *workspace, int64_t workspace_bytes, ms_decode_result_t *out);
@@ -456,20 +458,18 @@ int64_t ms_sweep_lookup(const int64_t *keys, int64_t n, const int64_t *table_key
 
 typedef struct {                 /* one attention kind of a decode variant (coefficients precomputed) */
     double n;                    /* layers of the kind */
-    double t_bytes0, kv_rate;    /* decode bytes term: t_bytes0 + B * kv(C) * kv_rate    (ab / bw, 1 / bw) */
-    double t_flops0, sf_rate;    /* decode FLOP term: B * (t_flops0 + sf(C) * sf_rate)    (af / fl, 1 / fl) */
+    double kv_rate, sf_rate;     /* its cache reads B * kv(C) * kv_rate and scores B * sf(C) * sf_rate (1 / bw, 1 / fl) */
     int32_t res_mem, res_flops;  /* MS_RES_* the time goes to */
     int32_t fn;                  /* its (kv, sf) context functions */
 } ms_sweep_kind_t;
 
 typedef struct {
-    double step0;                /* seconds per step with attention zeroed (analytic kernel) */
+    double step0;                /* seconds per step with the attention over the cache zeroed (analytic kernel) */
     double by_resource[MS_N_RES];
     double accepted;             /* tokens per sequence per step */
     double tpot_scale;           /* 1e3 / accepted */
     double hit_rate;             /* GPU expert hit rate (-1: none) */
     double prefill0;             /* prefill seconds of the prompt (one sequence, from an empty cache) */
-    double weight_passes;        /* its step's reads of the GPU kinds' weights (ms_weight_passes at its tokens) */
     int32_t kind0, n_kinds;      /* its slice of the kinds table */
     int32_t mc;                  /* its Monte Carlo template (-1: none) */
 } ms_sweep_variant_t;

@@ -40,8 +40,10 @@ static double layer_attention(const ms_decode_model_t *m, const ms_machine_t *hw
                               ms_decode_result_t *acc)
 {
     double w_bytes = m->attn_bytes[l] + m->shared_bytes[l], kv_bytes = seqs * m->kv_bytes[l];
-    double w_flops = toks * (m->attn_flops[l] + m->shared_flops[l]), s_flops = toks * m->score_flops[l];
     int gpu = m->attn_on_gpu[l] != 0, win;
+    /* a GPU's mat-mat kernel multiplies whole token tiles, and leaves idle the threadgroups few rows do not fill */
+    double w_toks = gpu ? ms_gemm_tokens(hw, toks, m->gemm_rows ? m->gemm_rows[l] : 0.0) : toks;
+    double w_flops = w_toks * (m->attn_flops[l] + m->shared_flops[l]), s_flops = toks * m->score_flops[l];
     double bw = gpu ? hw->gpu_bw : hw->host_bw, fl = gpu ? hw->gpu_flops : hw->cpu_flops;
     int res_mem = gpu ? MS_RES_GPU_MEM : MS_RES_HOST_MEM, res_flops = gpu ? MS_RES_GPU_COMPUTE : MS_RES_CPU_COMPUTE;
     /* a GPU backend whose GEMVs re-read the weights per token (or per small-batch tile) reads them that often */
@@ -182,7 +184,8 @@ static double step_fixed(const ms_decode_model_t *m, const ms_machine_t *hw, con
     double bw = m->head_on_gpu ? hw->gpu_bw : hw->host_bw, fl = m->head_on_gpu ? hw->gpu_flops : hw->cpu_flops;
     double passes = m->head_on_gpu ? ms_weight_passes(hw, toks) : 1.0;
     t[0] = passes * (m->head_bytes / bw); r[0] = m->head_on_gpu ? MS_RES_GPU_MEM : MS_RES_HOST_MEM;
-    t[1] = toks * m->head_flops / fl; r[1] = m->head_on_gpu ? MS_RES_GPU_COMPUTE : MS_RES_CPU_COMPUTE;
+    t[1] = (m->head_on_gpu ? ms_gemm_tokens(hw, toks, 0.0) : toks) * m->head_flops / fl;
+    r[1] = m->head_on_gpu ? MS_RES_GPU_COMPUTE : MS_RES_CPU_COMPUTE;
     total += max_term(t, r, 2, &win);
     attribute(acc, win, MS_PHASE_HEAD, total);
     acc->bytes[m->head_on_gpu ? MS_BYTES_GPU_MEM : MS_BYTES_HOST_MEM] += passes * m->head_bytes;
@@ -477,9 +480,9 @@ static int check(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_ro
     if (!(hw->op_s >= 0.0) || !(hw->cpu_op_s >= 0.0)) return MS_ERR_BAD_MACHINE;
     if (hw->graph_max_tokens < 0 || !(hw->nograph_s >= 0.0)) return MS_ERR_BAD_MACHINE;
     if (!(hw->cpu_attn_flops > 0.0)) return MS_ERR_BAD_MACHINE;
-    if (hw->mm_min_tokens < 0 || hw->moe_rowwise_below < 0) return MS_ERR_BAD_MACHINE;
-    if (hw->mm_min_tokens > 0 && (hw->mm_tile_tokens < 1 || hw->mv_ext_cols < 1 || hw->mv_ext_min_tokens < 0
-                                  || hw->mv_ext_k_min_tokens < 0 || !(hw->mv_ext_share >= 0.0)
+    if (hw->mm_min_tokens < 0 || hw->moe_rowwise_below < 0 || !(hw->mm_slots >= 0.0)) return MS_ERR_BAD_MACHINE;
+    if (hw->mm_min_tokens > 0 && (hw->mm_tile_tokens < 1 || hw->mm_tile_rows < 1 || hw->mv_ext_cols < 1
+                                  || hw->mv_ext_min_tokens < 0 || hw->mv_ext_k_min_tokens < 0 || !(hw->mv_ext_share >= 0.0)
                                   || !(hw->mv_ext_k_share >= 0.0) || hw->mv_ext_share + hw->mv_ext_k_share > 1.0 + 1e-9))
         return MS_ERR_BAD_MACHINE;
     if (!(m->a2a_bytes >= 0.0)) return MS_ERR_BAD_SIZE;
@@ -500,6 +503,7 @@ static int check(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_ro
     for (int32_t i = 0; i < m->n_layers; i++) {
         if (m->expert_mode[i] < 0 || m->expert_mode[i] >= MS_N_EXP_MODES) return MS_ERR_BAD_PLACEMENT;
         if (m->layer_ops && !(m->layer_ops[i] >= 0.0)) return MS_ERR_BAD_SIZE;
+        if (m->gemm_rows && !(m->gemm_rows[i] >= 0.0)) return MS_ERR_BAD_SIZE;
         /* a routing row must exist for every layer that names one (the Monte Carlo caches are per row) */
         if ((m->expert_mode[i] != MS_EXP_NONE && m->moe_index[i] < 0) || m->moe_index[i] >= r->n_layers)
             return MS_ERR_BAD_ROUTING;

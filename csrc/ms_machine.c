@@ -1,6 +1,7 @@
 /*
- * Machine-level terms the decode kernels share: how many times a step reads its dense weights under a backend's
- * token-count kernel paths (ms_machine_t.mm_min_tokens ...; runtimes.toml [backends.metal] decode_paths).
+ * Machine-level terms the decode kernels share under a backend's token-count kernel paths (ms_machine_t.mm_min_tokens
+ * ...; runtimes.toml [backends.metal] decode_paths): how many times a step reads its dense weights, and how many
+ * tokens its dense GEMMs' FLOPs count.
  */
 #include <math.h>
 
@@ -19,4 +20,16 @@ double ms_weight_passes(const ms_machine_t *hw, double tokens)
     k_ext = tokens >= (double) hw->mv_ext_k_min_tokens ? ext : tokens;
     return hw->mv_ext_share * s_ext + hw->mv_ext_k_share * k_ext
            + fmax(0.0, 1.0 - hw->mv_ext_share - hw->mv_ext_k_share) * tokens;
+}
+
+/* tokens where the paths are off or below mm_min_tokens; from it, the mat-mat kernel's whole mm_tile_tokens tiles,
+ * each of its rows / mm_tile_rows threadgroups: while a tile's threadgroups fill fewer than mm_slots the GPU holds
+ * at once, the tile takes the time of mm_slots (the idle ones cost as much as the running). */
+double ms_gemm_tokens(const ms_machine_t *hw, double tokens, double rows)
+{
+    double tiles, idle = 1.0;
+    if (hw->mm_min_tokens <= 0 || tokens < (double) hw->mm_min_tokens) return tokens;
+    tiles = ceil(tokens / (double) hw->mm_tile_tokens);
+    if (hw->mm_slots > 0.0 && rows > 0.0) idle = fmax(1.0, hw->mm_slots * (double) hw->mm_tile_rows / (tiles * rows));
+    return tiles * (double) hw->mm_tile_tokens * idle;
 }

@@ -2,9 +2,9 @@
  * Sweeps: millions of (context, batch) configurations of one lowered group per second. This file has
  * the context functions, the variant lookup and decode; memory is ms_sweep_memory.c.
  *
- * Decode adds, per attention kind, max(bytes / bw, FLOPs / rate) at the configuration's context to a
- * per-variant constant: the analytic kernel's step time with attention zeroed (attention is the only
- * context-dependent term of the cost model). Prefill is a per-variant constant: the prompt is prefilled
+ * Decode adds, per attention kind, max(bytes / bw, FLOPs / rate) of the attention over the cache at the
+ * configuration's context to a per-variant constant: the analytic kernel's step time with those zeroed (the cache
+ * reads and scores are the only context-dependent terms of the cost model). Prefill is a per-variant constant: the prompt is prefilled
  * from an empty cache. The pure-Python twin is engine/reference/sweep.py.
  */
 #include <math.h>
@@ -101,13 +101,11 @@ static void variant_times(const ms_sweep_decode_t *d, const ms_sweep_variant_t *
     for (int32_t k = 0; k < v->n_kinds; k++) {
         const ms_sweep_kind_t *q = &d->kinds[v->kind0 + k];
         int win;
-        /* the weight GEMVs (read weight_passes times on the GPU), then the attention over the cache (ms_kernel_time) */
-        double tb = q->res_mem == MS_RES_GPU_MEM ? v->weight_passes * q->t_bytes0 : q->t_bytes0;
-        double tw = ms_kernel_time(tb, db * q->t_flops0, q->res_mem, q->res_flops, &win), ts;
-        res[win] += q->n * tw;
-        ts = ms_kernel_time(db * kvv[q->fn] * q->kv_rate, db * (sfv[q->fn] * q->sf_rate), q->res_mem, q->res_flops, &win);
+        /* the attention over the cache (ms_kernel_time); the weight GEMVs are the variant's step0 */
+        double ts = ms_kernel_time(db * kvv[q->fn] * q->kv_rate, db * (sfv[q->fn] * q->sf_rate), q->res_mem,
+                                   q->res_flops, &win);
         res[win] += q->n * ts;
-        step += q->n * tw + q->n * ts;
+        step += q->n * ts;
     }
     *step_out = step;
     *prefill_out = v->prefill0;          /* the prompt is prefilled from an empty cache: no context term */
@@ -147,7 +145,6 @@ static int check_variants(const ms_sweep_decode_t *d, const int32_t *variant, in
     for (int32_t v = 0; v < d->n_variants; v++) {
         const ms_sweep_variant_t *x = &d->variants[v];
         if (x->kind0 < 0 || x->n_kinds < 0 || (int64_t) x->kind0 + x->n_kinds > d->n_kinds) return MS_ERR_BAD_SWEEP;
-        if (!(x->weight_passes > 0.0)) return MS_ERR_BAD_SWEEP;
     }
     if (!(d->prompt >= 1.0)) return MS_ERR_BAD_SIZE;
     for (int64_t i = 0; i < n; i++) {

@@ -72,7 +72,8 @@ def decode_case(draw, mode=None, policy=None):
         ep_load_experts=[draw(st.sampled_from([1.0, 2.5])) * draw(st.floats(1.0, 2.0)) for _ in range(n)],
         ep_load_pairs=[draw(st.floats(1.0, 3.0)) for _ in range(n)],
         a2a_bytes=draw(st.sampled_from([0.0, 3e4])),
-        layer_ops=[draw(st.sampled_from([0.0, 0.0, 22.0])) for _ in range(n)])
+        layer_ops=[draw(st.sampled_from([0.0, 0.0, 22.0])) for _ in range(n)],
+        gemm_rows=[draw(st.sampled_from([0.0, 512.0, 5000.0])) for _ in range(n)])
     bw = st.floats(1e9, 5e12, allow_nan=False)
     lat = st.sampled_from([0.0, 3e-6, 2e-5])
     hw = dict(gpu_bw=draw(bw), host_bw=draw(bw), pcie_bw=draw(bw), storage_bw=draw(bw),
@@ -89,7 +90,8 @@ def decode_case(draw, mode=None, policy=None):
         hw.update(mm_min_tokens=draw(st.sampled_from([3, 9])), mm_tile_tokens=draw(st.sampled_from([4, 32])),
                   mv_ext_cols=draw(st.integers(1, 5)), mv_ext_min_tokens=2, mv_ext_k_min_tokens=4, mv_ext_share=s,
                   mv_ext_k_share=draw(st.floats(0.0, 1.0)) * (1.0 - s),
-                  moe_rowwise_below=draw(st.sampled_from([0, 2, 32])))
+                  moe_rowwise_below=draw(st.sampled_from([0, 2, 32])), mm_tile_rows=draw(st.sampled_from([1, 64])),
+                  mm_slots=draw(st.sampled_from([0.0, 190.0])))
     mode = draw(st.integers(0, 1)) if mode is None else mode
     grouped = draw(st.booleans()) and E % 4 == 0 and E >= 8
     prof = R.RoutingProfile(
@@ -153,7 +155,7 @@ def synthetic(L, E, k, mode=CODES.EXP_FETCH, slots=0, page=None, **hw_over):
               page_slots=np.full(L, E if page is None else page, np.int32), moe_index=np.arange(L, dtype=np.int32),
               head_bytes=1e6, head_flops=1e6, head_on_gpu=1, draft_bytes=0.0, draft_flops=0.0, act_bytes=1e4,
               allreduce_bytes=0.0, ep_load_experts=np.ones(L), ep_load_pairs=np.ones(L), a2a_bytes=0.0,
-              layer_ops=np.zeros(L))
+              layer_ops=np.zeros(L), gemm_rows=np.zeros(L))
     hw = dict(gpu_bw=1e12, host_bw=5e10, pcie_bw=2.5e10, storage_bw=5e9, gpu_flops=1e14, cpu_flops=1e12,
               interconnect_bw=1e11, unified=0, overlap=1, launch_s=3e-6, sync_s=2e-5, dma_s=6e-6, allreduce_s=0.0,
               step_s=3e-4, seq_s=0.0, a2a_bw=1e11, a2a_s=0.0, moe_s=0.0, cpu_layer_s=0.0, op_s=0.0,

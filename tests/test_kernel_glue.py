@@ -42,7 +42,7 @@ def tables(L=3, E=8, k=2):
               page_slots=np.full(L, E, np.int32), moe_index=np.arange(L, dtype=np.int32), head_bytes=1e6,
               head_flops=1e6, head_on_gpu=1, draft_bytes=0.0, draft_flops=0.0, act_bytes=1e4, allreduce_bytes=0.0,
               ep_load_experts=np.ones(L), ep_load_pairs=np.ones(L), a2a_bytes=0.0,
-              layer_ops=np.zeros(L))
+              layer_ops=np.zeros(L), gemm_rows=np.zeros(L))
     hw = dict(gpu_bw=1e12, host_bw=5e10, pcie_bw=2.5e10, storage_bw=5e9, gpu_flops=1e14, cpu_flops=1e12,
               interconnect_bw=1e11, unified=0, overlap=1, launch_s=3e-6, sync_s=2e-5, dma_s=6e-6, allreduce_s=0.0,
               step_s=3e-4, seq_s=0.0, a2a_bw=1e11, a2a_s=0.0, moe_s=0.0, cpu_layer_s=0.0, op_s=0.0,

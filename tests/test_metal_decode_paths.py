@@ -13,7 +13,8 @@ from hypothesis import given, settings, strategies as st
 import moesim
 from moesim.engine import _kernel
 from moesim.engine.glue import seal
-from moesim.engine.lower.machine import DECODE_PATHS_OFF, lower_machine, weight_passes
+from moesim.engine.lower.decode_model import gemm_rows
+from moesim.engine.lower.machine import DECODE_PATHS_OFF, gemm_tokens, lower_machine, weight_passes
 from moesim.spec import quants as Q
 from moesim.spec.placement import parse as parse_placement
 from moesim.spec.runtimes import runtime
@@ -70,12 +71,41 @@ def test_metal_on_the_cpu_cores_has_no_gpu_kernel_paths():
 
 @settings(max_examples=200, deadline=None)
 @given(t=st.one_of(st.integers(1, 80), st.floats(1.0, 300.0)), s=st.floats(0.0, 1.0), k=st.floats(0.0, 1.0),
-       cols=st.integers(1, 6), mm=st.sampled_from([0, 3, 9]), tile=st.sampled_from([1, 8, 32]))
-def test_c_weight_passes_equal_the_python_twin(t, s, k, cols, mm, tile):
+       cols=st.integers(1, 6), mm=st.sampled_from([0, 3, 9]), tile=st.sampled_from([1, 8, 32]),
+       slots=st.sampled_from([0.0, 190.0, 1e4]), rows=st.sampled_from([0.0, 100.0, 5761.6, 1e6]))
+def test_c_kernel_paths_equal_the_python_twins(t, s, k, cols, mm, tile, slots, rows):
     hw = seal("ms_machine_t", dict(_hw("m2-ultra", "llama.cpp", "qwen2.5-7b", "Q8_0"), mm_min_tokens=mm,
-                                   mm_tile_tokens=tile, mv_ext_cols=cols, mv_ext_share=s, mv_ext_k_share=k * (1 - s)))
+                                   mm_tile_tokens=tile, mv_ext_cols=cols, mv_ext_share=s, mv_ext_k_share=k * (1 - s),
+                                   mm_slots=slots))
     assert _kernel.weight_passes(dict(hw), float(t)) == weight_passes(hw, float(t))
     assert weight_passes(hw, float(t)) > 0.0
+    assert _kernel.gemm_tokens(dict(hw), float(t), rows) == gemm_tokens(hw, float(t), rows)
+    assert gemm_tokens(hw, float(t), rows) >= float(t)
+
+
+def test_gemm_rows_are_the_flop_weighted_harmonic_mean():
+    """Qwen2.5-7B (hidden 3584, 28 heads x 128, 4 KV heads, MLP 18944): q and o 3584 rows, k and v 512, gate and
+    up 18944, down 3584; weighted by FLOPs (2 x in x out), the harmonic mean of the rows is 5762."""
+    m = moesim.model("qwen2.5-7b")
+    mats = [(3584, 3584), (3584, 512), (3584, 512), (3584, 3584), (3584, 18944), (3584, 18944), (18944, 3584)]
+    f = [2.0 * a * b for a, b in mats]
+    expect = sum(f) / sum(x / b for x, (_, b) in zip(f, mats))
+    assert gemm_rows(m)[0] == pytest.approx(expect, rel=1e-9)
+    assert gemm_rows(m)[0] == pytest.approx(5761.6, rel=1e-4)
+
+
+def test_mat_mat_steps_of_one_tile_cost_alike():
+    """From 9 tokens every step of up to 32 multiplies one 32-token tile, with too few 64-row threadgroups to fill
+    the M2 Ultra's 76 cores x 2.5: 16 and 32 sequences of Qwen2.5-7B take nearly the same step (the bench: 49.8 and
+    52.4 ms), and a 33rd sequence opens a second tile."""
+    hw = _hw("m2-ultra", "llama.cpp", "qwen2.5-7b", "Q8_0")
+    rows = gemm_rows(moesim.model("qwen2.5-7b"))[0]
+    assert hw["mm_slots"] == pytest.approx(76 * 2.5)
+    assert gemm_tokens(hw, 8.0, rows) == 8.0
+    one = gemm_tokens(hw, 16.0, rows)
+    assert gemm_tokens(hw, 32.0, rows) == one == pytest.approx(32 * 76 * 2.5 * 64 / rows)
+    assert gemm_tokens(hw, 33.0, rows) == pytest.approx(one)      # two tiles fill twice the threadgroups
+    assert gemm_tokens(hw, 2000.0, rows) == pytest.approx(63 * 32)
 
 
 def _expert_bytes(batch: int) -> float:
@@ -108,6 +138,13 @@ def test_m2_ultra_bench_small_batches():
     assert eight == pytest.approx(254.83, rel=0.25)
     oss16 = moesim.simulate("gpt-oss-20b", mach, quant="MXFP4", batch=16, context=512, mode="analytic")
     assert oss16.aggregate_tok_s == pytest.approx(326.11, rel=0.4)
+    # the mat-mat kernel at one tile: S_TG 321.07 / 611.12 at 16 / 32 sequences (Qwen2.5-Coder-7B), 424.08 /
+    # 788.23 (Gemma 3 4B Q4_0): the rows mm_tgs_per_core was read from
+    for b, agg in ((16, 321.07), (32, 611.12)):
+        assert moesim.simulate("qwen2.5-7b", mach, batch=b, **kw).aggregate_tok_s == pytest.approx(agg, rel=0.25)
+    for b, agg in ((16, 424.08), (32, 788.23)):
+        r = moesim.simulate("gemma-3-4b", mach, quant="Q4_0", batch=b, context=512, mode="analytic")
+        assert r.aggregate_tok_s == pytest.approx(agg, rel=0.25)
 
 
 def test_moe_steps_from_32_tokens_multiply_whole_tiles_per_used_expert():

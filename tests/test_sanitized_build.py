@@ -48,7 +48,7 @@ SUBSET = [
     "tests/test_routing.py::test_belady_is_the_offline_optimum",
     "tests/test_routing_window.py",
     "tests/test_sweep.py::test_kernel_equals_python_twin",
-    "tests/test_metal_decode_paths.py::test_c_weight_passes_equal_the_python_twin",
+    "tests/test_metal_decode_paths.py::test_c_kernel_paths_equal_the_python_twins",
     # the sweep's prepared decode jobs and batched prefill: the per-call entry points they replaced are reached here
     "tests/test_decode_variants.py::test_one_call_equals_one_run_per_job",
     "tests/test_prefill_kernel.py::test_prefill_many_equals_one_call_per_pair",

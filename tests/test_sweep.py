@@ -529,10 +529,9 @@ def _attention_split(dm: dict, hw: dict, routing: dict, b: int) -> tuple:
     full = KD.run(dm, hw, routing, cols)["step_mean"][0]
     split = KD.run(_zeroed(dm), hw, routing, cols)["step_mean"][0]
     for l in range(len(dm["attn_bytes"])):
-        by = dm["attn_bytes"][l] + dm["shared_bytes"][l] + b * dm["kv_bytes"][l]
-        fl = b * (dm["attn_flops"][l] + dm["score_flops"][l] + dm["shared_flops"][l])
         on = bool(dm["attn_on_gpu"][l])
-        split += max(by / (hw["gpu_bw"] if on else hw["host_bw"]), fl / (hw["gpu_flops"] if on else hw["cpu_flops"]))
+        split += max(b * dm["kv_bytes"][l] / (hw["gpu_bw"] if on else hw["host_bw"]),
+                     b * dm["score_flops"][l] / (hw["gpu_flops"] if on else hw["cpu_attn_flops"]))
     return full, split
 
 

@@ -974,7 +974,7 @@ static void make_dec_group(dec_group_t *g)
     g->fns[0] = full; g->fns[1] = window; g->fns[2] = score; g->fns[3] = wscore;
     for (int k = 0; k < 3; k++) {
         ms_sweep_kind_t *q = &g->kinds[k];
-        q->n = 4.0 - k; q->t_bytes0 = 1e-4; q->kv_rate = 1.0 / 8e11; q->t_flops0 = 1e-6; q->sf_rate = 1.0 / 1e14;
+        q->n = 4.0 - k; q->kv_rate = 1.0 / 8e11; q->sf_rate = 1.0 / 1e14;
         q->res_mem = k == 2 ? MS_RES_HOST_MEM : MS_RES_GPU_MEM;
         q->res_flops = k == 2 ? MS_RES_CPU_COMPUTE : MS_RES_GPU_COMPUTE;
         q->fn = k % 2;
@@ -987,7 +987,6 @@ static void make_dec_group(dec_group_t *g)
         x->tpot_scale = 1e3 / x->accepted;
         x->hit_rate = v ? 0.6 : -1.0;
         x->prefill0 = 0.05 * (v + 1);
-        x->weight_passes = 1.0 + v;            /* variant 1 reads its GPU kinds' weights twice */
         x->kind0 = v; x->n_kinds = 2; x->mc = v;
     }
     for (int l = 0; l < L; l++) g->layer_fn[l] = l % 2;

@@ -104,6 +104,7 @@ cdef extern from "moesim.h" nogil:
         const double *ep_load_pairs
         double a2a_bytes
         const double *layer_ops
+        const double *gemm_rows
 
     ctypedef struct ms_machine_t:
         double gpu_bw, host_bw, pcie_bw, storage_bw
@@ -120,6 +121,8 @@ cdef extern from "moesim.h" nogil:
         double cpu_attn_flops
         int32_t mm_min_tokens, mm_tile_tokens, mv_ext_cols, mv_ext_min_tokens, mv_ext_k_min_tokens, moe_rowwise_below
         double mv_ext_share, mv_ext_k_share
+        int32_t mm_tile_rows
+        double mm_slots
 
     ctypedef struct ms_routing_t:
         int32_t n_layers
@@ -205,6 +208,7 @@ cdef extern from "moesim.h" nogil:
 
     double ms_ctx_eval(const ms_ctx_fn_t *f, int64_t context)
     double ms_weight_passes(const ms_machine_t *hw, double tokens)
+    double ms_gemm_tokens(const ms_machine_t *hw, double tokens, double rows)
 
     ctypedef struct ms_sweep_place_t:
         int32_t code
@@ -265,8 +269,7 @@ cdef extern from "moesim.h" nogil:
 
     ctypedef struct ms_sweep_kind_t:
         double n
-        double t_bytes0, kv_rate
-        double t_flops0, sf_rate
+        double kv_rate, sf_rate
         int32_t res_mem, res_flops
         int32_t fn
 
@@ -277,7 +280,6 @@ cdef extern from "moesim.h" nogil:
         double tpot_scale
         double hit_rate
         double prefill0
-        double weight_passes
         int32_t kind0, n_kinds
         int32_t mc
 

@@ -2,7 +2,7 @@
 # included by _kernel.pyx (ms_routing_t is _kernel_routing.pxi).
 
 DECODE_MODEL_F64 = ("attn_bytes", "attn_flops", "kv_bytes", "score_flops", "shared_bytes", "shared_flops",
-                    "expert_bytes", "expert_flops", "ep_load_experts", "ep_load_pairs", "layer_ops")
+                    "expert_bytes", "expert_flops", "ep_load_experts", "ep_load_pairs", "layer_ops", "gemm_rows")
 DECODE_MODEL_I32 = ("attn_on_gpu", "expert_mode", "slots", "page_slots", "moe_index")
 DECODE_RESULT_F64 = ("step_mean", "step_p50", "step_p99", "accepted", "hit_rate", "page_hit_rate", "distinct", "reuse",
                      "selections")
@@ -35,6 +35,7 @@ cdef void _fill_decode_model(ms_decode_model_t *m, dict d, dict keep):
     m.ep_load_pairs = <double *> _data(keep, "ep_load_pairs", d["ep_load_pairs"])
     m.a2a_bytes = d["a2a_bytes"]
     m.layer_ops = <double *> _data(keep, "layer_ops", d["layer_ops"])
+    m.gemm_rows = <double *> _data(keep, "gemm_rows", d["gemm_rows"])
 
 
 cdef void _fill_machine(ms_machine_t *h, dict hw):
@@ -53,6 +54,7 @@ cdef void _fill_machine(ms_machine_t *h, dict hw):
     h.mv_ext_cols = hw["mv_ext_cols"]; h.mv_ext_min_tokens = hw["mv_ext_min_tokens"]
     h.mv_ext_k_min_tokens = hw["mv_ext_k_min_tokens"]; h.mv_ext_share = hw["mv_ext_share"]
     h.mv_ext_k_share = hw["mv_ext_k_share"]; h.moe_rowwise_below = hw["moe_rowwise_below"]
+    h.mm_tile_rows = hw["mm_tile_rows"]; h.mm_slots = hw["mm_slots"]
 
 
 cdef void _fill_configs(ms_decode_config_t *cfg, dict c, Py_ssize_t n):

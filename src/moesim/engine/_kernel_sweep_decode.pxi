@@ -35,43 +35,42 @@ def weight_passes(dict hw, double tokens):
     return ms_weight_passes(&h, tokens)
 
 
-cdef enum:
-    VARIANT_F64 = 14      # glue.SWEEP_DECODE variant_f64's columns
+def gemm_tokens(dict hw, double tokens, double rows):
+    """ms_gemm_tokens of a checked machine table (glue.MACHINE): the C side of engine.lower.machine.gemm_tokens."""
+    cdef ms_machine_t h
+    _fill_machine(&h, hw)
+    return ms_gemm_tokens(&h, tokens, rows)
 
 
 cdef void _fill_variants(ms_sweep_variant_t *out, f, i32, Py_ssize_t n):
     """n ms_sweep_variant_t from checked rows: f64 (step0, by_resource[8], accepted, tpot_scale, hit_rate,
-    prefill0, weight_passes), i32 (kind0, n_kinds, mc)."""
+    prefill0), i32 (kind0, n_kinds, mc)."""
     cdef const double *vf = <const double *> _rows(f)
     cdef const int32_t *vi = <const int32_t *> _rows(i32)
     cdef Py_ssize_t i
     cdef int k
     for i in range(n):
-        out[i].step0 = vf[VARIANT_F64 * i]
+        out[i].step0 = vf[13 * i]
         for k in range(MS_N_RES):
-            out[i].by_resource[k] = vf[VARIANT_F64 * i + 1 + k]
-        out[i].accepted = vf[VARIANT_F64 * i + 9]
-        out[i].tpot_scale = vf[VARIANT_F64 * i + 10]
-        out[i].hit_rate = vf[VARIANT_F64 * i + 11]
-        out[i].prefill0 = vf[VARIANT_F64 * i + 12]
-        out[i].weight_passes = vf[VARIANT_F64 * i + 13]
+            out[i].by_resource[k] = vf[13 * i + 1 + k]
+        out[i].accepted = vf[13 * i + 9]
+        out[i].tpot_scale = vf[13 * i + 10]
+        out[i].hit_rate = vf[13 * i + 11]
+        out[i].prefill0 = vf[13 * i + 12]
         out[i].kind0 = vi[3 * i]
         out[i].n_kinds = vi[3 * i + 1]
         out[i].mc = vi[3 * i + 2]
 
 
 cdef void _fill_kinds(ms_sweep_kind_t *out, f, i32, Py_ssize_t n):
-    """n ms_sweep_kind_t from checked rows: f64 (n, t_bytes0, kv_rate, t_flops0, sf_rate), i32 (res_mem,
-    res_flops, fn)."""
+    """n ms_sweep_kind_t from checked rows: f64 (n, kv_rate, sf_rate), i32 (res_mem, res_flops, fn)."""
     cdef const double *kf = <const double *> _rows(f)
     cdef const int32_t *ki = <const int32_t *> _rows(i32)
     cdef Py_ssize_t i
     for i in range(n):
-        out[i].n = kf[5 * i]
-        out[i].t_bytes0 = kf[5 * i + 1]
-        out[i].kv_rate = kf[5 * i + 2]
-        out[i].t_flops0 = kf[5 * i + 3]
-        out[i].sf_rate = kf[5 * i + 4]
+        out[i].n = kf[3 * i]
+        out[i].kv_rate = kf[3 * i + 1]
+        out[i].sf_rate = kf[3 * i + 2]
         out[i].res_mem = ki[3 * i]
         out[i].res_flops = ki[3 * i + 1]
         out[i].fn = ki[3 * i + 2]

@@ -104,7 +104,7 @@ MEM_CONFIG = (_scalars(INT, *(f for f in MEM_CONFIG_INT if f not in ("context", 
 # ms_decode_model_t (engine.lower.decode_model.lower_model); L = its layers.
 DECODE_MODEL = (_arrays(F64, ("n_layers",), "attn_bytes", "attn_flops", "kv_bytes", "score_flops", "shared_bytes",
                         "shared_flops", "expert_bytes", "expert_flops", "ep_load_experts", "ep_load_pairs",
-                        "layer_ops")
+                        "layer_ops", "gemm_rows")
                 + _arrays(I32, ("n_layers",), "attn_on_gpu", "expert_mode", "slots", "page_slots", "moe_index")
                 + _scalars(REAL, "head_bytes", "head_flops") + _scalars(INT, "head_on_gpu")
                 + _scalars(REAL, "draft_bytes", "draft_flops", "act_bytes", "allreduce_bytes", "a2a_bytes"))
@@ -116,7 +116,8 @@ MACHINE = (_scalars(REAL, "gpu_bw", "host_bw", "pcie_bw", "storage_bw", "gpu_flo
                       "moe_s", "cpu_layer_s", "op_s", "cpu_op_s")
            + _scalars(INT, "graph_max_tokens") + _scalars(REAL, "nograph_s", "cpu_attn_flops")
            + _scalars(INT, "mm_min_tokens", "mm_tile_tokens", "mv_ext_cols", "mv_ext_min_tokens", "mv_ext_k_min_tokens")
-           + _scalars(REAL, "mv_ext_share", "mv_ext_k_share") + _scalars(INT, "moe_rowwise_below"))
+           + _scalars(REAL, "mv_ext_share", "mv_ext_k_share") + _scalars(INT, "moe_rowwise_below", "mm_tile_rows")
+           + _scalars(REAL, "mm_slots"))
 
 # ms_routing_t (engine.lower.routing.lower / lower_trace); L MoE layers, E experts, S request scenarios.
 # A dense model (n_layers 0) has no per-layer tables: ROUTING_LAYERS are then absent and C gets NULL.
@@ -184,8 +185,8 @@ SWEEP_MEMORY = (_arrays(F64, ("n_kinds",), "per_token", "ratio_bytes", "state") 
 # length of mc["models"]; the C checks every variant's kind slice and template index against them.
 SWEEP_MC = (Field("layer_fn", I32, ("n_layers",)),) + _scalars(INT, "steps", "warmup", "policy", "seed")
 # "models" / "machines": lists of DECODE_MODEL / MACHINE tables (one per template); "routing": ROUTING.
-SWEEP_DECODE = (Field("variant_f64", F64, ("n_variants", 14)), Field("variant_i32", I32, ("n_variants", 3)),
-                Field("kind_f64", F64, ("n_kinds", 5)), Field("kind_i32", I32, ("n_kinds", 3)),
+SWEEP_DECODE = (Field("variant_f64", F64, ("n_variants", 13)), Field("variant_i32", I32, ("n_variants", 3)),
+                Field("kind_f64", F64, ("n_kinds", 3)), Field("kind_i32", I32, ("n_kinds", 3)),
                 Field("fn_kv_f", F64, ("n_fns", 5)), Field("fn_kv_c", I64, ("n_fns", 4)),
                 Field("fn_sf_f", F64, ("n_fns", 5)), Field("fn_sf_c", I64, ("n_fns", 4)),
                 Field("prompt", REAL), Field("mc", TABLE, SWEEP_MC, optional=True,

@@ -4,8 +4,8 @@ A sweep is the cartesian product (with optional zipped axes) of models x quants 
 KV dtypes x placements x policies x contexts x batches. Everything but context and batch forms a
 *group*, lowered once (Python, per group): memory tables over layer kinds (:class:`_kernel.SweepMemory`,
 candidate weights per tier from the memory kernel) and decode *variants* (placement, host page-cache
-slots, batch), each the analytic kernel's step time with attention zeroed plus the attention kinds
-whose time depends on context (:class:`_kernel.SweepDecode`; exact while prefetch is off, which is
+slots, batch), each the analytic kernel's step time at its batch with the attention over the cache zeroed plus
+that attention per kind, whose time depends on context (:class:`_kernel.SweepDecode`; exact while prefetch is off, which is
 checked). The configurations of a group then run in C loops (csrc/ms_sweep.c) with the GIL released
 and OpenMP threads; nothing runs per configuration in Python.
 

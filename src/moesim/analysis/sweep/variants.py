@@ -1,9 +1,10 @@
 """A group's decode variants: one per (placement candidate, host page-cache slots, batch), keyed
 ``(j * (E + 2) + page_slots) * n_batches + batch_index``.
 
-An analytic variant is the analytic kernel's step with attention zeroed plus, per attention kind, the
-terms whose time depends on context (``ms_sweep_kind_t``), evaluated per configuration in C. That split
-is exact only while no layer prefetches (:func:`check_separable`). A Monte Carlo variant is a lowered
+An analytic variant is the analytic kernel's step at its batch with the attention over the cache zeroed plus,
+per attention kind, that attention's cache reads and scores, the terms whose time depends on context
+(``ms_sweep_kind_t``), evaluated per configuration in C. That split is exact only while no layer prefetches
+(:func:`check_separable`). A Monte Carlo variant is a lowered
 decode model the kernel runs per configuration.
 
 Variants are lowered on demand. The table the kernels read is an immutable :class:`VariantTable`
@@ -24,7 +25,7 @@ from ...engine import _kernel
 from ...engine.decode import prepare, run_prepared
 from ...engine.glue import seal
 from ...engine.lower.decode_model import attention_key, kv_copies_of, lower_model, op_offload_threshold
-from ...engine.lower.machine import lower_machine, placement_key, weight_passes
+from ...engine.lower.machine import lower_machine, placement_key
 from ...engine.prefill import kernel_seconds_many, prefill_terms, rate_ttft
 from ...errors import KernelError
 from ...spec.placement import Placement
@@ -75,29 +76,28 @@ def _frozen_tables(d: dict) -> MappingProxyType:
     return MappingProxyType({k: _frozen(v.view()) if isinstance(v, np.ndarray) else v for k, v in d.items()})
 
 
-def kind_row(n: int, on_gpu: bool, ab: float, af: float, fn: int, hw: dict, kv_copies: float = 1.0) -> tuple:
-    """Precomputed decode coefficients of one attention kind (ms_sweep_kind_t; ab: attention + shared
-    weight bytes, af: their FLOPs per token; kv_copies: the GPUs' KV read factor, lower_model's)."""
+def kind_row(n: int, on_gpu: bool, fn: int, hw: dict, kv_copies: float = 1.0) -> tuple:
+    """Precomputed decode coefficients of one attention kind's attention over the cache (ms_sweep_kind_t;
+    kv_copies: the GPUs' KV read factor, lower_model's)."""
     bw = hw["gpu_bw"] if on_gpu else hw["host_bw"]
-    fl = hw["gpu_flops"] if on_gpu else hw["cpu_flops"]
-    # the scores at the CPU's attention-kernel rate (ms_machine_t.cpu_attn_flops), the weights at its matmul rate
-    f64 = [float(n), ab / bw, kv_copies / bw, af / fl, 1.0 / (fl if on_gpu else hw["cpu_attn_flops"])]
+    # the scores at the CPU's attention-kernel rate (ms_machine_t.cpu_attn_flops)
+    f64 = [float(n), kv_copies / bw, 1.0 / (hw["gpu_flops"] if on_gpu else hw["cpu_attn_flops"])]
     return f64, [0, 1, fn] if on_gpu else [2, 3, fn]
 
 
 def _kind_block(kinds: tuple, hw: dict) -> tuple:
-    """(f64 [k, 5], i32 [k, 3]): the :func:`kind_row` rows of ``kinds`` ((attention kind, layers) pairs) on machine
+    """(f64 [k, 3], i32 [k, 3]): the :func:`kind_row` rows of ``kinds`` ((attention kind, layers) pairs) on machine
     rates ``hw`` as the kernel's arrays (read-only), which a group's table concatenates."""
-    rows = [kind_row(n, on, ab, af, int(fn), hw, copies) for (on, ab, af, fn, copies), n in kinds]
-    return (_frozen(np.array([r[0] for r in rows], dtype=np.float64).reshape(-1, 5)),
+    rows = [kind_row(n, on, int(fn), hw, copies) for (on, fn, copies), n in kinds]
+    return (_frozen(np.array([r[0] for r in rows], dtype=np.float64).reshape(-1, 3)),
             _frozen(np.array([r[1] for r in rows], dtype=np.int32).reshape(-1, 3)))
 
 
 def _zeroed(dm: dict, plan=None) -> dict:
-    """The decode model with attention and shared work zeroed (with a plan: its one read-only zero column
-    per size)."""
+    """The decode model with its attention over the cache zeroed (the cache reads and scores; with a plan: its one
+    read-only zero column per size). The weight GEMVs stay: the kernel times them at the variant's batch."""
     z = dict(dm)
-    for k in ("attn_bytes", "attn_flops", "kv_bytes", "score_flops", "shared_bytes", "shared_flops"):
+    for k in ("kv_bytes", "score_flops"):
         shape = np.shape(dm[k])
         z[k] = np.zeros(shape) if plan is None else plan.shared(("zeros", shape), lambda: _frozen(np.zeros(shape)))
     return z
@@ -232,7 +232,7 @@ class DecodeVariants:
             return self.table
 
     def _lower(self, new: list) -> tuple:
-        """(keys, f64 [n, 14], i32 [n, 3]): the ms_sweep_variant_t rows of keys ``new``, in an order of their own."""
+        """(keys, f64 [n, 13], i32 [n, 3]): the ms_sweep_variant_t rows of keys ``new``, in an order of their own."""
         g = self.group                  # once: the helpers take it rather than dereference the weak reference
         todo: dict = {}
         n_b, n_ps, n_cands, lks = g.plan.n_b, g.E + 2, len(g.cands), self._lks
@@ -255,20 +255,15 @@ class DecodeVariants:
             staged = [(st[0], times[st[1]]) + st[2:] if type(st[1]) is tuple else st for st in staged]
         # every analytic variant of the group in one kernel call (the routing filled once for them all)
         f64 = run_prepared(_prepared_routing(g.plan, g.routing), jobs) if jobs else None
-        if f64 is not None:             # the analytic step's 13 columns, then the weight passes'
-            f64 = np.concatenate((f64, np.empty((len(f64), 1))), axis=1)
         counts = [len(st[0]) for st in staged]
         if f64 is None:                 # Monte Carlo templates: no analytic step
-            f64 = np.zeros((sum(counts), 14))
+            f64 = np.zeros((sum(counts), 13))
             f64[:, 9] = 1.0
             f64[:, 11] = -1.0
         f64[:, 10] = 1e3 / f64[:, 9]
         # each unit's prefill time and (kind0, n_kinds, mc) on each of its rows, as lists (a few rows: np.repeat's
         # list conversion cost more than the rows)
         f64[:, 12] = [st[1] for st in staged for _ in st[0]]
-        # the GPU kinds' weight reads at each row's tokens per step (its batch: analytic variants draft nothing)
-        f64[:, 13] = [weight_passes(self._machine(g, j)[0], float(b)) for (j, _, _), items in todo.items()
-                      for _, b in items]
         i32 = np.array([st[2:] for st in staged for _ in st[0]], dtype=np.int32).reshape(-1, 3)
         return [key for st in staged for key, _ in st[0]], f64, i32
 
@@ -429,14 +424,12 @@ class DecodeVariants:
     def _kinds_of(self, g, j: int, dm: dict) -> tuple:
         """The (attention kind, layers) pairs of candidate j's lowered model ``dm``, kept (.kept)."""
         kvc = self._kv_copies(g, j)
-        # layers alike in (attention on the GPU, bytes, FLOPs, context function, KV copies), in first-seen
-        # order (Counter counts in C and keeps first-seen order): read from the lowered model alone, so the
-        # plan's machines that share it share the count
+        # layers alike in (attention on the GPU, context function, KV copies), in first-seen order (Counter counts
+        # in C and keeps first-seen order): read from the lowered model alone, so the plan's machines that share it
+        # share the count
         return kept(("kinds", id(dm), id(g.layer_fn), id(kvc)), lambda: tuple(Counter(zip(
-            (np.asarray(dm["attn_on_gpu"]) != 0).tolist(),
-            (np.asarray(dm["attn_bytes"], dtype=np.float64) + np.asarray(dm["shared_bytes"])).tolist(),
-            (np.asarray(dm["attn_flops"], dtype=np.float64) + np.asarray(dm["shared_flops"])).tolist(),
-            np.asarray(g.layer_fn).tolist(), kvc.tolist())).items()), dm, g.layer_fn, kvc)
+            (np.asarray(dm["attn_on_gpu"]) != 0).tolist(), np.asarray(g.layer_fn).tolist(),
+            kvc.tolist())).items()), dm, g.layer_fn, kvc)
 
     # ---------------------------------------------------------------- the table
     def _build(self, new: list, f64: np.ndarray, i32: np.ndarray) -> VariantTable:
@@ -452,7 +445,7 @@ class DecodeVariants:
         order = np.argsort(keys)
         kr = self._kind_rows
         t = dict(variant_f64=f64[order], variant_i32=i32[order],
-                 kind_f64=np.concatenate([r[0] for r in kr]) if kr else np.zeros((0, 5)),
+                 kind_f64=np.concatenate([r[0] for r in kr]) if kr else np.zeros((0, 3)),
                  kind_i32=np.concatenate([r[1] for r in kr]) if kr else np.zeros((0, 3), dtype=np.int32),
                  **g.fn_tables, prompt=float(g.prompt))
         if self.mc:

@@ -154,7 +154,25 @@ def lower_model(m: Model, low, p: Placement, machine: Machine, rt: Runtime, cont
         ep_load_experts=load_e, ep_load_pairs=load_p,
         a2a_bytes=alltoall_bytes(m.hidden, m.top_k, ep, rt.decode, n // attn_tp),
         layer_ops=delta_net_ops(m, rt.decode.delta_net_ops),
+        gemm_rows=gemm_rows(m),
     )
+
+
+@functools.lru_cache(maxsize=1024)
+def gemm_rows(m: Model) -> np.ndarray:
+    """Per layer, the output rows of its dense GEMMs (attention projections, router, shared experts, dense FFN: each
+    2-D weight's ne1), their FLOP-weighted harmonic mean: a mat-mat kernel's threadgroups per token tile are its rows
+    over the tile's, and a matrix's share of the layer's time goes as its FLOPs over its rows (ms_gemm_tokens); 0
+    where a layer has none (read-only: one array per model)."""
+    flops, per_row = np.zeros(m.n_layers), np.zeros(m.n_layers)
+    for t in m.tensors(include_mtp=False):
+        if t.cls in ("attention", "router", "shared_experts", "dense_ffn") and len(t.shape) == 2 and t.layer >= 0:
+            f = 2.0 * t.shape[0] * t.shape[1]
+            flops[t.layer] += f
+            per_row[t.layer] += f / t.shape[1]
+    rows = np.divide(flops, per_row, out=np.zeros_like(flops), where=per_row > 0)
+    rows.flags.writeable = False
+    return rows
 
 
 @functools.lru_cache(maxsize=4096)

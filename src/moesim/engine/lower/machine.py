@@ -388,7 +388,7 @@ def _lower_unified(machine: Machine, rt: Runtime, mix: Q.KernelMix, cpu_only: bo
                 moe_s=0.0 if (cpu_only or metal) else d.moe_layer_us * clock * 1e-6, cpu_layer_s=d.cpu_layer_us * 1e-6,
                 op_s=0.0 if cpu_only else node_op_us(d, metal or graphs, clock) * 1e-6, cpu_op_s=d.cpu_node_us * 1e-6,
                 **graph_limit(d, graphs and not (cpu_only or metal)), **cpu_attention_flops(machine, d, cpu_flops),
-                **decode_paths({} if cpu_only else terms.get("decode_paths", {}), mix))
+                **decode_paths({} if cpu_only else terms.get("decode_paths", {}), mix, int(u.get("gpu_cores", 0) or 0)))
 
 
 def _metal_terms() -> dict:
@@ -402,17 +402,19 @@ def _metal_terms() -> dict:
 
 
 DECODE_PATHS_OFF = dict(mm_min_tokens=0, mm_tile_tokens=1, mv_ext_cols=1, mv_ext_min_tokens=0, mv_ext_k_min_tokens=0,
-                        mv_ext_share=0.0, mv_ext_k_share=0.0, moe_rowwise_below=0)
+                        mv_ext_share=0.0, mv_ext_k_share=0.0, moe_rowwise_below=0, mm_tile_rows=1, mm_slots=0.0)
 
 
-def decode_paths(paths: dict, mix: Q.KernelMix) -> dict:
+def decode_paths(paths: dict, mix: Q.KernelMix, gpu_cores: int = 0) -> dict:
     """ms_machine_t's token-count kernel paths: a backend's ``decode_paths`` table (runtimes.toml [backends.*];
-    empty: off, every step reads its weights once) with the configuration's weight-type shares (``mix``)."""
+    empty: off, every step reads its weights once) with the configuration's weight-type shares (``mix``) and, for
+    the mat-mat kernel's occupancy, the GPU's cores (0: unknown, no occupancy term)."""
     if not paths:
         return dict(DECODE_PATHS_OFF)
     out = {k: int(paths[k]) for k in ("mm_min_tokens", "mm_tile_tokens", "mv_ext_cols", "mv_ext_min_tokens",
-                                      "mv_ext_k_min_tokens", "moe_rowwise_below")}
-    return dict(out, mv_ext_share=float(mix.mv_ext), mv_ext_k_share=float(mix.mv_ext_k))
+                                      "mv_ext_k_min_tokens", "moe_rowwise_below", "mm_tile_rows")}
+    return dict(out, mv_ext_share=float(mix.mv_ext), mv_ext_k_share=float(mix.mv_ext_k),
+                mm_slots=float(gpu_cores) * float(paths["mm_tgs_per_core"]))
 
 
 def weight_passes(hw: dict, tokens: float) -> float:
@@ -429,6 +431,20 @@ def weight_passes(hw: dict, tokens: float) -> float:
     k_ext = ext if tokens >= hw["mv_ext_k_min_tokens"] else tokens
     s, k = hw["mv_ext_share"], hw["mv_ext_k_share"]
     return s * s_ext + k * k_ext + max(0.0, 1.0 - s - k) * tokens
+
+
+def gemm_tokens(hw: dict, tokens: float, rows: float) -> float:
+    """The tokens a GPU decode step's dense GEMMs count FLOPs for (ms_gemm_tokens, the same arithmetic): the step's
+    own below mm_min_tokens or where the paths are off; from it the mat-mat kernel's whole tiles, each of ``rows`` /
+    mm_tile_rows threadgroups, a tile whose threadgroups fill fewer than the mm_slots the GPU holds at once taking
+    as long as mm_slots of them (the decode model's gemm_rows: 0, unknown, counts no idle threadgroups)."""
+    if hw["mm_min_tokens"] <= 0 or tokens < hw["mm_min_tokens"]:
+        return tokens
+    tiles = float(math.ceil(tokens / hw["mm_tile_tokens"]))
+    idle = 1.0
+    if hw["mm_slots"] > 0.0 and rows > 0.0:
+        idle = max(1.0, hw["mm_slots"] * float(hw["mm_tile_rows"]) / (tiles * rows))
+    return tiles * float(hw["mm_tile_tokens"]) * idle
 
 
 def _unified_gemm(machine: Machine, rt: Runtime, u: dict, mix: Q.KernelMix, peak: float) -> tuple:

@@ -13,7 +13,7 @@ from ..codes import (BYTES_GPU_MEM, BYTES_HOST_MEM, BYTES_PCIE, BYTES_STORAGE, E
     EXP_SPLIT, PHASE_ALLTOALL, PHASE_ATTENTION, PHASE_EXPERTS, PHASE_HEAD, PHASE_OVERHEAD, PHASE_SYNC, PHASE_TRANSFER, POLICY_BELADY,
     POLICY_LFU, POLICY_LRU, POLICY_STATIC, RES_CPU_COMPUTE, RES_GPU_COMPUTE, RES_GPU_MEM, RES_HOST_MEM, RES_INTERCONNECT,
     RES_LATENCY, RES_PCIE, RES_STORAGE)
-from ..lower.machine import weight_passes
+from ..lower.machine import gemm_tokens, weight_passes
 from .cache import Cache, next_use
 from .rng import M64, Rng
 from .route import route
@@ -48,9 +48,11 @@ def _attention_time(dm, hw, l, seqs, toks, acc):
     # two kernel groups in turn, each the larger of its memory and compute terms (ms_kernel_time)
     w_bytes = dm["attn_bytes"][l] + dm["shared_bytes"][l]
     kv_bytes = seqs * dm["kv_bytes"][l]
-    w_flops = toks * (dm["attn_flops"][l] + dm["shared_flops"][l])
-    s_flops = toks * dm["score_flops"][l]
     gpu = bool(dm["attn_on_gpu"][l])
+    # a GPU's mat-mat kernel multiplies whole token tiles, and leaves idle the threadgroups few rows do not fill
+    w_toks = gemm_tokens(hw, toks, dm["gemm_rows"][l]) if gpu else toks
+    w_flops = w_toks * (dm["attn_flops"][l] + dm["shared_flops"][l])
+    s_flops = toks * dm["score_flops"][l]
     bw, fl = (hw["gpu_bw"], hw["gpu_flops"]) if gpu else (hw["host_bw"], hw["cpu_flops"])
     res_mem, res_flops = (RES_GPU_MEM, RES_GPU_COMPUTE) if gpu else (RES_HOST_MEM, RES_CPU_COMPUTE)
     # a GPU backend whose GEMVs re-read the weights per token (or per small-batch tile) reads them that often
@@ -164,7 +166,7 @@ def _step_time(dm, hw, c, work, acc):
     fl = hw["gpu_flops"] if on_gpu else hw["cpu_flops"]
     rm, rf = (RES_GPU_MEM, RES_GPU_COMPUTE) if on_gpu else (RES_HOST_MEM, RES_CPU_COMPUTE)
     passes = weight_passes(hw, toks) if on_gpu else 1.0
-    th_m, th_f = passes * (dm["head_bytes"] / bw), toks * dm["head_flops"] / fl
+    th_m, th_f = passes * (dm["head_bytes"] / bw), (gemm_tokens(hw, toks, 0.0) if on_gpu else toks) * dm["head_flops"] / fl
     fixed = th_m if th_m >= th_f else th_f
     acc["res"][rm if th_m >= th_f else rf] += fixed
     acc["phase"][PHASE_HEAD] += fixed

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from ..codes import CLASS_BUFFERS, CLASS_KV, CLASS_STATE, RES_GPU_MEM
+from ..codes import CLASS_BUFFERS, CLASS_KV, CLASS_STATE
 from .decode import kernel_time
 from .memory import fits_rule
 
@@ -183,16 +183,12 @@ def analytic_one(d: dict, v: int, ctx: int, b: int) -> dict:
     kvv = [_ctx_eval(d["fn_kv_f"][f], d["fn_kv_c"][f], ctx) for f in range(nf)]
     sfv = [_ctx_eval(d["fn_sf_f"][f], d["fn_sf_c"][f], ctx) for f in range(nf)]
     for k in range(int(vi[0]), int(vi[0]) + int(vi[1])):
-        n, tb0, kv_rate, tf0, sf_rate = (float(x) for x in d["kind_f64"][k])
+        n, kv_rate, sf_rate = (float(x) for x in d["kind_f64"][k])
         res_mem, res_flops, fn = (int(x) for x in d["kind_i32"][k])
-        # the weight GEMVs (read weight_passes times on the GPU), then the attention over the cache: each the
-        # larger of memory and compute
-        tb = float(vf[13]) * tb0 if res_mem == RES_GPU_MEM else tb0
-        tw, rw = kernel_time(tb, db * tf0, res_mem, res_flops)
-        res[rw] += n * tw
+        # the attention over the cache, the larger of memory and compute (the weight GEMVs are the variant's step0)
         ts, rs = kernel_time(db * kvv[fn] * kv_rate, db * (sfv[fn] * sf_rate), res_mem, res_flops)
         res[rs] += n * ts
-        step += n * tw + n * ts
+        step += n * ts
     inv = 1.0 / (step * pf)
     rate = float(vf[9]) * (pf * inv)
     best = 0
