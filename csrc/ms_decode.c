@@ -482,8 +482,9 @@ static int check(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_ro
     if (!(hw->cpu_attn_flops > 0.0)) return MS_ERR_BAD_MACHINE;
     if (hw->mm_min_tokens < 0 || hw->moe_rowwise_below < 0 || !(hw->mm_slots >= 0.0)) return MS_ERR_BAD_MACHINE;
     if (hw->mm_min_tokens > 0 && (hw->mm_tile_tokens < 1 || hw->mm_tile_rows < 1 || hw->mv_ext_cols < 1
-                                  || hw->mv_ext_min_tokens < 0 || hw->mv_ext_k_min_tokens < 0 || !(hw->mv_ext_share >= 0.0)
-                                  || !(hw->mv_ext_k_share >= 0.0) || hw->mv_ext_share + hw->mv_ext_k_share > 1.0 + 1e-9))
+                                  || hw->mv_ext_min_tokens < 0 || hw->mv_ext_k_min_tokens < 0
+                                  || !(hw->mv_ext_share >= 0.0) || !(hw->mv_ext_k_share >= 0.0)
+                                  || hw->mv_ext_share + hw->mv_ext_k_share > 1.0 + 1e-9))
         return MS_ERR_BAD_MACHINE;
     if (!(m->a2a_bytes >= 0.0)) return MS_ERR_BAD_SIZE;
     if (r->n_layers > 0) {

@@ -4,8 +4,8 @@
  *
  * Decode adds, per attention kind, max(bytes / bw, FLOPs / rate) of the attention over the cache at the
  * configuration's context to a per-variant constant: the analytic kernel's step time with those zeroed (the cache
- * reads and scores are the only context-dependent terms of the cost model). Prefill is a per-variant constant: the prompt is prefilled
- * from an empty cache. The pure-Python twin is engine/reference/sweep.py.
+ * reads and scores are the only context-dependent terms of the cost model). Prefill is a per-variant constant: the
+ * prompt is prefilled from an empty cache. The pure-Python twin is engine/reference/sweep.py.
  */
 #include <math.h>
 #include <string.h>

@@ -5,8 +5,8 @@ KV dtypes x placements x policies x contexts x batches. Everything but context a
 *group*, lowered once (Python, per group): memory tables over layer kinds (:class:`_kernel.SweepMemory`,
 candidate weights per tier from the memory kernel) and decode *variants* (placement, host page-cache
 slots, batch), each the analytic kernel's step time at its batch with the attention over the cache zeroed plus
-that attention per kind, whose time depends on context (:class:`_kernel.SweepDecode`; exact while prefetch is off, which is
-checked). The configurations of a group then run in C loops (csrc/ms_sweep.c) with the GIL released
+that attention per kind, whose time depends on context (:class:`_kernel.SweepDecode`; exact while prefetch is
+off, which is checked). The configurations of a group then run in C loops (csrc/ms_sweep.c) with the GIL released
 and OpenMP threads; nothing runs per configuration in Python.
 
 Output is written in deterministic chunks of global configuration indices (``part-NNNNNN.parquet`` /

@@ -4,8 +4,7 @@
 An analytic variant is the analytic kernel's step at its batch with the attention over the cache zeroed plus,
 per attention kind, that attention's cache reads and scores, the terms whose time depends on context
 (``ms_sweep_kind_t``), evaluated per configuration in C. That split is exact only while no layer prefetches
-(:func:`check_separable`). A Monte Carlo variant is a lowered
-decode model the kernel runs per configuration.
+(:func:`check_separable`). A Monte Carlo variant is a lowered decode model the kernel runs per configuration.
 
 Variants are lowered on demand. The table the kernels read is an immutable :class:`VariantTable`
 snapshot: growth happens under a lock and builds a new table, swapped in with one assignment, so a

@@ -109,7 +109,8 @@ def backend_terms(rt: Runtime, g: dict) -> dict:
     the GEMM rate) and ``fa_fp16_share`` (the same of the 16-bit matrix peak, on cards with matrix units) and
     ``weight_pass_tokens`` (the tokens per pass its prompt GEMMs make over their weights, 0: one pass per
     ubatch) and ``dense_gemm_rel`` (an earlier build's dense prompt GEMMs on a card's matrix units at this multiple of
-    the current rate; routed experts keep it) and ``launch_us_nograph`` (the backend's own per-layer host cost, by arch prefix or vendor, in place of the
+    the current rate; routed experts keep it) and ``decode_paths`` (its decode kernels' token-count paths,
+    :func:`decode_paths`; empty: none) and ``launch_us_nograph`` (the backend's own per-layer host cost, by arch prefix or vendor, in place of the
     runtime's no-graph launch and paid whether or not the chip replays CUDA graphs; -1: the runtime's, see
     :func:`with_backend_launch`).
     Runtimes outside llama.cpp get {} (their own GEMM paths)."""
@@ -133,7 +134,8 @@ def backend_terms(rt: Runtime, g: dict) -> dict:
                 fa_fp32_share=_arch_value(b.get("fa_fp32_share", {}), arch),
                 fa_fp16_share=float(b.get("fa_fp16_share", {}).get(vendor, 0.0)) if matrix else 0.0,
                 fp16_acc_rel=float(b.get("fp16_acc_rel", {}).get(segment, 1.0)),
-                dense_gemm_rel=float(b.get("dense_gemm_rel", {}).get(vendor, 1.0)) if matrix else 1.0)
+                dense_gemm_rel=float(b.get("dense_gemm_rel", {}).get(vendor, 1.0)) if matrix else 1.0,
+                decode_paths=dict(b.get("decode_paths", {})))
 
 
 def _arch_value(table: dict, arch: str, default: float = 0.0) -> float:
@@ -314,7 +316,7 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement, mix: Q.KernelMix)
                 a2a_s=2.0 * d.alltoall_us * 1e-6, moe_s=d.moe_layer_us * clock * 1e-6,
                 cpu_layer_s=d.cpu_layer_us * 1e-6, op_s=node_op_us(d, graphs, clock) * 1e-6,
                 cpu_op_s=d.cpu_node_us * 1e-6, **graph_limit(d, graphs), **cpu_attention_flops(machine, d, cpu_flops),
-                **decode_paths(terms.get("decode_paths", {}), mix))
+                **decode_paths(terms.get("decode_paths", {}), mix, int(g.get("gpu_cores", 0) or 0)))
 
 
 def _allreduce_s(machine: Machine, rt: Runtime) -> float:

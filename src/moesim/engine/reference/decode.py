@@ -166,7 +166,8 @@ def _step_time(dm, hw, c, work, acc):
     fl = hw["gpu_flops"] if on_gpu else hw["cpu_flops"]
     rm, rf = (RES_GPU_MEM, RES_GPU_COMPUTE) if on_gpu else (RES_HOST_MEM, RES_CPU_COMPUTE)
     passes = weight_passes(hw, toks) if on_gpu else 1.0
-    th_m, th_f = passes * (dm["head_bytes"] / bw), (gemm_tokens(hw, toks, 0.0) if on_gpu else toks) * dm["head_flops"] / fl
+    head_toks = gemm_tokens(hw, toks, 0.0) if on_gpu else toks
+    th_m, th_f = passes * (dm["head_bytes"] / bw), head_toks * dm["head_flops"] / fl
     fixed = th_m if th_m >= th_f else th_f
     acc["res"][rm if th_m >= th_f else rf] += fixed
     acc["phase"][PHASE_HEAD] += fixed
