@@ -146,6 +146,20 @@ def test_gemma_ties_embeddings_by_default():
         assert "output.weight" not in {t.name for t in m.tensors()}
 
 
+def test_a_tied_head_reads_the_embedding_matrix_every_token():
+    # the output GEMV multiplies by vocab x hidden whether or not the checkpoint stores it twice
+    from moesim.engine.lower import decode_model as dm, memory as lm
+    tied, untied = ingest.model("gemma-3-4b"), ingest.model("qwen2.5-7b")
+    low_t, low_u = lm.lower(tied, "Q4_0"), lm.lower(untied, "Q4_0")
+    assert low_t.head < 1e6 < low_t.embed
+    assert dm.head_read_bytes(tied, low_t) == low_t.head + low_t.embed
+    assert dm.head_read_bytes(untied, low_u) == low_u.head
+    box = moesim.machine(gpu="rtx-4090")
+    r = moesim.simulate("gemma-3-4b", quant="Q4_0", machine=box, context=512, mode="analytic")
+    assert r.bytes_per_token["gpu_memory"] >= low_t.embed + low_t.attn.sum() + low_t.dense.sum()
+    assert r.breakdown["by_phase"]["head_drafts"] > 0.1 * r.breakdown["seconds_per_token"]
+
+
 # ------------------------------------------------------------------ Hugging Face ids
 ENTRIES = moesim._catalog.load("models")["models"]
 ALL_HF = [(hf, mid) for mid, e in ENTRIES.items() for hf in e.get("hf_ids", [])]

@@ -134,7 +134,7 @@ def lower_model(m: Model, low, p: Placement, machine: Machine, rt: Runtime, cont
         expert_bytes=np.array(low.expert_one, dtype=np.float64),
         expert_flops=2.0 * expert_params,
         attn_on_gpu=on_gpu, expert_mode=mode, slots=slots, page_slots=page_slots, moe_index=moe_index,
-        head_bytes=float(low.head), head_flops=2.0 * par["lm_head"],
+        head_bytes=head_read_bytes(m, low), head_flops=2.0 * head_params(m, par),
         head_on_gpu=0 if (cpu_only or (p.kind == "layers-gpu" and p.arg == 0)) else 1,
         draft_bytes=float(draft_bytes), draft_flops=float(draft_flops),
         # a large prompt ubatch copies CPU-resident experts to the GPU (op offload) only where there is one
@@ -280,6 +280,19 @@ def _expert_mode(p: Placement, l: int, on_gpu, E: int, cpu_only: bool, cache_slo
     return EXP_NONE, 0
 
 
+def head_read_bytes(m: Model, low) -> float:
+    """Bytes the output projection reads per token: the lm_head class (its matrix and the final norm), and under
+    tied embeddings the token-embedding matrix it multiplies by (llama.cpp loads token_embd a second time as the
+    output, TENSOR_DUPLICATED in llama-model.cpp; the served runtimes share one tensor): the head's GEMV reads
+    vocab x hidden either way."""
+    return float(low.head) + (float(low.embed) if m.tie_embeddings else 0.0)
+
+
+def head_params(m: Model, par: dict) -> float:
+    """Parameters the output projection multiplies per token (see :func:`head_read_bytes`)."""
+    return par["lm_head"] + (par["embeddings"] if m.tie_embeddings else 0.0)
+
+
 def _page_slots(L: int, E: int, mem_by_class, mem_tier) -> np.ndarray:
     """Host page-cache slots per layer: when mmap'd weights spill to storage, only part of the host
     experts stay in RAM (the rest are paged in from storage)."""
@@ -300,8 +313,8 @@ def _draft_cost(m: Model, low, par: dict) -> tuple:
     routed_one = low.expert_one[last] if low.n_experts[last] else 0.0
     mtp_routed_bytes = routed_one * (m.mtp_layer.ffn.n_experts if m.mtp_layer.ffn.kind == "moe" else 0)
     k_active = m.mtp_layer.ffn.top_k if m.mtp_layer.ffn.kind == "moe" else 0
-    draft_bytes = (low.mtp / mtp_modules - mtp_routed_bytes + k_active * routed_one) + low.head
+    draft_bytes = (low.mtp / mtp_modules - mtp_routed_bytes + k_active * routed_one) + head_read_bytes(m, low)
     draft_flops = 2.0 * ((par["mtp"] - par["mtp_routed"]) / mtp_modules
                          + par["mtp_routed"] / mtp_modules * (k_active / max(1, m.mtp_layer.ffn.n_experts))
-                         + par["lm_head"])
+                         + head_params(m, par))
     return draft_bytes, draft_flops
