@@ -80,15 +80,15 @@ typedef struct {
     double storage_capacity;     /* bytes of storage that mmap'd weights may page from (0 = none) */
     int32_t storage_spill;       /* 1: host-resident weights may live on storage (mmap) */
     int32_t embed_on_gpu;        /* 0: runtime keeps token embeddings in host RAM (llama.cpp) */
+    double head_copy;            /* a tied head's matrix loaded again on the head's tier when the embeddings sit on
+                                  * the other (llama.cpp's TENSOR_DUPLICATED output on a discrete GPU), bytes */
     int64_t kv_granularity;      /* context is padded to a multiple of this (llama.cpp 256) */
     double gpu_fixed;            /* per GPU: CUDA context, runtime reserve */
     double gpu_buf0, gpu_buf_ctx;   /* per GPU compute buffer: buf0 + buf_ctx * C */
-    double host_fixed;           /* host-side runtime overhead */
-    double host_buf0, host_buf_ctx;
-    /* Per GPU (issue 16): the GPU-tier bytes of class k are divided gpu_ways[k] ways over the GPUs (1 =
-     * replicated on every GPU; engine.lower.memory.memory_split_ways), so the busiest GPU holds
-     * sum_k by_class[k][GPU] / gpu_ways[k], and the configuration fits the GPUs only when that is within
-     * gpu_capacity. Each entry > 0 and finite; all 1 on one GPU (the pooled total). */
+    double host_fixed, host_buf0, host_buf_ctx;   /* host-side runtime overhead; host compute buffer */
+    /* Per GPU (issue 16): the GPU-tier bytes of class k are divided gpu_ways[k] ways over the GPUs (1 = replicated
+     * on every GPU; engine.lower.memory.memory_split_ways), so the busiest GPU holds sum_k by_class[k][GPU] /
+     * gpu_ways[k], and fits the GPUs only within gpu_capacity. Each > 0 and finite; all 1 on one GPU. */
     double gpu_ways[MS_N_CLASSES];
 } ms_mem_config_t;
 

@@ -131,7 +131,7 @@ static void account_head(const ms_model_t *m, const ms_mem_config_t *c, int64_t 
                  || (c->placement == MS_PLACE_LAYERS_GPU && c->placement_arg == 0) ? MS_TIER_HOST : MS_TIER_GPU;
     int emb_t = (c->embed_on_gpu && head_t == MS_TIER_GPU) ? MS_TIER_GPU : MS_TIER_HOST;
     bc[MS_CLASS_EMBED][emb_t] += m->embed;
-    bc[MS_CLASS_HEAD][head_t] += m->head;
+    bc[MS_CLASS_HEAD][head_t] += m->head + (emb_t != head_t ? c->head_copy : 0.0);
     if (c->mtp && m->mtp_layers > 0) {
         int32_t last = m->n_layers - 1;
         double kv, st;

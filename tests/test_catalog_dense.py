@@ -160,6 +160,23 @@ def test_a_tied_head_reads_the_embedding_matrix_every_token():
     assert r.breakdown["by_phase"]["head_drafts"] > 0.1 * r.breakdown["seconds_per_token"]
 
 
+def test_llama_cpp_loads_a_tied_head_again_on_a_discrete_gpu():
+    # TENSOR_DUPLICATED: the input embeddings stay on the CPU and the output gets its own copy on the GPU
+    from moesim.engine.lower import memory as lm
+    low = lm.lower(ingest.model("gemma-3-27b"), "Q4_K_M")
+
+    def head_gpu(mid, gpu, runtime=None):
+        r = moesim.simulate(mid, quant="Q4_K_M", machine=moesim.machine(gpu=gpu), context=4096, mode="analytic",
+                            **({"runtime": runtime} if runtime else {}))
+        tier = r.memory["memory_by_tier"]["unified" if "unified" in r.memory["memory_by_tier"] else "gpu"]
+        return tier["by_class"].get("lm_head", 0.0)
+
+    assert head_gpu("gemma-3-27b", "rtx-4090") == low.head + low.embed
+    assert head_gpu("gemma-3-27b", "m2-ultra") == low.head          # the Metal buffer maps the same pages
+    untied = lm.lower(ingest.model("qwen2.5-7b"), "Q4_K_M")
+    assert head_gpu("qwen2.5-7b", "rtx-4090") == untied.head
+
+
 # ------------------------------------------------------------------ Hugging Face ids
 ENTRIES = moesim._catalog.load("models")["models"]
 ALL_HF = [(hf, mid) for mid, e in ENTRIES.items() for hf in e.get("hf_ids", [])]

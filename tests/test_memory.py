@@ -72,6 +72,7 @@ def config_row(draw, low) -> dict:
         storage_capacity=draw(st.one_of(st.just(0.0), unit.map(lambda f: f * w))),
         storage_spill=draw(st.integers(0, 1)),
         embed_on_gpu=draw(st.integers(0, 1)),
+        head_copy=draw(st.one_of(st.just(0.0), st.integers(0, 2 * 10**9).map(float))),
         kv_granularity=draw(st.sampled_from(GRANULARITIES)),
         gpu_fixed=draw(st.floats(0.0, 2e9)),
         gpu_buf0=draw(st.floats(0.0, 2e9)),
@@ -138,6 +139,7 @@ def random_cols(low, n: int, rng: np.random.Generator) -> dict:
         storage_capacity=np.where(rng.random(n) < 0.3, 0.0, rng.random(n) * 1.6 * w),
         storage_spill=rng.integers(0, 2, n),
         embed_on_gpu=rng.integers(0, 2, n),
+        head_copy=np.where(rng.random(n) < 0.5, 0.0, np.floor(rng.random(n) * 2e9)),
         kv_granularity=rng.choice(GRANULARITIES, n),
         gpu_fixed=rng.random(n) * 2e9,
         gpu_buf0=rng.random(n) * 2e9,
@@ -172,7 +174,7 @@ def test_host_bit_fractional_buffers():
     # set the host bit in C only.
     low = lowered("gpt-oss-20b", "Q4_K_M")
     row = dict(context=1, batch=1, kv_bytes_per_elem=0.5, placement=0, placement_arg=0, mtp=0, n_gpus=1,
-               gpu_capacity=1e12, host_capacity=1e12, storage_capacity=0.0, storage_spill=0, embed_on_gpu=1,
+               gpu_capacity=1e12, host_capacity=1e12, storage_capacity=0.0, storage_spill=0, embed_on_gpu=1, head_copy=0.0,
                kv_granularity=1, gpu_fixed=0.0, gpu_buf0=0.0, gpu_buf_ctx=0.0, host_fixed=0.0, host_buf0=1.0,
                host_buf_ctx=0.1)
     cols = to_cols([row])
@@ -241,7 +243,7 @@ def test_host_ram_one_ulp_short_of_the_spill_still_fits():
     low = lowered("qwen3-next-80b-a3b", "native")
     w = total_weights(low)
     row = dict(context=1, batch=1, kv_bytes_per_elem=0.5, placement=1, placement_arg=0, mtp=0, n_gpus=1,
-               gpu_capacity=159452425216.0, storage_capacity=w, storage_spill=1, embed_on_gpu=0, kv_granularity=1,
+               gpu_capacity=159452425216.0, storage_capacity=w, storage_spill=1, embed_on_gpu=0, head_copy=0.0, kv_granularity=1,
                gpu_fixed=0.0, gpu_buf0=0.0, gpu_buf_ctx=0.0, host_fixed=0.0, host_buf0=0.0, host_buf_ctx=0.0)
     rows = [dict(row, host_capacity=c) for c in (0.0, 65837264912.43456)]
     res = EMEM.evaluate(low, to_cols(rows))
@@ -368,7 +370,7 @@ def test_threads_match_serial_bit_for_bit():
 # ------------------------------------------------------------------------------ brute force
 def _fixed_cols(low, **over) -> dict:
     row = dict(context=1, batch=1, kv_bytes_per_elem=2.0, placement=0, placement_arg=0, mtp=0, n_gpus=1,
-               gpu_capacity=0.0, host_capacity=1e15, storage_capacity=0.0, storage_spill=0, embed_on_gpu=1,
+               gpu_capacity=0.0, host_capacity=1e15, storage_capacity=0.0, storage_spill=0, embed_on_gpu=1, head_copy=0.0,
                kv_granularity=1, gpu_fixed=3e8, gpu_buf0=1e8, gpu_buf_ctx=1024.0, host_fixed=2e8,
                host_buf0=0.0, host_buf_ctx=0.0, gpu_ways=[1.0] * CODES.N_CLASSES)
     row.update(over)

@@ -513,7 +513,7 @@ def test_candidate_weights_come_from_the_memory_kernel():
             for k in ("w_gpu", "w_host", "routed_host", "any_gpu"):
                 assert pl[k][j] == twin[k][j], (grp.labels, str(p), k)
             c = configure(grp.m, grp.low, grp.machine, grp.rt, p, 1, 1, grp.kv, 0)
-            c["embed_on_gpu"] = cfg["embed_on_gpu"]
+            c["embed_on_gpu"], c["head_copy"] = cfg["embed_on_gpu"], cfg["head_copy"]
             bc = EMEM.evaluate(grp.low, c)["by_class"][0]
             assert pl["w_gpu"][j] == sum(float(bc[k, TIER_GPU]) for k in range(CLASS_MTP + 1))
             assert pl["w_host"][j] == sum(float(bc[k, TIER_HOST]) for k in range(CLASS_MTP + 1))

@@ -185,7 +185,7 @@ def test_oracle_agrees_on_every_placement(mid, place):
     assert ran
 
 
-@pytest.mark.parametrize("mid", ["llama-3-8b", "llama-2-7b", "llama-3-70b"])
+@pytest.mark.parametrize("mid", ["llama-3-8b", "llama-2-7b", "llama-3-70b", "gemma-3-4b"])   # gemma: a tied head
 @pytest.mark.parametrize("place", ["all-gpu", "layers-gpu=0", "layers-gpu=12", "cpu-only"])
 def test_oracle_agrees_dense(mid, place):
     for machine in ("desktop-4090", "rtx3060-tiny", "epyc-9654-cpu", "mac-m3-ultra-512"):

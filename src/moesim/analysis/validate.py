@@ -20,6 +20,7 @@ import numpy as np
 
 from ..spec import quants as Q
 from ..engine.lower import routing as R_routing
+from ..engine.lower.decode_model import head_read_bytes
 from ..spec import routing as R
 from ..spec.runtimes import runtime as get_runtime
 from ..engine.codes import MODES, POLICIES
@@ -395,7 +396,7 @@ def roofline(m, low, p, mach: Machine) -> float:
             host_bytes += experts
         else:
             gpu_bytes += dense + experts
-    gpu_bytes += low.head
+    gpu_bytes += head_read_bytes(m, low)       # a tied head reads the embedding matrix
     if mach.unified or mach.n_gpus == 0:
         bw = mach.host_bw_gbs if mach.n_gpus == 0 else mach.gpu_bw_gbs
         return bw * GB / (gpu_bytes + host_bytes)

@@ -54,6 +54,7 @@ cdef extern from "moesim.h" nogil:
         double storage_capacity
         int32_t storage_spill
         int32_t embed_on_gpu
+        double head_copy
         int64_t kv_granularity
         double gpu_fixed
         double gpu_buf0

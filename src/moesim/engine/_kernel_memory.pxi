@@ -34,6 +34,7 @@ cdef void _fill_mem_configs(ms_mem_config_t *cfg, dict c, Py_ssize_t n):
     cdef const double[::1] host_capacity = c["host_capacity"], storage_capacity = c["storage_capacity"]
     cdef const double[::1] gpu_fixed = c["gpu_fixed"], gpu_buf0 = c["gpu_buf0"], gpu_buf_ctx = c["gpu_buf_ctx"]
     cdef const double[::1] host_fixed = c["host_fixed"], host_buf0 = c["host_buf0"], host_buf_ctx = c["host_buf_ctx"]
+    cdef const double[::1] head_copy = c["head_copy"]
     cdef const double[:, ::1] gpu_ways = c["gpu_ways"]
     cdef Py_ssize_t i
     cdef int k
@@ -51,6 +52,7 @@ cdef void _fill_mem_configs(ms_mem_config_t *cfg, dict c, Py_ssize_t n):
             cfg[i].storage_capacity = storage_capacity[i]
             cfg[i].storage_spill = storage_spill[i]
             cfg[i].embed_on_gpu = embed_on_gpu[i]
+            cfg[i].head_copy = head_copy[i]
             cfg[i].kv_granularity = kv_granularity[i]
             cfg[i].gpu_fixed = gpu_fixed[i]
             cfg[i].gpu_buf0 = gpu_buf0[i]

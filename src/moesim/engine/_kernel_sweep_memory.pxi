@@ -21,6 +21,7 @@ cdef void _fill_mem_config(ms_mem_config_t *c, dict cfg):
     c.storage_capacity = cfg["storage_capacity"]
     c.storage_spill = cfg["storage_spill"]
     c.embed_on_gpu = cfg["embed_on_gpu"]
+    c.head_copy = cfg["head_copy"]
     c.kv_granularity = cfg["kv_granularity"]
     c.gpu_fixed = cfg["gpu_fixed"]
     c.gpu_buf0 = cfg["gpu_buf0"]

@@ -92,7 +92,7 @@ MODEL = (_arrays(F64, ("n_layers",), "attn", "router", "shared", "expert_one")
 MEM_CONFIG_INT = ("context", "batch", "placement", "placement_arg", "mtp", "n_gpus", "storage_spill", "embed_on_gpu",
                   "kv_granularity")
 MEM_CONFIG_REAL = ("kv_bytes_per_elem", "gpu_capacity", "host_capacity", "storage_capacity", "gpu_fixed", "gpu_buf0",
-                   "gpu_buf_ctx", "host_fixed", "host_buf0", "host_buf_ctx")
+                   "gpu_buf_ctx", "host_fixed", "host_buf0", "host_buf_ctx", "head_copy")
 _MEM_CONFIG_I64 = ("context", "batch", "placement_arg", "kv_granularity")     # the rest are int32_t
 # gpu_ways [N_CLASSES]: each class's GPU bytes are divided that many ways over the GPUs (memory per GPU)
 MEM_CONFIG_COLUMNS = (tuple(Field(f, I64 if f in _MEM_CONFIG_I64 else I32, ("n",)) for f in MEM_CONFIG_INT)

@@ -28,7 +28,7 @@ WEIGHT_CLASSES = CLASSES[:8]
 TIERS = ("gpu", "host", "storage")
 
 CONFIG_FIELDS = ("context", "batch", "kv_bytes_per_elem", "placement", "placement_arg", "mtp", "n_gpus",
-                 "gpu_capacity", "host_capacity", "storage_capacity", "storage_spill", "embed_on_gpu",
+                 "gpu_capacity", "host_capacity", "storage_capacity", "storage_spill", "embed_on_gpu", "head_copy",
                  "kv_granularity", "gpu_fixed", "gpu_buf0", "gpu_buf_ctx", "host_fixed", "host_buf0",
                  "host_buf_ctx", "gpu_ways")
 INT_CONFIG_FIELDS = {"context", "batch", "placement", "placement_arg", "mtp", "n_gpus", "storage_spill",
@@ -233,7 +233,8 @@ def configure(model: Model, low: LoweredModel, machine: Machine, runtime: Runtim
         placement_arg=max(0, placement.arg), mtp=1 if mtp else 0, n_gpus=0 if cpu_only else machine.n_gpus,
         gpu_capacity=gpu_cap, host_capacity=host_cap,
         storage_capacity=machine.storage_bytes, storage_spill=1 if (runtime.storage_spill and machine.storage_bytes) else 0,
-        embed_on_gpu=1 if runtime.embeddings_on_gpu else 0, kv_granularity=gran,
+        embed_on_gpu=1 if runtime.embeddings_on_gpu else 0, head_copy=head_copy_bytes(model, low, machine, runtime),
+        kv_granularity=gran,
         gpu_fixed=0.0 if cpu_only else gpu_fixed, gpu_buf0=0.0 if cpu_only else buf0,
         gpu_buf_ctx=0.0 if cpu_only else buf_ctx,
         host_fixed=runtime.host_fixed_mib * MIB, host_buf0=buf0 if cpu_only else 0.0,
@@ -242,6 +243,18 @@ def configure(model: Model, low: LoweredModel, machine: Machine, runtime: Runtim
     ways = memory_split_ways(model, runtime, cfg["n_gpus"])
     cfg["gpu_ways"] = tuple(ways[c] for c in CLASSES)      # memory per GPU: the kernel's fit criterion
     return cfg
+
+
+def head_copy_bytes(model: Model, low: LoweredModel, machine: Machine, runtime: Runtime) -> float:
+    """Bytes of a tied head's matrix a runtime loads a second time beside the token embeddings: llama.cpp keeps
+    the input embeddings on the CPU and creates the output from token_embd with TENSOR_DUPLICATED, which its
+    loader counts and loads again for the output's device (llama-model.cpp / llama-model-loader.cpp, code search
+    find_string ids 56441110077, 1638720116). The memory kernel adds them where the head's tier differs from the
+    embeddings'. Runtimes that keep the embeddings on the GPU share one tensor, and on a unified chip the GPU
+    buffer maps the same mmap'd pages, so neither holds a copy."""
+    if not model.tie_embeddings or runtime.embeddings_on_gpu or machine.unified:
+        return 0.0
+    return float(low.embed)
 
 
 def config_columns(cfg: dict, n: int) -> dict:

@@ -61,7 +61,7 @@ def _auto_candidates(family: str, L: int, E: int) -> tuple:
 # =============================================================================== the C choose()'s tables
 # The ms_sweep_mem_t fields of one configuration (csrc/moesim.h) that do not vary with context or batch.
 MEM_CFG_KEYS = ("kv_bytes_per_elem", "mtp", "n_gpus", "gpu_capacity", "host_capacity", "storage_capacity",
-                "storage_spill", "embed_on_gpu", "kv_granularity", "gpu_fixed", "gpu_buf0", "gpu_buf_ctx",
+                "storage_spill", "embed_on_gpu", "head_copy", "kv_granularity", "gpu_fixed", "gpu_buf0", "gpu_buf_ctx",
                 "host_fixed", "host_buf0", "host_buf_ctx", "gpu_ways")
 _WEIGHT_ROWS = tuple(range(CLASS_MTP + 1))   # the weight classes, as ms_memory.c sums them
 
@@ -142,7 +142,7 @@ def _tier_weights_key(low, placed: tuple, rest: dict, mtp: int) -> "tuple | None
     key = lowering_key_of(low)
     if key is None or any(float(w) != 1.0 for w in rest["gpu_ways"]):
         return None
-    return key + (_placed_digest(placed), int(rest["embed_on_gpu"]), int(mtp))
+    return key + (_placed_digest(placed), int(rest["embed_on_gpu"]), float(rest["head_copy"]), int(mtp))
 
 
 def _placed_digest(placed: tuple) -> str:

@@ -118,7 +118,7 @@ def account(low, cfg, context, batch):
     head_t = TIER_HOST if (cfg["placement"] == PLACE_CPU_ONLY or (cfg["placement"] == PLACE_LAYERS_GPU and cfg["placement_arg"] == 0)) else TIER_GPU
     emb_t = TIER_GPU if (cfg["embed_on_gpu"] and head_t == TIER_GPU) else TIER_HOST
     bc[CLASS_EMBED][emb_t] += low.embed
-    bc[CLASS_HEAD][head_t] += low.head
+    bc[CLASS_HEAD][head_t] += low.head + (cfg["head_copy"] if emb_t != head_t else 0.0)
     if cfg["mtp"] and low.mtp_layers > 0:
         bc[CLASS_MTP][head_t] += low.mtp
         kv, st = _cache(low, L - 1, c, kvb)
