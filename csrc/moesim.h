@@ -206,10 +206,8 @@ typedef struct {
                                                    * graph's thread barriers and small ops */
     double moe_s;                                 /* routing / weighting / combining kernels per MoE layer on the
                                                    * GPU per step (latency beside the expert GEMMs) */
-    double step_s;                                /* per step host overhead (sampling, scheduling) */
-    double seq_s;                                 /* per sequence per step host overhead (batch bookkeeping) */
-    double op_s, cpu_op_s;                        /* per extra graph node of a layer (layer_ops) on the GPU, on
-                                                   * the CPU */
+    double step_s, seq_s;                         /* host overhead per step (sampling, scheduling), per sequence */
+    double op_s, cpu_op_s;                        /* per extra graph node of a layer (layer_ops): GPU, CPU */
     int32_t graph_max_tokens;                     /* steps of more tokens run without CUDA graphs (0: none do) */
     double nograph_s;                             /* ... and each GPU layer then pays this on top of launch_s */
     double cpu_attn_flops;                        /* attention scores' FLOP/s on the CPU (its kernel, not cpu_flops) */
@@ -217,6 +215,7 @@ typedef struct {
     int32_t mm_min_tokens, mm_tile_tokens, mv_ext_cols, mv_ext_min_tokens, mv_ext_k_min_tokens, moe_rowwise_below;
     double mv_ext_share, mv_ext_k_share;          /* dense weight byte shares the small-batch GEMV takes */
     int32_t mm_tile_rows; double mm_slots;        /* mat-mat tile rows; threadgroups the GPU runs at once (0: off) */
+    double gemv_weight_s, gemv_token_rel;         /* GEMV s per weight decoded (0: off); a pass's later tokens at rel */
 } ms_machine_t;
 
 /* A dense model routes nothing: with n_layers 0 every array below may be NULL. */
@@ -317,6 +316,7 @@ int64_t ms_decode_workspace_size(const ms_decode_model_t *m, const ms_routing_t 
 /* A GPU step's dense weight reads, and the tokens its GEMM FLOPs count (csrc/ms_machine.c; twins: lower.machine) */
 double ms_weight_passes(const ms_machine_t *hw, double tokens);
 double ms_gemm_tokens(const ms_machine_t *hw, double tokens, double rows);
+double ms_gemv_time(const ms_machine_t *hw, double tokens, double passes, double weights);
 
 int ms_decode(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_routing_t *r,
               const ms_decode_config_t *c, void *workspace, int64_t workspace_bytes, ms_decode_result_t *out);

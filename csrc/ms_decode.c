@@ -1,8 +1,7 @@
 /*
- * Decode simulation: the per-step cost model of DESIGN §3 (each phase is the max over the resources
- * it uses), the workspace, Monte Carlo (real cache state step by step) and the entry points. The
- * routing sampler is ms_route.c, the analytic path (the same cost function on expected counts)
- * ms_analytic.c. The pure-Python twin is engine/reference/decode.py.
+ * Decode simulation: the per-step cost model of DESIGN §3 (each phase is the max over the resources it uses), the
+ * workspace, Monte Carlo (real cache state step by step) and the entry points. The routing sampler is ms_route.c,
+ * the analytic path (the same cost function on expected counts) ms_analytic.c; the Python twin reference/decode.py.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -46,9 +45,11 @@ static double layer_attention(const ms_decode_model_t *m, const ms_machine_t *hw
     double w_flops = w_toks * (m->attn_flops[l] + m->shared_flops[l]), s_flops = toks * m->score_flops[l];
     double bw = gpu ? hw->gpu_bw : hw->host_bw, fl = gpu ? hw->gpu_flops : hw->cpu_flops;
     int res_mem = gpu ? MS_RES_GPU_MEM : MS_RES_HOST_MEM, res_flops = gpu ? MS_RES_GPU_COMPUTE : MS_RES_CPU_COMPUTE;
-    /* a GPU backend whose GEMVs re-read the weights per token (or per small-batch tile) reads them that often */
+    /* a GPU backend whose GEMVs re-read the weights per token (or small-batch tile) reads them that often, and
+     * decodes each pass's weights at the GEMV's own rate (ggml-metal; 0 elsewhere) */
     double passes = gpu ? ms_weight_passes(hw, toks) : 1.0;
-    double tw = ms_kernel_time(passes * (w_bytes / bw), w_flops / fl, res_mem, res_flops, &win), ts, total;
+    double t_dec = gpu ? ms_gemv_time(hw, toks, passes, 0.5 * (m->attn_flops[l] + m->shared_flops[l])) : 0.0;
+    double tw = ms_kernel_time(passes * (w_bytes / bw), fmax(w_flops / fl, t_dec), res_mem, res_flops, &win), ts, total;
     attribute(acc, win, MS_PHASE_ATTENTION, tw);
     ts = ms_kernel_time(kv_bytes / bw, s_flops / (gpu ? fl : hw->cpu_attn_flops), res_mem, res_flops, &win);
     attribute(acc, win, MS_PHASE_ATTENTION, ts);
@@ -85,17 +86,16 @@ static double layer_experts(const ms_decode_model_t *m, const ms_machine_t *hw, 
                             double toks, double total, ms_decode_result_t *acc)
 {
     double eb = m->expert_bytes[l], ef = m->expert_flops[l];
-    /* a step of fewer than moe_rowwise_below tokens multiplies each token-expert pair on its own (ggml-metal's
-     * mul_mv_id), re-reading the expert's rows per pair */
+    /* under moe_rowwise_below tokens each token-expert pair is multiplied alone (mul_mv_id), re-reading its rows */
     int rowwise = hw->moe_rowwise_below > 0 && toks < (double) hw->moe_rowwise_below;
     double g_bytes = (rowwise ? w->pairs_gpu : w->n_res) * eb, c_bytes = w->n_cpu * eb;
     double demand = (w->n_fetch - w->n_pref) * eb;
     /* under expert parallelism the busiest rank sets the GPU experts' time (the rates are the ranks' sum) */
     double tg_mem = g_bytes * (m->ep_load_experts ? m->ep_load_experts[l] : 1.0) / hw->gpu_bw;
     /* ... and from there its mat-mat kernel multiplies each used expert's tokens in whole mm_tile_tokens tiles */
-    double pairs = hw->mm_min_tokens > 0 && hw->moe_rowwise_below > 0 && !rowwise
-        ? fmax(w->pairs_gpu, w->n_res * (double) hw->mm_tile_tokens) : w->pairs_gpu;
+    double pairs = hw->mm_min_tokens > 0 && hw->moe_rowwise_below > 0 && !rowwise ? fmax(w->pairs_gpu, w->n_res * (double) hw->mm_tile_tokens) : w->pairs_gpu;
     double tg_fl = pairs * ef * (m->ep_load_pairs ? m->ep_load_pairs[l] : 1.0) / hw->gpu_flops;
+    if (rowwise) tg_fl = fmax(tg_fl, ms_gemv_time(hw, toks, toks, 0.5 * w->pairs_gpu * ef / toks));  /* a pass a pair */
     double t_g = fmax(tg_mem, tg_fl);
     int r_g = tg_mem >= tg_fl ? MS_RES_GPU_MEM : MS_RES_GPU_COMPUTE;
     double t_c = fmax(c_bytes / hw->host_bw, w->pairs_cpu * ef / hw->cpu_flops);
@@ -158,8 +158,7 @@ static double layer_alltoall(const ms_decode_model_t *m, const ms_machine_t *hw,
     return t;
 }
 
-/* Time of layer l in one step (without the prefetch of the next layer, added by the caller).
- * acc receives the attribution and byte counts. */
+/* Time of layer l in one step (without the next layer's prefetch, the caller's); acc gets attribution and bytes. */
 static double layer_time(const ms_decode_model_t *m, const ms_machine_t *hw, int32_t l, const layer_work_t *w,
                          double seqs, double toks, ms_decode_result_t *acc)
 {
@@ -179,12 +178,13 @@ static double layer_time(const ms_decode_model_t *m, const ms_machine_t *hw, int
 static double step_fixed(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_decode_config_t *c,
                          double seqs, double toks, ms_decode_result_t *acc)
 {
-    double total = 0.0, t[2];
-    int r[2], win;
-    double bw = m->head_on_gpu ? hw->gpu_bw : hw->host_bw, fl = m->head_on_gpu ? hw->gpu_flops : hw->cpu_flops;
+    double total = 0.0, t[2], bw = m->head_on_gpu ? hw->gpu_bw : hw->host_bw;
+    double fl = m->head_on_gpu ? hw->gpu_flops : hw->cpu_flops;
     double passes = m->head_on_gpu ? ms_weight_passes(hw, toks) : 1.0;
+    int r[2], win;
     t[0] = passes * (m->head_bytes / bw); r[0] = m->head_on_gpu ? MS_RES_GPU_MEM : MS_RES_HOST_MEM;
     t[1] = (m->head_on_gpu ? ms_gemm_tokens(hw, toks, 0.0) : toks) * m->head_flops / fl;
+    if (m->head_on_gpu) t[1] = fmax(t[1], ms_gemv_time(hw, toks, passes, 0.5 * m->head_flops));
     r[1] = m->head_on_gpu ? MS_RES_GPU_COMPUTE : MS_RES_CPU_COMPUTE;
     total += max_term(t, r, 2, &win);
     attribute(acc, win, MS_PHASE_HEAD, total);
@@ -475,8 +475,8 @@ static int check(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_ro
     if (!(hw->gpu_bw > 0.0 && hw->host_bw > 0.0 && hw->pcie_bw > 0.0 && hw->storage_bw > 0.0
           && hw->gpu_flops > 0.0 && hw->cpu_flops > 0.0 && hw->interconnect_bw > 0.0)) return MS_ERR_BAD_MACHINE;
     if (m->a2a_bytes > 0.0 && !(hw->a2a_bw > 0.0 && hw->a2a_s >= 0.0)) return MS_ERR_BAD_MACHINE;
-    if (!(hw->moe_s >= 0.0)) return MS_ERR_BAD_MACHINE;
-    if (!(hw->cpu_layer_s >= 0.0)) return MS_ERR_BAD_MACHINE;
+    if (!(hw->moe_s >= 0.0) || !(hw->cpu_layer_s >= 0.0)) return MS_ERR_BAD_MACHINE;
+    if (!(hw->gemv_weight_s >= 0.0) || !(hw->gemv_token_rel >= 0.0)) return MS_ERR_BAD_MACHINE;
     if (!(hw->op_s >= 0.0) || !(hw->cpu_op_s >= 0.0)) return MS_ERR_BAD_MACHINE;
     if (hw->graph_max_tokens < 0 || !(hw->nograph_s >= 0.0)) return MS_ERR_BAD_MACHINE;
     if (!(hw->cpu_attn_flops > 0.0)) return MS_ERR_BAD_MACHINE;

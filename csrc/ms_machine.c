@@ -33,3 +33,13 @@ double ms_gemm_tokens(const ms_machine_t *hw, double tokens, double rows)
     if (hw->mm_slots > 0.0 && rows > 0.0) idle = fmax(1.0, hw->mm_slots * (double) hw->mm_tile_rows / (tiles * rows));
     return tiles * (double) hw->mm_tile_tokens * idle;
 }
+
+/* A GPU step's mat-vec kernels over `weights` weights in `passes` passes, timed by decoding them: ggml-metal's
+ * GEMVs (mul_mv, mul_mv_ext, mul_mv_id) take gemv_weight_s per weight read, on Apple GPUs longer than streaming
+ * the bytes of a 4-bit type, and each token a pass serves past its first adds gemv_token_rel of that (its dot
+ * products). The mat-mat path (from mm_min_tokens tokens) is timed by its FLOPs instead; 0 off. */
+double ms_gemv_time(const ms_machine_t *hw, double tokens, double passes, double weights)
+{
+    if (!(hw->gemv_weight_s > 0.0) || (hw->mm_min_tokens > 0 && tokens >= (double) hw->mm_min_tokens)) return 0.0;
+    return weights * hw->gemv_weight_s * (passes + hw->gemv_token_rel * fmax(0.0, tokens - passes));
+}

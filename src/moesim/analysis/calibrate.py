@@ -51,6 +51,7 @@ PARAMS = (
     Param("gpu_bw_eff", 0.3, 1.0, "llama.cpp"),
     Param("gddr_bw_eff", 0.3, 1.0),
     Param("metal_bw_eff", 0.2, 1.0),
+    Param("metal_gemv_eff", 0.005, 0.5),
     Param("host_bw_eff_desktop", 0.2, 1.0),
     Param("host_bw_eff_server", 0.1, 1.0),
     Param("cross_socket_eff", 0.2, 1.0),

@@ -124,6 +124,7 @@ cdef extern from "moesim.h" nogil:
         double mv_ext_share, mv_ext_k_share
         int32_t mm_tile_rows
         double mm_slots
+        double gemv_weight_s, gemv_token_rel
 
     ctypedef struct ms_routing_t:
         int32_t n_layers
@@ -210,6 +211,7 @@ cdef extern from "moesim.h" nogil:
     double ms_ctx_eval(const ms_ctx_fn_t *f, int64_t context)
     double ms_weight_passes(const ms_machine_t *hw, double tokens)
     double ms_gemm_tokens(const ms_machine_t *hw, double tokens, double rows)
+    double ms_gemv_time(const ms_machine_t *hw, double tokens, double passes, double weights)
 
     ctypedef struct ms_sweep_place_t:
         int32_t code

@@ -54,7 +54,8 @@ cdef void _fill_machine(ms_machine_t *h, dict hw):
     h.mv_ext_cols = hw["mv_ext_cols"]; h.mv_ext_min_tokens = hw["mv_ext_min_tokens"]
     h.mv_ext_k_min_tokens = hw["mv_ext_k_min_tokens"]; h.mv_ext_share = hw["mv_ext_share"]
     h.mv_ext_k_share = hw["mv_ext_k_share"]; h.moe_rowwise_below = hw["moe_rowwise_below"]
-    h.mm_tile_rows = hw["mm_tile_rows"]; h.mm_slots = hw["mm_slots"]
+    h.mm_tile_rows = hw["mm_tile_rows"]; h.mm_slots = hw["mm_slots"]; h.gemv_weight_s = hw["gemv_weight_s"]
+    h.gemv_token_rel = hw["gemv_token_rel"]
 
 
 cdef void _fill_configs(ms_decode_config_t *cfg, dict c, Py_ssize_t n):

@@ -42,6 +42,13 @@ def gemm_tokens(dict hw, double tokens, double rows):
     return ms_gemm_tokens(&h, tokens, rows)
 
 
+def gemv_time(dict hw, double tokens, double passes, double weights):
+    """ms_gemv_time of a checked machine table (glue.MACHINE): the C side of engine.lower.machine.gemv_time."""
+    cdef ms_machine_t h
+    _fill_machine(&h, hw)
+    return ms_gemv_time(&h, tokens, passes, weights)
+
+
 cdef void _fill_variants(ms_sweep_variant_t *out, f, i32, Py_ssize_t n):
     """n ms_sweep_variant_t from checked rows: f64 (step0, by_resource[8], accepted, tpot_scale, hit_rate,
     prefill0), i32 (kind0, n_kinds, mc)."""

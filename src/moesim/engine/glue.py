@@ -117,7 +117,7 @@ MACHINE = (_scalars(REAL, "gpu_bw", "host_bw", "pcie_bw", "storage_bw", "gpu_flo
            + _scalars(INT, "graph_max_tokens") + _scalars(REAL, "nograph_s", "cpu_attn_flops")
            + _scalars(INT, "mm_min_tokens", "mm_tile_tokens", "mv_ext_cols", "mv_ext_min_tokens", "mv_ext_k_min_tokens")
            + _scalars(REAL, "mv_ext_share", "mv_ext_k_share") + _scalars(INT, "moe_rowwise_below", "mm_tile_rows")
-           + _scalars(REAL, "mm_slots"))
+           + _scalars(REAL, "mm_slots", "gemv_weight_s", "gemv_token_rel"))
 
 # ms_routing_t (engine.lower.routing.lower / lower_trace); L MoE layers, E experts, S request scenarios.
 # A dense model (n_layers 0) has no per-layer tables: ROUTING_LAYERS are then absent and C gets NULL.

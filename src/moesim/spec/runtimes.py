@@ -56,6 +56,7 @@ class DecodeParams:
     gpu_kquant_mmq_rel: float
     gpu_mxfp4_mmq_rel: float
     metal_bw_eff: float
+    metal_gemv_eff: float
     host_bw_eff_desktop: float
     host_bw_eff_server: float
     cross_socket_eff: float

@@ -358,6 +358,10 @@ def _lower_unified(machine: Machine, rt: Runtime, mix: Q.KernelMix, cpu_only: bo
     pf_eff = d.prefill_flops_eff_unified * (d.metal_prefill_rel if metal else 1.0)
     # ggml-metal's flash attention and routed-expert tiles ([backends.metal]); MLX's are the runtime's own
     terms = _metal_terms() if metal and rt.llama_cpp_family else {}
+    # ggml-metal (llama.cpp on an Apple GPU): every layer's kernels as ggml-cuda counts them at kernel_us, and each
+    # MoE layer's routing, weighting and per-pair dispatch on top at launch_us_metal (MLX keeps it on every layer)
+    ggml_metal = bool(terms.get("decode_paths"))
+    layer_s, moe_s = (graph_launch_us(d), launch) if ggml_metal else (launch, 0.0 if metal else d.moe_layer_us * clock)
     if metal and not cpu_only and not u.get("gpu_bf16", True):
         # the runtime's bf16 forward on a GPU that emulates bf16 (M1 / M2): its prompt GEMMs pay the emulation
         pf_eff = pf_eff * d.bf16_emulated_rel
@@ -383,14 +387,21 @@ def _lower_unified(machine: Machine, rt: Runtime, mix: Q.KernelMix, cpu_only: bo
                 prefill_moe_half_tokens=0.0 if cpu_only else (moe_half if metal else terms.get("moe_half_tokens", 0.0)),
                 prefill_weight_pass_tokens=0.0 if cpu_only else terms.get("weight_pass_tokens", 0.0),
                 gpu_moe_rowwise=0 if cpu_only else int(d.moe_rowwise_prefill),
-                overlap=1 if d.overlap else 0, launch_s=0.0 if cpu_only else launch * 1e-6,
+                overlap=1 if d.overlap else 0, launch_s=0.0 if cpu_only else layer_s * 1e-6,
                 sync_s=0.0, dma_s=0.0, allreduce_s=0.0, step_s=d.step_us * 1e-6, seq_s=d.seq_us * 1e-6,
                 amx_flops=0.0, pcie_links=1, a2a_bw=pool, a2a_s=0.0,
-                # Metal's per-MoE-layer cost is launch_us_metal already
-                moe_s=0.0 if (cpu_only or metal) else d.moe_layer_us * clock * 1e-6, cpu_layer_s=d.cpu_layer_us * 1e-6,
+                moe_s=0.0 if cpu_only else moe_s * 1e-6, cpu_layer_s=d.cpu_layer_us * 1e-6,
                 op_s=0.0 if cpu_only else node_op_us(d, metal or graphs, clock) * 1e-6, cpu_op_s=d.cpu_node_us * 1e-6,
                 **graph_limit(d, graphs and not (cpu_only or metal)), **cpu_attention_flops(machine, d, cpu_flops),
-                **decode_paths({} if cpu_only else terms.get("decode_paths", {}), mix, int(u.get("gpu_cores", 0) or 0)))
+                **decode_paths({} if cpu_only else terms.get("decode_paths", {}), mix, int(u.get("gpu_cores", 0) or 0),
+                               gemv_weight_s(machine, d) if metal else 0.0))
+
+
+def gemv_weight_s(machine: Machine, d) -> float:
+    """Seconds ggml-metal's mat-vec kernels take per weight they decode: two FLOPs a weight at ``metal_gemv_eff`` of
+    the Apple GPU's fp16 rate (runtimes.toml: its decode GEMVs run at a share of the ALUs, not of the bandwidth)."""
+    rate = machine.gpu_tflops.get("fp16", 0.0) * 1e12 * d.metal_gemv_eff
+    return 2.0 / rate if rate > 0.0 else 0.0
 
 
 def _metal_terms() -> dict:
@@ -404,19 +415,22 @@ def _metal_terms() -> dict:
 
 
 DECODE_PATHS_OFF = dict(mm_min_tokens=0, mm_tile_tokens=1, mv_ext_cols=1, mv_ext_min_tokens=0, mv_ext_k_min_tokens=0,
-                        mv_ext_share=0.0, mv_ext_k_share=0.0, moe_rowwise_below=0, mm_tile_rows=1, mm_slots=0.0)
+                        mv_ext_share=0.0, mv_ext_k_share=0.0, moe_rowwise_below=0, mm_tile_rows=1, mm_slots=0.0,
+                        gemv_weight_s=0.0, gemv_token_rel=0.0)
 
 
-def decode_paths(paths: dict, mix: Q.KernelMix, gpu_cores: int = 0) -> dict:
+def decode_paths(paths: dict, mix: Q.KernelMix, gpu_cores: int = 0, gemv_weight_s: float = 0.0) -> dict:
     """ms_machine_t's token-count kernel paths: a backend's ``decode_paths`` table (runtimes.toml [backends.*];
-    empty: off, every step reads its weights once) with the configuration's weight-type shares (``mix``) and, for
-    the mat-mat kernel's occupancy, the GPU's cores (0: unknown, no occupancy term)."""
+    empty: off, every step reads its weights once) with the configuration's weight-type shares (``mix``), for
+    the mat-mat kernel's occupancy the GPU's cores (0: unknown, no occupancy term) and the mat-vec kernels' decode
+    time per weight (:func:`gemv_time`; 0: off)."""
     if not paths:
         return dict(DECODE_PATHS_OFF)
     out = {k: int(paths[k]) for k in ("mm_min_tokens", "mm_tile_tokens", "mv_ext_cols", "mv_ext_min_tokens",
                                       "mv_ext_k_min_tokens", "moe_rowwise_below", "mm_tile_rows")}
     return dict(out, mv_ext_share=float(mix.mv_ext), mv_ext_k_share=float(mix.mv_ext_k),
-                mm_slots=float(gpu_cores) * float(paths["mm_tgs_per_core"]))
+                mm_slots=float(gpu_cores) * float(paths["mm_tgs_per_core"]), gemv_weight_s=float(gemv_weight_s),
+                gemv_token_rel=float(paths.get("gemv_token_rel", 0.0)) if gemv_weight_s > 0.0 else 0.0)
 
 
 def weight_passes(hw: dict, tokens: float) -> float:
@@ -447,6 +461,15 @@ def gemm_tokens(hw: dict, tokens: float, rows: float) -> float:
     if hw["mm_slots"] > 0.0 and rows > 0.0:
         idle = max(1.0, hw["mm_slots"] * float(hw["mm_tile_rows"]) / (tiles * rows))
     return tiles * float(hw["mm_tile_tokens"]) * idle
+
+
+def gemv_time(hw: dict, tokens: float, passes: float, weights: float) -> float:
+    """A GPU step's mat-vec kernels over ``weights`` weights in ``passes`` passes, timed by decoding them
+    (ms_gemv_time, the same arithmetic): ``gemv_weight_s`` a weight and pass, and each token a pass serves past its
+    first ``gemv_token_rel`` of that, below the mat-mat path's mm_min_tokens; 0 where it is off."""
+    if not hw["gemv_weight_s"] > 0.0 or (hw["mm_min_tokens"] > 0 and tokens >= hw["mm_min_tokens"]):
+        return 0.0
+    return weights * hw["gemv_weight_s"] * (passes + hw["gemv_token_rel"] * max(0.0, tokens - passes))
 
 
 def _unified_gemm(machine: Machine, rt: Runtime, u: dict, mix: Q.KernelMix, peak: float) -> tuple:

@@ -13,7 +13,7 @@ from ..codes import (BYTES_GPU_MEM, BYTES_HOST_MEM, BYTES_PCIE, BYTES_STORAGE, E
     EXP_SPLIT, PHASE_ALLTOALL, PHASE_ATTENTION, PHASE_EXPERTS, PHASE_HEAD, PHASE_OVERHEAD, PHASE_SYNC, PHASE_TRANSFER, POLICY_BELADY,
     POLICY_LFU, POLICY_LRU, POLICY_STATIC, RES_CPU_COMPUTE, RES_GPU_COMPUTE, RES_GPU_MEM, RES_HOST_MEM, RES_INTERCONNECT,
     RES_LATENCY, RES_PCIE, RES_STORAGE)
-from ..lower.machine import gemm_tokens, weight_passes
+from ..lower.machine import gemm_tokens, gemv_time, weight_passes
 from .cache import Cache, next_use
 from .rng import M64, Rng
 from .route import route
@@ -57,7 +57,9 @@ def _attention_time(dm, hw, l, seqs, toks, acc):
     res_mem, res_flops = (RES_GPU_MEM, RES_GPU_COMPUTE) if gpu else (RES_HOST_MEM, RES_CPU_COMPUTE)
     # a GPU backend whose GEMVs re-read the weights per token (or per small-batch tile) reads them that often
     passes = weight_passes(hw, toks) if gpu else 1.0
-    tw, r = kernel_time(passes * (w_bytes / bw), w_flops / fl, res_mem, res_flops)
+    # ... and decodes each pass's weights at the GEMV's own rate (ggml-metal; 0 elsewhere)
+    t_dec = gemv_time(hw, toks, passes, 0.5 * (dm["attn_flops"][l] + dm["shared_flops"][l])) if gpu else 0.0
+    tw, r = kernel_time(passes * (w_bytes / bw), max(w_flops / fl, t_dec), res_mem, res_flops)
     _put(acc, r, PHASE_ATTENTION, tw)
     # the attention scores at the CPU's attention-kernel rate, not its matmul rate
     ts, r = kernel_time(kv_bytes / bw, s_flops / (fl if gpu else hw["cpu_attn_flops"]), res_mem, res_flops)
@@ -101,6 +103,8 @@ def _layer_time(dm, hw, l, w, seqs, toks, acc):
     if hw["mm_min_tokens"] > 0 and hw["moe_rowwise_below"] > 0 and not rowwise:
         pairs = max(pairs, w["n_res"] * float(hw["mm_tile_tokens"]))
     tg_fl = pairs * ef * dm["ep_load_pairs"][l] / hw["gpu_flops"]
+    if rowwise:     # mul_mv_id decodes each pair's expert weights at the GEMV's rate
+        tg_fl = max(tg_fl, gemv_time(hw, toks, toks, 0.5 * w["pairs_gpu"] * ef / toks))
     t_g, r_g = max(tg_mem, tg_fl), (RES_GPU_MEM if tg_mem >= tg_fl else RES_GPU_COMPUTE)
     tc_mem, tc_fl = c_bytes / hw["host_bw"], w["pairs_cpu"] * ef / hw["cpu_flops"]
     t_c, r_c = max(tc_mem, tc_fl), (RES_HOST_MEM if tc_mem >= tc_fl else RES_CPU_COMPUTE)
@@ -168,6 +172,8 @@ def _step_time(dm, hw, c, work, acc):
     passes = weight_passes(hw, toks) if on_gpu else 1.0
     head_toks = gemm_tokens(hw, toks, 0.0) if on_gpu else toks
     th_m, th_f = passes * (dm["head_bytes"] / bw), head_toks * dm["head_flops"] / fl
+    if on_gpu:
+        th_f = max(th_f, gemv_time(hw, toks, passes, 0.5 * dm["head_flops"]))
     fixed = th_m if th_m >= th_f else th_f
     acc["res"][rm if th_m >= th_f else rf] += fixed
     acc["phase"][PHASE_HEAD] += fixed
