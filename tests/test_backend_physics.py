@@ -387,12 +387,16 @@ def test_mlx_expert_prompts_lose_rate_at_few_rows_per_expert():
 def test_moe_layers_on_a_gpu_pay_the_routing_and_combining_kernels():
     """llama.cpp's build_moe_ffn adds 8 + (k - 1) small kernels beside the expert GEMMs of every MoE layer
     (runtimes.toml moe_layer_us): the step of a MoE model on a GPU grows by that latency per MoE layer, a dense
-    model's does not, nor does a CPU-only run, nor Apple's Metal path (its launch_us_metal is per MoE layer)."""
+    model's does not, nor does a CPU-only run; Apple's Metal path pays launch_us_metal per MoE layer instead (on top
+    of every layer's layer_kernels x kernel_us), and MLX none (its launch_us_metal is charged to every layer)."""
     d = runtime("llama.cpp").decode
     assert d.moe_layer_us > 0
     # at the 4090's 2520 MHz boost against the 1980 MHz reference (runtimes.toml kernel_ref_mhz)
     assert _hw("rtx-4090", "llama.cpp")["moe_s"] == pytest.approx(d.moe_layer_us * 1980 / 2520 * 1e-6)
-    assert _hw("m3-max", "llama.cpp")["moe_s"] == 0.0
+    metal = _hw("m3-max", "llama.cpp")
+    assert metal["moe_s"] == pytest.approx(d.launch_us_metal * 1e-6)
+    assert metal["launch_s"] == pytest.approx(d.layer_kernels * d.kernel_us * 1e-6)
+    assert _hw("m3-max", "mlx")["moe_s"] == 0.0
     assert runtime("vllm").decode.moe_layer_us == 0.0
     mach = moesim.machine(gpu="rtx-4090")
     base = moesim.simulate("qwen3-30b-a3b", mach, quant="Q4_K_M", mode="analytic")

@@ -181,10 +181,12 @@ def test_only_apple_chips_take_metal_rates(uid):
     nograph = (_catalog.load("runtimes")["backends"]["hip"]["launch_us_nograph"]["gfx11"] if hip_rdna else
                0.0 if graphs else d.launch_us_nograph)
     launch = d.layer_kernels * d.kernel_us * clock + nograph
-    launch = d.launch_us_metal if uid in APPLE else launch
+    # ggml-metal: every layer its kernels at kernel_us (no clock scaling), each MoE layer launch_us_metal on top
+    launch = d.layer_kernels * d.kernel_us if uid in APPLE else launch
     bw = chip.get("gpu_measured_bw_gbs", mach.gpu_bw_gbs)
     assert math.isclose(hw["gpu_bw"], bw * 1e9 * eff)
     assert math.isclose(hw["launch_s"], launch * 1e-6)
+    assert math.isclose(hw["moe_s"], (d.launch_us_metal if uid in APPLE else d.moe_layer_us * clock) * 1e-6)
     # Apple chips are Arm; the others list their CPU cores' ISA in the catalog (AMD's Zen 4 / 5) or none
     assert mach.cpu_isa == (("neon",) if uid in APPLE else tuple(chip.get("cpu_isa", ())))
 
