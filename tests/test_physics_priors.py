@@ -474,13 +474,14 @@ def test_kernel_latency_is_counted_in_the_gpus_cycles():
     flat = dataclasses.replace(lc, decode=dataclasses.replace(d, kernel_ref_mhz=0.0))
     assert lowered("rtx-4090", flat)["launch_s"] == pytest.approx(d.layer_kernels * d.kernel_us * 1e-6)
     assert kernel_clock_scale(d, {}) == 1.0 and kernel_clock_scale(d, {"boost_mhz": 0}) == 1.0
-    # unified chips: GB10 (CUDA) scales; Apple's per-MoE-layer Metal cost is fitted as it stands
+    # unified chips: GB10 (CUDA) scales; Apple's kernels and per-MoE-layer Metal cost stand as they are
     spark = moesim.machine(gpu="dgx-spark")
     hw = lower_machine(spark, lc, parse_placement("unified", m, spark), mix)
     assert hw["moe_s"] == pytest.approx(d.moe_layer_us * 1980 / hw_cat["unified"]["dgx-spark"]["boost_mhz"] * 1e-6)
     mac = moesim.machine(gpu="m2-max")
     hw = lower_machine(mac, lc, parse_placement("unified", m, mac), mix)
-    assert hw["launch_s"] == pytest.approx(lc.decode.launch_us_metal * 1e-6)
+    assert hw["launch_s"] == pytest.approx(d.layer_kernels * d.kernel_us * 1e-6)
+    assert hw["moe_s"] == pytest.approx(lc.decode.launch_us_metal * 1e-6)
 
 
 def test_every_gpu_clock_is_sourced_and_consistent_with_its_fp32_rate():
