@@ -93,7 +93,8 @@ static double layer_experts(const ms_decode_model_t *m, const ms_machine_t *hw, 
     /* under expert parallelism the busiest rank sets the GPU experts' time (the rates are the ranks' sum) */
     double tg_mem = g_bytes * (m->ep_load_experts ? m->ep_load_experts[l] : 1.0) / hw->gpu_bw;
     /* ... and from there its mat-mat kernel multiplies each used expert's tokens in whole mm_tile_tokens tiles */
-    double pairs = hw->mm_min_tokens > 0 && hw->moe_rowwise_below > 0 && !rowwise ? fmax(w->pairs_gpu, w->n_res * (double) hw->mm_tile_tokens) : w->pairs_gpu;
+    double pairs = hw->mm_min_tokens > 0 && hw->moe_rowwise_below > 0 && !rowwise
+        ? fmax(w->pairs_gpu, w->n_res * (double) hw->mm_tile_tokens) : w->pairs_gpu;
     double tg_fl = pairs * ef * (m->ep_load_pairs ? m->ep_load_pairs[l] : 1.0) / hw->gpu_flops;
     if (rowwise) tg_fl = fmax(tg_fl, ms_gemv_time(hw, toks, toks, 0.5 * w->pairs_gpu * ef / toks));  /* a pass a pair */
     double t_g = fmax(tg_mem, tg_fl);
@@ -178,10 +179,9 @@ static double layer_time(const ms_decode_model_t *m, const ms_machine_t *hw, int
 static double step_fixed(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_decode_config_t *c,
                          double seqs, double toks, ms_decode_result_t *acc)
 {
-    double total = 0.0, t[2], bw = m->head_on_gpu ? hw->gpu_bw : hw->host_bw;
-    double fl = m->head_on_gpu ? hw->gpu_flops : hw->cpu_flops;
-    double passes = m->head_on_gpu ? ms_weight_passes(hw, toks) : 1.0;
-    int r[2], win;
+    int g = m->head_on_gpu != 0, r[2], win;
+    double total = 0.0, t[2], bw = g ? hw->gpu_bw : hw->host_bw, fl = g ? hw->gpu_flops : hw->cpu_flops;
+    double passes = g ? ms_weight_passes(hw, toks) : 1.0;
     t[0] = passes * (m->head_bytes / bw); r[0] = m->head_on_gpu ? MS_RES_GPU_MEM : MS_RES_HOST_MEM;
     t[1] = (m->head_on_gpu ? ms_gemm_tokens(hw, toks, 0.0) : toks) * m->head_flops / fl;
     if (m->head_on_gpu) t[1] = fmax(t[1], ms_gemv_time(hw, toks, passes, 0.5 * m->head_flops));

@@ -107,7 +107,7 @@ def weight_placement(model: Model, quant, p: Placement, cfg: dict) -> dict:
                 put("mtp", head_tier, nb)
         elif t.cls == "embeddings":
             put("embeddings", embed_tier, nb)
-            if model.tie_embeddings and cfg.get("head_copy", 0.0) > 0.0 and embed_tier != head_tier:
+            if model.tie_embeddings and cfg["head_copy"] > 0.0 and embed_tier != head_tier:
                 put("lm_head", head_tier, nb)      # the tied head's second copy (TENSOR_DUPLICATED)
         elif t.cls == "lm_head":
             put("lm_head", head_tier, nb)
