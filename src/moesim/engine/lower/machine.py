@@ -379,6 +379,11 @@ def _lower_unified(machine: Machine, rt: Runtime, mix: Q.KernelMix, cpu_only: bo
             peak = min(peak, float(u.get("gpu_measured_gemm_tflops", 0.0)) * 1e12 or peak)
     # CPU-only: the prompt's GEMMs run on the CPU cores too (a CPU build, or -ngl 0 without a GPU backend)
     pf = cpu_flops if cpu_only else max(peak * pf_eff, cpu_flops)
+    if ggml_metal and not cpu_only:
+        # ggml-metal's decode steps past the mat-vec kernels run the prompt's simdgroup mat-mat kernels (kernel_mul_mm,
+        # mul_mm_id: [backends.metal] decode_paths), so their FLOPs go at the prompt's GEMM rate, not at gpu_flops_eff
+        # (the decode GEMMs of CUDA and the served runtimes)
+        gpu_flops = pf
     return dict(gpu_bw=pool, host_bw=host, pcie_bw=pool, storage_bw=max(machine.storage_read_gbs, 1e-3) * GB,
                 gpu_flops=max(gpu_flops, cpu_flops), cpu_flops=cpu_flops, interconnect_bw=pool, unified=1,
                 prefill_flops=pf, prefill_expert_flops=pf,
