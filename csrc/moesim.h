@@ -209,7 +209,7 @@ typedef struct {
     double step_s, seq_s;                         /* host overhead per step (sampling, scheduling), per sequence */
     double op_s, cpu_op_s;                        /* per extra graph node of a layer (layer_ops): GPU, CPU */
     int32_t graph_max_tokens;                     /* steps of more tokens run without CUDA graphs (0: none do) */
-    double nograph_s;                             /* ... and each GPU layer then pays this on top of launch_s */
+    double nograph_s, mmid_sync_s;                /* ... each GPU layer then pays nograph_s, each MoE one mmid_sync_s */
     double cpu_attn_flops;                        /* attention scores' FLOP/s on the CPU (its kernel, not cpu_flops) */
     /* token-count kernel paths (ggml-metal; mm_min_tokens 0: off): ms_weight_passes, ms_gemm_tokens; moe_rowwise_below */
     int32_t mm_min_tokens, mm_tile_tokens, mv_ext_cols, mv_ext_min_tokens, mv_ext_k_min_tokens, moe_rowwise_below;

@@ -166,10 +166,13 @@ static double layer_time(const ms_decode_model_t *m, const ms_machine_t *hw, int
     double total = layer_attention(m, hw, l, seqs, toks, acc);
     if (m->expert_mode[l] != MS_EXP_NONE) {
         total = layer_experts(m, hw, l, w, toks, total, acc) + layer_alltoall(m, hw, toks, acc);
-        if (m->attn_on_gpu[l] && hw->moe_s > 0.0) {
-            /* the router, top-k, weighting and combining kernels beside the expert GEMMs */
-            attribute(acc, MS_RES_LATENCY, MS_PHASE_SYNC, hw->moe_s);
-            total += hw->moe_s;
+        /* the router, top-k, weighting and combining kernels beside the expert GEMMs; past the graph limit the
+         * expert GEMMs take MMQ with expert ids, which synchronises the stream */
+        double tm = hw->moe_s + (w->pairs_gpu > 0.0 && hw->graph_max_tokens > 0 && toks > hw->graph_max_tokens
+                                  ? hw->mmid_sync_s : 0.0);
+        if (m->attn_on_gpu[l] && tm > 0.0) {
+            attribute(acc, MS_RES_LATENCY, MS_PHASE_SYNC, tm);
+            total += tm;
         }
     }
     return total;
@@ -478,7 +481,7 @@ static int check(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_ro
     if (!(hw->moe_s >= 0.0) || !(hw->cpu_layer_s >= 0.0)) return MS_ERR_BAD_MACHINE;
     if (!(hw->gemv_weight_s >= 0.0) || !(hw->gemv_token_rel >= 0.0)) return MS_ERR_BAD_MACHINE;
     if (!(hw->op_s >= 0.0) || !(hw->cpu_op_s >= 0.0)) return MS_ERR_BAD_MACHINE;
-    if (hw->graph_max_tokens < 0 || !(hw->nograph_s >= 0.0)) return MS_ERR_BAD_MACHINE;
+    if (hw->graph_max_tokens < 0 || !(hw->nograph_s >= 0.0) || !(hw->mmid_sync_s >= 0.0)) return MS_ERR_BAD_MACHINE;
     if (!(hw->cpu_attn_flops > 0.0)) return MS_ERR_BAD_MACHINE;
     if (hw->mm_min_tokens < 0 || hw->moe_rowwise_below < 0 || !(hw->mm_slots >= 0.0)) return MS_ERR_BAD_MACHINE;
     if (hw->mm_min_tokens > 0 && (hw->mm_tile_tokens < 1 || hw->mm_tile_rows < 1 || hw->mv_ext_cols < 1

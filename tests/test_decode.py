@@ -84,6 +84,7 @@ def decode_case(draw, mode=None, policy=None):
               moe_s=draw(st.sampled_from([0.0, 4e-5])), cpu_layer_s=draw(st.sampled_from([0.0, 9e-5])),
               op_s=draw(st.sampled_from([0.0, 3e-6, 4.7e-6])), cpu_op_s=draw(st.sampled_from([0.0, 2.5e-6])))
     hw.update(graph_max_tokens=draw(st.sampled_from([0, 1, 4])), nograph_s=draw(st.sampled_from([0.0, 2.5e-5])),
+              mmid_sync_s=draw(st.sampled_from([0.0, 1.6e-4])),
               cpu_attn_flops=draw(st.floats(1e9, 1e13)), **DECODE_PATHS_OFF)
     if draw(st.booleans()):             # token-count kernel paths (ggml-metal's shape, shares drawn)
         s = draw(st.floats(0.0, 1.0))
@@ -159,7 +160,7 @@ def synthetic(L, E, k, mode=CODES.EXP_FETCH, slots=0, page=None, **hw_over):
     hw = dict(gpu_bw=1e12, host_bw=5e10, pcie_bw=2.5e10, storage_bw=5e9, gpu_flops=1e14, cpu_flops=1e12,
               interconnect_bw=1e11, unified=0, overlap=1, launch_s=3e-6, sync_s=2e-5, dma_s=6e-6, allreduce_s=0.0,
               step_s=3e-4, seq_s=0.0, a2a_bw=1e11, a2a_s=0.0, moe_s=0.0, cpu_layer_s=0.0, op_s=0.0,
-              cpu_op_s=0.0, graph_max_tokens=0, nograph_s=0.0, cpu_attn_flops=1e12, **DECODE_PATHS_OFF)
+              cpu_op_s=0.0, graph_max_tokens=0, nograph_s=0.0, mmid_sync_s=0.0, cpu_attn_flops=1e12, **DECODE_PATHS_OFF)
     hw.update(hw_over)
     return dm, hw
 

@@ -118,7 +118,7 @@ cdef extern from "moesim.h" nogil:
         double moe_s, cpu_layer_s
         double op_s, cpu_op_s
         int32_t graph_max_tokens
-        double nograph_s
+        double nograph_s, mmid_sync_s
         double cpu_attn_flops
         int32_t mm_min_tokens, mm_tile_tokens, mv_ext_cols, mv_ext_min_tokens, mv_ext_k_min_tokens, moe_rowwise_below
         double mv_ext_share, mv_ext_k_share

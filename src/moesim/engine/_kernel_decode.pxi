@@ -48,7 +48,7 @@ cdef void _fill_machine(ms_machine_t *h, dict hw):
     h.a2a_bw = hw["a2a_bw"]; h.a2a_s = hw["a2a_s"]; h.moe_s = hw["moe_s"]
     h.cpu_layer_s = hw["cpu_layer_s"]
     h.op_s = hw["op_s"]; h.cpu_op_s = hw["cpu_op_s"]
-    h.graph_max_tokens = hw["graph_max_tokens"]; h.nograph_s = hw["nograph_s"]
+    h.graph_max_tokens = hw["graph_max_tokens"]; h.nograph_s = hw["nograph_s"]; h.mmid_sync_s = hw["mmid_sync_s"]
     h.cpu_attn_flops = hw["cpu_attn_flops"]
     h.mm_min_tokens = hw["mm_min_tokens"]; h.mm_tile_tokens = hw["mm_tile_tokens"]
     h.mv_ext_cols = hw["mv_ext_cols"]; h.mv_ext_min_tokens = hw["mv_ext_min_tokens"]

@@ -114,7 +114,7 @@ MACHINE = (_scalars(REAL, "gpu_bw", "host_bw", "pcie_bw", "storage_bw", "gpu_flo
            + _scalars(INT, "unified", "overlap")
            + _scalars(REAL, "launch_s", "sync_s", "dma_s", "allreduce_s", "step_s", "seq_s", "a2a_bw", "a2a_s",
                       "moe_s", "cpu_layer_s", "op_s", "cpu_op_s")
-           + _scalars(INT, "graph_max_tokens") + _scalars(REAL, "nograph_s", "cpu_attn_flops")
+           + _scalars(INT, "graph_max_tokens") + _scalars(REAL, "nograph_s", "mmid_sync_s", "cpu_attn_flops")
            + _scalars(INT, "mm_min_tokens", "mm_tile_tokens", "mv_ext_cols", "mv_ext_min_tokens", "mv_ext_k_min_tokens")
            + _scalars(REAL, "mv_ext_share", "mv_ext_k_share") + _scalars(INT, "moe_rowwise_below", "mm_tile_rows")
            + _scalars(REAL, "mm_slots", "gemv_weight_s", "gemv_token_rel"))

@@ -222,11 +222,15 @@ def layer_launch_us(d, graphs: bool, clock: float = 1.0) -> float:
 
 
 def graph_limit(d, graphs: bool) -> dict:
-    """ms_machine_t's graph_max_tokens and nograph_s: a GPU that replays decode as CUDA graphs, under a build
-    that captures them only up to ``graph_max_batch`` tokens, pays ``launch_us_nograph`` per layer on larger
-    steps (a GPU without graphs pays it always, in launch_s)."""
+    """ms_machine_t's graph_max_tokens, nograph_s and mmid_sync_s: a GPU that replays decode as CUDA graphs, under a
+    build that captures them only up to ``graph_max_batch`` tokens, pays ``launch_us_nograph`` per layer on larger
+    steps (a GPU without graphs pays it always, in launch_s). Those builds stop capturing there because a larger
+    step's MUL_MAT_ID leaves the mat-vec kernel for MMQ with expert ids, which synchronises the stream (ggml-cuda's
+    TAG_MUL_MAT_ID_CUDA_GRAPHS; PR #18958): each MoE layer then pays one of the two synchronisations ``sync_us``
+    charges a CPU-expert layer."""
     limit = int(d.graph_max_batch) if graphs else 0
-    return dict(graph_max_tokens=limit, nograph_s=d.launch_us_nograph * 1e-6 if limit > 0 else 0.0)
+    return dict(graph_max_tokens=limit, nograph_s=d.launch_us_nograph * 1e-6 if limit > 0 else 0.0,
+                mmid_sync_s=0.5 * d.sync_us * 1e-6 if limit > 0 else 0.0)
 
 
 def node_op_us(d, graphs: bool, clock: float = 1.0) -> float:

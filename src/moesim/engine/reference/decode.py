@@ -145,10 +145,12 @@ def _layer_time(dm, hw, l, w, seqs, toks, acc):
         t2 = hw["a2a_s"] + toks * dm["a2a_bytes"] / hw["a2a_bw"]
         _put(acc, RES_INTERCONNECT, PHASE_ALLTOALL, t2)
         total += t2
-    if dm["attn_on_gpu"][l] and hw["moe_s"] > 0:
-        # the router, top-k, weighting and combining kernels beside the expert GEMMs
-        _put(acc, RES_LATENCY, PHASE_SYNC, hw["moe_s"])
-        total += hw["moe_s"]
+    # the router, top-k, weighting and combining kernels beside the expert GEMMs; past the graph limit the expert
+    # GEMMs take MMQ with expert ids, which synchronises the stream
+    tm = hw["moe_s"] + (hw["mmid_sync_s"] if w["pairs_gpu"] > 0 and 0 < hw["graph_max_tokens"] < toks else 0.0)
+    if dm["attn_on_gpu"][l] and tm > 0:
+        _put(acc, RES_LATENCY, PHASE_SYNC, tm)
+        total += tm
     return total
 
 
