@@ -55,6 +55,25 @@ def test_k_quants_take_the_small_batch_kernel_from_four_tokens():
     assert weight_passes(hw, 4) < 1.2
 
 
+def test_a_tied_output_reads_token_embd_at_its_own_type():
+    """Gemma 3 4B ties its output to token_embd, which llama-quantize stores as the output type (Q6_K under Q4_0):
+    the output GEMV at 2 and 3 tokens is mul_mv, once per token, while the Q4_0 layers take mul_mv_ext (the bench:
+    Gemma 3 4B Q4_0 7.3 -> 9.8 ms from 1 to 2 sequences where Qwen2.5-Coder-7B Q8_0 adds 2.3 ms for twice the
+    weights)."""
+    hw = _hw("m2-ultra", "llama.cpp", "gemma-3-4b", "Q4_0")
+    m = moesim.model("gemma-3-4b")
+    wt = Q.weight_table(m, Q.resolve("Q4_0", m))
+    embed = sum(nb for c, t, nb in zip(wt.cls, wt.type_of, wt.nbytes)
+                if Q.WEIGHT_CLASS_NAMES[c] == "embeddings" and wt.types[t] == "Q6_K")
+    mul_mat = ("attention", "dense_ffn", "lm_head", "embeddings")
+    dense = sum(nb for c, nb in zip(wt.cls, wt.nbytes) if Q.WEIGHT_CLASS_NAMES[c] in mul_mat)
+    assert m.tie_embeddings and embed > 0
+    assert hw["mv_ext_k_share"] == pytest.approx(embed / dense, rel=1e-6)
+    assert hw["mv_ext_share"] == pytest.approx(1.0 - embed / dense, rel=1e-3)
+    assert weight_passes(hw, 2) == pytest.approx(1.0 + embed / dense, rel=1e-6)
+    assert weight_passes(hw, 4) == pytest.approx(1.0)
+
+
 @pytest.mark.parametrize("chip,rid", [("m2-ultra", "mlx"), ("rtx-4090", "llama.cpp"),
                                       ("ryzen-ai-max-plus-395", "llama.cpp-vulkan"),
                                       ("ryzen-ai-max-plus-395", "llama.cpp-hip"), ("dgx-spark", "llama.cpp")])

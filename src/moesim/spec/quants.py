@@ -507,7 +507,8 @@ def _kernel_mix(model: Model, quant: Quant) -> KernelMix:
 
     cpu_cls = ("routed_experts",) if model.n_experts else ("attention", "dense_ffn", "shared_experts")
     linear = ("attention", "dense_ffn", "shared_experts", "routed_experts", "lm_head")
-    dense = tuple(c for c in linear if c != "routed_experts")     # mul_mat's weights (routed experts: mul_mat_id)
+    # mul_mat's weights (routed experts: mul_mat_id); under tied embeddings the output GEMV reads token_embd
+    dense = tuple(c for c in linear if c != "routed_experts") + (("embeddings",) if model.tie_embeddings else ())
     return KernelMix(cpu_grid=share(cpu_cls, "cpu_grid"), cpu_lut=share(cpu_cls, "cpu_lut"),
                      mmq_kquant=share(linear, "mmq_kquant"),
                      mmq_mxfp4=share(linear, "mmq_mxfp4"), fp8=share(linear, "fp8"), cpu_fp8=share(cpu_cls, "fp8"),
