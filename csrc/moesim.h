@@ -316,7 +316,7 @@ int64_t ms_decode_workspace_size(const ms_decode_model_t *m, const ms_routing_t 
 /* A GPU step's dense weight reads, and the tokens its GEMM FLOPs count (csrc/ms_machine.c; twins: lower.machine) */
 double ms_weight_passes(const ms_machine_t *hw, double tokens);
 double ms_gemm_tokens(const ms_machine_t *hw, double tokens, double rows);
-double ms_gemv_time(const ms_machine_t *hw, double tokens, double passes, double weights);
+double ms_gemv_time(const ms_machine_t *hw, double tokens, double passes, double weights, double *tokens_s);
 
 int ms_decode(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_routing_t *r,
               const ms_decode_config_t *c, void *workspace, int64_t workspace_bytes, ms_decode_result_t *out);

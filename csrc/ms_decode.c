@@ -48,9 +48,12 @@ static double layer_attention(const ms_decode_model_t *m, const ms_machine_t *hw
     /* a GPU backend whose GEMVs re-read the weights per token (or small-batch tile) reads them that often, and
      * decodes each pass's weights at the GEMV's own rate (ggml-metal; 0 elsewhere) */
     double passes = gpu ? ms_weight_passes(hw, toks) : 1.0;
-    double t_dec = gpu ? ms_gemv_time(hw, toks, passes, 0.5 * (m->attn_flops[l] + m->shared_flops[l])) : 0.0;
+    double t_tok = 0.0, t_dec = gpu ? ms_gemv_time(hw, toks, passes, 0.5 * (m->attn_flops[l] + m->shared_flops[l]),
+                                                   &t_tok) : 0.0;
     double tw = ms_kernel_time(passes * (w_bytes / bw), fmax(w_flops / fl, t_dec), res_mem, res_flops, &win), ts, total;
     attribute(acc, win, MS_PHASE_ATTENTION, tw);
+    attribute(acc, MS_RES_GPU_COMPUTE, MS_PHASE_ATTENTION, t_tok);
+    tw += t_tok;
     ts = ms_kernel_time(kv_bytes / bw, s_flops / (gpu ? fl : hw->cpu_attn_flops), res_mem, res_flops, &win);
     attribute(acc, win, MS_PHASE_ATTENTION, ts);
     acc->bytes[gpu ? MS_BYTES_GPU_MEM : MS_BYTES_HOST_MEM] += passes * w_bytes + kv_bytes;
@@ -85,7 +88,7 @@ static double layer_attention(const ms_decode_model_t *m, const ms_machine_t *hw
 static double layer_experts(const ms_decode_model_t *m, const ms_machine_t *hw, int32_t l, const layer_work_t *w,
                             double toks, double total, ms_decode_result_t *acc)
 {
-    double eb = m->expert_bytes[l], ef = m->expert_flops[l];
+    double eb = m->expert_bytes[l], ef = m->expert_flops[l], t_tok;
     /* under moe_rowwise_below tokens each token-expert pair is multiplied alone (mul_mv_id), re-reading its rows */
     int rowwise = hw->moe_rowwise_below > 0 && toks < (double) hw->moe_rowwise_below;
     double g_bytes = (rowwise ? w->pairs_gpu : w->n_res) * eb, c_bytes = w->n_cpu * eb;
@@ -96,7 +99,7 @@ static double layer_experts(const ms_decode_model_t *m, const ms_machine_t *hw, 
     double pairs = hw->mm_min_tokens > 0 && hw->moe_rowwise_below > 0 && !rowwise
         ? fmax(w->pairs_gpu, w->n_res * (double) hw->mm_tile_tokens) : w->pairs_gpu;
     double tg_fl = pairs * ef * (m->ep_load_pairs ? m->ep_load_pairs[l] : 1.0) / hw->gpu_flops;
-    if (rowwise) tg_fl = fmax(tg_fl, ms_gemv_time(hw, toks, toks, 0.5 * w->pairs_gpu * ef / toks));  /* a pass a pair */
+    if (rowwise) tg_fl = fmax(tg_fl, ms_gemv_time(hw, toks, toks, 0.5 * w->pairs_gpu * ef / toks, &t_tok));  /* pairs */
     double t_g = fmax(tg_mem, tg_fl);
     int r_g = tg_mem >= tg_fl ? MS_RES_GPU_MEM : MS_RES_GPU_COMPUTE;
     double t_c = fmax(c_bytes / hw->host_bw, w->pairs_cpu * ef / hw->cpu_flops);
@@ -183,14 +186,16 @@ static double step_fixed(const ms_decode_model_t *m, const ms_machine_t *hw, con
                          double seqs, double toks, ms_decode_result_t *acc)
 {
     int g = m->head_on_gpu != 0, r[2], win;
-    double total = 0.0, t[2], bw = g ? hw->gpu_bw : hw->host_bw, fl = g ? hw->gpu_flops : hw->cpu_flops;
+    double total = 0.0, t[2], bw = g ? hw->gpu_bw : hw->host_bw, fl = g ? hw->gpu_flops : hw->cpu_flops, t_tok = 0.0;
     double passes = g ? ms_weight_passes(hw, toks) : 1.0;
     t[0] = passes * (m->head_bytes / bw); r[0] = m->head_on_gpu ? MS_RES_GPU_MEM : MS_RES_HOST_MEM;
     t[1] = (m->head_on_gpu ? ms_gemm_tokens(hw, toks, 0.0) : toks) * m->head_flops / fl;
-    if (m->head_on_gpu) t[1] = fmax(t[1], ms_gemv_time(hw, toks, passes, 0.5 * m->head_flops));
+    if (m->head_on_gpu) t[1] = fmax(t[1], ms_gemv_time(hw, toks, passes, 0.5 * m->head_flops, &t_tok));
     r[1] = m->head_on_gpu ? MS_RES_GPU_COMPUTE : MS_RES_CPU_COMPUTE;
     total += max_term(t, r, 2, &win);
     attribute(acc, win, MS_PHASE_HEAD, total);
+    attribute(acc, MS_RES_GPU_COMPUTE, MS_PHASE_HEAD, t_tok);
+    total += t_tok;
     acc->bytes[m->head_on_gpu ? MS_BYTES_GPU_MEM : MS_BYTES_HOST_MEM] += passes * m->head_bytes;
     if (c->drafts > 0) {
         double td;
@@ -475,20 +480,8 @@ static int check(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_ro
     if (c->mode == MS_MODE_MONTECARLO && (c->steps <= c->warmup || c->warmup < 0)) return MS_ERR_BAD_SIZE;
     if (c->mode == MS_MODE_MONTECARLO && c->steps * (int64_t) r->n_experts >= INT32_MAX) return MS_ERR_BAD_SIZE;
     if (c->policy < 0 || c->policy >= MS_N_POLICIES) return MS_ERR_BAD_POLICY;
-    if (!(hw->gpu_bw > 0.0 && hw->host_bw > 0.0 && hw->pcie_bw > 0.0 && hw->storage_bw > 0.0
-          && hw->gpu_flops > 0.0 && hw->cpu_flops > 0.0 && hw->interconnect_bw > 0.0)) return MS_ERR_BAD_MACHINE;
+    if (!ms_machine_valid(hw)) return MS_ERR_BAD_MACHINE;
     if (m->a2a_bytes > 0.0 && !(hw->a2a_bw > 0.0 && hw->a2a_s >= 0.0)) return MS_ERR_BAD_MACHINE;
-    if (!(hw->moe_s >= 0.0) || !(hw->cpu_layer_s >= 0.0)) return MS_ERR_BAD_MACHINE;
-    if (!(hw->gemv_weight_s >= 0.0) || !(hw->gemv_token_rel >= 0.0)) return MS_ERR_BAD_MACHINE;
-    if (!(hw->op_s >= 0.0) || !(hw->cpu_op_s >= 0.0)) return MS_ERR_BAD_MACHINE;
-    if (hw->graph_max_tokens < 0 || !(hw->nograph_s >= 0.0) || !(hw->mmid_sync_s >= 0.0)) return MS_ERR_BAD_MACHINE;
-    if (!(hw->cpu_attn_flops > 0.0)) return MS_ERR_BAD_MACHINE;
-    if (hw->mm_min_tokens < 0 || hw->moe_rowwise_below < 0 || !(hw->mm_slots >= 0.0)) return MS_ERR_BAD_MACHINE;
-    if (hw->mm_min_tokens > 0 && (hw->mm_tile_tokens < 1 || hw->mm_tile_rows < 1 || hw->mv_ext_cols < 1
-                                  || hw->mv_ext_min_tokens < 0 || hw->mv_ext_k_min_tokens < 0
-                                  || !(hw->mv_ext_share >= 0.0) || !(hw->mv_ext_k_share >= 0.0)
-                                  || hw->mv_ext_share + hw->mv_ext_k_share > 1.0 + 1e-9))
-        return MS_ERR_BAD_MACHINE;
     if (!(m->a2a_bytes >= 0.0)) return MS_ERR_BAD_SIZE;
     if (r->n_layers > 0) {
         if (r->n_experts <= 0 || r->top_k <= 0 || r->top_k > r->n_experts) return MS_ERR_BAD_ROUTING;

@@ -250,6 +250,8 @@ typedef struct {
     int32_t *tok_out;           /* optional [T][B][tokens_per_step][L][K] per-token picks */
 } ws_t;
 
+/* 1 where a machine's rates and terms are in range (what ms_decode checks before it runs); ms_machine.c. */
+int ms_machine_valid(const ms_machine_t *hw);
 /* Step time from per-layer work (attribution and byte counts into acc); ms_decode.c. */
 double ms_step_time(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_decode_config_t *c,
                     const layer_work_t *work, double *lt, ms_decode_result_t *acc);

@@ -102,8 +102,8 @@ def test_c_kernel_paths_equal_the_python_twins(t, s, k, cols, mm, tile, slots, r
                                    mm_slots=slots, gemv_weight_s=gemv))
     passes = weight_passes(hw, float(t))
     assert _kernel.gemv_time(dict(hw), float(t), passes, weights) == gemv_time(hw, float(t), passes, weights)
-    one = gemv_time(hw, float(t), float(t), weights / float(t))          # one pass a token (mul_mv_id's pairs)
-    assert one == pytest.approx(0.0 if mm and t >= mm else weights * gemv, rel=1e-12)
+    one, further = gemv_time(hw, float(t), float(t), weights / float(t))     # one pass a token (mul_mv_id's pairs)
+    assert one == pytest.approx(0.0 if mm and t >= mm else weights * gemv, rel=1e-12) and further == 0.0
     assert _kernel.weight_passes(dict(hw), float(t)) == weight_passes(hw, float(t))
     assert weight_passes(hw, float(t)) > 0.0
     assert _kernel.gemm_tokens(dict(hw), float(t), rows) == gemm_tokens(hw, float(t), rows)
@@ -123,9 +123,11 @@ def test_metal_gemvs_decode_a_4_bit_model_slower_than_its_bytes():
     g, q = gemma.breakdown["by_resource"], qwen.breakdown["by_resource"]
     assert g["gpu_compute"] > g["gpu_memory"] and q["gpu_memory"] > q["gpu_compute"]
     hw = _hw("m2-ultra", "llama.cpp", "gemma-3-4b", "Q4_0")
-    assert hw["gemv_weight_s"] > 0.0 and gemv_time(hw, 16.0, 1.0, 1e9) == 0.0   # the mat-mat path: FLOPs instead
-    # a small-batch pass's later tokens add their dot products at gemv_token_rel of the pass
-    assert gemv_time(hw, 4.0, 1.0, 1e9) == pytest.approx(gemv_time(hw, 1.0, 1.0, 1e9) * (1 + 3 * hw["gemv_token_rel"]))
+    assert hw["gemv_weight_s"] > 0.0 and gemv_time(hw, 16.0, 1.0, 1e9) == (0.0, 0.0)   # mat-mat: FLOPs instead
+    # a small-batch pass's later tokens add their dot products at gemv_token_rel of the pass, beside its decode
+    one_token, four = gemv_time(hw, 1.0, 1.0, 1e9), gemv_time(hw, 4.0, 1.0, 1e9)
+    assert four[0] == one_token[0] and one_token[1] == 0.0
+    assert four[1] == pytest.approx(one_token[0] * 3 * hw["gemv_token_rel"])
     assert _hw("m2-ultra", "mlx", "qwen3-30b-a3b", "mlx-4bit")["gemv_weight_s"] == 0.0
 
 

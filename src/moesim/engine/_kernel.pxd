@@ -211,7 +211,7 @@ cdef extern from "moesim.h" nogil:
     double ms_ctx_eval(const ms_ctx_fn_t *f, int64_t context)
     double ms_weight_passes(const ms_machine_t *hw, double tokens)
     double ms_gemm_tokens(const ms_machine_t *hw, double tokens, double rows)
-    double ms_gemv_time(const ms_machine_t *hw, double tokens, double passes, double weights)
+    double ms_gemv_time(const ms_machine_t *hw, double tokens, double passes, double weights, double *tokens_s)
 
     ctypedef struct ms_sweep_place_t:
         int32_t code

@@ -43,10 +43,13 @@ def gemm_tokens(dict hw, double tokens, double rows):
 
 
 def gemv_time(dict hw, double tokens, double passes, double weights):
-    """ms_gemv_time of a checked machine table (glue.MACHINE): the C side of engine.lower.machine.gemv_time."""
+    """ms_gemv_time of a checked machine table (glue.MACHINE): the C side of engine.lower.machine.gemv_time,
+    (the passes' decode, the further tokens' dot products)."""
     cdef ms_machine_t h
+    cdef double tokens_s = 0.0, pass_s
     _fill_machine(&h, hw)
-    return ms_gemv_time(&h, tokens, passes, weights)
+    pass_s = ms_gemv_time(&h, tokens, passes, weights, &tokens_s)
+    return pass_s, tokens_s
 
 
 cdef void _fill_variants(ms_sweep_variant_t *out, f, i32, Py_ssize_t n):

@@ -472,13 +472,15 @@ def gemm_tokens(hw: dict, tokens: float, rows: float) -> float:
     return tiles * float(hw["mm_tile_tokens"]) * idle
 
 
-def gemv_time(hw: dict, tokens: float, passes: float, weights: float) -> float:
-    """A GPU step's mat-vec kernels over ``weights`` weights in ``passes`` passes, timed by decoding them
-    (ms_gemv_time, the same arithmetic): ``gemv_weight_s`` a weight and pass, and each token a pass serves past its
-    first ``gemv_token_rel`` of that, below the mat-mat path's mm_min_tokens; 0 where it is off."""
+def gemv_time(hw: dict, tokens: float, passes: float, weights: float) -> tuple:
+    """A GPU step's mat-vec kernels over ``weights`` weights in ``passes`` passes (ms_gemv_time, the same
+    arithmetic): (the passes' decode at ``gemv_weight_s`` a weight and pass, which overlaps the weights' stream; the
+    dot products of each token a pass serves past its first, ``gemv_token_rel`` of that, which the stream does not
+    hide), below the mat-mat path's mm_min_tokens; (0, 0) where it is off."""
     if not hw["gemv_weight_s"] > 0.0 or (hw["mm_min_tokens"] > 0 and tokens >= hw["mm_min_tokens"]):
-        return 0.0
-    return weights * hw["gemv_weight_s"] * (passes + hw["gemv_token_rel"] * max(0.0, tokens - passes))
+        return 0.0, 0.0
+    per_pass = weights * hw["gemv_weight_s"]
+    return per_pass * passes, per_pass * hw["gemv_token_rel"] * max(0.0, tokens - passes)
 
 
 def _unified_gemm(machine: Machine, rt: Runtime, u: dict, mix: Q.KernelMix, peak: float) -> tuple:

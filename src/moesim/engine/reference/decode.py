@@ -57,10 +57,13 @@ def _attention_time(dm, hw, l, seqs, toks, acc):
     res_mem, res_flops = (RES_GPU_MEM, RES_GPU_COMPUTE) if gpu else (RES_HOST_MEM, RES_CPU_COMPUTE)
     # a GPU backend whose GEMVs re-read the weights per token (or per small-batch tile) reads them that often
     passes = weight_passes(hw, toks) if gpu else 1.0
-    # ... and decodes each pass's weights at the GEMV's own rate (ggml-metal; 0 elsewhere)
-    t_dec = gemv_time(hw, toks, passes, 0.5 * (dm["attn_flops"][l] + dm["shared_flops"][l])) if gpu else 0.0
+    # ... and decodes each pass's weights at the GEMV's own rate (ggml-metal; 0 elsewhere), its further tokens'
+    # dot products on top
+    t_dec, t_tok = gemv_time(hw, toks, passes, 0.5 * (dm["attn_flops"][l] + dm["shared_flops"][l])) if gpu else (0, 0)
     tw, r = kernel_time(passes * (w_bytes / bw), max(w_flops / fl, t_dec), res_mem, res_flops)
     _put(acc, r, PHASE_ATTENTION, tw)
+    _put(acc, RES_GPU_COMPUTE, PHASE_ATTENTION, t_tok)
+    tw += t_tok
     # the attention scores at the CPU's attention-kernel rate, not its matmul rate
     ts, r = kernel_time(kv_bytes / bw, s_flops / (fl if gpu else hw["cpu_attn_flops"]), res_mem, res_flops)
     _put(acc, r, PHASE_ATTENTION, ts)
@@ -104,7 +107,7 @@ def _layer_time(dm, hw, l, w, seqs, toks, acc):
         pairs = max(pairs, w["n_res"] * float(hw["mm_tile_tokens"]))
     tg_fl = pairs * ef * dm["ep_load_pairs"][l] / hw["gpu_flops"]
     if rowwise:     # mul_mv_id decodes each pair's expert weights at the GEMV's rate
-        tg_fl = max(tg_fl, gemv_time(hw, toks, toks, 0.5 * w["pairs_gpu"] * ef / toks))
+        tg_fl = max(tg_fl, gemv_time(hw, toks, toks, 0.5 * w["pairs_gpu"] * ef / toks)[0])
     t_g, r_g = max(tg_mem, tg_fl), (RES_GPU_MEM if tg_mem >= tg_fl else RES_GPU_COMPUTE)
     tc_mem, tc_fl = c_bytes / hw["host_bw"], w["pairs_cpu"] * ef / hw["cpu_flops"]
     t_c, r_c = max(tc_mem, tc_fl), (RES_HOST_MEM if tc_mem >= tc_fl else RES_CPU_COMPUTE)
@@ -174,11 +177,13 @@ def _step_time(dm, hw, c, work, acc):
     passes = weight_passes(hw, toks) if on_gpu else 1.0
     head_toks = gemm_tokens(hw, toks, 0.0) if on_gpu else toks
     th_m, th_f = passes * (dm["head_bytes"] / bw), head_toks * dm["head_flops"] / fl
-    if on_gpu:
-        th_f = max(th_f, gemv_time(hw, toks, passes, 0.5 * dm["head_flops"]))
+    h_dec, h_tok = gemv_time(hw, toks, passes, 0.5 * dm["head_flops"]) if on_gpu else (0.0, 0.0)
+    th_f = max(th_f, h_dec)
     fixed = th_m if th_m >= th_f else th_f
     acc["res"][rm if th_m >= th_f else rf] += fixed
     acc["phase"][PHASE_HEAD] += fixed
+    _put(acc, RES_GPU_COMPUTE, PHASE_HEAD, h_tok)
+    fixed += h_tok
     acc["bytes"][BYTES_GPU_MEM if on_gpu else BYTES_HOST_MEM] += passes * dm["head_bytes"]
     if c["drafts"] > 0:
         dm_t, df_t = dm["draft_bytes"] / bw, seqs * dm["draft_flops"] / fl
