@@ -268,26 +268,18 @@ def test_builds_that_capture_one_token_steps_only_launch_larger_ones_kernel_by_k
     assert step(4, 4) == step(None, 4)
 
 
-def test_a_dgx_spark_build_synchronises_each_moe_layer_past_one_token(tmp_path):
+def test_a_dgx_spark_build_synchronises_each_moe_layer_past_one_token():
     """llama.cpp's DGX Spark bench (benches/dgx-spark.md, build 6918, November 2025): from one sequence to two a
     step grows 8-16 ms, twice what the second token's experts read, because MUL_MAT_ID then leaves MMVQ for MMQ with
     expert ids and synchronises the stream (PR #18958). Its two-sequence rows of MoE models were +21..+34 % with the
     launches alone (its four-sequence rows +1..+20 %); the synchronisation per MoE layer puts them within 12 %
     (20 %)."""
-    import csv
     from moesim.analysis import validate as V
-    src = Path(moesim.__file__).parent / "data" / "measurements.csv"
-    with open(src, newline="") as f:
-        reader = csv.DictReader(f)
-        rows = [r for r in reader if "benches/dgx-spark.md" in r["source_url"] and r["batch"] in ("2", "4")
-                and r["decode_tok_s"]]
-    out = tmp_path / "spark_small_batches.csv"
-    with open(out, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=reader.fieldnames)
-        w.writeheader()
-        w.writerows(rows)
-    rep = V.validate(out)
-    errs = {r["id"]: (r["batch"], r["decode_err"]) for r in rep["rows"] if r["decode_err"] is not None}
+    from moesim.ingest.packaged import measurements_csv
+    rows = [r for r in V.load_rows(measurements_csv())
+            if "benches/dgx-spark.md" in r["source_url"] and r["batch"] in ("2", "4") and r["decode_tok_s"]]
+    _, records, _ = V.evaluate_rows(rows)
+    errs = {r["id"]: (r["batch"], r["decode_err"]) for r in records if r["decode_err"] is not None}
     assert len(errs) >= 12
     assert max(abs(e) for b, e in errs.values() if b == 2) < 0.12
     assert max(abs(e) for b, e in errs.values()) < 0.20

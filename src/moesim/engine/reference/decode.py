@@ -59,7 +59,8 @@ def _attention_time(dm, hw, l, seqs, toks, acc):
     passes = weight_passes(hw, toks) if gpu else 1.0
     # ... and decodes each pass's weights at the GEMV's own rate (ggml-metal; 0 elsewhere), its further tokens'
     # dot products on top
-    t_dec, t_tok = gemv_time(hw, toks, passes, 0.5 * (dm["attn_flops"][l] + dm["shared_flops"][l])) if gpu else (0, 0)
+    gemv_weights = 0.5 * (dm["attn_flops"][l] + dm["shared_flops"][l])
+    t_dec, t_tok = gemv_time(hw, toks, passes, gemv_weights) if gpu else (0.0, 0.0)
     tw, r = kernel_time(passes * (w_bytes / bw), max(w_flops / fl, t_dec), res_mem, res_flops)
     _put(acc, r, PHASE_ATTENTION, tw)
     _put(acc, RES_GPU_COMPUTE, PHASE_ATTENTION, t_tok)
