@@ -74,6 +74,10 @@ static void dense_layers(const ms_prefill_model_t *p, const ms_prefill_machine_t
     }
 }
 
+/* ggml-cuda's MMQ tile widths step by 8 tokens, and up to 8 tokens MUL_MAT_ID runs the mat-vec kernel (mmq.cuh
+ * mmq_x loop, MMVQ_MAX_BATCH_SIZE); engine/prefill.py MMQ_X_STEP */
+#define MS_MMQ_X_STEP 8
+
 /* routed-expert seconds of expert layer i when some of its traffic is on the host (prefill.py _expert_times'
  * host branch) */
 static double host_experts(const ms_prefill_model_t *p, const ms_prefill_machine_t *h, int32_t i, double distinct,
@@ -98,14 +102,21 @@ static double host_experts(const ms_prefill_model_t *p, const ms_prefill_machine
     return (p->offload || p->exp_mode[i] == MS_EXP_FETCH) ? fetched : computed;
 }
 
-/* routed-expert seconds of expert layer i in a ubatch of `pairs` token-expert pairs (prefill.py _expert_times) */
+/* routed-expert seconds of expert layer i in a ubatch of n_tok tokens (prefill.py _expert_times) */
 static double expert_time(const ms_prefill_model_t *p, const ms_prefill_machine_t *h, int32_t i, double distinct,
-                          double pairs, int layerwise)
+                          int64_t n_tok, int layerwise)
 {
     double share = p->exp_share[i], gemm = h->prefill_expert_flops, passes = 1.0;
+    double pairs = (double) (n_tok * p->top_k);
     double per_expert = pairs / np_max(distinct, 1e-300);
     if (h->prefill_moe_half_tokens > 0.0)
         gemm = gemm * per_expert / (per_expert + h->prefill_moe_half_tokens);
+    /* tiles as wide as the ubatch (up to the widest) for every used expert: their padded columns are computed */
+    if (h->prefill_moe_tile_tokens > 0.0 && n_tok > MS_MMQ_X_STEP) {
+        double width = fmin(MS_MMQ_X_STEP * ceil((double) n_tok / MS_MMQ_X_STEP), h->prefill_moe_tile_tokens);
+        double tiles = fmin(np_max(per_expert / width + 0.5, 1.0), ceil((double) n_tok / width));
+        gemm = gemm * per_expert / (tiles * width);
+    }
     /* each used expert's weights once per tile of its tokens, the last tile half full on average */
     if (h->prefill_weight_pass_tokens > 0.0)
         passes = np_max(per_expert / h->prefill_weight_pass_tokens + 0.5, 1.0);
@@ -141,12 +152,11 @@ int ms_prefill_seconds(const ms_prefill_model_t *p, const ms_prefill_machine_t *
     if (rc) return rc;
     for (int32_t s = 0; s < p->n_sizes; s++) {
         int64_t n_tok = p->sizes[2 * s];
-        double pairs = (double) (n_tok * p->top_k);
         /* kt-kernel's layerwise prefill: a forward of at least `threshold` tokens streams each layer's experts */
         int layerwise = 0 < p->threshold && p->threshold <= n_tok;
         dense_layers(p, h, s, workspace);
         for (int32_t i = 0; i < p->n_exp; i++)
-            workspace[p->exp_layer[i]] += expert_time(p, h, i, p->exp_distinct[(int64_t) s * p->n_exp + i], pairs,
+            workspace[p->exp_layer[i]] += expert_time(p, h, i, p->exp_distinct[(int64_t) s * p->n_exp + i], n_tok,
                                                       layerwise);
         double t_ub = pairwise_sum(workspace, p->n_layers) + p->head_bytes / h->gpu_bw
                       + p->head_flops / h->prefill_flops;

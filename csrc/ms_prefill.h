@@ -41,6 +41,8 @@ typedef struct {
     double prefill_attn_flops, cpu_prefill_attn_flops, launch_s, cpu_layer_s, sync_s, cpu_llc_bytes;
     double prefill_moe_half_tokens, amx_flops;
     double prefill_weight_pass_tokens;     /* tokens per pass of a GPU GEMM over its weights (MMQ's mmq_x; 0: one pass) */
+    double prefill_moe_tile_tokens;        /* widest tile a ubatch-wide routed-expert tile pads each used expert's
+                                              tokens to (0: each expert computes its own tokens only) */
     int32_t overlap, gpu_moe_rowwise;
 } ms_prefill_machine_t;
 

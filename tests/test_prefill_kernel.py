@@ -48,7 +48,8 @@ def _random_tables(rng) -> tuple:
                                    "launch_s", "cpu_layer_s", "sync_s", "amx_flops")}
     h.update(pcie_links=float(rng.integers(1, 9)), cpu_llc_bytes=float(rng.choice([0.0, 64e6, 1e12])),
              prefill_moe_half_tokens=float(rng.choice([0.0, 16.0])),
-             prefill_weight_pass_tokens=float(rng.choice([0.0, 64.0, 128.0])), overlap=int(rng.integers(0, 2)),
+             prefill_weight_pass_tokens=float(rng.choice([0.0, 64.0, 128.0])),
+             prefill_moe_tile_tokens=float(rng.choice([0.0, 64.0, 128.0])), overlap=int(rng.integers(0, 2)),
              gpu_moe_rowwise=int(rng.integers(0, 2)))
     return p, h
 

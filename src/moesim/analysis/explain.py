@@ -143,7 +143,7 @@ def _rates(cfg, pr) -> dict:
     hw_tables = _load_catalog("hardware")
     g = hw_tables["unified" if cfg.machine.unified else "gpu"].get(cfg.machine.gpu or "", {})
     out = {k: float(hw[k]) for k in ("gpu_bw", "prefill_gemm_flops", "prefill_expert_flops", "prefill_attn_flops",
-                                     "prefill_moe_half_tokens", "prefill_weight_pass_tokens") if k in hw}
+                                     "prefill_moe_half_tokens", "prefill_weight_pass_tokens", "prefill_moe_tile_tokens") if k in hw}
     cpu_attention = not np.asarray(pr.dm["attn_on_gpu"]).all()
     if cpu_attention or (np.asarray(pr.dm["expert_mode"]) == EXP_CPU).any():
         # the CPU's rates where it runs part of the model: its matmuls and, for attention, its kernel's own

@@ -91,6 +91,11 @@ def prefill_seconds(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, promp
     return total
 
 
+# ggml-cuda's MMQ tile widths step by 8 tokens, and up to 8 tokens MUL_MAT_ID runs the mat-vec kernel instead
+# (mmq.cuh mul_mat_q_case's mmq_x loop; MMVQ_MAX_BATCH_SIZE)
+MMQ_X_STEP = 8.0
+
+
 def weight_passes(hw: dict, n_tok: int) -> float:
     """How many times a GPU GEMM of ``n_tok`` tokens reads its weights from memory: once per tile of
     ``prefill_weight_pass_tokens`` tokens (ggml-cuda's MMQ: mmq_x columns per tile; ggml-vulkan's mul_mm: BN;
@@ -161,6 +166,7 @@ def _kernel_machine(hw):
                  cpu_llc_bytes=hw.get("cpu_llc_bytes", 0.0),
                  prefill_moe_half_tokens=hw.get("prefill_moe_half_tokens", 0.0),
                  prefill_weight_pass_tokens=hw.get("prefill_weight_pass_tokens", 0.0),
+                 prefill_moe_tile_tokens=hw.get("prefill_moe_tile_tokens", 0.0),
                  overlap=int(bool(hw["overlap"])), gpu_moe_rowwise=int(bool(hw.get("gpu_moe_rowwise", 0))))
         if len(_MACHINES) > _MAX_MACHINES:
             _MACHINES.clear()
@@ -356,6 +362,13 @@ def _expert_times(x: dict, dm: dict, hw: dict, n_tok: int, k: int, gemm: float, 
         # a backend whose expert GEMMs lose rate on the few tokens each used expert gets (per-expert tiles
         # padded, launched one expert at a time): half the dense rate at `half` tokens per used expert
         gemm = gemm * per_expert / (per_expert + half)
+    width_max = hw.get("prefill_moe_tile_tokens", 0.0)
+    if width_max > 0 and n_tok > MMQ_X_STEP:
+        # a tile as wide as the ubatch (up to its widest) for every used expert, padded past the expert's own
+        # tokens: its whole tiles' columns are computed (runtimes.toml moe_padded_tiles)
+        width = min(MMQ_X_STEP * math.ceil(n_tok / MMQ_X_STEP), width_max)
+        tiles = np.minimum(np.maximum(per_expert / width + 0.5, 1.0), math.ceil(n_tok / width))
+        gemm = gemm * per_expert / (tiles * width)
     # as for the dense GEMMs, each used expert's weights are read once per ubatch on top of its
     # multiply-adds (it serves only pairs / distinct tokens of the ubatch), once per tile of its tokens where
     # the kernels tile them (the last tile half full on average); a token-by-token MUL_MAT_ID

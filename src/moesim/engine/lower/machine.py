@@ -108,7 +108,9 @@ def backend_terms(rt: Runtime, g: dict) -> dict:
     prompt's flash attention at this share of the fp32 vector peak where that is below its GEMM rate, 0: at
     the GEMM rate) and ``fa_fp16_share`` (the same of the 16-bit matrix peak, on cards with matrix units) and
     ``weight_pass_tokens`` (the tokens per pass its prompt GEMMs make over their weights, 0: one pass per
-    ubatch) and ``dense_gemm_rel`` (an earlier build's dense prompt GEMMs on a card's matrix units at this multiple of
+    ubatch) and ``moe_padded_tiles`` (its routed-expert GEMMs compute whole ubatch-wide tiles per used expert) and
+    ``int8_share`` (its prompt GEMMs at this share of a card's int8 rate in place of the runtime's prefill_flops_eff,
+    0: that) and ``dense_gemm_rel`` (an earlier build's dense prompt GEMMs on a card's matrix units at this multiple of
     the current rate; routed experts keep it) and ``decode_paths`` (its decode kernels' token-count paths,
     :func:`decode_paths`; empty: none) and ``launch_us_nograph`` (the backend's own per-layer host cost, by arch prefix or vendor, in place of the
     runtime's no-graph launch and paid whether or not the chip replays CUDA graphs; -1: the runtime's, see
@@ -130,6 +132,11 @@ def backend_terms(rt: Runtime, g: dict) -> dict:
                 moe_fp32_share=float(b.get("moe_fp32_share", {}).get(vendor, 0.0)),
                 moe_half_tokens=float(b.get("moe_half_tokens", {}).get(vendor, 0.0)),
                 weight_pass_tokens=float(b.get("weight_pass_tokens", {}).get("matrix" if matrix else "no_matrix", 0.0)),
+                # MMQ's tiles: a card without an int8 rate (no dp4a: P100, sm_60) runs its experts through cuBLAS
+                moe_padded_tiles=(("matrix" if matrix else "no_matrix") in b.get("moe_padded_tiles", ())
+                                  and "int8" in g.get("tflops", {})),
+                int8_share=(float(b.get("int8_share", {}).get("matrix" if matrix else "no_matrix", 0.0))
+                            if "int8" in g.get("tflops", {}) else 0.0),
                 bw_eff=float(b.get("bw_eff", {}).get(arch, 0.0)),
                 fa_fp32_share=_arch_value(b.get("fa_fp32_share", {}), arch),
                 fa_fp16_share=float(b.get("fa_fp16_share", {}).get(vendor, 0.0)) if matrix else 0.0,
@@ -156,7 +163,8 @@ _TERM_SOURCES = {"moe_fp32_share": "moe_source", "bw_eff": "bw_source", "fp16_ac
                  "dense_gemm_rel": "dense_rel_source",
                  "moe_half_tokens": "moe_half_source", "fa_fp32_share": "fa_source", "fa_fp16_share": "fa_fp16_source",
                  "launch_us_nograph": "launch_source", "weight_pass_tokens": "pass_source",
-                 "decode_paths": "decode_paths_source"}
+                 "decode_paths": "decode_paths_source", "moe_padded_tiles": "padded_source",
+                 "int8_share": "int8_share_source"}
 
 
 def backend_source_errors(tables: dict) -> list:
@@ -309,6 +317,7 @@ def lower_machine(machine: Machine, rt: Runtime, p: Placement, mix: Q.KernelMix)
                 prefill_flops=pf, prefill_gemm_flops=gemm, prefill_attn_flops=attn, prefill_expert_flops=expert,
                 prefill_moe_half_tokens=terms.get("moe_half_tokens", 0.0),
                 prefill_weight_pass_tokens=terms.get("weight_pass_tokens", 0.0),
+                prefill_moe_tile_tokens=moe_tile_tokens(terms),
                 gpu_moe_rowwise=int(d.moe_rowwise_prefill),
                 storage_bw=storage_bw, gpu_flops=peak_tflops * 1e12 * d.gpu_flops_eff * tp, cpu_flops=cpu_flops,
                 interconnect_bw=(scale_up or machine.pcie_gbs or 16.0) * GB, unified=0,
@@ -395,6 +404,7 @@ def _lower_unified(machine: Machine, rt: Runtime, mix: Q.KernelMix, cpu_only: bo
                 prefill_attn_flops=pf if cpu_only else flash_attention_flops(pf, machine.gpu_tflops, u, terms),
                 prefill_moe_half_tokens=0.0 if cpu_only else (moe_half if metal else terms.get("moe_half_tokens", 0.0)),
                 prefill_weight_pass_tokens=0.0 if cpu_only else terms.get("weight_pass_tokens", 0.0),
+                prefill_moe_tile_tokens=0.0 if cpu_only else moe_tile_tokens(terms),
                 gpu_moe_rowwise=0 if cpu_only else int(d.moe_rowwise_prefill),
                 overlap=1 if d.overlap else 0, launch_s=0.0 if cpu_only else layer_s * 1e-6,
                 sync_s=0.0, dma_s=0.0, allreduce_s=0.0, step_s=d.step_us * 1e-6, seq_s=d.seq_us * 1e-6,
@@ -404,6 +414,12 @@ def _lower_unified(machine: Machine, rt: Runtime, mix: Q.KernelMix, cpu_only: bo
                 **graph_limit(d, graphs and not (cpu_only or metal)), **cpu_attention_flops(machine, d, cpu_flops),
                 **decode_paths({} if cpu_only else terms.get("decode_paths", {}), mix, int(u.get("gpu_cores", 0) or 0),
                                gemv_weight_s(machine, d) if metal else 0.0))
+
+
+def moe_tile_tokens(terms: dict) -> float:
+    """The widest tile a backend's routed-expert prompt GEMMs pad each used expert's tokens to (its MMQ_X_MAX,
+    weight_pass_tokens) where it sizes the tile for the whole ubatch (runtimes.toml moe_padded_tiles), else 0."""
+    return terms.get("weight_pass_tokens", 0.0) if terms.get("moe_padded_tiles") else 0.0
 
 
 def gemv_weight_s(machine: Machine, d) -> float:
@@ -548,6 +564,8 @@ def _gpu_prefill_flops(machine: Machine, rt: Runtime, g: dict, mix: Q.KernelMix,
     # multiplies on dp4a like the GDDR cards
     tensor_cores = g.get("tensor_cores", False)
     pf_eff = d.prefill_flops_eff_hbm if (hbm and tensor_cores) else d.prefill_flops_eff
+    if rt.llama_cpp_family and (terms or {}).get("int8_share", 0.0) > 0.0:
+        pf_eff = terms["int8_share"]            # the backend's measured share of the card's int8 (dp4a) rate
     attn_eff = pf_eff
     if tensor_cores and (terms or {}).get("peak", "int8") == "int8":
         # the K-quant / MXFP4 MMQ rates describe the int8 MMQ kernels, not fp16 dequantize-and-multiply paths

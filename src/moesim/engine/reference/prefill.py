@@ -68,12 +68,17 @@ def _dense(p: dict, h: dict, s: int) -> list:
     return t
 
 
-def _expert(p: dict, h: dict, i: int, distinct: float, pairs: float, layerwise: bool) -> float:
+def _expert(p: dict, h: dict, i: int, distinct: float, n_tok: int, layerwise: bool) -> float:
     share, eb, ef = float(p["exp_share"][i]), float(p["exp_bytes"][i]), float(p["exp_flops"][i])
     gemm, passes = h["prefill_expert_flops"], 1.0
+    pairs = float(n_tok * int(p["top_k"]))
     per_expert = pairs / _np_max(distinct, 1e-300)
     if h["prefill_moe_half_tokens"] > 0.0:
         gemm = gemm * per_expert / (per_expert + h["prefill_moe_half_tokens"])
+    if h["prefill_moe_tile_tokens"] > 0.0 and n_tok > 8:
+        width = min(8.0 * math.ceil(n_tok / 8.0), h["prefill_moe_tile_tokens"])
+        tiles = min(_np_max(per_expert / width + 0.5, 1.0), float(math.ceil(n_tok / width)))
+        gemm = gemm * per_expert / (tiles * width)
     if h["prefill_weight_pass_tokens"] > 0.0:
         passes = _np_max(per_expert / h["prefill_weight_pass_tokens"] + 0.5, 1.0)
     reads = pairs if h["gpu_moe_rowwise"] else distinct * passes
@@ -99,11 +104,10 @@ def prefill_seconds(p: dict, h: dict) -> float:
     total = 0.0
     for s, (n_tok, count) in enumerate(p["sizes"]):
         n_tok, count = int(n_tok), int(count)
-        pairs = float(n_tok * int(p["top_k"]))
         layerwise = 0 < int(p["threshold"]) <= n_tok
         t = _dense(p, h, s)
         for i, layer in enumerate(p["exp_layer"]):
-            t[int(layer)] += _expert(p, h, i, float(p["exp_distinct"][s][i]), pairs, layerwise)
+            t[int(layer)] += _expert(p, h, i, float(p["exp_distinct"][s][i]), n_tok, layerwise)
         t_ub = _pairwise(t, 0, len(t)) + p["head_bytes"] / h["gpu_bw"] + p["head_flops"] / h["prefill_flops"]
         total += count * t_ub
     return total
