@@ -96,3 +96,17 @@ def test_validate_summarises_by_device_family():
     assert fam["nvidia-ada"]["decode"] == {"n": 2, "median_abs_pct_err": pytest.approx(20.0),
                                            "p90_abs_pct_err": pytest.approx(28.0)}
     assert fam["amd-apu"]["decode"]["n"] == 1 and fam["amd-apu"]["prefill"]["n"] == 0
+
+
+def test_forked_folds_give_the_serial_records_in_order():
+    """calibrate --processes: the held-out fits forked over worker processes give the serial run's records, in
+    its order (each fold's fit starts from the full fit's values whichever process runs it)."""
+    model, prepared = _prepared(24)
+    families = [device_family(pr.cfg.machine, pr.p) for pr in prepared]
+    serial = C.held_out(model, C.prior_vector(), families, max_nfev=3)
+    calls = []
+    forked = C.held_out(model, C.prior_vector(), families, max_nfev=3, processes=2,
+                        progress=lambda i, n, g: calls.append((i, n, g)))
+    assert forked["rows"] == serial["rows"]
+    assert [c[2] for c in calls] == serial["groups"] and calls[-1][:2] == (len(serial["groups"]),) * 2
+    assert C._FOLDS == ()

@@ -314,11 +314,12 @@ HOLDOUTS = ("source", "device-family")
 
 
 def calibrate(path, cross_validate: bool = True, max_nfev: int = 60, progress=None,
-              holdout: tuple = ("source",)) -> dict:
+              holdout: tuple = ("source",), processes: int = 1) -> dict:
     """Fit on the A+B rows of a validation CSV; report in-sample and held-out errors. *holdout*: which
     cross-validations run when *cross_validate*: ``source`` (leave-one-source-out, ``cross_validated``;
     its rows also give the ``intervals``) and ``device-family`` (every row of one device family out at a
-    time, :func:`~.intervals.device_family`, ``device_family_out``)."""
+    time, :func:`~.intervals.device_family`, ``device_family_out``); *processes*: the held-out fits
+    forked over that many worker processes (Linux; the same figures)."""
     holdout = tuple(holdout)
     for h in holdout:
         if h not in HOLDOUTS:
@@ -356,36 +357,66 @@ def calibrate(path, cross_validate: bool = True, max_nfev: int = 60, progress=No
     }
     if cross_validate and "source" in holdout:
         groups = [source_group(pr.cfg.row["source"]) for pr in prepared]
-        report["cross_validated"] = held_out(model, values, groups, max_nfev, progress, free)
+        report["cross_validated"] = held_out(model, values, groups, max_nfev, progress, free, processes)
         report["intervals"] = I.report(report["cross_validated"]["rows"])
     if cross_validate and "device-family" in holdout:
         families = [I.device_family(pr.cfg.machine, pr.p) for pr in prepared]
-        report["device_family_out"] = held_out(model, values, families, max_nfev, progress, free)
+        report["device_family_out"] = held_out(model, values, families, max_nfev, progress, free, processes)
     return report
 
 
-def held_out(model: Model, values, groups: list, max_nfev: int = 60, progress=None, free=None) -> dict:
+# what a forked fold worker reads (held_out sets it before forking): model, values, groups, max_nfev, free
+_FOLDS: tuple = ()
+
+
+def _fold_rows(g) -> list:
+    """The records of group ``g``'s rows predicted by a fit on every other row (:func:`held_out`)."""
+    model, values, groups, max_nfev, free = _FOLDS
+    train = [i for i, gi in enumerate(groups) if gi != g]
+    test = [i for i, gi in enumerate(groups) if gi == g]
+    v = fit(model, train, x0=values, max_nfev=max_nfev, free=free)
+    rows = []
+    for i, (dec, pf) in zip(test, model.predict(v, test)):
+        pr = model.rows[i]
+        row = pr.cfg.row
+        rec = {"id": row["id"], "class": V.row_class(row), "group": g, "regime": I.regime(pr.cfg.machine, pr.p, pr.rt)}
+        for col, key, pred in (("decode_tok_s", "decode_err", dec), ("prefill_tok_s", "prefill_err", pf)):
+            measured = V._num(row, col)
+            if measured:
+                rec[key] = pred / measured - 1
+        rows.append(rec)
+    return rows
+
+
+def held_out(model: Model, values, groups: list, max_nfev: int = 60, progress=None, free=None,
+             processes: int = 1) -> dict:
     """Each distinct group's rows predicted by a fit on every other row (from *values*): the errors
     overall, per class and per group, and one record per row (``id``, ``class``, ``group``, ``regime``,
     ``decode_err`` / ``prefill_err`` = predicted / measured - 1 where measured). *free*: the parameters
-    each fit moves (None: each fit decides on its own rows)."""
-    rows = []
+    each fit moves (None: each fit decides on its own rows). *processes* > 1 forks the folds over that many
+    workers (Linux): each fold's fit starts from *values* whichever process runs it, so the records are the
+    serial run's, in its order."""
+    global _FOLDS
+    from .sweep.distribute import can_fork
     unique = sorted(set(groups))
-    for n, g in enumerate(unique):
-        train = [i for i, gi in enumerate(groups) if gi != g]
-        test = [i for i, gi in enumerate(groups) if gi == g]
-        v = fit(model, train, x0=values, max_nfev=max_nfev, free=free)
-        for i, (dec, pf) in zip(test, model.predict(v, test)):
-            pr = model.rows[i]
-            row = pr.cfg.row
-            rec = {"id": row["id"], "class": V.row_class(row), "group": g, "regime": I.regime(pr.cfg.machine, pr.p, pr.rt)}
-            for col, key, pred in (("decode_tok_s", "decode_err", dec), ("prefill_tok_s", "prefill_err", pf)):
-                measured = V._num(row, col)
-                if measured:
-                    rec[key] = pred / measured - 1
-            rows.append(rec)
-        if progress:
-            progress(n + 1, len(unique), g)
+    _FOLDS = (model, values, groups, max_nfev, free)
+    per_group = []
+    try:
+        if processes > 1 and len(unique) > 1 and can_fork():
+            import multiprocessing
+            with multiprocessing.get_context("fork").Pool(min(processes, len(unique))) as pool:
+                for n, recs in enumerate(pool.imap(_fold_rows, unique)):
+                    per_group.append(recs)
+                    if progress:
+                        progress(n + 1, len(unique), unique[n])
+        else:
+            for n, g in enumerate(unique):
+                per_group.append(_fold_rows(g))
+                if progress:
+                    progress(n + 1, len(unique), g)
+    finally:
+        _FOLDS = ()
+    rows = [rec for recs in per_group for rec in recs]
     return {**_errors_of(rows), "by_class": _split(rows, "class", V.CLASSES),
             "by_group": _split(rows, "group", unique), "groups": unique, "rows": rows}
 

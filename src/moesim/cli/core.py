@@ -141,6 +141,8 @@ def _add_calibrate_parser(sub) -> None:
                         "family at a time (nvidia-ada, apple-gpu, cpu-server, ...), or both")
     c.add_argument("--rows", help="also write the leave-one-source-out rows the [intervals] are built from (JSON; "
                                   "the repository keeps them in tests/data/loso_residuals.json)")
+    c.add_argument("--processes", type=int, default=1,
+                   help="fork the cross-validation's fits over this many worker processes (Linux; the same figures)")
     c.add_argument("--json", action="store_true")
 
 
@@ -290,8 +292,10 @@ def _cmd_calibrate(args) -> int:
         from ..ingest.packaged import measurements_csv
         args.data = measurements_csv()
     holdout = ("source", "device-family") if args.holdout == "both" else (args.holdout,)
+    if args.processes < 1:
+        raise MoesimError(f"--processes must be at least 1, got {args.processes}", "processes")
     rep = C.calibrate(args.data, cross_validate=not args.no_cv, progress=None if args.json else progress,
-                      holdout=holdout)
+                      holdout=holdout, processes=args.processes)
     command = _calibrate_command(args, given_data)
     if args.out:
         C.write_toml(rep, args.out, command)
