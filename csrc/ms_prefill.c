@@ -162,6 +162,7 @@ int ms_prefill_seconds(const ms_prefill_model_t *p, const ms_prefill_machine_t *
                       + p->head_flops / h->prefill_flops;
         total += (double) p->sizes[2 * s + 1] * t_ub;
     }
-    *out = total;
+    /* the host builds the first graph before the device starts; later ones while it runs */
+    *out = total + (p->n_sizes > 0 ? h->step_s : 0.0);
     return 0;
 }

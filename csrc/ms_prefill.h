@@ -43,6 +43,7 @@ typedef struct {
     double prefill_weight_pass_tokens;     /* tokens per pass of a GPU GEMM over its weights (MMQ's mmq_x; 0: one pass) */
     double prefill_moe_tile_tokens;        /* widest tile a ubatch-wide routed-expert tile pads each used expert's
                                               tokens to (0: each expert computes its own tokens only) */
+    double step_s;                         /* host work before the prompt's first graph runs (once per prompt) */
     int32_t overlap, gpu_moe_rowwise;
 } ms_prefill_machine_t;
 

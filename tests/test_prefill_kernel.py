@@ -50,6 +50,7 @@ def _random_tables(rng) -> tuple:
              prefill_moe_half_tokens=float(rng.choice([0.0, 16.0])),
              prefill_weight_pass_tokens=float(rng.choice([0.0, 64.0, 128.0])),
              prefill_moe_tile_tokens=float(rng.choice([0.0, 64.0, 128.0])), overlap=int(rng.integers(0, 2)),
+             step_s=float(rng.choice([0.0, 4e-4])),
              gpu_moe_rowwise=int(rng.integers(0, 2)))
     return p, h
 

@@ -584,7 +584,8 @@ def _hand_hw():
     # (GeForce, fp32 accumulate: 165.2 TFLOPS), where that is under the GEMM rate
     fa = load_catalog("runtimes")["backends"]["cuda"]["fa_fp16_share"]["nvidia"]
     return dict(gpu_bw=1008e9 * d.gddr_bw_eff, pcie_bw=23.9e9 * d.pcie_pageable, gemm=gemm,
-                attn=min(gemm, fa * 165.2e12), launch=d.layer_kernels * d.kernel_us * 1980 / 2520 * 1e-6)
+                attn=min(gemm, fa * 165.2e12), launch=d.layer_kernels * d.kernel_us * 1980 / 2520 * 1e-6,
+                step=d.step_us * 1e-6)    # the host's step before the prompt's first graph runs
 
 
 def test_prefill_dense_by_hand():
@@ -604,7 +605,7 @@ def test_prefill_dense_by_hand():
     per_tok = 2.0 * (x["attn_params"] + x["router_params"] + x["dense_params"]) / h["gemm"] \
         + x["score_per_token"] * 256 / h["attn"]
     t = x["L"] * (per_layer_w * 4 / h["gpu_bw"] + 512 * per_tok + 512 * x["act_bytes"] / h["gpu_bw"] + h["launch"]) \
-        + x["head_bytes"] / h["gpu_bw"] + 2.0 * x["head_params"] / h["gemm"]
+        + x["head_bytes"] / h["gpu_bw"] + 2.0 * x["head_params"] / h["gemm"] + h["step"]
     assert math.isclose(ttft, t, rel_tol=1e-9)
     assert math.isclose(tok_s, 512 / t, rel_tol=1e-9)
 
@@ -635,6 +636,6 @@ def test_prefill_moe_by_hand(place):
     passes = max(pairs / distinct / 128 + 0.5, 1.0)
     compute = distinct * passes * x["expert_bytes"] / h["gpu_bw"] + pairs * 2.0 * x["expert_params"] / h["gemm"]
     experts = compute if place == "all-gpu" else distinct * x["expert_bytes"] / h["pcie_bw"] + compute
-    t = x["L"] * (dense + experts) + x["head_bytes"] / h["gpu_bw"] + 2.0 * x["head_params"] / h["gemm"]
+    t = x["L"] * (dense + experts) + x["head_bytes"] / h["gpu_bw"] + 2.0 * x["head_params"] / h["gemm"] + h["step"]
     assert math.isclose(ttft, t, rel_tol=1e-9)
     assert math.isclose(tok_s, n / t, rel_tol=1e-9)

@@ -405,6 +405,6 @@ cdef extern from "ms_prefill.h" nogil:
         double gpu_bw, host_bw, pcie_bw, pcie_links, prefill_flops, prefill_gemm_flops, prefill_expert_flops, cpu_flops
         double prefill_attn_flops, cpu_prefill_attn_flops, launch_s, cpu_layer_s, sync_s, cpu_llc_bytes
         double prefill_moe_half_tokens, amx_flops
-        double prefill_weight_pass_tokens, prefill_moe_tile_tokens
+        double prefill_weight_pass_tokens, prefill_moe_tile_tokens, step_s
         int32_t overlap, gpu_moe_rowwise
     int ms_prefill_seconds(const ms_prefill_model_t *p, const ms_prefill_machine_t *h, double *workspace, double *out)

@@ -55,7 +55,7 @@ cdef class PrefillMachine:
         self.h.cpu_layer_s = c["cpu_layer_s"]; self.h.sync_s = c["sync_s"]; self.h.cpu_llc_bytes = c["cpu_llc_bytes"]
         self.h.prefill_moe_half_tokens = c["prefill_moe_half_tokens"]; self.h.amx_flops = c["amx_flops"]
         self.h.prefill_weight_pass_tokens = c["prefill_weight_pass_tokens"]
-        self.h.prefill_moe_tile_tokens = c["prefill_moe_tile_tokens"]
+        self.h.prefill_moe_tile_tokens = c["prefill_moe_tile_tokens"]; self.h.step_s = c["step_s"]
         self.h.overlap = c["overlap"]; self.h.gpu_moe_rowwise = c["gpu_moe_rowwise"]
 
 

@@ -213,7 +213,7 @@ PREFILL_MODEL = (_arrays(I32, ("n_layers",), "on_gpu")
 PREFILL_MACHINE = (_scalars(REAL, "gpu_bw", "host_bw", "pcie_bw", "pcie_links", "prefill_flops", "prefill_gemm_flops",
                             "prefill_expert_flops", "cpu_flops", "prefill_attn_flops", "cpu_prefill_attn_flops",
                             "launch_s", "cpu_layer_s", "sync_s", "cpu_llc_bytes", "prefill_moe_half_tokens", "amx_flops",
-                            "prefill_weight_pass_tokens", "prefill_moe_tile_tokens")
+                            "prefill_weight_pass_tokens", "prefill_moe_tile_tokens", "step_s")
                    + _scalars(INT, "overlap", "gpu_moe_rowwise"))
 
 STRUCTS = {

@@ -88,7 +88,12 @@ def prefill_seconds(m: Model, dm: dict, hw: dict, rtab: dict, rt: Runtime, promp
                           attention=n_tok * sc, mla_decompress=decompress, cpu_kv_reads=t_kv, experts=t_exp,
                           activations=acts)
             _add_parts(parts, count, t_ub, phases)
-    return total
+    # the host builds and schedules the prompt's first graph before the device starts on it (the runtime's
+    # per-step host work, step_s; later ubatches' graphs are built while the device runs the one before)
+    step = hw.get("step_s", 0.0) if len(x["sizes"]) else 0.0
+    if parts is not None:
+        parts["launch_head"] = parts.get("launch_head", 0.0) + step
+    return total + step
 
 
 # ggml-cuda's MMQ tile widths step by 8 tokens, and up to 8 tokens MUL_MAT_ID runs the mat-vec kernel instead
@@ -166,7 +171,7 @@ def _kernel_machine(hw):
                  cpu_llc_bytes=hw.get("cpu_llc_bytes", 0.0),
                  prefill_moe_half_tokens=hw.get("prefill_moe_half_tokens", 0.0),
                  prefill_weight_pass_tokens=hw.get("prefill_weight_pass_tokens", 0.0),
-                 prefill_moe_tile_tokens=hw.get("prefill_moe_tile_tokens", 0.0),
+                 prefill_moe_tile_tokens=hw.get("prefill_moe_tile_tokens", 0.0), step_s=hw.get("step_s", 0.0),
                  overlap=int(bool(hw["overlap"])), gpu_moe_rowwise=int(bool(hw.get("gpu_moe_rowwise", 0))))
         if len(_MACHINES) > _MAX_MACHINES:
             _MACHINES.clear()

@@ -100,7 +100,8 @@ def _expert(p: dict, h: dict, i: int, distinct: float, n_tok: int, layerwise: bo
 
 
 def prefill_seconds(p: dict, h: dict) -> float:
-    """ms_prefill_seconds: the sum over ubatch sizes of count x (layers' seconds + head)."""
+    """ms_prefill_seconds: the sum over ubatch sizes of count x (layers' seconds + head), plus the host step that
+    builds the first graph."""
     total = 0.0
     for s, (n_tok, count) in enumerate(p["sizes"]):
         n_tok, count = int(n_tok), int(count)
@@ -110,4 +111,4 @@ def prefill_seconds(p: dict, h: dict) -> float:
             t[int(layer)] += _expert(p, h, i, float(p["exp_distinct"][s][i]), n_tok, layerwise)
         t_ub = _pairwise(t, 0, len(t)) + p["head_bytes"] / h["gpu_bw"] + p["head_flops"] / h["prefill_flops"]
         total += count * t_ub
-    return total
+    return total + (h["step_s"] if len(p["sizes"]) else 0.0)
