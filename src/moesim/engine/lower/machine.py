@@ -125,18 +125,18 @@ def backend_terms(rt: Runtime, g: dict) -> dict:
         b = {**tables.get(b["base"], {}), **b}
     arch, vendor = str(g.get("arch", "")), str(g.get("vendor", ""))
     matrix = bool(g.get("tensor_cores", False)) and arch not in b.get("matrix_off", ())
+    path = "matrix" if matrix else "no_matrix"       # the per-path terms' key
+    # MMQ's int8 kernels need an int8 rate: a card without one (no dp4a: P100, sm_60) runs its experts through cuBLAS
+    mmq = "int8" in g.get("tflops", {})
     segment = f"{vendor}-{g.get('segment', '')}"
     nograph = b.get("launch_us_nograph", {})        # keyed by arch prefix or by vendor
     return dict(name=name, peak=b.get("gemm", "int8") if matrix else b.get("no_matrix_gemm", "int8"),
                 launch_us_nograph=_arch_value(nograph, arch, float(nograph.get(vendor, -1.0))),
                 moe_fp32_share=float(b.get("moe_fp32_share", {}).get(vendor, 0.0)),
                 moe_half_tokens=float(b.get("moe_half_tokens", {}).get(vendor, 0.0)),
-                weight_pass_tokens=float(b.get("weight_pass_tokens", {}).get("matrix" if matrix else "no_matrix", 0.0)),
-                # MMQ's tiles: a card without an int8 rate (no dp4a: P100, sm_60) runs its experts through cuBLAS
-                moe_padded_tiles=(("matrix" if matrix else "no_matrix") in b.get("moe_padded_tiles", ())
-                                  and "int8" in g.get("tflops", {})),
-                int8_share=(float(b.get("int8_share", {}).get("matrix" if matrix else "no_matrix", 0.0))
-                            if "int8" in g.get("tflops", {}) else 0.0),
+                weight_pass_tokens=float(b.get("weight_pass_tokens", {}).get(path, 0.0)),
+                moe_padded_tiles=mmq and path in b.get("moe_padded_tiles", ()),
+                int8_share=float(b.get("int8_share", {}).get(path, 0.0)) if mmq else 0.0,
                 bw_eff=float(b.get("bw_eff", {}).get(arch, 0.0)),
                 fa_fp32_share=_arch_value(b.get("fa_fp32_share", {}), arch),
                 fa_fp16_share=float(b.get("fa_fp16_share", {}).get(vendor, 0.0)) if matrix else 0.0,

@@ -68,6 +68,10 @@ def _dense(p: dict, h: dict, s: int) -> list:
     return t
 
 
+# ms_prefill.c MS_MMQ_X_STEP: MMQ tile widths step by 8 tokens; up to 8 tokens MUL_MAT_ID takes the mat-vec kernel
+_MMQ_X_STEP = 8.0
+
+
 def _expert(p: dict, h: dict, i: int, distinct: float, n_tok: int, layerwise: bool) -> float:
     share, eb, ef = float(p["exp_share"][i]), float(p["exp_bytes"][i]), float(p["exp_flops"][i])
     gemm, passes = h["prefill_expert_flops"], 1.0
@@ -75,8 +79,8 @@ def _expert(p: dict, h: dict, i: int, distinct: float, n_tok: int, layerwise: bo
     per_expert = pairs / _np_max(distinct, 1e-300)
     if h["prefill_moe_half_tokens"] > 0.0:
         gemm = gemm * per_expert / (per_expert + h["prefill_moe_half_tokens"])
-    if h["prefill_moe_tile_tokens"] > 0.0 and n_tok > 8:
-        width = min(8.0 * math.ceil(n_tok / 8.0), h["prefill_moe_tile_tokens"])
+    if h["prefill_moe_tile_tokens"] > 0.0 and n_tok > _MMQ_X_STEP:
+        width = min(_MMQ_X_STEP * math.ceil(n_tok / _MMQ_X_STEP), h["prefill_moe_tile_tokens"])
         tiles = min(_np_max(per_expert / width + 0.5, 1.0), float(math.ceil(n_tok / width)))
         gemm = gemm * per_expert / (tiles * width)
     if h["prefill_weight_pass_tokens"] > 0.0:
