@@ -305,22 +305,29 @@ def fill_sweep_chunk(cols: dict, groups: list, placement_labels) -> None:
         pair_ids.append(hit[0])
     starts = np.array([g[0] for g in groups], dtype=np.int64)
     lens = np.array([g[1] - g[0] for g in groups], dtype=np.int64)
-    # the groups' rows in order (they tile the chunk but for skipped groups' rows)
-    rows = np.arange(int(lens.sum()), dtype=np.int64) + np.repeat(starts - (np.cumsum(lens) - lens), lens)
-    place = cols["placement"][rows].astype(np.int64)
+    n = int(lens.sum())
+    # the groups' rows in order (they tile the chunk but for skipped groups' rows): a slice when they tile [0, n)
+    tiled = int(starts[0]) == 0 and bool(np.all(starts[1:] == starts[:-1] + lens[:-1]))
+    rows = slice(0, n) if tiled else np.arange(n, dtype=np.int64) + np.repeat(starts - (np.cumsum(lens) - lens), lens)
+    place = cols["placement"][rows]
     n_codes = len(placement_labels)
     if place.size and (place.min() < 0 or place.max() >= n_codes):
         for s0, s1, machine, runtime in groups:
             fill_sweep(cols, s0, s1, machine, runtime, placement_labels)
         return
-    combo = np.repeat(np.array(pair_ids, dtype=np.int64), lens) * n_codes + place
-    uniq = np.sort(combo)
-    uniq = uniq[np.concatenate(([True], uniq[1:] != uniq[:-1]))]        # np.unique imports numpy.ma
+    # each row's (machine, runtime, placement code) as one index into a small table of the triples' multipliers
+    combo = np.repeat(np.array(pair_ids, dtype=np.int64) * n_codes, lens)
+    combo += place
+    present = np.flatnonzero(np.bincount(combo, minlength=len(pairs) * n_codes))
     by_pair = {i: (m, r) for i, m, r in pairs.values()}
-    mults = [_code_multipliers(*by_pair[p], placement_labels[c]) for p, c in (divmod(u, n_codes) for u in uniq.tolist())]
-    at = np.searchsorted(uniq, combo)
+    mults = [_code_multipliers(*by_pair[p], placement_labels[c]) for p, c in (divmod(u, n_codes) for u in present.tolist())]
+    table = np.empty(len(pairs) * n_codes)
     for f, point in zip(FIELDS, _POINTS):
-        cols[f][rows] = cols[point][rows] * np.array([m[f] for m in mults], dtype=np.float64)[at]
+        table[present] = [m[f] for m in mults]
+        if tiled:
+            np.multiply(cols[point][rows], table[combo], out=cols[f][rows])
+        else:
+            cols[f][rows] = cols[point][rows] * table[combo]
 
 
 def _multipliers(machine, runtime, placement_labels, codes: list) -> dict:

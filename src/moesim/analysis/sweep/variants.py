@@ -223,8 +223,12 @@ class DecodeVariants:
     def add(self, keys) -> VariantTable:
         """Lower the variants of these keys (one analytic kernel run per placement and page-cache size)
         and swap in a table holding them; returns that table."""
+        keys = np.sort(np.asarray(keys, dtype=np.int64))
+        # the distinct keys first (a group's rows hold a few: one per candidate, page-cache size and batch), so the
+        # Python set below sees those, not every row's
+        keys = keys[np.concatenate(([True], keys[1:] != keys[:-1]))] if keys.size > 1 else keys
         with self._lock:
-            new = sorted(set(np.asarray(keys, dtype=np.int64).tolist()) - self._known)
+            new = sorted(set(keys.tolist()) - self._known)
             if new:
                 self.table = self._build(*self._lower(new))
                 self._known.update(new)
