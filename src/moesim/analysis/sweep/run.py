@@ -147,7 +147,8 @@ def run_range(plan, start: int, end: int, threads: int = 1, buffers: dict | None
     names = plan.columns
     if keep is None or keep.all():
         return {c: cols[c] for c in names}
-    return {c: cols[c][keep] for c in names}
+    kept_rows = np.flatnonzero(keep)        # once: a boolean mask per column would count its rows again each time
+    return {c: cols[c].take(kept_rows) for c in names}
 
 
 def run_chunk(plan, k: int, threads: int = 1, buffers: dict | None = None) -> dict:

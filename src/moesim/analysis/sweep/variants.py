@@ -210,8 +210,8 @@ class DecodeVariants:
         """Fill ``variant`` with each key's row index, lowering unknown keys first; returns the table
         those indices refer to (evaluate with its ``dec``, not with a later table)."""
         table = self.table
-        if not len(table):              # a new group: every key is unknown, no lookup needed to say so
-            table = self.add(keys)
+        # a new group's keys are all unknown, and the lookup returns them nearly distinct (C's direct-mapped cache of
+        # the keys seen), which add's Python set then need not see row by row
         for _ in range(1000):
             unknown, missing = _kernel.sweep_lookup(keys, table.keys, variant)
             if unknown == 0:
@@ -223,12 +223,8 @@ class DecodeVariants:
     def add(self, keys) -> VariantTable:
         """Lower the variants of these keys (one analytic kernel run per placement and page-cache size)
         and swap in a table holding them; returns that table."""
-        keys = np.sort(np.asarray(keys, dtype=np.int64))
-        # the distinct keys first (a group's rows hold a few: one per candidate, page-cache size and batch), so the
-        # Python set below sees those, not every row's
-        keys = keys[np.concatenate(([True], keys[1:] != keys[:-1]))] if keys.size > 1 else keys
         with self._lock:
-            new = sorted(set(keys.tolist()) - self._known)
+            new = sorted(set(np.asarray(keys, dtype=np.int64).tolist()) - self._known)
             if new:
                 self.table = self._build(*self._lower(new))
                 self._known.update(new)
