@@ -3,7 +3,8 @@
     python bench/bench_grids.py                 # website and one-machine grids
     python bench/bench_grids.py --twin 40       # + the pure-Python twin on 40 of each grid's groups
     python bench/bench_grids.py --only "offload research" --only datacenter --twin 40
-    python bench/bench_grids.py --processes 2   # forked into 2 worker processes (one per core here)
+    python bench/bench_grids.py --processes 2   # forked into 2 worker processes (one per core here); warm =
+                                                # the third call
     python bench/bench_grids.py --only "issue 19" --threads 2
 
 website: every catalog model x Q4_K_M, Q8_0 x 59 machines (49 discrete GPUs of NVIDIA, AMD and Intel from Pascal
@@ -141,8 +142,9 @@ def twin_rate(kw: dict, n_groups: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--processes", type=int, default=1, help="forked worker processes (sweep(processes=N)); "
-                                                             "their lowering is not kept for the warm run")
+    ap.add_argument("--processes", type=int, default=1, help="forked worker processes (sweep(processes=N)); the "
+                                                             "warm run is the one after N calls (this process takes "
+                                                             "each share in turn, so by then it has lowered them all)")
     ap.add_argument("--twin", type=int, default=0, help="groups of each grid for the Python twin")
     ap.add_argument("--only", action="append", help="run only this grid (repeatable), e.g. --only datacenter")
     args = ap.parse_args()
@@ -151,6 +153,8 @@ def main() -> None:
         if args.only and name not in args.only:
             continue
         n, first, first_cpu = timed(kw, args.threads, args.processes)
+        for _ in range(args.processes - 1):        # the other shares, lowered in this process in turn
+            timed(kw, args.threads, args.processes)
         _, warm, warm_cpu = timed(kw, args.threads, args.processes)
         print(f"{name:12s} {n:8d} {first:8.2f} s {first_cpu:7.2f} s CPU {n / first:9.0f}/s "
               f"{warm:8.2f} s {warm_cpu:7.2f} s CPU {n / warm:9.0f}/s")

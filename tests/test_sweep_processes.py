@@ -43,6 +43,25 @@ def test_forked_sweep_equals_serial(serial, processes):
     _equal_tables(serial, moesim.sweep(**GRID, processes=processes))
 
 
+def test_calling_process_takes_each_share_in_turn(serial, monkeypatch):
+    """Successive forked sweeps hand this process a different share each call (so a long-lived process lowers every
+    share and its later workers inherit them): its slices rotate through every share, and every call's table is the
+    serial one."""
+    parent, inner, mine = os.getpid(), distribute.run_range, []
+
+    def spy(plan, a, b, threads=1, buffers=None):
+        if os.getpid() == parent:
+            mine[-1].add(a)
+        return inner(plan, a, b, threads, buffers)
+
+    monkeypatch.setattr(distribute, "run_range", spy)
+    for _ in range(3):
+        mine.append(set())
+        _equal_tables(serial, moesim.sweep(**GRID, processes=3))
+    assert all(mine) and len({frozenset(m) for m in mine}) == 3
+    assert not (mine[0] & mine[1]) and not (mine[1] & mine[2]) and not (mine[0] & mine[2])
+
+
 def test_more_processes_than_groups():
     kw = dict(GRID, models=["qwen3-30b-a3b"], quants=["Q4_K_M"], machines=[GRID["machines"][0]], placements=["auto"])
     _equal_tables(moesim.sweep(**kw), moesim.sweep(**kw, processes=8))

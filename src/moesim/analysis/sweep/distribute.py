@@ -6,6 +6,7 @@ A worker process keeps the plans of the sweeps it runs (:data:`_PLANS`, by spec 
 each among its threads: a Plan and its Groups are safe to share (see :class:`~.group.Group`)."""
 from __future__ import annotations
 
+import itertools
 import os
 import pickle
 import sys
@@ -162,12 +163,20 @@ def _child(plan: Plan, piece: list, threads: int, fd: int) -> None:
         os._exit(0)
 
 
+_TURNS = itertools.count()
+
+
 def _run_forked(plan: Plan, pending: list, threads: int, processes: int, progress: _Progress) -> dict:
     """In-memory chunks on ``processes`` forked workers, this process one of them: the plan (and what it
     has lowered) is inherited, not rebuilt, so a small sweep gains as much as a large one. The slices are
     joined per chunk in configuration order: the same columns as a serial run."""
     from .table import _concat
     shares = _pieces(plan, pending, processes)
+    # this process takes a different share on each call: what a worker lowers dies with it, so a long-lived
+    # process that kept the same share would lower the others' again on every call; turning, it has lowered every
+    # share after `processes` calls and its forked workers inherit them all (the same columns either way)
+    turn = next(_TURNS) % len(shares)
+    shares = shares[turn:] + shares[:turn]
     children = []
     sys.stdout.flush()
     sys.stderr.flush()
