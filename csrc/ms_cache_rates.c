@@ -13,16 +13,12 @@
 /* The segment of the window nodes r->win_n holding n (the end one beyond them): its nodes lo and hi,
  * n - x[lo] and x[hi] - x[lo]. Every expert's row shares the nodes, so a sum over experts finds the
  * segment once. */
-typedef struct {
-    int32_t lo, hi;
-    double dn, dx;
-} win_seg_t;
+typedef struct { int32_t lo, hi; double dn, dx; } win_seg_t;
 
 /* The segment [x[lo], x[hi]] of the increasing lengths x[0 .. count) holding n (or the end one). */
 static void node_segment(const double *x, int32_t count, double n, int32_t *lo, int32_t *hi)
 {
-    *lo = 0;
-    *hi = count - 1;
+    *lo = 0; *hi = count - 1;
     while (*hi - *lo > 1) {
         int32_t mid = (*lo + *hi) / 2;
         if (x[mid] < n) *lo = mid; else *hi = mid;
@@ -35,8 +31,7 @@ static win_seg_t window_segment(const ms_routing_t *r, double n)
     win_seg_t s;
     int32_t lo, hi;
     node_segment(x, r->n_window, n, &lo, &hi);
-    s.lo = lo;
-    s.hi = hi;
+    s.lo = lo; s.hi = hi;
     s.dn = n - x[lo];
     s.dx = x[hi] - x[lo];
     return s;
@@ -486,10 +481,10 @@ static double last_miss_hits(double miss, double back, double D, double all)
  * E[x 1{n >= th}] = p Q_k + (Cov / scale) (Q_k+1 - Q_k), Q_a = P(Gamma(a) >= th): the experts this stretch of
  * requests favours are both counted and asked for. Scratch pc, pf, mu (shapes), sd (scales), p1, cv [E]. */
 static double lfu_moment_hits(const ms_routing_t *r, int32_t batch, int32_t l, double C, double steps,
-                              double warmup, double *pc, double *pf, double *mu, double *sd, double *p1, double *cv)
+                              double warmup, double *pc, double *pf, double *mu, double *sd, double *p1, double *cv, double *forced)
 {
     int32_t E = r->n_experts, M = r->n_moment;
-    double D = 0.0, support = 0.0, hsum = 0.0, dsum = 0.0;
+    double D = 0.0, support = 0.0, hsum = 0.0, dsum = 0.0, fsum = 0.0;
     lfu_window_rates(r, batch, 1, l, pc, pf, p1);
     for (int32_t e = 0; e < E; e++) {
         D += pc[e];
@@ -519,10 +514,12 @@ static double lfu_moment_hits(const ms_routing_t *r, int32_t batch, int32_t l, d
                 if (q > 0.0) all += q * log(fmax(fmin(1.0, (p * q + joint) / q), 1e-300));
             }
             h += last_miss_hits(miss, back, D, all);
+            fsum += exp(all) * D;
         }
         hsum += fmin(fmax(h, 0.0), D);
         dsum += D;
     }
+    *forced = dsum > 0.0 ? fsum / dsum : 0.0;
     return dsum > 0.0 ? hsum / dsum : 0.0;
 }
 
@@ -539,19 +536,20 @@ static double lfu_moment_hits(const ms_routing_t *r, int32_t batch, int32_t l, d
  * sum_e p_e P_e + the last miss (last_miss_hits: misses = sum_e p_e (1 - P_e), back = sum_e both_e (1 - P_e),
  * both_e = p - (1 - p) f, e in two consecutive steps). Averaged at MS_LFU_POINTS midpoints of [warmup, steps)
  * and over scenario combinations (as ms_lru_hit_rate); under token memory p and f from the window tables (with
- * count moments at one token per step: lfu_moment_hits, whose counts hold the requests' skew: gammas). Scratch:
- * pc, pf, mu, sd, pbar, pvar [E], lq and ls [S][E]. */
+ * count moments at one token per step: lfu_moment_hits, whose counts hold the requests' skew: gammas). *forced: the
+ * D-weighted share of steps needing every resident, exp(all) (ms_analytic.c lfu_layer). Scratch: pc, pf, mu, sd,
+ * pbar, pvar [E], lq and ls [S][E]. */
 double ms_lfu_hit_rate(const ms_routing_t *r, int32_t batch, int32_t tps, int32_t l, double C, double steps,
                            double warmup, double *pc, double *pf, double *mu, double *sd, double *pbar,
-                           double *pvar, double *lq, double *ls)
+                           double *pvar, double *lq, double *ls, double *forced)
 {
     /* up to MS_LFU_COMBOS combinations, spread over the S (the counts' threshold costs ~8 normal sums each) */
     int32_t E = r->n_experts, S = r->n_scenarios, combos = batch % S == 0 || r->win_lq ? 1 : S;
     int32_t stride = combos > MS_LFU_COMBOS ? combos / MS_LFU_COMBOS : 1;
     double R = r->request_tokens > 0 ? (double) r->request_tokens / tps : 0.0, hsum = 0.0, dsum = 0.0, th = 0.0;
-    double width = (steps - warmup) / MS_LFU_POINTS;
+    double width = (steps - warmup) / MS_LFU_POINTS, fsum = 0.0;
     if (r->win_lq && r->win_var && tps == 1)
-        return lfu_moment_hits(r, batch, l, C, steps, warmup, pc, pf, mu, sd, pbar, pvar);
+        return lfu_moment_hits(r, batch, l, C, steps, warmup, pc, pf, mu, sd, pbar, pvar, forced);
     if (r->win_lq) {
         lfu_window_rates(r, batch, tps, l, pc, pf, NULL);
         for (int32_t e = 0; e < E; e++) {          /* one combination: the earlier requests' mean is its own */
@@ -591,10 +589,12 @@ double ms_lfu_hit_rate(const ms_routing_t *r, int32_t batch, int32_t tps, int32_
                     if (P > 0.0) all += P * log(fmax(p, 1e-300));
                 }
                 if (C >= 1.0) h += last_miss_hits(miss, back, D, all);
+                fsum += C >= 1.0 ? exp(all) * D : 0.0;
             }
             hsum += fmin(h, D);
             dsum += D;
         }
     }
+    *forced = dsum > 0.0 ? fsum / dsum : 0.0;
     return dsum > 0.0 ? hsum / dsum : 0.0;
 }

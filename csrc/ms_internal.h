@@ -298,6 +298,6 @@ double ms_lru_hit_rate(const ms_routing_t *r, int32_t batch, int32_t tps, int32_
                        double *pf, double *che, double *lq, double *ls);
 double ms_lfu_hit_rate(const ms_routing_t *r, int32_t batch, int32_t tps, int32_t l, double C, double steps,
                        double warmup, double *pc, double *pf, double *mu, double *sd, double *pbar, double *pvar,
-                       double *lq, double *ls);
+                       double *lq, double *ls, double *forced);
 
 #endif

@@ -231,7 +231,8 @@ def lfu_point(m, steps, warmup):
 def lfu_moment_hits(rt, l, B, C, steps, warmup):
     """ms_cache_rates.c lfu_moment_hits: LFU under token memory at one token per step from one sequence's count
     moments (win_var, win_cov): gamma counts of the sequence's variance carried to the step's union, the next
-    step's presence regressed on the count."""
+    step's presence regressed on the count. Returns (hit rate, the D-weighted share of steps needing every
+    resident)."""
     E = int(rt["n_experts"])
     mn, var, cov = [float(x) for x in rt["win_m"]], [list(map(float, v)) for v in rt["win_var"][l]], \
         [list(map(float, c)) for c in rt["win_cov"][l]]
@@ -240,7 +241,7 @@ def lfu_moment_hits(rt, l, B, C, steps, warmup):
     for x in pc:
         D += x
         support += x > 0.0
-    hsum = dsum = 0.0
+    hsum = dsum = fsum = 0.0
     for m in range(LFU_POINTS):
         t = lfu_point(m, steps, warmup)
         shape, scale, cv = [], [], []
@@ -267,9 +268,10 @@ def lfu_moment_hits(rt, l, B, C, steps, warmup):
                 if q > 0.0:
                     every += q * math.log(max(min(1.0, (p * q + joint) / q), 1e-300))
             h += last_miss_hits(miss, back, D, every)
+            fsum += math.exp(every) * D
         hsum += min(max(h, 0.0), D)
         dsum += D
-    return hsum / dsum if dsum > 0.0 else 0.0
+    return (hsum / dsum if dsum > 0.0 else 0.0), (fsum / dsum if dsum > 0.0 else 0.0)
 
 
 def lfu_hit_rate(q, stick, request_tokens, l, E, B, tps, C, steps, warmup, windows=None):
@@ -277,7 +279,8 @@ def lfu_hit_rate(q, stick, request_tokens, l, E, B, tps, C, steps, warmup, windo
     C - 1 most counted experts and the previous step's last miss are resident; counts since the run began,
     normal, from the current request's combination and the earlier requests' mean. ``windows``: a token-memory
     routing (its win_n, win_lq), whose window tables give p and f (one combination); with its count moments at
-    one token per step, :func:`lfu_moment_hits`."""
+    one token per step, :func:`lfu_moment_hits`. Returns (hit rate, the D-weighted share of steps needing every
+    resident: the caller's LRU share, decode.py's layer counts as ms_analytic.c lfu_layer)."""
     if windows is not None and windows.get("win_var") is not None and tps == 1:
         return lfu_moment_hits(windows, l, B, C, steps, warmup)
     S = len(q)
@@ -298,7 +301,7 @@ def lfu_hit_rate(q, stick, request_tokens, l, E, B, tps, C, steps, warmup, windo
                     pbar[e] += x / S
                 else:
                     pvar[e] += (x - pbar[e]) * (x - pbar[e]) / S
-    hsum = dsum = th = 0.0
+    hsum = dsum = th = fsum = 0.0
     combos = 1 if B % S == 0 or windows is not None else S
     stride = combos // LFU_COMBOS if combos > LFU_COMBOS else 1      # up to LFU_COMBOS, spread (as the C)
     for j in range(0, combos, stride):
@@ -336,6 +339,7 @@ def lfu_hit_rate(q, stick, request_tokens, l, E, B, tps, C, steps, warmup, windo
                         every += P * math.log(max(p, 1e-300))
                 if C >= 1.0:
                     h += last_miss_hits(miss, back, D, every)
+                fsum += math.exp(every) * D if C >= 1.0 else 0.0
             hsum += min(h, D)
             dsum += D
-    return hsum / dsum if dsum > 0.0 else 0.0
+    return (hsum / dsum if dsum > 0.0 else 0.0), (fsum / dsum if dsum > 0.0 else 0.0)

@@ -373,8 +373,11 @@ def _layer_counts(rt, q, l, B, tps, slots, policy, hit=True, steps=256, warmup=3
     elif policy == POLICY_LRU:
         h = _lru_layer(rt, q, l, B, tps, float(slots), D)
     elif policy == POLICY_LFU:
-        h = lfu_hit_rate(q, float(rt["stickiness"][l]), int(rt.get("request_tokens", 0)), l, E, B, tps, float(slots),
-                         float(steps), float(warmup), windows=rt if memory else None)
+        h, forced = lfu_hit_rate(q, float(rt["stickiness"][l]), int(rt.get("request_tokens", 0)), l, E, B, tps,
+                                 float(slots), float(steps), float(warmup), windows=rt if memory else None)
+        forced *= D / E         # ms_analytic.c lfu_layer: LRU's rate on the steps that need every resident, as far
+        if forced > 0.0:        # as their accesses sweep the expert set
+            h = (1.0 - forced) * h + forced * _lru_layer(rt, q, l, B, tps, float(slots), D)
     else:
         h = pinned_p / D if D > 0 else 0.0      # static
     stick = float(rt["stickiness"][l])
@@ -456,8 +459,9 @@ def _pinned_sums(hot, slots, E, qbar, p):
 
 def _fetch_work(rt, c, i, l, D, h, free_p, w):
     """A fetching layer's expected misses (``w["n_fetch"]``) and prefetches from its hit rate ``h`` (LRU:
-    the sticky chain's or the windows', stickiness included; otherwise the pinned share); returns the hit rate."""
-    if c["policy"] == POLICY_LRU:
+    the sticky chain's or the windows', stickiness included; LFU: its counts'; static: what the pinned set
+    leaves); returns the hit rate."""
+    if c["policy"] in (POLICY_LRU, POLICY_LFU):
         w["n_fetch"] = D * (1.0 - h)
     else:
         w["n_fetch"] = free_p
