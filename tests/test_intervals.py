@@ -202,3 +202,29 @@ def test_chunk_fill_equals_the_group_by_group_fill():
         for f in I.FIELDS:
             assert np.array_equal(got[f], want[f], equal_nan=True), f
     I.fill_sweep_chunk(got, [], labels)
+
+
+def test_pooled_routing_spread_widens_the_interval():
+    """Issue 15: a pooled routing profile's spread across its workloads is carried into the interval of the speeds
+    that depend on routing. gpt-oss-20b's family default, gpt-oss:pooled, pools gpt-oss:mmlu and gpt-oss:mmlu-pro:
+    each bound moves out by its side's extreme ratio of a workload's analytic tok/s to the pooled profile's."""
+    m = moesim.machine(gpu="rtx-4090", host="ddr5-6000x2", host_mem_gb=64)
+    kw = dict(quant="MXFP4_MOE", placement="offload-cache=8", mode="analytic", batch=8)
+    pooled = moesim.simulate("gpt-oss-20b", m, **kw)
+    base = I.fields(pooled.decode_tok_s, pooled.prefill_tok_s, pooled.intervals["interval_regime"])
+    speeds = [moesim.simulate("gpt-oss-20b", m, routing=w, **kw).decode_tok_s for w in ("gpt-oss:mmlu", "gpt-oss:mmlu-pro")]
+    ratios = [s / pooled.decode_tok_s for s in speeds]
+    assert max(ratios) > 1.0 or min(ratios) < 1.0            # the workloads differ at this batch and cache
+    assert pooled.intervals["decode_tok_s_lo"] == pytest.approx(base["decode_tok_s_lo"] * min(1.0, min(ratios)))
+    assert pooled.intervals["decode_tok_s_hi"] == pytest.approx(base["decode_tok_s_hi"] * max(1.0, max(ratios)))
+    assert "gpt-oss:mmlu-pro" in pooled.intervals["interval_basis"]
+    # a Monte Carlo run widens by the same analytic ratios
+    mc = moesim.simulate("gpt-oss-20b", m, **dict(kw, mode="montecarlo"))
+    mc_base = I.fields(mc.decode_tok_s, mc.prefill_tok_s, mc.intervals["interval_regime"])
+    assert mc.intervals["decode_tok_s_hi"] == pytest.approx(mc_base["decode_tok_s_hi"] * max(1.0, max(ratios)))
+
+
+def test_profile_without_workloads_keeps_the_calibrated_interval():
+    m = moesim.machine(gpu="rtx-4090", host="ddr5-6000x2", host_mem_gb=64)
+    r = moesim.simulate("qwen3-30b-a3b", m, quant="Q4_K_M", placement="offload-cache=16", mode="analytic", batch=8)
+    assert r.intervals == I.fields(r.decode_tok_s, r.prefill_tok_s, r.intervals["interval_regime"])

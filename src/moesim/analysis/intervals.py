@@ -174,6 +174,27 @@ def fields(decode: "float | None", prefill: "float | None", key: str, table: "di
             "interval_regime": key, "interval_basis": basis}
 
 
+def widen_for_workloads(fields_: dict, ratios: dict, workloads: tuple) -> dict:
+    """*fields_* (:func:`fields`') widened by the routing's spread across the workloads its profile pools (issue 15):
+    ``ratios`` {metric: (min, max)} of each workload's tok/s over the pooled profile's, the same run otherwise.
+    The calibrated interval is the model's error under the pooled routing; which workload a user runs is a second,
+    independent uncertainty, so each bound moves out by its side's extreme ratio (bounds never move in)."""
+    out = dict(fields_)
+    notes = []
+    for metric in METRICS:
+        lo, hi = ratios.get(metric, (1.0, 1.0))
+        klo, khi = f"{metric}_tok_s_lo", f"{metric}_tok_s_hi"
+        if out.get(klo) is None or out.get(khi) is None:
+            continue
+        out[klo] *= min(1.0, lo)
+        out[khi] *= max(1.0, hi)
+        notes.append(f"{metric} x{lo:.3f}..{hi:.3f}")
+    if notes:
+        out["interval_basis"] = (f"{out['interval_basis']}; widened by the routing's workloads "
+                                 f"({', '.join(workloads)}: {', '.join(notes)} of the pooled profile's tok/s)")
+    return out
+
+
 def columns(key: str, table: "dict | None" = None) -> dict:
     """Multipliers ``{field: exp(log bound)}`` for one regime (NaN where none): a sweep group's whole
     columns are its tok/s columns times these."""

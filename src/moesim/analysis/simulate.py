@@ -154,7 +154,39 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
             "steady state under independent picks, so the two differ (a longer --tokens converges the first)"]
     out = _result(res, 0, batch, memory, mode, policy, tokens, seed, routing_name, pf_tok_s, ttft)
     out.intervals = I.fields(out.decode_tok_s, out.prefill_tok_s, I.regime(machine, p, rt))
+    prof = routing_profile(m, routing) if trace is None and dims.n_layers else None
+    if prof is not None and prof.workloads:
+        run_one = lambda table: _analytic_speeds(m, low, p, machine, rt, context, kv, batch, mem, table, cols, hw,
+                                                 prompt, engine)
+        ratios = _workload_ratios(m, prof, prefetch_recall, seed, run_one, rtab if mode == "analytic" else None,
+                                  (out.decode_tok_s, out.prefill_tok_s))
+        out.intervals = I.widen_for_workloads(out.intervals, ratios, prof.workloads)
     return check_result(out, capacities(c.cfg), m.max_context, allow_beyond_max_context, m.n_experts)
+
+
+def _analytic_speeds(m, low, p, machine, rt, context, kv, batch, mem, rtab, cols, hw, prompt, engine) -> tuple:
+    """(decode tok/s per sequence, prefill tok/s) of the run's configuration under routing tables *rtab*, analytic."""
+    tps = int(cols["tokens_per_step"][0])
+    dm = lower_model(m, low, p, machine, rt, context, kv, batch * tps, mem.by_class, mem.tier, routing=rtab)
+    res = run(dm, hw, rtab, dict(cols, mode=[MODES["analytic"]]), engine=engine)
+    return (float(res["accepted"][0]) / float(res["step_mean"][0]),
+            prefill(m, dm, hw, rtab, rt, prompt, batch)[0])
+
+
+def _workload_ratios(m, prof, prefetch_recall, seed, run_one, rtab_analytic, point: tuple) -> dict:
+    """{metric: (min, max)} over the workloads *prof* pools of their tok/s over the pooled profile's, both analytic
+    (issue 15: a pooled profile's spread carried into the interval of every speed that depends on routing). The
+    pooled run is the caller's own where it was analytic (*rtab_analytic*, *point*), else run here."""
+    base = point if rtab_analytic is not None else run_one(routing_table(m, prof, prefetch_recall, seed)[0])
+    speeds = [run_one(routing_table(m, wid, prefetch_recall, seed)[0]) for wid in prof.workloads]
+    out = {}
+    for k, metric in enumerate(I.METRICS):
+        if base[k] is None or not base[k] > 0:
+            continue
+        ratios = [s[k] / base[k] for s in speeds if s[k] is not None and s[k] > 0]
+        if ratios:
+            out[metric] = (min(ratios), max(ratios))
+    return out
 
 
 def routing_table(m: Model, routing=None, prefetch_recall: float | None = None, seed: int = 0, trace=None) -> tuple:
