@@ -85,6 +85,16 @@ def test_hit_rate_rises_with_cache_size(table):
         assert hits == sorted(hits) and hits[-1] > hits[0] + 0.3
 
 
+def _lfu_analytic_and_mc(model: str, batches, slots, tokens: int, seed: int, field: str = "expert_hit_rate"):
+    """(batch, slots, analytic, Monte Carlo) of *field* for LFU offload-cache runs of *model* on MACHINE."""
+    machine = moesim.machine(**MACHINE)
+    for b in batches:
+        for c in slots:
+            kw = dict(quant="Q4_K_M", context=4096, batch=b, cache_experts=c, policy="lfu", tokens=tokens, seed=seed)
+            yield (b, c, getattr(moesim.simulate(model, machine, mode="analytic", **kw), field),
+                   getattr(moesim.simulate(model, machine, mode="montecarlo", **kw), field))
+
+
 @pytest.mark.parametrize("tokens", [256, 1024])
 def test_lfu_hit_rate_within_002_of_monte_carlo(tokens):
     """LFU counts from the start of a run, so its hit rate depends on the run's length (ms_cache_rates.c
@@ -93,13 +103,8 @@ def test_lfu_hit_rate_within_002_of_monte_carlo(tokens):
     read before: up to 0.15 low at batch 1); 0.008 at 1024 steps once a point past the first request reads the
     current request's true phase (t mod R, steps of the run's quarter shorter than a request; 0.012 before).
     Token-memory profiles: test_lfu_on_token_memory_profiles; deepseek-r1: test_lfu_deepseek_r1."""
-    machine = moesim.machine(**MACHINE)
-    for b in (1, 4, 16):
-        for c in (16, 48, 96):
-            kw = dict(quant="Q4_K_M", context=4096, batch=b, cache_experts=c, policy="lfu", tokens=tokens, seed=1)
-            an = moesim.simulate("qwen3-30b-a3b", machine, mode="analytic", **kw).expert_hit_rate
-            mc = moesim.simulate("qwen3-30b-a3b", machine, mode="montecarlo", **kw).expert_hit_rate
-            assert 0.0 < mc <= 1.0 and abs(an - mc) <= 0.02, (tokens, b, c, an, mc)
+    for b, c, an, mc in _lfu_analytic_and_mc("qwen3-30b-a3b", (1, 4, 16), (16, 48, 96), tokens, 1):
+        assert 0.0 < mc <= 1.0 and abs(an - mc) <= 0.02, (tokens, b, c, an, mc)
 
 
 def test_lfu_deepseek_r1():
@@ -107,13 +112,8 @@ def test_lfu_deepseek_r1():
     requests: a point in the second request counts the current request's steps since its true start (t mod R);
     the stratified phase it read before, (m + 0.5) R / 4, gave the request 2-3x the steps it had run and the
     hit rate 0.036 high at batch 1 (64-128 slots). Measured 2026-12-05: within 0.015."""
-    machine = moesim.machine(**MACHINE)
-    for b in (1, 4, 16):
-        for c in (16, 64, 128):
-            kw = dict(quant="Q4_K_M", context=4096, batch=b, cache_experts=c, policy="lfu", tokens=1024, seed=1)
-            an = moesim.simulate("deepseek-r1", machine, mode="analytic", **kw).expert_hit_rate
-            mc = moesim.simulate("deepseek-r1", machine, mode="montecarlo", **kw).expert_hit_rate
-            assert 0.0 < mc <= 1.0 and abs(an - mc) <= 0.02, (b, c, an, mc)
+    for b, c, an, mc in _lfu_analytic_and_mc("deepseek-r1", (1, 4, 16), (16, 64, 128), 1024, 1):
+        assert 0.0 < mc <= 1.0 and abs(an - mc) <= 0.02, (b, c, an, mc)
 
 
 def test_lfu_where_a_step_needs_every_resident():
@@ -122,13 +122,8 @@ def test_lfu_where_a_step_needs_every_resident():
     agree there: 0.380 and 0.379 at 4 slots, batch 16). The count model alone read 0.426 (+0.046; +0.061 at 6
     slots); ms_analytic.c lfu_layer takes LRU's rate on the share of steps that need every resident, as far as
     their accesses sweep the expert set. Measured 2026-12-07 (2,000 tokens, seed 0): within 0.015 at 3-6 slots."""
-    machine = moesim.machine(**MACHINE)
-    for b in (8, 16):
-        for c in (3, 4, 6):
-            kw = dict(quant="Q4_K_M", context=4096, batch=b, cache_experts=c, policy="lfu", tokens=2000, seed=0)
-            an = moesim.simulate("mixtral-8x7b", machine, mode="analytic", **kw).expert_hit_rate
-            mc = moesim.simulate("mixtral-8x7b", machine, mode="montecarlo", **kw).expert_hit_rate
-            assert 0.0 < mc <= 1.0 and abs(an - mc) <= 0.02, (b, c, an, mc)
+    for b, c, an, mc in _lfu_analytic_and_mc("mixtral-8x7b", (8, 16), (3, 4, 6), 2000, 0):
+        assert 0.0 < mc <= 1.0 and abs(an - mc) <= 0.02, (b, c, an, mc)
 
 
 def test_lfu_decode_speed_follows_its_hit_rate():
@@ -136,13 +131,8 @@ def test_lfu_decode_speed_follows_its_hit_rate():
     fetch_layer). It fetched what the pinned hottest set leaves (static's rule) before 2026-12-07, while reporting LFU's
     hit rate: qwen3-30b-a3b at 48 slots, batch 1, read 19 % fewer tok/s than Monte Carlo with hit rates 0.001 apart.
     Measured 2026-12-07 (1,000 tokens): within 1.6 % at 16-48 slots, batches 1-16."""
-    machine = moesim.machine(**MACHINE)
-    for b in (1, 4, 16):
-        for c in (16, 48):
-            kw = dict(quant="Q4_K_M", context=4096, batch=b, cache_experts=c, policy="lfu", tokens=1000, seed=0)
-            an = moesim.simulate("qwen3-30b-a3b", machine, mode="analytic", **kw).decode_tok_s
-            mc = moesim.simulate("qwen3-30b-a3b", machine, mode="montecarlo", **kw).decode_tok_s
-            assert abs(an / mc - 1.0) <= 0.03, (b, c, an, mc)
+    for b, c, an, mc in _lfu_analytic_and_mc("qwen3-30b-a3b", (1, 4, 16), (16, 48), 1000, 0, "decode_tok_s"):
+        assert abs(an / mc - 1.0) <= 0.03, (b, c, an, mc)
 
 
 # token-memory family defaults: (model, GPU expert-cache sizes)
