@@ -17,6 +17,7 @@ issue 15). The other v2 defaults (gpt-oss:pooled, deepseek-v2:v2) and qwen3-30b-
 at a few sizes and batches each."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import moesim
@@ -161,3 +162,19 @@ def test_lfu_on_token_memory_profiles(routing):
             an = moesim.simulate(model, machine, mode="analytic", **kw).expert_hit_rate
             mc = moesim.simulate(model, machine, mode="montecarlo", **kw).expert_hit_rate
             assert 0.0 < mc <= 1.0 and abs(an - mc) <= 0.03, (routing, b, c, an, mc)
+
+
+@pytest.mark.parametrize("model,quant,n_experts", [("mixtral-8x7b", "Q4_K_M", 8), ("gpt-oss-20b", "MXFP4_MOE", 32)])
+def test_lfu_more_slots_never_slower(model, quant, n_experts):
+    """The analytic LFU rate interpolates between its count model and LRU's (ms_analytic.c lfu_layer) with a weight
+    that moves with the slots: the hit rate and decode tok/s still rise with every added slot, 0..E, at each batch."""
+    machine = moesim.machine(**MACHINE)
+    for b in (1, 2, 4, 8, 16, 64):
+        t = moesim.sweep(models=[model], quants=[quant], machines=[machine], placements=["offload-cache"],
+                         cache_experts=list(range(n_experts + 1)), policies=["lfu"], contexts=[4096], batches=[b],
+                         filter={"skip_inapplicable": True}, progress=False)
+        order = np.argsort(np.asarray(t["cache_experts"]))
+        hit = np.nan_to_num(np.asarray(t["expert_hit_rate"])[order])
+        tok = np.asarray(t["decode_tok_s"])[order]
+        assert len(tok) == n_experts + 1
+        assert np.all(np.diff(hit) >= -1e-12) and np.all(np.diff(tok) >= -1e-12 * tok[1:]), b
