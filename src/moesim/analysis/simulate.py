@@ -156,11 +156,8 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
     out.intervals = I.fields(out.decode_tok_s, out.prefill_tok_s, I.regime(machine, p, rt))
     prof = routing_profile(m, routing) if trace is None and dims.n_layers else None
     if prof is not None and prof.workloads:
-        run_one = lambda table: _analytic_speeds(m, low, p, machine, rt, context, kv, batch, mem, table, cols, hw,
-                                                 prompt, engine)
-        ratios = _workload_ratios(m, prof, prefetch_recall, seed, run_one, rtab if mode == "analytic" else None,
-                                  (out.decode_tok_s, out.prefill_tok_s))
-        out.intervals = I.widen_for_workloads(out.intervals, ratios, prof.workloads)
+        out.intervals = _widened_for_workloads(out, m, prof, prefetch_recall, seed, mode, lambda tab: _analytic_speeds(
+            m, low, p, machine, rt, context, kv, batch, mem, tab, cols, hw, prompt, engine))
     return check_result(out, capacities(c.cfg), m.max_context, allow_beyond_max_context, m.n_experts)
 
 
@@ -173,11 +170,19 @@ def _analytic_speeds(m, low, p, machine, rt, context, kv, batch, mem, rtab, cols
             prefill(m, dm, hw, rtab, rt, prompt, batch)[0])
 
 
-def _workload_ratios(m, prof, prefetch_recall, seed, run_one, rtab_analytic, point: tuple) -> dict:
-    """{metric: (min, max)} over the workloads *prof* pools of their tok/s over the pooled profile's, both analytic
-    (issue 15: a pooled profile's spread carried into the interval of every speed that depends on routing). The
-    pooled run is the caller's own where it was analytic (*rtab_analytic*, *point*), else run here."""
-    base = point if rtab_analytic is not None else run_one(routing_table(m, prof, prefetch_recall, seed)[0])
+def _widened_for_workloads(out, m, prof, prefetch_recall, seed, mode: str, run_one) -> dict:
+    """*out*'s intervals widened by the spread of *prof*'s workloads (issue 15: a pooled profile's spread carried
+    into the interval of every speed that depends on routing): {metric: (min, max)} of each workload's analytic
+    tok/s (``run_one(routing tables)``) over the pooled profile's, the run's own where it was analytic."""
+    point = (out.decode_tok_s, out.prefill_tok_s)
+    ratios = _workload_ratios(m, prof, prefetch_recall, seed, run_one, point if mode == "analytic" else None)
+    return I.widen_for_workloads(out.intervals, ratios, prof.workloads)
+
+
+def _workload_ratios(m, prof, prefetch_recall, seed, run_one, point: "tuple | None") -> dict:
+    """{metric: (min, max)} over the workloads *prof* pools of their tok/s over the pooled profile's, both analytic;
+    *point*: the pooled profile's analytic (decode, prefill) tok/s where known, else run here."""
+    base = point if point is not None else run_one(routing_table(m, prof, prefetch_recall, seed)[0])
     speeds = [run_one(routing_table(m, wid, prefetch_recall, seed)[0]) for wid in prof.workloads]
     out = {}
     for k, metric in enumerate(I.METRICS):
