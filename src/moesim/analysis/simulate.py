@@ -172,26 +172,19 @@ def _analytic_speeds(m, low, p, machine, rt, context, kv, batch, mem, rtab, cols
 
 def _widened_for_workloads(out, m, prof, prefetch_recall, seed, mode: str, run_one) -> dict:
     """*out*'s intervals widened by the spread of *prof*'s workloads (issue 15: a pooled profile's spread carried
-    into the interval of every speed that depends on routing): {metric: (min, max)} of each workload's analytic
+    into the interval of every speed that depends on routing): per metric, (min, max) of each workload's analytic
     tok/s (``run_one(routing tables)``) over the pooled profile's, the run's own where it was analytic."""
-    point = (out.decode_tok_s, out.prefill_tok_s)
-    ratios = _workload_ratios(m, prof, prefetch_recall, seed, run_one, point if mode == "analytic" else None)
-    return I.widen_for_workloads(out.intervals, ratios, prof.workloads)
-
-
-def _workload_ratios(m, prof, prefetch_recall, seed, run_one, point: "tuple | None") -> dict:
-    """{metric: (min, max)} over the workloads *prof* pools of their tok/s over the pooled profile's, both analytic;
-    *point*: the pooled profile's analytic (decode, prefill) tok/s where known, else run here."""
-    base = point if point is not None else run_one(routing_table(m, prof, prefetch_recall, seed)[0])
+    base = ((out.decode_tok_s, out.prefill_tok_s) if mode == "analytic"
+            else run_one(routing_table(m, prof, prefetch_recall, seed)[0]))
     speeds = [run_one(routing_table(m, wid, prefetch_recall, seed)[0]) for wid in prof.workloads]
-    out = {}
+    ratios = {}
     for k, metric in enumerate(I.METRICS):
         if base[k] is None or not base[k] > 0:
             continue
-        ratios = [s[k] / base[k] for s in speeds if s[k] is not None and s[k] > 0]
-        if ratios:
-            out[metric] = (min(ratios), max(ratios))
-    return out
+        got = [s[k] / base[k] for s in speeds if s[k] is not None and s[k] > 0]
+        if got:
+            ratios[metric] = (min(got), max(got))
+    return I.widen_for_workloads(out.intervals, ratios, prof.workloads)
 
 
 def routing_table(m: Model, routing=None, prefetch_recall: float | None = None, seed: int = 0, trace=None) -> tuple:

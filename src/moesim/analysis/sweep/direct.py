@@ -55,6 +55,7 @@ def evaluate(grp, keys: np.ndarray, context: np.ndarray, batch: np.ndarray, out:
     kernel's choice of candidate and page-cache slots) and contexts: every distinct (candidate, page-cache
     slots, context, lowering key) of the rows is one job of one kernel call (engine.decode.run_prepared)."""
     from ...engine.decode import run_prepared
+    from ...engine.prefill import rate_ttft
     # the distinct (key, context) pairs in first-seen order (a dict: np.unique(axis=0) sorts a structured view,
     # slower than the kernel call on a group's few rows)
     index: dict = {}
@@ -81,7 +82,7 @@ def evaluate(grp, keys: np.ndarray, context: np.ndarray, batch: np.ndarray, out:
     b = np.array(row_batch, dtype=np.int64)
     vals = np.empty((len(index), 4))
     vals[at, 0] = rows[:, 9] / rows[:, 0]
-    vals[at, 1] = grp.prompt * b / (np.array(seconds, dtype=np.float64) * b)     # engine.prefill.rate_ttft's
+    vals[at, 1] = rate_ttft(grp.prompt, np.array(seconds, dtype=np.float64), b)[0]
     vals[at, 2] = np.where(rows[:, 11] < 0, np.nan, rows[:, 11])
     vals[at, 3] = np.argmax(rows[:, 1:9], axis=1)
     tok = vals[inverse, 0]

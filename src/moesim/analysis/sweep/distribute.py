@@ -149,14 +149,14 @@ def _shared_columns(plan: Plan, n: int) -> dict:
     """The plan's output columns for n rows in one anonymous shared mapping (mmap.mmap(-1, ...): shared with the
     processes forked after it): a worker writes its rows there and the caller reads them in place, instead of
     pickling them down a pipe (issue 19's grid: ~100 MB of columns a worker)."""
-    dtypes = _empty_columns(plan, 1)
+    dtypes = {c: a.dtype for c, a in _empty_columns(plan, 1).items()}
     offsets, total = {}, 0
     for c in plan.columns:
         total = -(-total // 8) * 8
         offsets[c] = total
         total += dtypes[c].itemsize * n
     mm = mmap.mmap(-1, max(total, 1))
-    return {c: np.frombuffer(mm, dtype=dtypes[c].dtype, count=n, offset=offsets[c]) for c in plan.columns}
+    return {c: np.frombuffer(mm, dtype=dtypes[c], count=n, offset=offsets[c]) for c in plan.columns}
 
 
 def _child(plan: Plan, piece: list, threads: int, fd: int, shared: dict) -> None:
