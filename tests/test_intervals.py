@@ -228,3 +228,51 @@ def test_profile_without_workloads_keeps_the_calibrated_interval():
     m = moesim.machine(gpu="rtx-4090", host="ddr5-6000x2", host_mem_gb=64)
     r = moesim.simulate("qwen3-30b-a3b", m, quant="Q4_K_M", placement="offload-cache=16", mode="analytic", batch=8)
     assert r.intervals == I.fields(r.decode_tok_s, r.prefill_tok_s, r.intervals["interval_regime"])
+
+
+@pytest.mark.parametrize("axes", [{}, {"prefetch_recall": [0.5]}], ids=["split", "prefetch"])
+def test_sweep_carries_the_pooled_routing_spread_as_simulate_does(axes):
+    """Issue 15 in sweeps: a gpt-oss row's interval (family default gpt-oss:pooled) is simulate's, widened by the
+    same workload ratios, on the split analytic path and the whole-step one (prefetch; gpt-oss has no MTP), at batches and
+    caches where the workloads move the bounds; a row of a profile that pools nothing keeps the calibrated one."""
+    kw = dict(placements=["offload-cache=8", "experts-cpu"], contexts=[2048, 32768], batches=[1, 8], progress=False)
+    t = moesim.sweep(models=["gpt-oss-20b"], quants=["MXFP4_MOE"], machines=[GPU_BOX],
+                     routing=["auto", "gpt-oss:mmlu"], **kw, **axes)
+    m = moesim.machine(**GPU_BOX)
+    moved = 0
+    for row in t.to_dicts():
+        sim = dict(quant=row["quant"], placement=row["placement"], context=row["context"], batch=row["batch"],
+                   mode="analytic", routing=None if row["routing"] == "auto" else row["routing"],
+                   prefetch_recall=row.get("prefetch_recall"))
+        s = moesim.simulate("gpt-oss-20b", m, **sim)
+        for k in I.FIELDS:
+            assert row[k] == pytest.approx(s.intervals[k], rel=1e-9), (row, k)
+        calibrated = I.fields(row["decode_tok_s"], row["prefill_tok_s"], s.intervals["interval_regime"])
+        if row["routing"] == "gpt-oss:mmlu":
+            assert all(row[k] == pytest.approx(calibrated[k], rel=1e-12) for k in I.FIELDS)
+        else:
+            moved += row["decode_tok_s_hi"] > calibrated["decode_tok_s_hi"] * (1 + 1e-9)
+    assert moved > 0
+
+
+def test_montecarlo_sweep_widens_by_the_analytic_workload_ratios():
+    """A Monte Carlo sweep's rows widen by analytic ratios (workload over pooled, both analytic), simulate's rule."""
+    t = moesim.sweep(models=["gpt-oss-20b"], quants=["MXFP4_MOE"], machines=[GPU_BOX], placements=["offload-cache=8"],
+                     contexts=[4096], batches=[1, 8], mode="montecarlo", progress=False)
+    m = moesim.machine(**GPU_BOX)
+    for row in t.to_dicts():
+        s = moesim.simulate("gpt-oss-20b", m, quant="MXFP4_MOE", placement="offload-cache=8", context=4096,
+                            batch=row["batch"], mode="montecarlo")
+        for k in ("decode_tok_s_lo", "decode_tok_s_hi"):
+            assert row[k] / row["decode_tok_s"] == pytest.approx(s.intervals[k] / s.decode_tok_s, rel=1e-9)
+
+
+def test_fit_carries_the_pooled_routing_spread_as_simulate_does():
+    m = moesim.machine(**GPU_BOX)
+    row = moesim.fit("gpt-oss-120b", m, quants=["MXFP4_MOE"], context=4096, batch=8)[0]
+    s = moesim.simulate("gpt-oss-120b", m, quant="MXFP4_MOE", context=4096, batch=8, placement=row["placement"],
+                        mode="analytic")
+    assert "widened by the routing's workloads" in row["interval_basis"]
+    for k in I.FIELDS:
+        assert row[k] == pytest.approx(s.intervals[k], rel=1e-12)
+    assert row["interval_basis"] == s.intervals["interval_basis"]

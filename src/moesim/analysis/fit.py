@@ -103,5 +103,26 @@ def fit(model, machine: Machine, quants=None, context: int = 4096, batch: int = 
             rec.update(speculation_fields(m, c.low, machine, c.runtime, c.placement, context, batch, c.kv, c.mem,
                                           mtp, acc, routing, policy, prefetch_recall))
         rec.update(interval_fields(rec["decode_tok_s"], rec["prefill_tok_s"], regime(machine, c.placement, c.runtime)))
+        if rec["decode_tok_s"] is not None:
+            rec.update(_workload_spread(m, c, machine, context, batch, mtp, acc.rate, rec, routing, policy,
+                                        prefetch_recall))
         out.append(check_record(rec, capacities(c.cfg), m.max_context, allow_beyond_max_context))
     return out
+
+
+def _workload_spread(m, c, machine, context: int, batch: int, mtp: int, acceptance: float, rec: dict, routing,
+                     policy: str, prefetch_recall) -> dict:
+    """The record's interval fields widened by its routing profile's workloads, as simulate's (issue 15); {} where
+    the profile pools none (or the model routes nothing)."""
+    from ..engine.lower.routing import RoutingDims
+    from .simulate import estimate, routing_profile, widened_for_workloads
+    if RoutingDims.of(m).n_layers == 0:
+        return {}
+    prof = routing_profile(m, routing)
+    if not prof.workloads:
+        return {}
+    fields_ = {k: rec[k] for k in ("decode_tok_s_lo", "decode_tok_s_hi", "prefill_tok_s_lo", "prefill_tok_s_hi",
+                                   "interval_regime", "interval_basis")}
+    return widened_for_workloads(fields_, (rec["decode_tok_s"], rec["prefill_tok_s"]), prof, lambda r: estimate(
+        m, c.low, machine, c.runtime, c.placement, context, batch, c.kv, c.mem, mtp, acceptance, routing=r,
+        policy=policy, prefetch_recall=prefetch_recall))

@@ -195,6 +195,16 @@ def widen_for_workloads(fields_: dict, ratios: dict, workloads: tuple) -> dict:
     return out
 
 
+def widen_columns(cols: dict, rows, ratios: dict) -> None:
+    """:func:`widen_for_workloads` of sweep columns: the interval columns' ``rows`` of ``cols`` widened in place by
+    ``ratios`` {metric: (min ratios, max ratios)}, arrays over those rows (bounds never move in)."""
+    for metric in METRICS:
+        if metric in ratios:
+            lo, hi = ratios[metric]
+            cols[f"{metric}_tok_s_lo"][rows] *= np.minimum(1.0, lo)
+            cols[f"{metric}_tok_s_hi"][rows] *= np.maximum(1.0, hi)
+
+
 def columns(key: str, table: "dict | None" = None) -> dict:
     """Multipliers ``{field: exp(log bound)}`` for one regime (NaN where none): a sweep group's whole
     columns are its tok/s columns times these."""

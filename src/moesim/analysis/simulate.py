@@ -79,6 +79,15 @@ def _check_fraction(value, name: str, lo: float = 0.0, hi: float = 1.0) -> float
     return float(value)
 
 
+def _checked_warmup(warmup, tokens: int) -> int:
+    if warmup is None:   # one default for sampled and replayed routing (docs/cost-model.md "Routing")
+        warmup = min(32, tokens // 4)
+    warmup = check_count(warmup, "warmup", minimum=0)
+    if warmup >= tokens:
+        raise MoesimError(f"must be smaller than tokens ({tokens}), got {warmup}", "warmup")
+    return warmup
+
+
 def simulate(model, machine: Machine, quant="native", context: int = 4096, batch: int = 1, placement=None,
              runtime=None, kv_dtype: str | None = None, policy: str = "lru", cache_experts: int | None = None,
              prefetch_recall: float | None = None, tokens: int = 256, warmup: int | None = None, seed: int = 0,
@@ -113,11 +122,7 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
     policy, mode = _policy_and_mode(policy, mode)
     if prefetch_recall is not None:
         prefetch_recall = _check_fraction(prefetch_recall, "prefetch_recall")
-    if warmup is None:   # one default for sampled and replayed routing (docs/cost-model.md "Routing")
-        warmup = min(32, tokens // 4)
-    warmup = check_count(warmup, "warmup", minimum=0)
-    if warmup >= tokens:
-        raise MoesimError(f"must be smaller than tokens ({tokens}), got {warmup}", "warmup")
+    warmup = _checked_warmup(warmup, tokens)
 
     c = configure_run(m, quant, machine, runtime, placement, context, batch, kv_dtype, mtp, parallel, cache_experts,
                       redundant_experts, ubatch)
@@ -156,8 +161,10 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
     out.intervals = I.fields(out.decode_tok_s, out.prefill_tok_s, I.regime(machine, p, rt))
     prof = routing_profile(m, routing) if trace is None and dims.n_layers else None
     if prof is not None and prof.workloads:
-        out.intervals = _widened_for_workloads(out, m, prof, prefetch_recall, seed, mode, lambda tab: _analytic_speeds(
-            m, low, p, machine, rt, context, kv, batch, mem, tab, cols, hw, prompt, engine))
+        out.intervals = widened_for_workloads(out.intervals, (out.decode_tok_s, out.prefill_tok_s) if mode == "analytic"
+                                              else None, prof, lambda r: _analytic_speeds(
+            m, low, p, machine, rt, context, kv, batch, mem, routing_table(m, r, prefetch_recall, seed)[0], cols, hw,
+            prompt, engine))
     return check_result(out, capacities(c.cfg), m.max_context, allow_beyond_max_context, m.n_experts)
 
 
@@ -170,13 +177,13 @@ def _analytic_speeds(m, low, p, machine, rt, context, kv, batch, mem, rtab, cols
             prefill(m, dm, hw, rtab, rt, prompt, batch)[0])
 
 
-def _widened_for_workloads(out, m, prof, prefetch_recall, seed, mode: str, run_one) -> dict:
-    """*out*'s intervals widened by the spread of *prof*'s workloads (issue 15: a pooled profile's spread carried
-    into the interval of every speed that depends on routing): per metric, (min, max) of each workload's analytic
-    tok/s (``run_one(routing tables)``) over the pooled profile's, the run's own where it was analytic."""
-    base = ((out.decode_tok_s, out.prefill_tok_s) if mode == "analytic"
-            else run_one(routing_table(m, prof, prefetch_recall, seed)[0]))
-    speeds = [run_one(routing_table(m, wid, prefetch_recall, seed)[0]) for wid in prof.workloads]
+def widened_for_workloads(intervals: dict, base: "tuple | None", prof: R.RoutingProfile, run_one) -> dict:
+    """*intervals* widened by the spread of *prof*'s workloads (issue 15: a pooled profile's spread carried into the
+    interval of every speed that depends on routing): per metric, (min, max) of each workload's analytic
+    (decode, prefill) tok/s, ``run_one(routing profile)``, over the pooled profile's: *base*, the run's own where it
+    was analytic, else ``run_one(prof)``."""
+    base = run_one(prof) if base is None else base
+    speeds = [run_one(wid) for wid in prof.workloads]
     ratios = {}
     for k, metric in enumerate(I.METRICS):
         if base[k] is None or not base[k] > 0:
@@ -184,7 +191,7 @@ def _widened_for_workloads(out, m, prof, prefetch_recall, seed, mode: str, run_o
         got = [s[k] / base[k] for s in speeds if s[k] is not None and s[k] > 0]
         if got:
             ratios[metric] = (min(got), max(got))
-    return I.widen_for_workloads(out.intervals, ratios, prof.workloads)
+    return I.widen_for_workloads(intervals, ratios, prof.workloads)
 
 
 def routing_table(m: Model, routing=None, prefetch_recall: float | None = None, seed: int = 0, trace=None) -> tuple:

@@ -39,7 +39,7 @@ def _unit(grp, j: int, ps: int, context: int, lk: tuple, batches: tuple) -> tupl
     # the lowered model, machine and prefill read neither the cache policy nor the prefetch recall (the routing's
     # recall column): the plan's groups that differ only in those share them, and a later sweep's group that reads
     # the same objects finds them kept for the process (.kept; the routing by its tables' ids, recall included)
-    key = (("direct", j, ps, context, lk)
+    key = (("direct", j, ps, context, lk, id(grp.routing))     # the routing: a workload's shadow (.workloads) too
            + tuple(sorted((a, i) for a, i in grp.ix.items() if a not in ("policies", "prefetch_recall"))))
     dm, pdm, phw, seconds = plan.shared(key, lambda: kept(
         ("direct", id(grp.low), grp.kv, id(grp.rt), id(grp.machine), p, lk, ps, context, grp.mtp, grp.kernel_mix,

@@ -105,6 +105,7 @@ class Group:
         self.labels = {"model": None, "machine": plan.machine_labels[ix["machines"]],
                        "policy": v["policies"][ix["policies"]]}
         self.opts = {a: v[a][ix[a]] for a in OPTION_AXES}
+        self.workload_shadows = None    # (.workloads.shadows): built on the group's first evaluated rows
         if self.skip:
             return
         m = self.m = plan.models[ix["models"]]

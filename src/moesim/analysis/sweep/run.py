@@ -7,7 +7,8 @@ import numpy as np
 from ...engine import _kernel
 from ...engine.glue import handle_library_error
 from ..consistency import check_chunk
-from ..intervals import fill_sweep_chunk
+from ..intervals import fill_sweep_chunk, widen_columns
+from .workloads import workload_ratios
 from .table import DECODE_COLUMNS, INTERVAL_COLUMNS, column_type, decode_columns
 
 
@@ -30,8 +31,9 @@ def _empty_columns(plan, n: int) -> dict:
 
 
 def _run_group(plan, grp, cols: dict, key: np.ndarray, variant: np.ndarray, a: int, b: int, start: int,
-               threads: int, views: tuple) -> None:
-    """Rows [a, b) (global indices, one group) into cols[a - start : b - start]; ``views``: (memory columns, decode
+               threads: int, views: tuple) -> "dict | None":
+    """Rows [a, b) (global indices, one group) into cols[a - start : b - start]; returns the rows' routing-workload
+    ratios (.workloads.workload_ratios: None where the group's profile pools none); ``views``: (memory columns, decode
     columns) of the whole chunk (:func:`_chunk_views`), which the kernels write from row a - start on. The
     columns that hold one value per group (codes, options, cache bytes per token) are :func:`_fill_constants`', the
     interval columns intervals.fill_sweep_chunk's (run_range fills both for the chunk)."""
@@ -44,7 +46,7 @@ def _run_group(plan, grp, cols: dict, key: np.ndarray, variant: np.ndarray, a: i
     if grp.direct:
         from .direct import evaluate
         evaluate(grp, keys, ctx, bat, {k: v[s0:s1] for k, v in dec_view.items()})
-        return
+        return workload_ratios(grp, cols, key, s0, s1, threads)
     var = variant[s0:s1]
     # evaluate with the very table the rows were resolved against (others may grow the group meanwhile)
     table = grp.resolve_variants(keys, var)
@@ -57,6 +59,7 @@ def _run_group(plan, grp, cols: dict, key: np.ndarray, variant: np.ndarray, a: i
                                              {k: v[s0:s1] for k, v in dec_view.items()})
         where = "ms_sweep_montecarlo"
     handle_library_error(code, where, start + s0 + max(bad, 0))
+    return workload_ratios(grp, cols, key, s0, s1, threads)
 
 
 def _chunk_views(plan, cols: dict, key: np.ndarray) -> tuple:
@@ -117,7 +120,7 @@ def run_range(plan, start: int, end: int, threads: int = 1, buffers: dict | None
     g0, g1 = start // plan.block, (end - 1) // plan.block
     segments = []
     views = _chunk_views(plan, cols, key)
-    consts, lengths, intervals = [], [], []
+    consts, lengths, intervals, widen = [], [], [], []
     for g in range(g0, g1 + 1) if n > 0 else ():
         a = max(start, g * plan.block)
         b = min(end, (g + 1) * plan.block)
@@ -131,7 +134,9 @@ def run_range(plan, start: int, end: int, threads: int = 1, buffers: dict | None
             continue
         consts.append((grp.codes, grp.option_values, grp.kv_bytes_per_token))
         intervals.append((a - start, b - start, grp.machine, grp.rt))
-        _run_group(plan, grp, cols, key, variant, a, b, start, threads, views)
+        ratios = _run_group(plan, grp, cols, key, variant, a, b, start, threads, views)
+        if ratios is not None:
+            widen.append((slice(a - start, b - start), ratios))
         segments.append((a - start, b - start, grp.facts))     # not the group: see ChunkFacts
         limit = grp.m.max_context
         if limit > 0 and not plan.norm["filter"].get("allow_beyond_max_context", False):
@@ -142,6 +147,8 @@ def run_range(plan, start: int, end: int, threads: int = 1, buffers: dict | None
                 keep[a - start:b - start] &= ~beyond
     _fill_constants(cols, consts, lengths, n)
     fill_sweep_chunk(cols, intervals, plan.dicts["placement"])
+    for rows, ratios in widen:          # a pooled routing profile's spread across its workloads (issue 15)
+        widen_columns(cols, rows, ratios)
     check_chunk(plan, cols, segments, threads)     # every evaluated row, before filters or a file see it
     keep = _filter_rows(plan, cols, keep, n)
     names = plan.columns

@@ -172,11 +172,12 @@ def _prepared_routing(plan, rt: dict):
 class DecodeVariants:
     """The growing set of a group's decode variants and their current :class:`VariantTable`."""
 
-    def __init__(self, group):
+    def __init__(self, group, analytic: bool = False):
         # a weak reference: the group holds this object, and a cycle would keep every group the plan's
         # cache evicts alive until a full collection (whose cost grows with them: issue 19's wide grids)
         self._group = weakref.ref(group)
-        self.mc = group.plan.mode == "montecarlo"
+        # analytic: a Monte Carlo sweep's analytic shadow of the group (.workloads)
+        self.mc = group.plan.mode == "montecarlo" and not analytic
         # the group read its routing's prefetch once (Group.prefetch: any recall above 0, check_separable's test); a
         # group without it is separable
         if not self.mc and not group.direct and getattr(group, "prefetch", True):
