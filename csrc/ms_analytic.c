@@ -55,7 +55,7 @@ static double lru_layer(const ms_routing_t *r, int32_t l, int32_t batch, int32_t
     if (r->win_lq) {
         /* hits / D rounds a hair above 1 where the slots hold nearly every expert (C = E - 1): a rate stays <= 1,
          * as ms_page_table's readers check */
-        double h = D > 0.0 ? ms_window_hits(r, l, (double) batch, (double) tps, C, D) / D : 0.0;
+        double h = D > 0.0 ? ms_window_hits(r, l, (double) batch, (double) tps, C, D, s->pc, s->pf) / D : 0.0;
         return h > 1.0 ? 1.0 : h;
     }
     return ms_lru_hit_rate(r, batch, tps, l, C, s->pc, s->pf, s->che, s->lq, s->ls);
@@ -66,12 +66,15 @@ static double lru_layer(const ms_routing_t *r, int32_t l, int32_t batch, int32_t
  * what it has already accessed, so the state it leaves is set by its access order (ids); where its D accesses sweep
  * the whole expert set it is its last accesses, LRU's state. That share, forced x D / E, takes LRU's rate: an
  * interpolation between the two end states (Mixtral, 8 experts, 4 slots, batch 16: Monte Carlo's LFU 0.380 and LRU
- * 0.379, the count model alone 0.426, this 0.381; docs/cost-model.md "Caches"). */
+ * 0.379, the count model alone 0.426, this 0.381; docs/cost-model.md "Caches"). One slot has no choice of victim:
+ * every policy's cache is LRU's. */
 static double lfu_layer(const ms_routing_t *r, int32_t l, int32_t batch, int32_t tps, double C, double D, double steps,
                         double warmup, const an_scratch_t *s)
 {
-    double forced = 0.0, h = ms_lfu_hit_rate(r, batch, tps, l, C, steps, warmup, s->pc, s->pf, s->mu, s->sd, s->p,
-                                             s->che, s->lq, s->ls, &forced);
+    double forced = 0.0, h;
+    if (C <= 1.0) return lru_layer(r, l, batch, tps, C, D, s);
+    h = ms_lfu_hit_rate(r, batch, tps, l, C, steps, warmup, s->pc, s->pf, s->mu, s->sd, s->p, s->che, s->lq, s->ls,
+                        &forced);
     forced *= D / r->n_experts;
     return forced > 0.0 ? (1.0 - forced) * h + forced * lru_layer(r, l, batch, tps, C, D, s) : h;
 }

@@ -122,24 +122,14 @@ static double window_capacity_tokens(const ms_routing_t *r, int32_t l, double B,
     return n;
 }
 
-/* Hits per step when the step needs more than the C slots hold: C of the previous step's D experts stay,
- * popularity-blind, so (C / D) sum_e P(e in both steps) (`both`), less the needed resident the step's first
- * access evicts when every resident is needed again (ms_cache.c lru_victim: it takes a needed expert only
- * then), with probability the product of the residents' return rates (exp(C lret / D), lret = sum_e
- * p_e log(both_e / p_e)) times the share of D beyond C (capped at 1). >= 0 but for rounding. */
-static double full_step_hits(double both, double lret, double C, double D)
-{
-    return fmax(0.0, both * C / D - fmin(1.0, D - C) * exp(C * lret / D));
-}
-
 /* LRU on the windows (routing_window.py), lru_chain_hits' split in whole steps: with a(n) = a_e(n tps) summed
  * over experts, U(k) = E - a(k) experts were used in the last k steps; k = floor(T), T >= 1 solving
  * U(T) = C (window_capacity_tokens), gives U(k) <= C < U(k + 1). Experts used within k steps are resident,
  * those used exactly k + 1 back with rho = (C - U(k)) / (U(k + 1) - U(k)): hits per step =
  * E - a(1) - a(k) + a(k + 1) + rho (a(k) - 2 a(k + 1) + a(k + 2)). All experts ever used fit: hits = D. A
- * step's D >= C: the cache holds C of the previous step's D (id order, popularity-blind), so
- * hits = full_step_hits with P(e in both steps) = 1 - 2 a_e(tps) + a_e(2 tps). */
-double ms_window_hits(const ms_routing_t *r, int32_t l, double B, double tps, double C, double D)
+ * step's D >= C: ms_full_step_hits with P(e in both steps) = 1 - 2 a_e(tps) + a_e(2 tps). Scratch p, both [E]. */
+double ms_window_hits(const ms_routing_t *r, int32_t l, double B, double tps, double C, double D, double *p,
+                      double *both)
 {
     int32_t E = r->n_experts, W = r->n_window, support = 0;
     const double *row = r->win_lq + (int64_t) l * E * W;
@@ -150,14 +140,13 @@ double ms_window_hits(const ms_routing_t *r, int32_t l, double B, double tps, do
     a1 = (double) E - D;
     if (D >= C) {
         win_seg_t s1 = window_segment(r, tps), s2 = window_segment(r, 2.0 * tps);
-        double both_sum = 0.0, lret = 0.0;
         for (int32_t e = 0; e < E; e++) {
             const double *q = row + (int64_t) e * W;
-            double x1 = exp(B * window_lq(q, s1)), p = 1.0 - x1, both = 1.0 - 2.0 * x1 + exp(B * window_lq(q, s2));
-            both_sum += both;
-            if (p > 0.0) lret += p * log(fmax(both / p, 1e-300));
+            double x1 = exp(B * window_lq(q, s1));
+            p[e] = 1.0 - x1;
+            both[e] = 1.0 - 2.0 * x1 + exp(B * window_lq(q, s2));
         }
-        return full_step_hits(both_sum, lret, C, D);
+        return ms_full_step_hits(p, both, E, C, D, r->top_k);
     }
     /* U(k) = E - a(k tps) <= C < U(k + 1), k >= 1 as U(1) = D < C: lru_chain_hits' split in whole steps */
     k = floor(window_capacity_tokens(r, l, B, tps, C) / tps);
@@ -203,10 +192,11 @@ static void chain_split(const double *p, const double *f, const double *lb, int3
  * P(used now, within k) = p - (1 - p) f (1 - f)^(k-1) and P(used now, exactly k + 1) = (1 - p) f^2 (1 - f)^(k-1)
  * (k = 0: rho = C / D of the previous step's set, sum_e p - (1 - p) f). k from Newton's method on the concave
  * increasing U(tau) - C (the iterates rise to the root) to a step under 1e-6, floored, then moved by whole
- * steps until U(k) <= C < U(k + 1) holds; k = 0 is full_step_hits with P(e in both steps) = p - (1 - p) f. lb: E. */
-static double lru_chain_hits(const double *p, const double *f, int32_t E, double C, double *lb)
+ * steps until U(k) <= C < U(k + 1) holds; k = 0 is ms_full_step_hits with P(e in both steps) = p - (1 - p) f (top_k
+ * experts per token). lb: E. */
+static double lru_chain_hits(const double *p, const double *f, int32_t E, double C, int32_t top_k, double *lb)
 {
-    double D = 0.0, reach = 0.0, fsum = 0.0, tau = 1.0, k, uk, uk1, within, exact = 0.0, lret = 0.0;
+    double D = 0.0, reach = 0.0, fsum = 0.0, tau = 1.0, k, uk, uk1, within, exact = 0.0;
     int32_t support = 0;
     for (int32_t e = 0; e < E; e++) {
         support += p[e] > 0.0;
@@ -217,13 +207,8 @@ static double lru_chain_hits(const double *p, const double *f, int32_t E, double
     if ((double) support <= C || reach <= C) return D;
     if (C <= 0.0) return 0.0;
     if (D >= C) {                           /* k = 0: the step alone fills the cache */
-        for (int32_t e = 0; e < E; e++) {
-            double both = p[e] - (1.0 - p[e]) * f[e];
-            if (!(p[e] > 0.0)) continue;
-            exact += both;
-            lret += p[e] * log(fmax(both / p[e], 1e-300));
-        }
-        return full_step_hits(exact, lret, C, D);
+        for (int32_t e = 0; e < E; e++) lb[e] = p[e] - (1.0 - p[e]) * f[e];
+        return ms_full_step_hits(p, lb, E, C, D, top_k);
     }
     for (int32_t e = 0; e < E; e++) lb[e] = log1p(-fmin(f[e], 1.0 - 1e-15));
     /* start at the root for equal return rates (their mean over the support); from the right of the root
@@ -303,7 +288,7 @@ double ms_lru_hit_rate(const ms_routing_t *r, int32_t batch, int32_t tps, int32_
     scenario_logs(r, l, lq, ls);
     for (int32_t j = 0; j < combos; j++) {
         dsum += combination_rates(r, batch, tps, j, lq, ls, pc, pf);
-        hsum += lru_chain_hits(pc, pf, E, C, che);
+        hsum += lru_chain_hits(pc, pf, E, C, r->top_k, che);
     }
     return dsum > 0.0 ? hsum / dsum : 0.0;
 }

@@ -292,7 +292,9 @@ int64_t ms_sweep_auto_max_context(const ms_sweep_mem_t *g, int64_t b);
 /* ms_cache_rates.c: the analytic path's cache hit rates (window tables of a token-memory routing, the sticky
  * LRU chain, LFU's counts). Scratch as documented there. */
 double ms_window_inclusion(const ms_routing_t *r, int32_t l, double B, double tps, double *p);
-double ms_window_hits(const ms_routing_t *r, int32_t l, double B, double tps, double C, double D);
+double ms_window_hits(const ms_routing_t *r, int32_t l, double B, double tps, double C, double D, double *p,
+                      double *both);
+double ms_full_step_hits(const double *p, const double *both, int32_t E, double C, double D, int32_t k);
 double ms_window_reuse(const ms_routing_t *r, int32_t l);
 double ms_lru_hit_rate(const ms_routing_t *r, int32_t batch, int32_t tps, int32_t l, double C, double *pc,
                        double *pf, double *che, double *lq, double *ls);

@@ -213,8 +213,8 @@ def test_sealed_routing_gives_the_same_results(memory):
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.floats(0.0, 1.0), st.just(0.0) | st.floats(1e-6, 1.0)), min_size=1, max_size=40),
-       st.floats(0.0, 45.0))
-def test_lru_chain_split_is_the_integer_crossing(pf, capacity):
+       st.floats(0.0, 45.0), st.integers(1, 8))
+def test_lru_chain_split_is_the_integer_crossing(pf, capacity, top_k):
     """lru_chain_hits stops Newton's method early and moves k by whole steps: its hits are those of the k found by
     searching U(k) = sum 1 - (1 - p)(1 - f)^(k-1) over the integers (U(k) <= C < U(k + 1)), written out here."""
     import math
@@ -222,7 +222,7 @@ def test_lru_chain_split_is_the_integer_crossing(pf, capacity):
     from moesim.engine.reference.cache_rates import full_step_hits, lru_chain_hits
     p, f = [x for x, _ in pf], [y for _, y in pf]
     D = sum(p)
-    got = lru_chain_hits(p, f, capacity)
+    got = lru_chain_hits(p, f, capacity, top_k)
     support, reach = sum(x > 0 for x in p), sum(1.0 if y > 0 else x for x, y in zip(p, f))
     if support <= capacity or reach <= capacity:
         assert got == D
@@ -231,9 +231,8 @@ def test_lru_chain_split_is_the_integer_crossing(pf, capacity):
         assert got == 0.0
         return
     if D >= capacity:
-        both = [x - (1 - x) * y for x, y in zip(p, f) if x > 0]
-        lret = sum(x * math.log(max(b / x, 1e-300)) for x, b in zip([x for x in p if x > 0], both))
-        assert got == pytest.approx(full_step_hits(sum(both), lret, capacity, D), rel=1e-12, abs=1e-12)
+        both = [x - (1 - x) * y for x, y in zip(p, f)]
+        assert got == pytest.approx(full_step_hits(p, both, capacity, D, top_k), rel=1e-12, abs=1e-12)
         return
 
     def U(k):
@@ -252,3 +251,32 @@ def test_lru_chain_split_is_the_integer_crossing(pf, capacity):
     exact = sum(z * y for z, y in zip(g, f))
     want = within + (min(1.0, max(0.0, (capacity - uk) / (uk1 - uk))) if uk1 > uk else 0.0) * exact
     assert got == pytest.approx(want, rel=1e-9, abs=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_id_order_hits_is_lru_over_id_ordered_steps(seed):
+    """Below a token's picks (ms_step_hits.c id_order_hits): each expert in two consecutive steps independently
+    (P(in the first) = p, P(in both) = both), the first step's C highest-id experts resident (oldest first), the
+    second served in id order by an LRU that evicts the oldest expert the step no longer needs, else the oldest
+    (ms_cache.c): the mean hits of that replay are the walk's."""
+    from moesim.engine.reference.window import _id_order_hits
+    rng = np.random.default_rng(seed)
+    E, C, n = 9, int(rng.integers(1, 4)), 20000
+    p = rng.uniform(0.05, 0.5, E)
+    both = p * rng.uniform(0.0, 1.0, E)
+    u = rng.random((n, E))
+    prev = u < p                                    # [0, both): both steps; [both, p): the first only
+    cur = (u < both) | ((u >= p) & (u < 2 * p - both))
+    total = 0
+    for a, b in zip(prev, cur):
+        cache = list(np.flatnonzero(a)[-C:])        # oldest first: the first step went in id order
+        need = set(np.flatnonzero(b))
+        for e in sorted(need):
+            need.discard(e)
+            if e in cache:
+                total += 1
+                cache.remove(e)
+            elif len(cache) >= C:
+                cache.remove(next((x for x in cache if x not in need), cache[0]))
+            cache.append(e)
+    assert total / n == pytest.approx(_id_order_hits(list(p), list(both), C), abs=0.015)

@@ -10,7 +10,7 @@ import sys
 from .window import full_step_hits, window_lq, window_segment
 
 
-def lru_chain_hits(p, f, capacity):
+def lru_chain_hits(p, f, capacity, top_k):
     """Expected hits per step of a step-level LRU cache over a two-state chain per expert (ms_cache_rates.c
     lru_chain_hits): e is in a step's set with probability p[e] and returns after a step without it with
     probability f[e]. The experts used in the last k steps, U(k) = sum 1 - (1 - p)(1 - f)^(k-1), split at
@@ -26,13 +26,7 @@ def lru_chain_hits(p, f, capacity):
     if capacity <= 0:
         return 0.0
     if D >= capacity:       # k = 0: the step alone fills the cache
-        exact = lret = 0.0
-        for x, y in zip(p, f):
-            if x > 0.0:
-                both = x - (1.0 - x) * y
-                exact += both
-                lret += x * math.log(max(both / x, 1e-300))
-        return full_step_hits(exact, lret, capacity, D)
+        return full_step_hits(p, [x - (1.0 - x) * y for x, y in zip(p, f)], capacity, D, top_k)
     lb = [math.log1p(-min(y, 1.0 - 1e-15)) for y in f]
     # start at the root for equal return rates; from its right Newton's first step lands left (as the C). Only
     # floor(tau) is read: a step under 1e-6 ends it, and the split moves k until U(k) <= C < U(k + 1)
@@ -103,7 +97,7 @@ def _combination_rates(lq, ls, B, tps, j, E):
     return pc, pf
 
 
-def lru_hit_rate(q, stick, l, E, B, tps, C):
+def lru_hit_rate(q, stick, l, E, B, tps, C, top_k):
     """Step-level LRU hit rate of a ``C``-slot cache, averaged over the S step windows: the B sequences
     of a step draw routing samples j, j+1, ... (cyclically), each for ``tps`` tokens. A sequence re-picks its
     previous token's experts with the layer's stickiness, so an expert absent from the step before returns
@@ -114,7 +108,7 @@ def lru_hit_rate(q, stick, l, E, B, tps, C):
     hsum = dsum = 0.0
     for j in range(1 if B % S == 0 else S):
         pc, pf = _combination_rates(lq, ls, B, tps, j, E)
-        hsum += lru_chain_hits(pc, pf, C)
+        hsum += lru_chain_hits(pc, pf, C, top_k)
         dsum += sum(pc)
     return hsum / dsum if dsum > 0 else 0.0
 

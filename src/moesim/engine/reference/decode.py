@@ -372,6 +372,8 @@ def _layer_counts(rt, q, l, B, tps, slots, policy, hit=True, steps=256, warmup=3
         h = 0.0
     elif policy == POLICY_LRU:
         h = _lru_layer(rt, q, l, B, tps, float(slots), D)
+    elif policy == POLICY_LFU and slots <= 1:  # one slot: no choice of victim, LRU's cache (ms_analytic.c lfu_layer)
+        h = _lru_layer(rt, q, l, B, tps, float(slots), D)
     elif policy == POLICY_LFU:
         h, forced = lfu_hit_rate(q, float(rt["stickiness"][l]), int(rt.get("request_tokens", 0)), l, E, B, tps,
                                  float(slots), float(steps), float(warmup), windows=rt if memory else None)
@@ -478,7 +480,7 @@ def _lru_layer(rt, q, l, B, tps, C, D):
     if rt.get("win_lq") is not None:
         h = W.window_hits(rt, l, B, tps, C, D) / D if D > 0 else 0.0
         return 1.0 if h > 1.0 else h        # rounding a hair above 1 at C = E - 1 (ms_analytic.c)
-    return lru_hit_rate(q, float(rt["stickiness"][l]), l, rt["n_experts"], B, tps, C)
+    return lru_hit_rate(q, float(rt["stickiness"][l]), l, rt["n_experts"], B, tps, C, int(rt["top_k"]))
 
 
 def che_table(rt, batch, tokens_per_step, slots, policy, steps=256, warmup=32):

@@ -6,11 +6,53 @@ from __future__ import annotations
 import math
 
 
-def full_step_hits(both, lret, capacity, D):
-    """Hits per step when the step needs more than the slots hold (ms_cache_rates.c full_step_hits): C of the
-    previous step's D experts stay, less the needed resident the first access evicts when every resident is
-    needed again."""
-    return max(0.0, both * capacity / D - min(1.0, D - capacity) * math.exp(capacity * lret / D))
+def _id_order_hits(p, both, C):
+    """ms_step_hits.c id_order_hits: the previous step's C highest-id experts resident, experts independent."""
+    E = len(p)
+    lsum = labove = hits = loss = 0.0
+    zeros = zabove = 0
+    for e in range(E):
+        if p[e] < 1.0:
+            lsum += math.log1p(-p[e])
+        else:
+            zeros += 1
+    g, h = [0.0] * C, [0.0] * C
+    g[0] = h[0] = 1.0
+    for a in range(E - 1, -1, -1):
+        q, b, fewer = p[a], both[a], 0.0
+        if q < 1.0:
+            labove += math.log1p(-q)
+        else:
+            zabove += 1
+        below = 0.0 if zeros > zabove else math.exp(lsum - labove)
+        for j in range(C):
+            fewer += g[j]
+        hits += b * fewer
+        loss += h[C - 1] * b * (1.0 - below)
+        for j in range(C - 1, 0, -1):
+            g[j] = g[j] * (1.0 - q) + g[j - 1] * q
+            h[j] = h[j] * (1.0 - q) + h[j - 1] * b
+        g[0] *= 1.0 - q
+        h[0] *= 1.0 - q
+    return max(0.0, hits - loss)
+
+
+def full_step_hits(p, both, capacity, D, k):
+    """Hits per step when the step needs more than the slots hold (ms_step_hits.c ms_full_step_hits): the
+    popularity-blind reading (C of the previous step's D experts stay, less the needed resident the first access
+    evicts when every resident is needed again) blended with the id-order one (:func:`_id_order_hits`): the latter
+    up to k / 2 slots, the former from 3k / 4 on."""
+    both_sum = lret = 0.0
+    for x, y in zip(p, both):
+        if not x > 0.0:
+            continue
+        both_sum += y
+        lret += x * math.log(max(y / x, 1e-300))
+    blind = max(0.0, both_sum * capacity / D - min(1.0, D - capacity) * math.exp(capacity * lret / D))
+    w = min(1.0, max(0.0, 3.0 - 4.0 * capacity / k))
+    if not w > 0.0 or capacity < 1.0:
+        return blind
+    return w * _id_order_hits(p, both, int(capacity)) + (1.0 - w) * blind
 
 
 def window_lq(nodes, lq, n):
@@ -102,14 +144,12 @@ def window_hits(rt, l, B, tps, C, D):
         return 0.0
     a1 = E - D
     if D >= C:
-        nodes, both_sum, lret = rt["win_n"], 0.0, 0.0
+        nodes, p, both = rt["win_n"], [], []
         for e in range(E):
             x1 = math.exp(B * window_lq(nodes, rows[e], tps))
-            p, both = 1.0 - x1, 1.0 - 2.0 * x1 + math.exp(B * window_lq(nodes, rows[e], 2.0 * tps))
-            both_sum += both
-            if p > 0.0:
-                lret += p * math.log(max(both / p, 1e-300))
-        return full_step_hits(both_sum, lret, C, D)
+            p.append(1.0 - x1)
+            both.append(1.0 - 2.0 * x1 + math.exp(B * window_lq(nodes, rows[e], 2.0 * tps)))
+        return full_step_hits(p, both, C, D, int(rt["top_k"]))
     k = math.floor(window_capacity_tokens(rt, l, B, tps, C) / tps)
     ak = window_absent(rt, l, B, k * tps)
     ak1 = window_absent(rt, l, B, (k + 1.0) * tps)

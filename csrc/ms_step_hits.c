@@ -1,0 +1,65 @@
+/*
+ * LRU hits per step when one step needs more experts than the slots hold (D > C): the analytic path's
+ * (ms_cache_rates.c lru_chain_hits, ms_window_hits) reading of what the Monte Carlo cache does then. A step
+ * serves its union in id order (ms_route.c order_unions), so after a step the C slots hold its C highest-id
+ * experts; the next step hits those it needs, less one when every resident is needed again and the step's
+ * first access misses (ms_cache.c lru_victim then evicts the oldest resident, a needed one).
+ */
+#include <math.h>
+
+#include "ms_internal.h"
+
+/* The id-order reading, experts independent: R = the previous step's C highest-id experts. Hits per step =
+ * sum_a P(a in both steps) P(fewer than C of the previous step above a), less
+ * sum_a P(a is R's lowest, R inside the step) P(some expert below a in the step); the first from a walk down the
+ * ids over j = previous-step experts seen above (g_j), the second over the same with all of them returning (h_j).
+ * C < MS_MAX_TOP_K (the caller's blend weight is 0 from C >= top_k on). */
+static double id_order_hits(const double *p, const double *both, int32_t E, int32_t C)
+{
+    double g[MS_MAX_TOP_K], h[MS_MAX_TOP_K], lsum = 0.0, labove = 0.0, hits = 0.0, loss = 0.0;
+    int32_t zeros = 0, zabove = 0;
+    for (int32_t e = 0; e < E; e++) {
+        if (p[e] < 1.0) lsum += log1p(-p[e]);
+        else zeros++;
+    }
+    for (int32_t j = 0; j < C; j++) g[j] = h[j] = 0.0;
+    g[0] = h[0] = 1.0;
+    for (int32_t a = E - 1; a >= 0; a--) {
+        double q = p[a], b = both[a], fewer = 0.0, below;
+        if (q < 1.0) labove += log1p(-q);
+        else zabove++;
+        /* prod_{e < a} (1 - p_e): none below a in the step */
+        below = zeros > zabove ? 0.0 : exp(lsum - labove);
+        for (int32_t j = 0; j < C; j++) fewer += g[j];
+        hits += b * fewer;
+        loss += h[C - 1] * b * (1.0 - below);
+        for (int32_t j = C - 1; j >= 1; j--) {
+            g[j] = g[j] * (1.0 - q) + g[j - 1] * q;
+            h[j] = h[j] * (1.0 - q) + h[j - 1] * b;
+        }
+        g[0] *= 1.0 - q;
+        h[0] *= 1.0 - q;
+    }
+    return fmax(0.0, hits - loss);
+}
+
+/* Hits per step of C slots when the step needs D > C experts: p[e] the step's inclusion, both[e] P(e in two
+ * consecutive steps), k experts per token. The popularity-blind reading: C of the previous step's D experts stay,
+ * so (C / D) sum_e both_e, less the needed resident the first access evicts when every resident is needed again,
+ * with probability the product of the residents' return rates (exp(C lret / D), lret = sum_e p_e log(both_e / p_e))
+ * times the share of D beyond C (capped at 1). It misses that the first access may be a resident, which counts
+ * while the slots hold under a token's picks: up to k / 2 slots the id-order reading (id_order_hits) is used, from
+ * 3k / 4 on the blind one, linearly between (the hand-over chosen against Monte Carlo, docs/cost-model.md). */
+double ms_full_step_hits(const double *p, const double *both, int32_t E, double C, double D, int32_t k)
+{
+    double both_sum = 0.0, lret = 0.0, blind, w;
+    for (int32_t e = 0; e < E; e++) {
+        if (!(p[e] > 0.0)) continue;
+        both_sum += both[e];
+        lret += p[e] * log(fmax(both[e] / p[e], 1e-300));
+    }
+    blind = fmax(0.0, both_sum * C / D - fmin(1.0, D - C) * exp(C * lret / D));
+    w = fmin(1.0, fmax(0.0, 3.0 - 4.0 * C / (double) k));
+    if (!(w > 0.0) || C < 1.0) return blind;
+    return w * id_order_hits(p, both, E, (int32_t) C) + (1.0 - w) * blind;
+}
