@@ -114,15 +114,12 @@ def _workload_spread(m, c, machine, context: int, batch: int, mtp: int, acceptan
                      policy: str, prefetch_recall) -> dict:
     """The record's interval fields widened by its routing profile's workloads, as simulate's (issue 15); {} where
     the profile pools none (or the model routes nothing)."""
-    from ..engine.lower.routing import RoutingDims
-    from .simulate import estimate, routing_profile, widened_for_workloads
-    if RoutingDims.of(m).n_layers == 0:
+    from .intervals import FIELDS
+    from .simulate import estimate, pooled_profile, widened_for_workloads
+    prof = pooled_profile(m, routing)
+    if prof is None:
         return {}
-    prof = routing_profile(m, routing)
-    if not prof.workloads:
-        return {}
-    fields_ = {k: rec[k] for k in ("decode_tok_s_lo", "decode_tok_s_hi", "prefill_tok_s_lo", "prefill_tok_s_hi",
-                                   "interval_regime", "interval_basis")}
+    fields_ = {k: rec[k] for k in FIELDS + ("interval_regime", "interval_basis")}
     return widened_for_workloads(fields_, (rec["decode_tok_s"], rec["prefill_tok_s"]), prof, lambda r: estimate(
         m, c.low, machine, c.runtime, c.placement, context, batch, c.kv, c.mem, mtp, acceptance, routing=r,
         policy=policy, prefetch_recall=prefetch_recall))

@@ -159,8 +159,8 @@ def simulate(model, machine: Machine, quant="native", context: int = 4096, batch
             "steady state under independent picks, so the two differ (a longer --tokens converges the first)"]
     out = _result(res, 0, batch, memory, mode, policy, tokens, seed, routing_name, pf_tok_s, ttft)
     out.intervals = I.fields(out.decode_tok_s, out.prefill_tok_s, I.regime(machine, p, rt))
-    prof = routing_profile(m, routing) if trace is None and dims.n_layers else None
-    if prof is not None and prof.workloads:
+    prof = pooled_profile(m, routing) if trace is None else None
+    if prof is not None:
         out.intervals = widened_for_workloads(out.intervals, (out.decode_tok_s, out.prefill_tok_s) if mode == "analytic"
                                               else None, prof, lambda r: _analytic_speeds(
             m, low, p, machine, rt, context, kv, batch, mem, routing_table(m, r, prefetch_recall, seed)[0], cols, hw,
@@ -175,6 +175,15 @@ def _analytic_speeds(m, low, p, machine, rt, context, kv, batch, mem, rtab, cols
     res = run(dm, hw, rtab, dict(cols, mode=[MODES["analytic"]]), engine=engine)
     return (float(res["accepted"][0]) / float(res["step_mean"][0]),
             prefill(m, dm, hw, rtab, rt, prompt, batch)[0])
+
+
+def pooled_profile(m: Model, routing=None) -> "R.RoutingProfile | None":
+    """The run's routing profile where it pools workloads (issue 15: their spread widens the interval), else None
+    (a profile of one workload, or a model that routes nothing)."""
+    if R_routing.RoutingDims.of(m).n_layers == 0:
+        return None
+    prof = routing_profile(m, routing)
+    return prof if prof.workloads else None
 
 
 def widened_for_workloads(intervals: dict, base: "tuple | None", prof: R.RoutingProfile, run_one) -> dict:

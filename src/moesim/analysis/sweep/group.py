@@ -145,14 +145,19 @@ class Group:
         self.kv_bytes_per_token = _kv_bytes_per_token(self.low, cfg)
         self.facts = ChunkFacts(self)
         # simulate's routing tables (seed = run.seed); prefetch is on only where prefetch_recall > 0
-        routing, recall = self.opts["routing"], self.opts["prefetch_recall"]
-        self.routing, self.prefetch = plan.shared(("routing", ix["models"], routing, recall), lambda: _routing(
-            routing_table(m, None if routing in (None, "auto") else routing, recall, plan.run["seed"])[0]))
+        self.routing, self.prefetch = self.routing_tables(self.opts["routing"])
         # drafts and prefetch break the analytic variants' split (variants.check_separable): those groups
         # evaluate each (variant, context) whole, as simulate does (.direct)
         self.direct_hw: dict = {}
         self.direct = plan.mode != "montecarlo" and (self.mtp > 0 or self.prefetch)
         self.variants = DecodeVariants(self)
+
+    def routing_tables(self, routing) -> tuple:
+        """(simulate's routing tables of profile ``routing`` (None or "auto": the family's) at the group's prefetch
+        recall and the run's seed, whether any layer prefetches), once per plan."""
+        recall = self.opts["prefetch_recall"]
+        return self.plan.shared(("routing", self.ix["models"], routing, recall), lambda: _routing(routing_table(
+            self.m, None if routing in (None, "auto") else routing, recall, self.plan.run["seed"])[0]))
 
     def _lowering(self, ix: dict) -> tuple:
         """(lowering, kernel mix, KV bytes per element, experts, _layer_functions) of the group's (model, quant,

@@ -1,5 +1,5 @@
 """A pooled routing profile's spread across its workloads, carried into a sweep's intervals (issue 15), as
-``simulate`` carries it into one configuration's (analysis.simulate._widened_for_workloads): per row, each
+``simulate`` carries it into one configuration's (analysis.simulate.widened_for_workloads): per row, each
 workload's analytic decode and prefill tok/s over the pooled profile's, the run otherwise the same, and each
 interval bound moved out by its side's extreme ratio (analysis.intervals.widen_columns).
 
@@ -16,30 +16,25 @@ import numpy as np
 
 from ...engine import _kernel
 from ...engine.glue import handle_library_error
-from ...engine.lower.routing import RoutingDims
 from ..intervals import METRICS
-from ..simulate import routing_profile, routing_table
+from ..simulate import pooled_profile
 from .table import decode_columns
 
 
 def workload_ids(grp) -> tuple:
-    """The workloads the group's routing profile pools (empty: no widening; dense models route nothing)."""
-    if RoutingDims.of(grp.m).n_layers == 0:
-        return ()
+    """The workloads the group's routing profile pools (empty: no widening)."""
     routing = grp.opts["routing"]
-    return routing_profile(grp.m, None if routing in (None, "auto") else routing).workloads
+    prof = pooled_profile(grp.m, None if routing in (None, "auto") else routing)
+    return () if prof is None else prof.workloads
 
 
 def _shadow(grp, routing: "str | None"):
     """The group under routing profile ``routing`` (None: its own tables) with analytic decode variants of its own."""
-    from .group import _routing
     from .variants import DecodeVariants
     sh = copy.copy(grp)
     sh.workload_shadows = None
     if routing is not None:
-        recall = grp.opts["prefetch_recall"]
-        sh.routing, sh.prefetch = grp.plan.shared(("routing", grp.ix["models"], routing, recall), lambda: _routing(
-            routing_table(grp.m, routing, recall, grp.plan.run["seed"])[0]))
+        sh.routing, sh.prefetch = grp.routing_tables(routing)
     sh.direct = sh.mtp > 0 or sh.prefetch
     sh.variants = DecodeVariants(sh, analytic=True)
     return sh
@@ -58,7 +53,6 @@ def _speeds(sh, keys: np.ndarray, ctx: np.ndarray, bat: np.ndarray, threads: int
     """(decode tok/s per sequence, prefill tok/s) of these rows on shadow ``sh``, analytic."""
     n = len(keys)
     out = {k: np.empty(n, dtype=np.int32 if k == "bottleneck" else np.float64) for k in decode_columns("analytic")}
-    out["bottleneck"] = np.empty(n, dtype=np.int32)
     if sh.direct:
         from .direct import evaluate
         evaluate(sh, keys, ctx, bat, out)
