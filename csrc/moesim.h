@@ -234,7 +234,6 @@ typedef struct {
     const double *q;             /* [n_scenarios][n_layers][n_experts] */
     const double *qbar;          /* [n_layers][n_experts] mean of q over scenarios */
     const double *lqbar;         /* [n_layers][n_experts] log(1 - qbar) (qbar capped below 1) */
-    const double *qsq;           /* [n_layers] sum of q^2 over scenarios and experts */
     /* Analytic path under token memory (NULL = tokens pick independently from q): the stationary window
      * statistics of one sequence (engine/lower/routing_window.py). win_lq[l][e][j] = log P(expert e is
      * absent from win_n[j] consecutive tokens), <= 0 and non-increasing in j; win_n increasing from 1,

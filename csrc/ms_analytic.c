@@ -88,7 +88,7 @@ static double lfu_layer(const ms_routing_t *r, int32_t l, int32_t batch, int32_t
 static void layer_counts(const ms_routing_t *r, int32_t l, int32_t batch, int32_t tps, int32_t slots, int32_t policy,
                          double steps, double warmup, int pinned, int hit, const an_scratch_t *s, double *row)
 {
-    int32_t E = r->n_experts, S = r->n_scenarios, K = r->top_k;
+    int32_t E = r->n_experts;
     double D, pinned_q = 0.0, pinned_p = 0.0, free_q = 0.0, free_p = 0.0, *p = s->p;
     const double *qbar = r->qbar + (int64_t) l * E;
     D = r->win_lq ? ms_window_inclusion(r, l, (double) batch, (double) tps, p)
@@ -115,8 +115,7 @@ static void layer_counts(const ms_routing_t *r, int32_t l, int32_t batch, int32_
                     : policy == MS_POLICY_LRU ? lru_layer(r, l, batch, tps, (double) slots, D, s)
                     : policy == MS_POLICY_LFU ? lfu_layer(r, l, batch, tps, (double) slots, D, steps, warmup, s)
                     : (D > 0.0 ? pinned_p / D : 0.0);
-    row[MS_CHE_REUSE] = r->win_lq ? ms_window_reuse(r, l)
-                      : r->stickiness[l] + (1.0 - r->stickiness[l]) * r->qsq[l] / ((double) S * K);
+    row[MS_CHE_REUSE] = r->win_lq ? ms_window_reuse(r, l) : ms_chain_reuse(r, l);
 }
 
 /* Expected work of a FETCH layer i (routing layer l) from its counts `row`; returns the hit rate. */
@@ -265,7 +264,7 @@ static int check_che(const ms_routing_t *r, int32_t batch, int32_t tps, int32_t 
     if (r->n_layers < 1 || r->n_layers > MS_MAX_MOE_LAYERS) return MS_ERR_BAD_SIZE;
     if (r->n_experts <= 0 || r->top_k <= 0 || r->top_k > r->n_experts || r->top_k > MS_MAX_TOP_K)
         return MS_ERR_BAD_ROUTING;
-    if (r->n_scenarios <= 0 || r->q == NULL || r->qbar == NULL || r->lqbar == NULL || r->qsq == NULL
+    if (r->n_scenarios <= 0 || r->q == NULL || r->qbar == NULL || r->lqbar == NULL
         || r->hot == NULL || r->stickiness == NULL || ms_windows_bad(r)) return MS_ERR_BAD_ROUTING;
     for (int64_t k = 0; k < (int64_t) r->n_layers * r->n_experts; k++)
         if (r->hot[k] < 0 || r->hot[k] >= r->n_experts) return MS_ERR_BAD_ROUTING;

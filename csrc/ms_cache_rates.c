@@ -167,6 +167,19 @@ double ms_window_reuse(const ms_routing_t *r, int32_t l)
            / (double) r->top_k;
 }
 
+/* The sticky chain's reuse: sum_e P(e in two consecutive tokens) / k, P = q - (1 - q) f, over the scenarios. */
+double ms_chain_reuse(const ms_routing_t *r, int32_t l)
+{
+    int32_t E = r->n_experts, S = r->n_scenarios;
+    double s = r->stickiness[l], sum = 0.0;
+    for (int32_t k = 0; k < S; k++)
+        for (int32_t e = 0; e < E; e++) {
+            double q = fmin(r->q[((int64_t) k * r->n_layers + l) * E + e], 1.0 - 1e-16);
+            sum += q - (1.0 - q) * ms_fresh_rate(q, s, r->top_k);
+        }
+    return sum / ((double) S * r->top_k);
+}
+
 /* U(k) and U(k + 1) of lru_chain_hits, and the hits of the split at k >= 1. */
 static void chain_split(const double *p, const double *f, const double *lb, int32_t E, double k, double *uk,
                         double *uk1, double *within, double *exact)
@@ -237,9 +250,10 @@ static double lru_chain_hits(const double *p, const double *f, int32_t E, double
     return within + (uk1 > uk ? fmin(1.0, fmax(0.0, (C - uk) / (uk1 - uk))) : 0.0) * exact;
 }
 
-/* log(1 - q) and log(1 - q s) of every scenario's per-token picks of routing layer l into lq and ls [S][E]
- * (s: the layer's stickiness). */
-static void scenario_logs(const ms_routing_t *r, int32_t l, double *lq, double *ls)
+/* log(1 - q) and log(1 - f) of every scenario's per-token picks of routing layer l into lq and lf [S][E], f the
+ * rate at which a token picks e afresh when the token before did not (ms_fresh_rate: route_token frees K (1 - s)
+ * slots a token on average, 1 + (K - 1)(1 - s) when e itself was dropped; docs/cost-model.md). */
+static void scenario_logs(const ms_routing_t *r, int32_t l, double *lq, double *lf)
 {
     int32_t E = r->n_experts;
     double s = r->stickiness[l];
@@ -247,26 +261,26 @@ static void scenario_logs(const ms_routing_t *r, int32_t l, double *lq, double *
         for (int32_t e = 0; e < E; e++) {
             double q = fmin(r->q[((int64_t) k * r->n_layers + l) * E + e], 1.0 - 1e-16);
             lq[(int64_t) k * E + e] = log1p(-q);
-            ls[(int64_t) k * E + e] = log1p(-q * s);
+            lf[(int64_t) k * E + e] = log1p(-ms_fresh_rate(q, s, r->top_k));
         }
 }
 
 /* Scenario combination j's step inclusion p (pc) and return rate f (pf): sequence b runs scenario (j + b) mod S
  * for tps tokens (ms_lru_hit_rate). Returns the step's distinct experts D. */
 static double combination_rates(const ms_routing_t *r, int32_t batch, int32_t tps, int32_t j, const double *lq,
-                                const double *ls, double *pc, double *pf)
+                                const double *lf, double *pc, double *pf)
 {
     int32_t E = r->n_experts, S = r->n_scenarios;
     double D = 0.0;
     for (int32_t e = 0; e < E; e++) {
-        double lg = 0.0, lf = 0.0;
+        double lg = 0.0, la = 0.0;
         for (int32_t b = 0; b < batch && b < S; b++) {
             int64_t reps = batch / S + (b < batch % S ? 1 : 0), at = (int64_t) ((j + b) % S) * E + e;
             lg += (double) reps * lq[at];
-            lf += (double) reps * (lq[at] - ls[at]);
+            la += (double) reps * lf[at];
         }
         pc[e] = 1.0 - exp(tps * lg);
-        pf[e] = 1.0 - exp(tps * lf);
+        pf[e] = 1.0 - exp(tps * la);
         D += pc[e];
     }
     return D;
@@ -275,19 +289,19 @@ static double combination_rates(const ms_routing_t *r, int32_t batch, int32_t tp
 /* Expected LRU hit rate of routing layer l's `C` GPU slots (lru_chain_hits per scenario combination):
  * superposed request streams, combination j gives sequence b scenario (j + b) mod S. Each sequence re-picks
  * the token before's experts with the layer's stickiness s, so it picks an expert it did not use the token
- * before with probability q (1 - s) / (1 - q s) (the stationary per-token rate staying q): an expert absent
- * from the step before returns with f = 1 - prod (1 - q)^tps / (1 - q s)^tps over the sequences. When S
+ * before at the fresh rate f (scenario_logs; the stationary per-token rate staying q): an expert absent
+ * from the step before returns with 1 - prod (1 - f)^tps over the sequences. When S
  * divides the batch every combination holds every scenario batch / S times (the same step up to the order
  * of a sum): one combination stands for all. Scratch: pc, pf and che [E], lq [S][E] (log(1 - q) per scenario)
- * and ls [S][E] (log(1 - q s)). */
+ * and lf [S][E] (log(1 - f)). */
 double ms_lru_hit_rate(const ms_routing_t *r, int32_t batch, int32_t tps, int32_t l, double C, double *pc,
-                           double *pf, double *che, double *lq, double *ls)
+                           double *pf, double *che, double *lq, double *lf)
 {
     int32_t E = r->n_experts, S = r->n_scenarios, combos = batch % S == 0 ? 1 : S;
     double hsum = 0.0, dsum = 0.0;
-    scenario_logs(r, l, lq, ls);
+    scenario_logs(r, l, lq, lf);
     for (int32_t j = 0; j < combos; j++) {
-        dsum += combination_rates(r, batch, tps, j, lq, ls, pc, pf);
+        dsum += combination_rates(r, batch, tps, j, lq, lf, pc, pf);
         hsum += lru_chain_hits(pc, pf, E, C, r->top_k, che);
     }
     return dsum > 0.0 ? hsum / dsum : 0.0;
@@ -358,13 +372,13 @@ static double lfu_point(int m, double steps, double warmup)
     return warmup + (m + 0.5) * (steps - warmup) / MS_LFU_POINTS;
 }
 
-/* log(1 - q) and log(1 - q s) per scenario into lq and ls, and the step inclusion's mean and variance over the
+/* log(1 - q) and log(1 - f) per scenario into lq and lf (scenario_logs), and the step inclusion's mean and variance over the
  * scenario combinations into pbar and pvar (what earlier requests counted). */
 static void lfu_request_spread(const ms_routing_t *r, int32_t batch, int32_t tps, int32_t l, double *pbar,
-                               double *pvar, double *lq, double *ls)
+                               double *pvar, double *lq, double *lf)
 {
     int32_t E = r->n_experts, S = r->n_scenarios;
-    scenario_logs(r, l, lq, ls);
+    scenario_logs(r, l, lq, lf);
     for (int32_t e = 0; e < E; e++) pbar[e] = pvar[e] = 0.0;
     for (int pass = 0; pass < 2; pass++)        /* the combinations' mean, then their variance */
         for (int32_t j = 0; j < S; j++)
@@ -523,10 +537,10 @@ static double lfu_moment_hits(const ms_routing_t *r, int32_t batch, int32_t l, d
  * and over scenario combinations (as ms_lru_hit_rate); under token memory p and f from the window tables (with
  * count moments at one token per step: lfu_moment_hits, whose counts hold the requests' skew: gammas). *forced: the
  * D-weighted share of steps needing every resident, exp(all) (ms_analytic.c lfu_layer). Scratch: pc, pf, mu, sd,
- * pbar, pvar [E], lq and ls [S][E]. */
+ * pbar, pvar [E], lq and lf [S][E]. */
 double ms_lfu_hit_rate(const ms_routing_t *r, int32_t batch, int32_t tps, int32_t l, double C, double steps,
                            double warmup, double *pc, double *pf, double *mu, double *sd, double *pbar,
-                           double *pvar, double *lq, double *ls, double *forced)
+                           double *pvar, double *lq, double *lf, double *forced)
 {
     /* up to MS_LFU_COMBOS combinations, spread over the S (the counts' threshold costs ~8 normal sums each) */
     int32_t E = r->n_experts, S = r->n_scenarios, combos = batch % S == 0 || r->win_lq ? 1 : S;
@@ -542,11 +556,11 @@ double ms_lfu_hit_rate(const ms_routing_t *r, int32_t batch, int32_t tps, int32_
             pvar[e] = 0.0;
         }
     } else {
-        lfu_request_spread(r, batch, tps, l, pbar, pvar, lq, ls);
+        lfu_request_spread(r, batch, tps, l, pbar, pvar, lq, lf);
     }
     for (int32_t j = 0; j < combos; j += stride) {
         double D = 0.0, support = 0.0;
-        if (!r->win_lq) combination_rates(r, batch, tps, j, lq, ls, pc, pf);
+        if (!r->win_lq) combination_rates(r, batch, tps, j, lq, lf, pc, pf);
         for (int32_t e = 0; e < E; e++) {
             D += pc[e];
             support += pc[e] > 0.0;

@@ -491,7 +491,7 @@ static int check(const ms_decode_model_t *m, const ms_machine_t *hw, const ms_ro
                                || (int64_t) r->topk_group * (r->n_experts / r->n_group) < r->top_k))
             return MS_ERR_BAD_ROUTING;
         if (c->mode == MS_MODE_ANALYTIC && (r->n_scenarios <= 0 || r->q == NULL || r->qbar == NULL
-                                            || r->lqbar == NULL || r->qsq == NULL)) return MS_ERR_BAD_ROUTING;
+                                            || r->lqbar == NULL)) return MS_ERR_BAD_ROUTING;
         if (c->mode == MS_MODE_MONTECARLO && r->trace == NULL && r->log_pop == NULL) return MS_ERR_BAD_ROUTING;
         if (c->mode == MS_MODE_ANALYTIC && (bad_windows < 0 ? ms_windows_bad(r) : bad_windows))
             return MS_ERR_BAD_ROUTING;

@@ -296,10 +296,18 @@ double ms_window_hits(const ms_routing_t *r, int32_t l, double B, double tps, do
                       double *both);
 double ms_full_step_hits(const double *p, const double *both, int32_t E, double C, double D, int32_t k);
 double ms_window_reuse(const ms_routing_t *r, int32_t l);
+double ms_chain_reuse(const ms_routing_t *r, int32_t l);
+
+/* The per-token rate at which a sticky routing (stickiness s, top-k picks) picks expert e afresh when the token
+ * before did not use it, e's per-token inclusion q kept stationary (ms_cache_rates.c scenario_logs). */
+static inline double ms_fresh_rate(double q, double s, int32_t k)
+{
+    return q * (1.0 - s) / (1.0 - q * s * (k - 1.0) / k);
+}
 double ms_lru_hit_rate(const ms_routing_t *r, int32_t batch, int32_t tps, int32_t l, double C, double *pc,
-                       double *pf, double *che, double *lq, double *ls);
+                       double *pf, double *che, double *lq, double *lf);
 double ms_lfu_hit_rate(const ms_routing_t *r, int32_t batch, int32_t tps, int32_t l, double C, double steps,
                        double warmup, double *pc, double *pf, double *mu, double *sd, double *pbar, double *pvar,
-                       double *lq, double *ls, double *forced);
+                       double *lq, double *lf, double *forced);
 
 #endif

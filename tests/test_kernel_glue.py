@@ -108,7 +108,7 @@ def header_structs() -> dict:
 DERIVED = {
     "ms_model_t": {"n_layers"},
     "ms_decode_model_t": {"n_layers"},
-    "ms_routing_t": {"n_scenarios", "trace_tokens", "trace_layers", "qbar", "lqbar", "qsq", "history", "n_partners",
+    "ms_routing_t": {"n_scenarios", "trace_tokens", "trace_layers", "qbar", "lqbar", "history", "n_partners",
                      "n_window", "n_moment", "windows_checked"},       # windows_checked: set by glue.seal_routing alone
     "ms_decode_config_t": set(),
     "ms_machine_t": set(),
@@ -452,7 +452,7 @@ static int run(int32_t L, int32_t E, int32_t K, int32_t mode)
     r.log_pop = r.stickiness = r.recall = zeros;
     r.hot = hot;
     r.n_scenarios = 1;
-    r.q = r.qbar = r.lqbar = r.qsq = zeros;
+    r.q = r.qbar = r.lqbar = zeros;
     c.batch = 1; c.tokens_per_step = 1; c.accepted = 1.0; c.steps = 2; c.mode = mode;
     wsb = ms_decode_workspace_size(&m, &r, &c);
     ws = malloc((size_t) wsb);

@@ -192,7 +192,7 @@ static void test_memory(void)
 /* ---------------------------------------------------------------------------- decode */
 static double d_attn_b[L], d_attn_f[L], d_kv[L], d_sf[L], d_sh_b[L], d_sh_f[L], d_ex_b[L], d_ex_f[L];
 static int32_t d_on_gpu[L], d_mode[L], d_slots[L], d_pages[L], d_moe[L];
-static double r_logpop[L * E], r_stick[L], r_recall[L], r_q[L * E], r_qbar[L * E], r_lqbar[L * E], r_qsq[L];
+static double r_logpop[L * E], r_stick[L], r_recall[L], r_q[L * E], r_qbar[L * E], r_lqbar[L * E];
 static int32_t r_hot[L * E];
 
 static ms_decode_model_t make_decode_model(int32_t mode, int moe)
@@ -231,21 +231,19 @@ static ms_routing_t make_routing(int moe)
     memset(&r, 0, sizeof(r));
     if (!moe) return r;                                  /* a dense model routes nothing */
     for (int l = 0; l < L; l++) {
-        double qs = 0.0;
         for (int e = 0; e < E; e++) {
             r_logpop[l * E + e] = -0.3 * e;
             r_hot[l * E + e] = e;
             r_q[l * E + e] = (double) K / E;
             r_qbar[l * E + e] = (double) K / E;
             r_lqbar[l * E + e] = log1p(-(double) K / E);
-            qs += r_q[l * E + e] * r_q[l * E + e];
         }
-        r_stick[l] = 0.3; r_recall[l] = 0.0; r_qsq[l] = qs;
+        r_stick[l] = 0.3; r_recall[l] = 0.0;
     }
     r.n_layers = L; r.n_experts = E; r.top_k = K; r.n_group = 0; r.topk_group = 0;
     r.log_pop = r_logpop; r.stickiness = r_stick; r.recall = r_recall; r.hot = r_hot;
     r.concentration = 0.0; r.request_tokens = 0;
-    r.n_scenarios = 1; r.q = r_q; r.qbar = r_qbar; r.lqbar = r_lqbar; r.qsq = r_qsq;
+    r.n_scenarios = 1; r.q = r_q; r.qbar = r_qbar; r.lqbar = r_lqbar;
     return r;
 }
 

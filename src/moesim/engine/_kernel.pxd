@@ -140,7 +140,6 @@ cdef extern from "moesim.h" nogil:
         const double *q
         const double *qbar
         const double *lqbar
-        const double *qsq
         int32_t n_window
         const double *win_n
         const double *win_lq

@@ -4,16 +4,16 @@
 
 def q_tables(q, int top_k):
     """Per-routing tables the analytic path shares across configurations: mean inclusion
-    probability over scenarios, log(1 - mean) and the per-layer sum of squares."""
+    probability over scenarios and log(1 - mean)."""
     q = np.asarray(q, dtype=np.float64)
     qbar = q.mean(axis=0)
-    return {"qbar": qbar, "lqbar": np.log1p(-np.minimum(qbar, 1.0 - 1e-16)), "qsq": (q * q).sum(axis=(0, 2))}
+    return {"qbar": qbar, "lqbar": np.log1p(-np.minimum(qbar, 1.0 - 1e-16))}
 
 
 cdef void _fill_routing(ms_routing_t *r, dict t, dict keep):
     """ms_routing_t from a checked table (glue.check_routing): a dense model's per-layer tables and an
     absent trace are NULL."""
-    tabs = t["q_tables"] or {"qbar": None, "lqbar": None, "qsq": None}
+    tabs = t["q_tables"] or {"qbar": None, "lqbar": None}
     r.n_layers = t["n_layers"]
     r.n_experts = t["n_experts"]
     r.top_k = t["top_k"]
@@ -29,7 +29,6 @@ cdef void _fill_routing(ms_routing_t *r, dict t, dict keep):
     r.q = <double *> _data(keep, "q", t["q"])
     r.qbar = <double *> _data(keep, "qbar", tabs["qbar"])
     r.lqbar = <double *> _data(keep, "lqbar", tabs["lqbar"])
-    r.qsq = <double *> _data(keep, "qsq", tabs["qsq"])
     r.win_n = <double *> _data(keep, "win_n", t["win_n"])
     r.win_lq = <double *> _data(keep, "win_lq", t["win_lq"])
     r.n_window = t["win_n"].shape[0] if t["win_n"] is not None else 0

@@ -121,8 +121,7 @@ MACHINE = (_scalars(REAL, "gpu_bw", "host_bw", "pcie_bw", "storage_bw", "gpu_flo
 
 # ms_routing_t (engine.lower.routing.lower / lower_trace); L MoE layers, E experts, S request scenarios.
 # A dense model (n_layers 0) has no per-layer tables: ROUTING_LAYERS are then absent and C gets NULL.
-Q_TABLES = (Field("qbar", F64, ("n_layers", "n_experts")), Field("lqbar", F64, ("n_layers", "n_experts")),
-            Field("qsq", F64, ("n_layers",)))
+Q_TABLES = (Field("qbar", F64, ("n_layers", "n_experts")), Field("lqbar", F64, ("n_layers", "n_experts")))
 ROUTING_DIMS = _scalars(INT, "n_layers", "n_experts", "top_k", "n_group", "topk_group")
 ROUTING_LAYERS = (Field("log_pop", F64, ("n_layers", "n_experts")), Field("stickiness", F64, ("n_layers",)),
                   Field("recall", F64, ("n_layers",)), Field("hot", I32, ("n_layers", "n_experts")),

@@ -73,27 +73,46 @@ def _chain_split(p, f, lb, k):
     return uk, uk1, within, exact
 
 
-def _scenario_logs(q, stick, l, E):
-    """(log(1 - q), log(1 - q stick)) per scenario and expert of routing layer l (ms_cache_rates.c
+def fresh_rate(q, stick, top_k):
+    """The per-token rate at which a sticky routing picks an expert afresh when the token before did not use it
+    (ms_internal.h ms_fresh_rate): a dropped expert frees its own slot, so it returns more often than an absent one
+    arrives; the expert's per-token inclusion q stays stationary."""
+    return q * (1.0 - stick) / (1.0 - q * stick * (top_k - 1.0) / top_k)
+
+
+def chain_reuse(q, stick, l, E, top_k):
+    """The sticky chain's reuse statistic: sum_e P(e in two consecutive tokens) / top_k, over the scenarios
+    (ms_cache_rates.c ms_chain_reuse)."""
+    s = 0.0
+    for k in range(len(q)):
+        for e in range(E):
+            x = min(q[k][l][e], 1.0 - 1e-16)
+            s += x - (1.0 - x) * fresh_rate(x, stick, top_k)
+    return s / (len(q) * top_k)
+
+
+def _scenario_logs(q, stick, l, E, top_k):
+    """(log(1 - q), log(1 - f)) per scenario and expert of routing layer l, f the fresh rate (ms_cache_rates.c
     scenario_logs)."""
     lq = [[math.log1p(-min(q[k][l][e], 1.0 - 1e-16)) for e in range(E)] for k in range(len(q))]
-    ls = [[math.log1p(-min(q[k][l][e], 1.0 - 1e-16) * stick) for e in range(E)] for k in range(len(q))]
-    return lq, ls
+    lf = [[math.log1p(-fresh_rate(min(q[k][l][e], 1.0 - 1e-16), stick, top_k)) for e in range(E)]
+          for k in range(len(q))]
+    return lq, lf
 
 
-def _combination_rates(lq, ls, B, tps, j, E):
+def _combination_rates(lq, lf, B, tps, j, E):
     """(p, f) of scenario combination j: sequence b runs scenario (j + b) mod S (ms_cache_rates.c
     combination_rates)."""
     S = len(lq)
     pc, pf = [], []
     for e in range(E):
-        lg = lf = 0.0
+        lg = la = 0.0
         for b in range(min(B, S)):
             reps, k = B // S + (1 if b < B % S else 0), (j + b) % S
             lg += reps * lq[k][e]
-            lf += reps * (lq[k][e] - ls[k][e])
+            la += reps * lf[k][e]
         pc.append(1.0 - math.exp(tps * lg))
-        pf.append(1.0 - math.exp(tps * lf))
+        pf.append(1.0 - math.exp(tps * la))
     return pc, pf
 
 
@@ -101,13 +120,13 @@ def lru_hit_rate(q, stick, l, E, B, tps, C, top_k):
     """Step-level LRU hit rate of a ``C``-slot cache, averaged over the S step windows: the B sequences
     of a step draw routing samples j, j+1, ... (cyclically), each for ``tps`` tokens. A sequence re-picks its
     previous token's experts with the layer's stickiness, so an expert absent from the step before returns
-    with f = 1 - prod ((1 - q) / (1 - q stick))^tps (:func:`lru_chain_hits`). When S divides B every window
+    with 1 - prod (1 - f)^tps, f the :func:`fresh_rate` (:func:`lru_chain_hits`). When S divides B every window
     holds every sample B / S times: one window stands for all (as the C)."""
     S = len(q)
-    lq, ls = _scenario_logs(q, stick, l, E)
+    lq, lf = _scenario_logs(q, stick, l, E, top_k)
     hsum = dsum = 0.0
     for j in range(1 if B % S == 0 else S):
-        pc, pf = _combination_rates(lq, ls, B, tps, j, E)
+        pc, pf = _combination_rates(lq, lf, B, tps, j, E)
         hsum += lru_chain_hits(pc, pf, C, top_k)
         dsum += sum(pc)
     return hsum / dsum if dsum > 0 else 0.0
@@ -268,7 +287,7 @@ def lfu_moment_hits(rt, l, B, C, steps, warmup):
     return (hsum / dsum if dsum > 0.0 else 0.0), (fsum / dsum if dsum > 0.0 else 0.0)
 
 
-def lfu_hit_rate(q, stick, request_tokens, l, E, B, tps, C, steps, warmup, windows=None):
+def lfu_hit_rate(q, stick, request_tokens, l, E, B, tps, C, steps, warmup, top_k, windows=None):
     """LFU hit rate of a ``C``-slot cache over steps [warmup, steps) of a run (ms_cache_rates.c ms_lfu_hit_rate): the
     C - 1 most counted experts and the previous step's last miss are resident; counts since the run began,
     normal, from the current request's combination and the earlier requests' mean. ``windows``: a token-memory
@@ -283,7 +302,7 @@ def lfu_hit_rate(q, stick, request_tokens, l, E, B, tps, C, steps, warmup, windo
     if windows is not None:         # one combination: the earlier requests' mean is its own
         wp, wf, _ = lfu_window_rates(windows, l, B, tps)
         pbar = list(wp)
-    lq, ls = _scenario_logs(q, stick, l, E)
+    lq, lf = _scenario_logs(q, stick, l, E, top_k)
     for rnd in range(2 if windows is None else 0):
         for j in range(S):
             for e in range(E):
@@ -299,7 +318,7 @@ def lfu_hit_rate(q, stick, request_tokens, l, E, B, tps, C, steps, warmup, windo
     combos = 1 if B % S == 0 or windows is not None else S
     stride = combos // LFU_COMBOS if combos > LFU_COMBOS else 1      # up to LFU_COMBOS, spread (as the C)
     for j in range(0, combos, stride):
-        pc, pf = _combination_rates(lq, ls, B, tps, j, E) if windows is None else (wp, wf)
+        pc, pf = _combination_rates(lq, lf, B, tps, j, E) if windows is None else (wp, wf)
         D, support = 0.0, 0
         for x in pc:
             D += x

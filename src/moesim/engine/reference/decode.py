@@ -18,7 +18,7 @@ from .cache import Cache, next_use
 from .rng import M64, Rng
 from .route import route
 from . import window as W
-from .cache_rates import lfu_hit_rate, lru_hit_rate
+from .cache_rates import chain_reuse, lfu_hit_rate, lru_hit_rate
 
 
 def _argmax(terms):
@@ -360,8 +360,7 @@ def _layer_counts(rt, q, l, B, tps, slots, policy, hit=True, steps=256, warmup=3
     (distinct, pinned q, pinned p, free q, free p, hit rate, reuse) as codes.CHE_FIELDS orders them, and the
     inclusion probabilities p."""
     E, K = rt["n_experts"], rt["top_k"]
-    S = len(q)
-    qbar, sq = _mean_selection(q, l, E)
+    qbar = _mean_selection(q, l, E)
     memory = rt.get("win_lq") is not None
     p = W.window_inclusion(rt, l, B, tps) if memory else _step_inclusion(qbar, float(B * tps))
     D = 0.0
@@ -376,14 +375,14 @@ def _layer_counts(rt, q, l, B, tps, slots, policy, hit=True, steps=256, warmup=3
         h = _lru_layer(rt, q, l, B, tps, float(slots), D)
     elif policy == POLICY_LFU:
         h, forced = lfu_hit_rate(q, float(rt["stickiness"][l]), int(rt.get("request_tokens", 0)), l, E, B, tps,
-                                 float(slots), float(steps), float(warmup), windows=rt if memory else None)
+                                 float(slots), float(steps), float(warmup), K, windows=rt if memory else None)
         forced *= D / E         # ms_analytic.c lfu_layer: LRU's rate on the steps that need every resident, as far
         if forced > 0.0:        # as their accesses sweep the expert set
             h = (1.0 - forced) * h + forced * _lru_layer(rt, q, l, B, tps, float(slots), D)
     else:
         h = pinned_p / D if D > 0 else 0.0      # static
     stick = float(rt["stickiness"][l])
-    reuse = W.window_reuse(rt, l, K) if memory else stick + (1.0 - stick) * sq / (S * K)
+    reuse = W.window_reuse(rt, l, K) if memory else chain_reuse(q, stick, l, E, K)
     return (D, pinned_q, pinned_p, free_q, free_p, h, reuse), p
 
 
@@ -427,17 +426,15 @@ def _analytic_layer_work(dm, rt, c, i, q, E, K, tally):
 
 
 def _mean_selection(q, l, E):
-    """(per-expert selection probability of layer ``l`` averaged over the routing samples, and the sum
-    of its squares over samples and experts)."""
+    """Per-expert selection probability of layer ``l`` averaged over the routing samples."""
     S = len(q)
-    qbar, sq = [], 0.0
+    qbar = []
     for e in range(E):
         s = 0.0
         for k in range(S):
             s += q[k][l][e]
-            sq += q[k][l][e] * q[k][l][e]
         qbar.append(s / S)
-    return qbar, sq
+    return qbar
 
 
 def _step_inclusion(qbar, toks):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+from ..codes import MAX_TOP_K
+
 
 def _id_order_hits(p, both, C):
     """ms_step_hits.c id_order_hits: the previous step's C highest-id experts resident, experts independent."""
@@ -41,7 +43,7 @@ def full_step_hits(p, both, capacity, D, k):
     """Hits per step when the step needs more than the slots hold (ms_step_hits.c ms_full_step_hits): the
     popularity-blind reading (C of the previous step's D experts stay, less the needed resident the first access
     evicts when every resident is needed again) blended with the id-order one (:func:`_id_order_hits`): the latter
-    up to k / 2 slots, the former from 3k / 4 on."""
+    up to D / 2 slots, the former from 3D / 4 on (D at least k)."""
     both_sum = lret = 0.0
     for x, y in zip(p, both):
         if not x > 0.0:
@@ -49,8 +51,8 @@ def full_step_hits(p, both, capacity, D, k):
         both_sum += y
         lret += x * math.log(max(y / x, 1e-300))
     blind = max(0.0, both_sum * capacity / D - min(1.0, D - capacity) * math.exp(capacity * lret / D))
-    w = min(1.0, max(0.0, 3.0 - 4.0 * capacity / k))
-    if not w > 0.0 or capacity < 1.0:
+    w = min(1.0, max(0.0, 3.0 - 4.0 * capacity / max(D, k)))
+    if not w > 0.0 or capacity < 1.0 or capacity >= MAX_TOP_K:
         return blind
     return w * _id_order_hits(p, both, int(capacity)) + (1.0 - w) * blind
 
