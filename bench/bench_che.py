@@ -4,6 +4,11 @@
     python bench/bench_che.py --mc       # + analytic vs Monte Carlo expert hit rate (slots x batch x policy)
     python bench/bench_che.py --mc --mc-model olmoe-1b-7b --routing olmoe:v2 --slots 8,16,32 --policy lfu
                                          # the same on another model / routing profile (a token-memory default)
+    python bench/bench_che.py --families --policy lru
+                                         # analytic vs Monte Carlo on the first model of every catalog family
+                                         # (its default routing; k/2, k, 2k, 4k and E/4 slots; batches 1, 4, 16;
+                                         # 4,096 tokens at batch 1, 4,096 / batch beyond); a host that holds the
+                                         # weights; prints the points beyond 0.02 and each family's worst
 
 One decode_many call of n configurations (qwen3-30b-a3b Q4_K_M, offload-cache on a 4090 + 64 GB DDR5, 4k
 context, batches 1..128 cycled) with and without the ``che`` / ``che_slots`` columns, and the time of a
@@ -71,6 +76,36 @@ def monte_carlo(tokens: int, model: str = MODEL, routing: str | None = None, slo
     print(f"max |analytic - montecarlo| {worst:.4f}")
 
 
+def families(policies=("lru",), tokens: int = 4096, seed: int = 1) -> None:
+    from moesim.ingest import model as load_model
+    from moesim.spec import models as M
+    machine = moesim.machine(gpu="rtx-4090", host="ddr5-6000x2", host_mem_gb=1024)
+    seen, worst_all = set(), 0.0
+    for mid in M.model_ids():
+        m = load_model(mid)
+        if not getattr(m, "n_experts", 0) or m.family in seen:
+            continue
+        seen.add(m.family)
+        E, k = m.n_experts, m.top_k
+        sizes = [c for c in sorted({max(1, k // 2), k, 2 * k, 4 * k, E // 4}) if 0 < c < E]
+        for pol in policies:
+            worst, at = 0.0, None
+            for b in (1, 4, 16):
+                for c in sizes:
+                    kw = dict(quant="Q4_K_M", context=4096, batch=b, cache_experts=c, policy=pol,
+                              tokens=max(256, tokens // b), seed=seed)
+                    a = moesim.simulate(mid, machine, mode="analytic", **kw).expert_hit_rate
+                    mc = moesim.simulate(mid, machine, mode="montecarlo", **kw).expert_hit_rate
+                    if abs(a - mc) > 0.02:
+                        print(f"  {mid} {pol} slots {c} batch {b}: analytic {a:.4f} montecarlo {mc:.4f} diff {a - mc:+.4f}")
+                    if abs(a - mc) >= abs(worst):
+                        worst, at = a - mc, (c, b)
+            worst_all = max(worst_all, abs(worst))
+            print(f"{mid} ({m.family}, {E} experts, top-{k}) {pol}: worst {worst:+.4f} at {at[0]} slots, batch {at[1]}",
+                  flush=True)
+    print(f"max |analytic - montecarlo| {worst_all:.4f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--configs", type=int, default=4000)
@@ -81,7 +116,12 @@ def main() -> None:
     ap.add_argument("--slots", default="16,48,96", help="GPU expert-cache sizes, comma-separated")
     ap.add_argument("--policy", action="append", choices=["lru", "lfu", "static"], help="repeatable; default all three")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--families", action="store_true",
+                    help="only the analytic vs Monte Carlo check on every catalog family (--policy, default lru)")
     args = ap.parse_args()
+    if args.families:
+        families(tuple(args.policy or ("lru",)))
+        return
     for policy in ("lru", "lfu", "static"):
         for slots in (16, 64, 120):
             kernel(slots, policy, args.configs)
