@@ -30,6 +30,7 @@ const char *ms_strerror(int err);
 #define MS_MAX_TOP_K      512    /* ms_routing_t.top_k: experts per token */
 #define MS_MAX_HISTORY    256    /* ms_routing_t.history: recency lags */
 #define MS_MAX_PARTNERS   64     /* ms_routing_t.n_partners */
+#define MS_UNION_VAR_EXPERTS 16  /* the analytic LRU reads a step's distinct-count spread up to this many experts */
 
 /* Tensor classes and memory tiers: the rows and columns of ms_mem_result_t.by_class. */
 enum {

@@ -146,7 +146,7 @@ double ms_window_hits(const ms_routing_t *r, int32_t l, double B, double tps, do
             p[e] = 1.0 - x1;
             both[e] = 1.0 - 2.0 * x1 + exp(B * window_lq(q, s2));
         }
-        return ms_full_step_hits(p, both, E, C, D, r->top_k);
+        return ms_full_step_hits(p, both, E, C, D, r->top_k, 0.0);
     }
     /* U(k) = E - a(k tps) <= C < U(k + 1), k >= 1 as U(1) = D < C: lru_chain_hits' split in whole steps */
     k = floor(window_capacity_tokens(r, l, B, tps, C) / tps);
@@ -206,8 +206,8 @@ static void chain_split(const double *p, const double *f, const double *lb, int3
  * (k = 0: rho = C / D of the previous step's set, sum_e p - (1 - p) f). k from Newton's method on the concave
  * increasing U(tau) - C (the iterates rise to the root) to a step under 1e-6, floored, then moved by whole
  * steps until U(k) <= C < U(k + 1) holds; k = 0 is ms_full_step_hits with P(e in both steps) = p - (1 - p) f (top_k
- * experts per token). lb: E. */
-static double lru_chain_hits(const double *p, const double *f, int32_t E, double C, int32_t top_k, double *lb)
+ * experts per token, V the variance of the step's distinct count). lb: E. */
+static double lru_chain_hits(const double *p, const double *f, int32_t E, double C, int32_t top_k, double V, double *lb)
 {
     double D = 0.0, reach = 0.0, fsum = 0.0, tau = 1.0, k, uk, uk1, within, exact = 0.0;
     int32_t support = 0;
@@ -221,7 +221,7 @@ static double lru_chain_hits(const double *p, const double *f, int32_t E, double
     if (C <= 0.0) return 0.0;
     if (D >= C) {                           /* k = 0: the step alone fills the cache */
         for (int32_t e = 0; e < E; e++) lb[e] = p[e] - (1.0 - p[e]) * f[e];
-        return ms_full_step_hits(p, lb, E, C, D, top_k);
+        return ms_full_step_hits(p, lb, E, C, D, top_k, V);
     }
     for (int32_t e = 0; e < E; e++) lb[e] = log1p(-fmin(f[e], 1.0 - 1e-15));
     /* start at the root for equal return rates (their mean over the support); from the right of the root
@@ -301,16 +301,17 @@ double ms_lru_hit_rate(const ms_routing_t *r, int32_t batch, int32_t tps, int32_
     double hsum = 0.0, dsum = 0.0;
     scenario_logs(r, l, lq, lf);
     for (int32_t j = 0; j < combos; j++) {
-        dsum += combination_rates(r, batch, tps, j, lq, lf, pc, pf);
-        hsum += lru_chain_hits(pc, pf, E, C, r->top_k, che);
+        double D = combination_rates(r, batch, tps, j, lq, lf, pc, pf), V = 0.0;
+        if (D >= C && E <= MS_UNION_VAR_EXPERTS && (int64_t) batch * tps > 1)
+            V = ms_union_variance(r, l, batch, tps, j, che);
+        dsum += D;
+        hsum += lru_chain_hits(pc, pf, E, C, r->top_k, V, che);
     }
     return dsum > 0.0 ? hsum / dsum : 0.0;
 }
 
-/* The standard normal distribution and density. */
-static double norm_cdf(double x) { return 0.5 * erfc(-x * 0.7071067811865476); }
+static double norm_cdf(double x) { return 0.5 * erfc(-x * 0.7071067811865476); }      /* standard normal */
 static double norm_pdf(double x) { return exp(-0.5 * x * x) * 0.3989422804014327; }
-
 /* One step of Newton's method on a decreasing function (value g, slope dg at th) that keeps to its bracket
  * [lo, hi], narrowed by th: the Newton iterate, or the bracket's midpoint where that leaves it. */
 static double newton_in_bracket(double th, double g, double dg, double *lo, double *hi)

@@ -294,7 +294,8 @@ int64_t ms_sweep_auto_max_context(const ms_sweep_mem_t *g, int64_t b);
 double ms_window_inclusion(const ms_routing_t *r, int32_t l, double B, double tps, double *p);
 double ms_window_hits(const ms_routing_t *r, int32_t l, double B, double tps, double C, double D, double *p,
                       double *both);
-double ms_full_step_hits(const double *p, const double *both, int32_t E, double C, double D, int32_t k);
+double ms_full_step_hits(const double *p, const double *both, int32_t E, double C, double D, int32_t k, double V);
+double ms_union_variance(const ms_routing_t *r, int32_t l, int32_t batch, int32_t tps, int32_t j, double *a);
 double ms_window_reuse(const ms_routing_t *r, int32_t l);
 double ms_chain_reuse(const ms_routing_t *r, int32_t l);
 

@@ -52,6 +52,7 @@ SWEEP_FIXED, SWEEP_AUTO_LLAMA, SWEEP_AUTO_KT = range(3)
 # Kernel limits (MS_MAX_*; engine.glue checks them before C runs, naming the field and the bound).
 MAX_MOE_LAYERS = 256   # MoE layers of one routing table (ms_routing_t.n_layers)
 MAX_TOP_K = 512        # experts per token (ms_routing_t.top_k)
+UNION_VAR_EXPERTS = 16  # the analytic LRU reads a step's distinct-count variance up to this many experts (ms_internal.h)
 MAX_HISTORY = 256      # recency lags (ms_routing_t.history)
 MAX_PARTNERS = 64      # cross-layer partners per expert (ms_routing_t.n_partners)
 SWEEP_MAX_FNS = 64     # context functions per sweep group

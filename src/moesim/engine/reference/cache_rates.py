@@ -7,10 +7,11 @@ from __future__ import annotations
 import math
 import sys
 
-from .window import full_step_hits, window_lq, window_segment
+from ..codes import UNION_VAR_EXPERTS
+from .window import full_step_hits, union_variance, window_lq, window_segment
 
 
-def lru_chain_hits(p, f, capacity, top_k):
+def lru_chain_hits(p, f, capacity, top_k, V=0.0):
     """Expected hits per step of a step-level LRU cache over a two-state chain per expert (ms_cache_rates.c
     lru_chain_hits): e is in a step's set with probability p[e] and returns after a step without it with
     probability f[e]. The experts used in the last k steps, U(k) = sum 1 - (1 - p)(1 - f)^(k-1), split at
@@ -26,7 +27,7 @@ def lru_chain_hits(p, f, capacity, top_k):
     if capacity <= 0:
         return 0.0
     if D >= capacity:       # k = 0: the step alone fills the cache
-        return full_step_hits(p, [x - (1.0 - x) * y for x, y in zip(p, f)], capacity, D, top_k)
+        return full_step_hits(p, [x - (1.0 - x) * y for x, y in zip(p, f)], capacity, D, top_k, V)
     lb = [math.log1p(-min(y, 1.0 - 1e-15)) for y in f]
     # start at the root for equal return rates; from its right Newton's first step lands left (as the C). Only
     # floor(tau) is read: a step under 1e-6 ends it, and the split moves k until U(k) <= C < U(k + 1)
@@ -127,8 +128,11 @@ def lru_hit_rate(q, stick, l, E, B, tps, C, top_k):
     hsum = dsum = 0.0
     for j in range(1 if B % S == 0 else S):
         pc, pf = _combination_rates(lq, lf, B, tps, j, E)
-        hsum += lru_chain_hits(pc, pf, C, top_k)
-        dsum += sum(pc)
+        D = sum(pc)
+        # the step's distinct count's spread where a step outgrows the slots (ms_cache_rates.c, MS_UNION_VAR_EXPERTS)
+        V = union_variance(q, l, E, B, tps, j, top_k) if D >= C and E <= UNION_VAR_EXPERTS and B * tps > 1 else 0.0
+        hsum += lru_chain_hits(pc, pf, C, top_k, V)
+        dsum += D
     return hsum / dsum if dsum > 0 else 0.0
 
 

@@ -39,18 +39,73 @@ def _id_order_hits(p, both, C):
     return max(0.0, hits - loss)
 
 
-def full_step_hits(p, both, capacity, D, k):
+def _mixed_blind(p, both, C, D, V, both_sum, lret):
+    """ms_step_hits.c mixed_blind: the popularity-blind reading over the previous step's distinct count d, a normal of
+    mean D and variance V on d = 1..E; d < C keeps all d and C - d older experts back at the absent experts' rate."""
+    fnum = fden = 0.0
+    for x, y in zip(p, both):
+        fnum += x * (x - y)
+        fden += x * (1.0 - x)
+    fbar = fnum / fden if fden > 0.0 else 0.0
+    wsum = h = 0.0
+    for d in range(1, len(p) + 1):
+        wd = math.exp(-0.5 * (d - D) * (d - D) / V)
+        if d >= C:
+            hd = both_sum * C / d - min(1.0, d - C) * math.exp(C * lret / d)
+        else:
+            hd = both_sum + (C - d) * fbar
+        wsum += wd
+        h += wd * max(0.0, hd)
+    return h / wsum if wsum > 0.0 else 0.0
+
+
+def union_variance(q, l, E, B, tps, j, top_k):
+    """ms_step_hits.c ms_union_variance: the variance of scenario combination j's step union count over routing
+    layer l's experts (sequence b runs scenario (j + b) mod S for tps tokens; each token picks exactly top_k, pair
+    inclusion q_e q_f (k - 1) / (k - (q_e + q_f) / 2))."""
+    S, k = len(q), float(top_k)
+    nb, more = min(B, S), (B % S if B > S else min(B, S))
+    n1, n0 = float((B // S + 1) * tps), float((B // S) * tps)
+
+    def absent(factor):
+        """prod over the sequences of factor(scenario)^(its tokens): two products, two powers (as the C)."""
+        x1 = x0 = 1.0
+        for b in range(nb):
+            x = factor((j + b) % S)
+            if b < more:
+                x1 *= x
+            else:
+                x0 *= x
+        return math.pow(x1, n1) * (math.pow(x0, n0) if nb > more else 1.0)
+
+    a = [absent(lambda s: 1.0 - min(q[s][l][e], 1.0 - 1e-16)) for e in range(E)]
+    V = 0.0
+    for e in range(E):
+        V += a[e] * (1.0 - a[e])
+        for f in range(e + 1, E):
+            def pair(s):
+                qe, qf = min(q[s][l][e], 1.0 - 1e-16), min(q[s][l][f], 1.0 - 1e-16)
+                return max(1.0 - qe - qf + qe * qf * (k - 1.0) / (k - 0.5 * (qe + qf)), 0.0)
+            V += 2.0 * (absent(pair) - a[e] * a[f])
+    return max(V, 0.0)
+
+
+def full_step_hits(p, both, capacity, D, k, V=0.0):
     """Hits per step when the step needs more than the slots hold (ms_step_hits.c ms_full_step_hits): the
     popularity-blind reading (C of the previous step's D experts stay, less the needed resident the first access
-    evicts when every resident is needed again) blended with the id-order one (:func:`_id_order_hits`): the latter
-    up to D / 2 slots, the former from 3D / 4 on (D at least k)."""
+    evicts when every resident is needed again; over the previous step's distinct count when its variance V > 0,
+    :func:`_mixed_blind`) blended with the id-order one (:func:`_id_order_hits`): the latter up to D / 2 slots, the
+    former from 3D / 4 on (D at least k)."""
     both_sum = lret = 0.0
     for x, y in zip(p, both):
         if not x > 0.0:
             continue
         both_sum += y
         lret += x * math.log(max(y / x, 1e-300))
-    blind = max(0.0, both_sum * capacity / D - min(1.0, D - capacity) * math.exp(capacity * lret / D))
+    if V > 0.0:
+        blind = _mixed_blind(p, both, capacity, D, V, both_sum, lret)
+    else:
+        blind = max(0.0, both_sum * capacity / D - min(1.0, D - capacity) * math.exp(capacity * lret / D))
     w = min(1.0, max(0.0, 3.0 - 4.0 * capacity / max(D, k)))
     if not w > 0.0 or capacity < 1.0 or capacity >= MAX_TOP_K:
         return blind
