@@ -75,16 +75,16 @@ static double mixed_blind(const double *p, const double *both, int32_t E, double
 double ms_union_variance(const ms_routing_t *r, int32_t l, int32_t batch, int32_t tps, int32_t j, double *a)
 {
     int32_t E = r->n_experts, S = r->n_scenarios, L = r->n_layers, B = batch < S ? batch : S, more = batch % S;
-    /* sequences b < batch mod S run reps + 1 times, the rest reps (reps = 0: each once): two products, two powers */
+    /* sequences b < batch mod S run reps + 1 times, the rest reps (batch < S: each once, all b < more): two
+     * products, two powers (an empty product is 1, and pow(1, n) = 1) */
     double k = r->top_k, V = 0.0, n1 = (double) (batch / S + 1) * tps, n0 = (double) (batch / S) * tps;
-    if (batch <= S) more = B;
     for (int32_t e = 0; e < E; e++) {
         double x1 = 1.0, x0 = 1.0;
         for (int32_t b = 0; b < B; b++) {
             double x = 1.0 - fmin(r->q[((int64_t) ((j + b) % S) * L + l) * E + e], 1.0 - 1e-16);
             if (b < more) x1 *= x; else x0 *= x;
         }
-        a[e] = pow(x1, n1) * (B > more ? pow(x0, n0) : 1.0);
+        a[e] = pow(x1, n1) * pow(x0, n0);
     }
     for (int32_t e = 0; e < E; e++) {
         V += a[e] * (1.0 - a[e]);
@@ -96,7 +96,7 @@ double ms_union_variance(const ms_routing_t *r, int32_t l, int32_t batch, int32_
                 double x = fmax(1.0 - qe - qf + qe * qf * (k - 1.0) / (k - 0.5 * (qe + qf)), 0.0);
                 if (b < more) x1 *= x; else x0 *= x;
             }
-            V += 2.0 * (pow(x1, n1) * (B > more ? pow(x0, n0) : 1.0) - a[e] * a[f]);
+            V += 2.0 * (pow(x1, n1) * pow(x0, n0) - a[e] * a[f]);
         }
     }
     return fmax(V, 0.0);

@@ -115,6 +115,15 @@ def test_union_variance_matches_sampled_unions():
         assert got == pytest.approx(np.var(counts), rel=0.12), (E, k, B, got, np.var(counts))
 
 
+def test_union_variance_counts_each_sequence_once():
+    """A batch of exactly S sequences runs each scenario once: the same variance as those sequences given as one
+    scenario run B times (a batch of S once read every sequence twice)."""
+    from moesim.engine.reference.window import union_variance
+    q = [0.4, 0.3, 0.5, 0.2, 0.1, 0.25, 0.15, 0.1]
+    for B in (2, 4):
+        assert union_variance([[q]] * B, 0, 8, B, 1, 0, 2) == pytest.approx(union_variance([[q]], 0, 8, B, 1, 0, 2))
+
+
 def test_sticky_chain_reuse_matches_the_sampler():
     """The analytic reuse statistic (ms_cache_rates.c ms_chain_reuse) against the sampled routing's consecutive-token
     reuse on the sticky-chain profiles: Mixtral's top-2 read 0.418 against 0.402 with the plain chain (stickiness +

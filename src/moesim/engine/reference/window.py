@@ -64,7 +64,7 @@ def union_variance(q, l, E, B, tps, j, top_k):
     layer l's experts (sequence b runs scenario (j + b) mod S for tps tokens; each token picks exactly top_k, pair
     inclusion q_e q_f (k - 1) / (k - (q_e + q_f) / 2))."""
     S, k = len(q), float(top_k)
-    nb, more = min(B, S), (B % S if B > S else min(B, S))
+    nb, more = min(B, S), B % S         # sequences b < B mod S run B // S + 1 times, the rest B // S (as the C)
     n1, n0 = float((B // S + 1) * tps), float((B // S) * tps)
 
     def absent(factor):
@@ -76,7 +76,7 @@ def union_variance(q, l, E, B, tps, j, top_k):
                 x1 *= x
             else:
                 x0 *= x
-        return math.pow(x1, n1) * (math.pow(x0, n0) if nb > more else 1.0)
+        return math.pow(x1, n1) * math.pow(x0, n0)
 
     a = [absent(lambda s: 1.0 - min(q[s][l][e], 1.0 - 1e-16)) for e in range(E)]
     V = 0.0
