@@ -656,3 +656,42 @@ def test_a_sweep_written_with_the_old_manifest_name_still_resumes_and_reads(tmp_
     sweep(**kw)                                   # resumes the old folder in place
     assert (out / "manifest.json").exists() and not (out / "_manifest.json").exists()
     assert list(read(out).columns["context"]) == [1024, 4096]
+
+
+def test_sweep_relaxes_the_collector_only_while_it_runs():
+    """sweep runs the cyclic collector less often (api.SWEEP_GC_THRESHOLD) and blind to the objects alive before it
+    (gc.freeze), and puts the caller's thresholds and unfrozen heap back, after a sweep that fails too; the
+    collector still runs during it. Objects the caller froze stay frozen."""
+    import gc
+    from moesim.analysis.sweep import api
+    before = gc.get_threshold()
+    seen = []
+    def watch(phase, info):
+        if phase == "start":
+            seen.append((gc.get_threshold()[0], gc.get_freeze_count() > 0))
+    gc.set_threshold(900, 11, 12)
+    gc.callbacks.append(watch)
+    machines = [moesim.machine(gpu=g) for g in ("rtx-4090", "rtx-3090")]
+    try:
+        assert gc.get_freeze_count() == 0
+        # enough groups to allocate well past one relaxed young generation
+        t = sweep(models=moesim.model_ids()[:30], quants=["Q4_K_M"], machines=machines, contexts=[4096],
+                  batches=[1], progress=False, filter={"skip_inapplicable": True})
+        assert len(t.columns["context"]) > 0
+        inside = seen[:]
+        gc.collect(0)
+        assert gc.get_threshold() == (900, 11, 12) and gc.get_freeze_count() == 0
+        with pytest.raises(MoesimError):
+            sweep(models=["no-such-model"], quants=["Q4_K_M"], machines=machines, contexts=[4096], batches=[1],
+                  progress=False)
+        assert gc.get_threshold() == (900, 11, 12) and gc.get_freeze_count() == 0
+        gc.freeze()                     # the caller's own frozen objects are left frozen (a few may die meanwhile)
+        frozen = gc.get_freeze_count()
+        sweep(models=["qwen3-30b-a3b"], quants=["Q4_K_M"], machines=machines[:1], contexts=[4096], batches=[1],
+              progress=False)
+        assert gc.get_freeze_count() > frozen // 2 and gc.get_threshold() == (900, 11, 12)
+    finally:
+        gc.unfreeze()
+        gc.callbacks.remove(watch)
+        gc.set_threshold(*before)
+    assert (api.SWEEP_GC_THRESHOLD, True) in inside     # collections ran inside the sweep, relaxed and frozen

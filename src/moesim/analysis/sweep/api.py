@@ -1,8 +1,11 @@
 """``moesim.sweep(...)``: spec -> plan -> chunks (serial or dask) -> a table or a sweep directory."""
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import sys
+import threading
 from pathlib import Path
 
 from ... import __version__
@@ -34,6 +37,40 @@ def _in_memory(plan: Plan, fmt: str, threads: int, scheduler, local_workers, pro
     cols = _concat([res[k] for k in range(plan.n_chunks)], plan.columns)
     return SweepTable(cols, plan.dicts, {"moesim": __version__, "catalog": catalog_version(),
                                          "seed": plan.run["seed"], "spec_hash": plan.hash, "mode": plan.mode})
+
+
+# allocations between young collections while a sweep runs: lowering a grid's groups allocates some 10^7 small objects,
+# most of them kept (the process's lowered tables); at Python's default 700 the young collections run ~2,700 times in a
+# first website grid (bench/bench_grids.py) and the full ones they trigger, 12 of them, walk every table kept so far
+SWEEP_GC_THRESHOLD = 10_000
+_gc_lock = threading.Lock()
+_gc_state: list = [0, None, False]       # sweeps running, the thresholds before the first, whether it froze
+
+
+@contextlib.contextmanager
+def _collector_relaxed():
+    """The cyclic collector, while any sweep of this process runs, run less often (:data:`SWEEP_GC_THRESHOLD`) and
+    blind to the objects alive when the first of them started (gc.freeze: the catalog, earlier sweeps' kept
+    lowerings, which a full collection would otherwise walk every other warm website sweep); the last sweep to end
+    puts both back. It still runs: a long sweep's own cyclic garbage is collected as it goes. Objects the caller
+    froze stay frozen (no freeze then: unfreeze would thaw theirs)."""
+    with _gc_lock:
+        if _gc_state[0] == 0:
+            _gc_state[1] = gc.get_threshold()
+            _gc_state[2] = gc.get_freeze_count() == 0
+            if _gc_state[2]:
+                gc.freeze()
+            gc.set_threshold(max(_gc_state[1][0], SWEEP_GC_THRESHOLD), *_gc_state[1][1:])
+        _gc_state[0] += 1
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_state[0] -= 1
+            if _gc_state[0] == 0:
+                gc.set_threshold(*_gc_state[1])
+                if _gc_state[2]:
+                    gc.unfreeze()
 
 
 def _to_directory(plan: Plan, out, fmt: str, threads: int, scheduler, local_workers, progress: bool) -> dict:
@@ -113,9 +150,10 @@ def sweep(spec=None, *, models=None, quants=None, machines=None, runtimes=None, 
     if progress is None:
         progress = bool(out) and sys.stderr.isatty() and plan.total > plan.chunk_size
     try:
-        if out is None:
-            return _in_memory(plan, format, threads, scheduler, local_workers, progress, processes)
-        return _to_directory(plan, out, format, threads, scheduler, local_workers, progress)
+        with _collector_relaxed():
+            if out is None:
+                return _in_memory(plan, format, threads, scheduler, local_workers, progress, processes)
+            return _to_directory(plan, out, format, threads, scheduler, local_workers, progress)
     finally:
         # the plan's cached groups point back to it: without them the plan goes by reference counting as the
         # sweep returns, not in a later full collection that walks everything it shared (the next sweep's)

@@ -146,12 +146,22 @@ def sealed_decode_cols(plan, routing: dict, dm: dict, policy: int, batches: tupl
     process (:func:`_kept_cols`) under everything they hold. ``slots``: (sweep.che.slots_of, page_slots_of) of
     ``dm``, when the caller keeps them."""
     run_cfg = plan.run
-    s, pps = (che_slots_of(dm, policy, routing), page_slots_of(dm, routing)) if slots is None else slots
+    s, pps = _slots(plan, dm, policy, routing) if slots is None else slots
     ckey = () if s < 0 and pps < 0 else (che_fingerprint(plan, routing), s, pps)
     key = ("decode_cols", policy, batches, run_cfg["tokens"], run_cfg["warmup"], int(run_cfg["seed"]), drafts,
            float(accepted)) + ckey
     return plan.shared(key, lambda: _kept_cols(key, lambda: _decode_cols(
         batches, policy, run_cfg, che_columns(plan, routing, dm, policy, batches, 1 + drafts), drafts, accepted)))
+
+
+def _slots(plan, dm, policy: int, routing: dict) -> tuple:
+    """(sweep.che.slots_of, page_slots_of) of lowered model ``dm``, once per plan for each model, policy and routing
+    object (the entry holds both, so their ids stay theirs): a whole-step group (.direct) asks at every group."""
+    key = ("slots", id(dm), policy, id(routing))
+    hit = plan._shared.get(key)
+    if hit is None or hit[0] is not dm or hit[1] is not routing:
+        hit = plan._shared[key] = (dm, routing, (che_slots_of(dm, policy, routing), page_slots_of(dm, routing)))
+    return hit[2]
 
 
 def _sealed_machine(g, p: Placement) -> tuple:
