@@ -280,3 +280,29 @@ def test_id_order_hits_is_lru_over_id_ordered_steps(seed):
                 cache.remove(next((x for x in cache if x not in need), cache[0]))
             cache.append(e)
     assert total / n == pytest.approx(_id_order_hits(list(p), list(both), C), abs=0.015)
+
+
+@pytest.mark.skipif(not _kernel.openmp_enabled(), reason="built without OpenMP: one thread runs every row")
+@pytest.mark.parametrize("memory", [False, True])
+def test_table_rows_are_the_same_on_any_thread_count(memory):
+    """che_table and page_table run their rows on up to n_threads threads, each with its own workspace: the rows are
+    bit for bit those of one thread (every analytic policy), and the first bad row is the one a serial loop met."""
+    rt = _routing(memory, E=24, L=4, k=3)
+    b = np.array([1, 2, 3, 5, 8, 13, 21, 34, 55])
+    for policy in (codes.POLICY_LRU, codes.POLICY_LFU, codes.POLICY_STATIC):
+        one = KD.che_table(rt, b, 1, 6, policy)
+        for n in (2, 3, 16):
+            assert np.array_equal(KD.che_table(rt, b, 1, 6, policy, n_threads=n), one)
+    one = KD.page_table(rt, b, 2, 10)
+    assert np.array_equal(KD.page_table(rt, b, 2, 10, n_threads=4), one)
+    for table, args in ((_kernel.che_table, (6, codes.POLICY_LFU, 256, 32)), (_kernel.page_table, (10,))):
+        rc, bad, _ = table(rt, [1, 2, 0, 4, 0], [1] * 5, *args, 3)
+        assert rc == codes.ERR_BAD_SIZE and bad == 2
+
+
+@pytest.mark.parametrize("n", [0, -1, 2.0, True, 10**6])
+def test_bad_thread_counts_raise_moesim_error(n):
+    with pytest.raises(MoesimError, match="n_threads"):
+        KD.che_table(_routing(False), [1], 1, 4, codes.POLICY_LRU, n_threads=n)
+    with pytest.raises(MoesimError, match="n_threads"):
+        KD.page_table(_routing(False), [1], 1, 4, n_threads=n)

@@ -18,6 +18,7 @@ cimport numpy as cnp
 from libc.stdlib cimport malloc, free
 from libc.stdint cimport int8_t, int32_t, int64_t, uint64_t
 from libc.string cimport memset
+from cython.parallel cimport prange, threadid
 
 from moesim.errors import MoesimError
 from moesim.engine.glue import StructError, check_che_columns, check_columns, check_routing, check_struct

@@ -153,66 +153,81 @@ def decode_many(dm, hw, rt, cols, int n_threads):
     return code, bad, out
 
 
-def che_table(rt, batches, tokens_per_step, int slots, int policy, int64_t steps, int64_t warmup):
+cdef tuple _table_rows(rt, batches, tokens_per_step, str name):
+    """(batches, tokens per step) of a table call as int32 columns of one length."""
+    b = np.ascontiguousarray(batches, dtype=np.int32)
+    t = np.ascontiguousarray(tokens_per_step, dtype=np.int32)
+    if t.shape[0] != b.shape[0]:
+        raise StructError(name, "tokens_per_step", f"{t.shape[0]} rows, expected {b.shape[0]}")
+    return b, t
+
+
+cdef tuple _first_bad(const int32_t[::1] codes):
+    """(the first row's error code or 0, its index or -1): what a serial loop that stopped there returned."""
+    cdef Py_ssize_t i
+    for i in range(codes.shape[0]):
+        if codes[i]:
+            return codes[i], i
+    return 0, -1
+
+
+def che_table(rt, batches, tokens_per_step, int slots, int policy, int64_t steps, int64_t warmup, int n_threads=1):
     """(code, index of the first bad row or -1, [n, L, MS_CHE_FIELDS] rows): ms_che_table for each (batches[i],
     tokens_per_step[i]) at `slots` GPU slots under `policy` over a run of `steps` steps, `warmup` of them not
-    counted (engine.decode.che_table checks the arguments)."""
+    counted (engine.decode.che_table checks the arguments). Rows are independent: up to n_threads run at once,
+    each with its own workspace, the rows the same on any thread count."""
     cdef ms_routing_t r
     keep = {}
     _fill_routing(&r, check_routing(rt), keep)
-    cdef const int32_t[::1] b = np.ascontiguousarray(batches, dtype=np.int32)
-    cdef const int32_t[::1] t = np.ascontiguousarray(tokens_per_step, dtype=np.int32)
+    b_arr, t_arr = _table_rows(rt, batches, tokens_per_step, "ms_che_table()")
+    cdef const int32_t[::1] b = b_arr
+    cdef const int32_t[::1] t = t_arr
     cdef Py_ssize_t n = b.shape[0], i
-    if t.shape[0] != n:
-        raise StructError("ms_che_table()", "tokens_per_step", f"{t.shape[0]} rows, expected {n}")
     out = np.zeros((n, max(r.n_layers, 1), MS_CHE_FIELDS), dtype=np.float64)
     cdef double[:, :, ::1] v = out
-    cdef int64_t wsb = ms_che_table_workspace_size(&r)
-    cdef char *ws = <char *> malloc(max(wsb, 64))
-    cdef int code = 0
-    cdef int64_t bad = -1
+    cdef int32_t[::1] codes = np.zeros(n, dtype=np.int32)
+    cdef int64_t wsb = (max(ms_che_table_workspace_size(&r), 64) + 63) // 64 * 64     # per thread, cache-line apart
+    cdef int nt = _threads(min(n_threads, max(<int> n, 1)))
+    cdef char *ws = <char *> malloc(wsb * nt)
     if ws == NULL:
         raise MemoryError()
     try:
         with nogil:
-            for i in range(n):
-                code = ms_che_table(&r, b[i], t[i], slots, policy, steps, warmup, ws, wsb, &v[i, 0, 0])
-                if code:
-                    bad = i
-                    break
+            for i in prange(n, num_threads=nt, schedule="dynamic", chunksize=1):
+                codes[i] = ms_che_table(&r, b[i], t[i], slots, policy, steps, warmup, ws + threadid() * wsb, wsb,
+                                        &v[i, 0, 0])
     finally:
         free(ws)
+    code, bad = _first_bad(codes)
     return code, bad, out[:, :r.n_layers]
 
 
-def page_table(rt, batches, tokens_per_step, int page_slots):
+def page_table(rt, batches, tokens_per_step, int page_slots, int n_threads=1):
     """(code, index of the first bad row or -1, [n, L] rates): ms_page_table for each (batches[i],
-    tokens_per_step[i]) at `page_slots` host page slots (engine.decode.page_table checks the arguments)."""
+    tokens_per_step[i]) at `page_slots` host page slots (engine.decode.page_table checks the arguments); rows
+    on up to n_threads threads as che_table's."""
     cdef ms_routing_t r
     keep = {}
     _fill_routing(&r, check_routing(rt), keep)
-    cdef const int32_t[::1] b = np.ascontiguousarray(batches, dtype=np.int32)
-    cdef const int32_t[::1] t = np.ascontiguousarray(tokens_per_step, dtype=np.int32)
+    b_arr, t_arr = _table_rows(rt, batches, tokens_per_step, "ms_page_table()")
+    cdef const int32_t[::1] b = b_arr
+    cdef const int32_t[::1] t = t_arr
     cdef Py_ssize_t n = b.shape[0], i
-    if t.shape[0] != n:
-        raise StructError("ms_page_table()", "tokens_per_step", f"{t.shape[0]} rows, expected {n}")
     out = np.zeros((n, max(r.n_layers, 1)), dtype=np.float64)
     cdef double[:, ::1] v = out
-    cdef int64_t wsb = ms_che_table_workspace_size(&r)
-    cdef char *ws = <char *> malloc(max(wsb, 64))
-    cdef int code = 0
-    cdef int64_t bad = -1
+    cdef int32_t[::1] codes = np.zeros(n, dtype=np.int32)
+    cdef int64_t wsb = (max(ms_che_table_workspace_size(&r), 64) + 63) // 64 * 64
+    cdef int nt = _threads(min(n_threads, max(<int> n, 1)))
+    cdef char *ws = <char *> malloc(wsb * nt)
     if ws == NULL:
         raise MemoryError()
     try:
         with nogil:
-            for i in range(n):
-                code = ms_page_table(&r, b[i], t[i], page_slots, ws, wsb, &v[i, 0])
-                if code:
-                    bad = i
-                    break
+            for i in prange(n, num_threads=nt, schedule="dynamic", chunksize=1):
+                codes[i] = ms_page_table(&r, b[i], t[i], page_slots, ws + threadid() * wsb, wsb, &v[i, 0])
     finally:
         free(ws)
+    code, bad = _first_bad(codes)
     return code, bad, out[:, :r.n_layers]
 
 

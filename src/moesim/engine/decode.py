@@ -70,7 +70,7 @@ def run_prepared(rt, jobs: list, n_threads: int = 1):
 
 # ------------------------------------------------------------------------------- analytic tables
 def che_table(rt: dict, batches, tokens_per_step, slots: int, policy: int = 0, engine: str = "c", steps: int = 256,
-              warmup: int = 32):
+              warmup: int = 32, n_threads: int = 1):
     """The analytic path's expected counts of every routing layer's step, one ``[n_layers, len(CHE_FIELDS)]``
     row per (batches[i], tokens_per_step[i]) at ``slots`` GPU expert slots under ``policy`` (a POLICIES code,
     not Belady): distinct experts, the pinned (hottest ``slots``) and free selection / inclusion mass, the GPU
@@ -79,11 +79,11 @@ def che_table(rt: dict, batches, tokens_per_step, slots: int, policy: int = 0, e
     reuse statistic (codes.CHE_FIELDS). They depend on the routing's tables, batch, tokens per step, slots,
     policy and (LFU) the run's steps and warmup only, so a sweep computes them once and passes them as the
     ``che`` / ``che_slots`` config columns of every configuration that shares them (prefetch recalls,
-    machines, contexts, quants); the kernel then reads them instead of counting experts and solving. Bad
-    arguments raise MoesimError."""
+    machines, contexts, quants); the kernel then reads them instead of counting experts and solving. The rows
+    run on up to ``n_threads`` threads (the same rows on any count). Bad arguments raise MoesimError."""
     import numpy as np
     from .codes import CHE_FIELDS, POLICY_BELADY, POLICIES
-    b, t = _table_args(rt, batches, tokens_per_step, slots, "che_table", "slots")
+    b, t = _table_args(rt, batches, tokens_per_step, slots, "che_table", "slots", n_threads)
     if policy not in POLICIES.values() or policy == POLICY_BELADY:
         raise MoesimError(f"che_table: policy must be the code of lru, lfu or static, got {policy!r}", "policy")
     for name, v, low in (("steps", steps, 1), ("warmup", warmup, 0)):
@@ -99,15 +99,17 @@ def che_table(rt: dict, batches, tokens_per_step, slots: int, policy: int = 0, e
     if engine != "c":
         raise MoesimError(f"engine must be 'c' or 'reference', got {engine!r}", "engine")
     from . import _kernel
-    code, bad, out = _kernel.che_table(rt, b, t, int(slots), int(policy), int(steps), int(warmup))
+    code, bad, out = _kernel.che_table(rt, b, t, int(slots), int(policy), int(steps), int(warmup), int(n_threads))
     handle_library_error(code, "ms_che_table", bad)
     return out
 
 
-def _table_args(rt: dict, batches, tokens_per_step, slots, name: str, what: str) -> tuple:
-    """(batches, tokens per step) of an analytic table call as integer arrays, its slot count and routing
-    checked (MoesimError naming ``name``)."""
+def _table_args(rt: dict, batches, tokens_per_step, slots, name: str, what: str, n_threads: int) -> tuple:
+    """(batches, tokens per step) of an analytic table call as integer arrays, its slot count, thread count and
+    routing checked (MoesimError naming ``name``)."""
     import numpy as np
+    if isinstance(n_threads, bool) or not isinstance(n_threads, (int, np.integer)) or not 1 <= n_threads <= 4096:
+        raise MoesimError(f"{name}: n_threads must be an integer in [1, 4096], got {n_threads!r}", "n_threads")
     b = np.atleast_1d(np.asarray(batches))
     t = np.broadcast_to(np.asarray(tokens_per_step), b.shape) if b.ndim == 1 else None
     if t is None or b.dtype.kind not in "iu" or t.dtype.kind not in "iu":
@@ -121,16 +123,17 @@ def _table_args(rt: dict, batches, tokens_per_step, slots, name: str, what: str)
     return b, t
 
 
-def page_table(rt: dict, batches, tokens_per_step, page_slots: int, engine: str = "c"):
+def page_table(rt: dict, batches, tokens_per_step, page_slots: int, engine: str = "c", n_threads: int = 1):
     """The analytic path's host page-cache hit rate of every routing layer, one ``[n_layers]`` row per
     (batches[i], tokens_per_step[i]) at ``page_slots`` page slots (Che's approximation on the window tables
     under token memory, else on the step's inclusion probabilities; 0 for a step without experts). It
     depends on the routing's tables, batch, tokens per step and page slots only (not the placement, GPU
     slots, policy, machine or context), so a sweep computes it once and passes it as the ``page_hit`` /
     ``page_hit_slots`` config columns of every configuration that shares it; the kernel's paged layers of
-    that many page slots then read it instead of solving Che. Bad arguments raise MoesimError."""
+    that many page slots then read it instead of solving Che. Rows on up to ``n_threads`` threads as
+    :func:`che_table`'s. Bad arguments raise MoesimError."""
     import numpy as np
-    b, t = _table_args(rt, batches, tokens_per_step, page_slots, "page_table", "page_slots")
+    b, t = _table_args(rt, batches, tokens_per_step, page_slots, "page_table", "page_slots", n_threads)
     if engine == "reference":
         from .reference import decode as reference
         rows = [reference.page_table(rt, int(x), int(y), int(page_slots)) for x, y in zip(b, t)]
@@ -138,6 +141,6 @@ def page_table(rt: dict, batches, tokens_per_step, page_slots: int, engine: str 
     if engine != "c":
         raise MoesimError(f"engine must be 'c' or 'reference', got {engine!r}", "engine")
     from . import _kernel
-    code, bad, out = _kernel.page_table(rt, b, t, int(page_slots))
+    code, bad, out = _kernel.page_table(rt, b, t, int(page_slots), int(n_threads))
     handle_library_error(code, "ms_page_table", bad)
     return out

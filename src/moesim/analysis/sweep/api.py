@@ -147,6 +147,7 @@ def sweep(spec=None, *, models=None, quants=None, machines=None, runtimes=None, 
                                     "run on dask takes local_workers or a scheduler instead")
         threads = max(1, threads // processes)        # the cores are shared among the processes
     plan = Plan(normalize_spec(s))
+    plan.table_threads = threads
     if progress is None:
         progress = bool(out) and sys.stderr.isatty() and plan.total > plan.chunk_size
     try:

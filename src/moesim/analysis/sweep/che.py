@@ -136,7 +136,7 @@ def rows(plan, rt: dict, slots: int, policy: int, batches, tps: int) -> np.ndarr
     keys = [(fp, int(slots), int(policy), int(b), int(tps), steps, warmup) for b in batches]
     return _memoised(keys, lambda miss: che_table(sealed_routing(plan, rt), np.array([batches[i] for i in miss],
                                                   dtype=np.int64), int(tps), int(slots), int(policy),
-                                                  steps=steps, warmup=warmup), "che_rows")
+                                                  steps=steps, warmup=warmup, n_threads=plan.table_threads), "che_rows")
 
 
 def page_rows(plan, rt: dict, page_slots: int, batches, tps: int) -> np.ndarray:
@@ -146,7 +146,8 @@ def page_rows(plan, rt: dict, page_slots: int, batches, tps: int) -> np.ndarray:
     fp = fingerprint(plan, rt)
     keys = [(fp, "page", int(page_slots), int(b), int(tps)) for b in batches]
     return _memoised(keys, lambda miss: page_table(sealed_routing(plan, rt), np.array([batches[i] for i in miss],
-                                                   dtype=np.int64), int(tps), int(page_slots)), "page_rows")
+                                                   dtype=np.int64), int(tps), int(page_slots),
+                                                   n_threads=plan.table_threads), "page_rows")
 
 
 def page_slots_of(dm: dict, rt: dict) -> int:

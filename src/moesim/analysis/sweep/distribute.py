@@ -33,6 +33,7 @@ def _plan_for(norm: dict) -> Plan:
 def _dask_chunk(k: int, norm: dict, out: str | None, fmt: str, threads: int):
     """One chunk on a dask worker: the same kernel; writes its file (out) or returns its columns."""
     plan = _plan_for(norm)
+    plan.table_threads = max(1, threads)
     cols = run_chunk(plan, k, threads)
     if out is None:
         return k, plan.chunk_len(k), cols

@@ -77,6 +77,10 @@ class Plan:
     Read-only once built, except its cache of lowered groups (:meth:`group`), which is safe to use
     from several threads."""
 
+    # threads an analytic table call (sweep.che: the expert- and page-cache rows a group lowers first) may use: the
+    # sweep's own thread count, set by sweep() (the rows are the same on any count)
+    table_threads = 1
+
     def __init__(self, norm: dict):
         self.norm = norm
         self.hash = spec_hash(norm)
