@@ -306,3 +306,18 @@ def test_monte_carlo_rows_carry_percentiles_and_hit_rates_and_validate(tmp_path)
     write_site(data, tmp_path)
     for kind, rel in (("index", "index.json"), ("machine", read(tmp_path, "index.json")["machines"][0]["file"])):
         jsonschema.validate(read(tmp_path, rel), load_schema(kind), cls=jsonschema.Draft202012Validator)
+
+
+def test_site_rows_are_the_same_forked(data):
+    """site_data with its sweeps forked over worker processes (export-site's default: one per core) gives the
+    rows of one process, in the same order."""
+    assert site_data(SPEC, threads=1, processes=2)["rows"] == data["rows"]
+
+
+def test_launch_advice_reads_the_catalog_ubatch_of_every_runtime():
+    """advice's default -ub (runtimes.catalog_ubatch) is the ubatch runtime() builds into each profile."""
+    from moesim.spec.runtimes import catalog_ubatch, runtime, runtime_ids
+    for rid in runtime_ids():
+        assert catalog_ubatch(rid) == runtime(rid).ubatch == runtime(rid, model="deepseek-r1").ubatch
+    with pytest.raises(moesim.MoesimError, match="runtime"):
+        catalog_ubatch("no-such-runtime")

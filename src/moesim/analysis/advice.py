@@ -29,7 +29,7 @@ import shlex
 from .._catalog import load as _load_catalog
 from ..spec.overrides import n_blocks
 from ..spec import quants as Q
-from ..spec.runtimes import runtime as get_runtime
+from ..spec.runtimes import catalog_ubatch
 from .speculation import accepted_per_step
 
 GB = 1e9
@@ -119,7 +119,7 @@ def llama_launch(p, rt, m, machine, quant, context: int, kv: str, batch: int, mt
     kv_args, kv_why = _llama_kv(rt, kv)
     args += kv_args
     why += kv_why
-    default_ub = get_runtime(rt.id).ubatch
+    default_ub = catalog_ubatch(rt.id)
     if rt.ubatch and rt.ubatch != default_ub:
         # llama.cpp clamps -ub to -b (2048 by default): a larger physical batch needs the logical one too
         ub = ["-ub", str(rt.ubatch)] + (["-b", str(rt.ubatch)] if rt.ubatch > 2048 else [])

@@ -99,14 +99,24 @@ class _Flags:
     def __init__(self, machines: dict):
         self.machines = machines
         self._objs: dict = {}
+        self._parts: dict = {}
+
+    def _part(self, key: tuple, build):
+        hit = self._parts.get(key)
+        if hit is None:
+            hit = self._parts[key] = build()
+        return hit
 
     def __call__(self, r: dict) -> str:
         key = (r["model"], r["quant"], r["machine"], r["runtime"], r["placement"])
         objs = self._objs.get(key)
         if objs is None:
-            m = get_model(r["model"])
+            m = self._part(("model", r["model"]), lambda: get_model(r["model"]))
             mach = self.machines[r["machine"]]
-            objs = (m, Q.resolve(r["quant"], m), mach, get_runtime(r["runtime"], model=m.id),
+            # the runtime profile and quant read the model alone, not the machine or placement: one per pair (an
+            # automatic placement's rows hold dozens of n-cpu-moe counts per model and machine)
+            objs = (m, self._part(("quant", r["quant"], m.id), lambda: Q.resolve(r["quant"], m)), mach,
+                    self._part(("runtime", r["runtime"], m.id), lambda: get_runtime(r["runtime"], model=m.id)),
                     parse_placement(r["placement"], m, mach))
             self._objs[key] = objs
         m, q, mach, rt, p = objs
@@ -145,9 +155,10 @@ def _distinct(rows: list, field: str) -> list:
     return list(dict.fromkeys(r[i] for r in rows))
 
 
-def site_data(spec, threads: int | None = None) -> dict:
-    """Run a site spec's sweep (one sweep per placement rule) and return the site's data: page texts,
-    versions, the machines and models it covers, the grid's values and every row (:data:`ROW_FIELDS`)."""
+def site_data(spec, threads: int | None = None, processes: int | None = None) -> dict:
+    """Run a site spec's sweep (one sweep per placement rule; ``threads`` and ``processes`` as sweep's, never
+    changing a row) and return the site's data: page texts, versions, the machines and models it covers, the
+    grid's values and every row (:data:`ROW_FIELDS`)."""
     raw, site = split_site_spec(spec)
     norm = normalize_spec(build_spec(raw))
     machines = {machine_label(v): make_machine_cached(v) for v in norm["axes"]["machines"]}
@@ -155,7 +166,7 @@ def site_data(spec, threads: int | None = None) -> dict:
     for rule in _placement_rules(norm):
         sub = copy.deepcopy(raw)
         sub.setdefault("axes", {})["placements"] = [rule]
-        rows += _rows_of(sweep(sub, threads=threads, progress=False), rule, flags, seen)
+        rows += _rows_of(sweep(sub, threads=threads, processes=processes, progress=False), rule, flags, seen)
     return {"site": site, "moesim_version": __version__, "catalog_version": catalog_version(),
             "sweep": {"spec_hash": spec_hash(norm), "mode": norm["run"]["mode"], "seed": norm["run"]["seed"]},
             "machines": [machine_entry(v) for v in norm["axes"]["machines"]],

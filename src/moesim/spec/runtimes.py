@@ -219,6 +219,16 @@ def runtime(id_or_rt: "str | Runtime", calibrated: bool = True, model: str | Non
                    **{k: v for k, v in e.items() if k in fields and k not in ("id", "decode", "launch")})
 
 
+def catalog_ubatch(rid: str) -> int:
+    """The prompt ubatch runtime profile ``rid`` (a catalog id, as Runtime.id holds it) sets in the catalog: what
+    :func:`runtime` would put in ``ubatch`` before any override, without building the profile (its decode
+    parameters and calibration), which launch advice asks for on every row of a site export."""
+    table = _catalog.load("runtimes")["runtimes"]
+    if rid not in table:
+        raise unknown_id("runtime", rid, table, "runtime")
+    return _entry(rid, table)["ubatch"]
+
+
 def default_runtime(quant, machine) -> Runtime:
     """llama.cpp for GGUF files, MLX for mlx formats, vLLM for other checkpoint formats."""
     if quant.is_gguf:
