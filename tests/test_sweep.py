@@ -658,40 +658,38 @@ def test_a_sweep_written_with_the_old_manifest_name_still_resumes_and_reads(tmp_
     assert list(read(out).columns["context"]) == [1024, 4096]
 
 
-def test_sweep_relaxes_the_collector_only_while_it_runs():
+def test_sweep_relaxes_the_collector_only_while_it_runs(monkeypatch):
     """sweep runs the cyclic collector less often (api.SWEEP_GC_THRESHOLD) and blind to the objects alive before it
-    (gc.freeze), and puts the caller's thresholds and unfrozen heap back, after a sweep that fails too; the
-    collector still runs during it. Objects the caller froze stay frozen."""
+    (gc.freeze) while its chunks run, and puts the caller's thresholds and unfrozen heap back, after a sweep that
+    fails too. Objects the caller froze stay frozen."""
     import gc
-    from moesim.analysis.sweep import api
+    from moesim.analysis.sweep import api, distribute
     before = gc.get_threshold()
-    seen = []
-    def watch(phase, info):
-        if phase == "start":
-            seen.append((gc.get_threshold()[0], gc.get_freeze_count() > 0))
+    inside = []
+    run_chunk = distribute.run_chunk
+    def watched(*a, **k):
+        inside.append((gc.get_threshold(), gc.get_freeze_count() > 0, gc.isenabled()))
+        return run_chunk(*a, **k)
+    monkeypatch.setattr(distribute, "run_chunk", watched)
+    machines = [moesim.machine(gpu="rtx-4090")]
+    spec = dict(models=["qwen3-30b-a3b"], quants=["Q4_K_M"], machines=machines, contexts=[4096], batches=[1],
+                progress=False)
     gc.set_threshold(900, 11, 12)
-    gc.callbacks.append(watch)
-    machines = [moesim.machine(gpu=g) for g in ("rtx-4090", "rtx-3090")]
     try:
         assert gc.get_freeze_count() == 0
-        # enough groups to allocate well past one relaxed young generation
-        t = sweep(models=moesim.model_ids()[:30], quants=["Q4_K_M"], machines=machines, contexts=[4096],
-                  batches=[1], progress=False, filter={"skip_inapplicable": True})
-        assert len(t.columns["context"]) > 0
-        inside = seen[:]
-        gc.collect(0)
+        assert len(sweep(**spec).columns["context"]) == 1
+        assert inside == [((api.SWEEP_GC_THRESHOLD, 11, 12), True, True)]
         assert gc.get_threshold() == (900, 11, 12) and gc.get_freeze_count() == 0
         with pytest.raises(MoesimError):
-            sweep(models=["no-such-model"], quants=["Q4_K_M"], machines=machines, contexts=[4096], batches=[1],
-                  progress=False)
+            sweep(**dict(spec, models=["no-such-model"]))
         assert gc.get_threshold() == (900, 11, 12) and gc.get_freeze_count() == 0
+        gc.set_threshold(50_000, 11, 12)        # a caller's larger threshold is kept
+        sweep(**spec)
+        assert inside[-1][0] == (50_000, 11, 12) and gc.get_threshold() == (50_000, 11, 12)
         gc.freeze()                     # the caller's own frozen objects are left frozen (a few may die meanwhile)
         frozen = gc.get_freeze_count()
-        sweep(models=["qwen3-30b-a3b"], quants=["Q4_K_M"], machines=machines[:1], contexts=[4096], batches=[1],
-              progress=False)
-        assert gc.get_freeze_count() > frozen // 2 and gc.get_threshold() == (900, 11, 12)
+        sweep(**spec)
+        assert gc.get_freeze_count() > frozen // 2 and gc.get_threshold() == (50_000, 11, 12)
     finally:
         gc.unfreeze()
-        gc.callbacks.remove(watch)
         gc.set_threshold(*before)
-    assert (api.SWEEP_GC_THRESHOLD, True) in inside     # collections ran inside the sweep, relaxed and frozen
