@@ -12,6 +12,8 @@ import copy
 import math
 import os
 
+import numpy as np
+
 from .. import __version__
 from .._catalog import catalog_version
 from ..errors import MoesimError, unknown_id
@@ -132,13 +134,30 @@ def _value(name: str, x):
     return int(round(x)) if name in _INT_FIELDS else x
 
 
+def _column(name: str, a) -> list:
+    """:func:`_value` of every element of a sweep table's column, whole numeric columns at once (the same values:
+    np.rint rounds half to even as round does)."""
+    a = np.asarray(a)
+    if a.dtype.kind not in "biuf":
+        return [_value(name, x) for x in a.tolist()]
+    x = a.astype(np.float64)
+    finite = np.isfinite(x)
+    vals = np.rint(x[finite]).astype(np.int64).tolist() if name in _INT_FIELDS else x[finite].tolist()
+    if finite.all():
+        return vals
+    out = [None] * len(x)
+    for i, v in zip(np.flatnonzero(finite).tolist(), vals):
+        out[i] = v
+    return out
+
+
 def _rows_of(table, rule: str, flags: _Flags, seen: set) -> list:
     """The exported rows of one sweep table (a configuration listed twice by the spec, once)."""
-    cols = {name: table[name].tolist() for name in table.column_names}
-    n = len(table)
+    names = list(table.column_names)
+    cols = [_column(name, table[name]) for name in names]
     out = []
-    for i in range(n):
-        r = {name: _value(name, cols[name][i]) for name in cols}
+    for values in zip(*cols):
+        r = dict(zip(names, values))
         r["placement_rule"] = rule
         r.setdefault("tpot_p99_ms", None)
         key = tuple(r[k] for k in _KEY_FIELDS)
