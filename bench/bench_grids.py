@@ -37,6 +37,7 @@ the C path's time is that work).
 from __future__ import annotations
 
 import argparse
+import gc
 import time
 
 import moesim
@@ -120,6 +121,23 @@ def timed(kw: dict, threads: int, processes: int = 1) -> tuple:
     return len(tab.columns["context"]), time.perf_counter() - t0, time.process_time() - c0
 
 
+class CollectorLog:
+    """The cyclic collector's work while it is on (gc.callbacks): collections, full ones, seconds."""
+
+    def __init__(self):
+        self.events: list = []
+        gc.callbacks.append(self._on)
+
+    def _on(self, phase: str, info: dict) -> None:
+        self.events.append((phase, info["generation"], time.perf_counter()))
+
+    def take(self) -> str:
+        starts = [e for e in self.events if e[0] == "start"]
+        seconds = sum(b[2] - a[2] for a, b in zip(self.events[::2], self.events[1::2]))
+        self.events.clear()
+        return f"{len(starts)} collections ({sum(g == 2 for _, g, _ in starts)} full), {seconds:.2f} s"
+
+
 def twin_rate(kw: dict, n_groups: int) -> float:
     """Configurations per second of the pure-Python twin over the first n_groups groups that run."""
     spec = {k: v for k, v in kw.items() if k != "progress"}
@@ -147,17 +165,25 @@ def main() -> None:
                                                              "each share in turn, so by then it has lowered them all)")
     ap.add_argument("--twin", type=int, default=0, help="groups of each grid for the Python twin")
     ap.add_argument("--only", action="append", help="run only this grid (repeatable), e.g. --only datacenter")
+    ap.add_argument("--collector", action="store_true", help="also print the cyclic collector's collections and "
+                                                             "seconds in the first and warm runs")
     args = ap.parse_args()
+    log = CollectorLog() if args.collector else None
     print(f"{'grid':12s} {'configs':>8s} {'first run (wall, CPU)':>34s} {'warm (wall, CPU)':>34s}")
     for name, kw in grids().items():
         if args.only and name not in args.only:
             continue
         n, first, first_cpu = timed(kw, args.threads, args.processes)
+        first_gc = log.take() if log else ""
         for _ in range(args.processes - 1):        # the other shares, lowered in this process in turn
             timed(kw, args.threads, args.processes)
+        if log:
+            log.take()
         _, warm, warm_cpu = timed(kw, args.threads, args.processes)
         print(f"{name:12s} {n:8d} {first:8.2f} s {first_cpu:7.2f} s CPU {n / first:9.0f}/s "
               f"{warm:8.2f} s {warm_cpu:7.2f} s CPU {n / warm:9.0f}/s")
+        if log:
+            print(f"{'':12s} collector: first run {first_gc}; warm run {log.take()}")
         if args.twin:
             twin = twin_rate(kw, args.twin)
             print(f"{'':12s} Python twin {twin:.0f} configs/s per configuration; C warm end to end is "

@@ -153,13 +153,18 @@ def decode_many(dm, hw, rt, cols, int n_threads):
     return code, bad, out
 
 
-cdef tuple _table_rows(rt, batches, tokens_per_step, str name):
+cdef tuple _table_rows(batches, tokens_per_step, str name):
     """(batches, tokens per step) of a table call as int32 columns of one length."""
     b = np.ascontiguousarray(batches, dtype=np.int32)
     t = np.ascontiguousarray(tokens_per_step, dtype=np.int32)
     if t.shape[0] != b.shape[0]:
         raise StructError(name, "tokens_per_step", f"{t.shape[0]} rows, expected {b.shape[0]}")
     return b, t
+
+
+cdef int64_t _table_workspace_bytes(const ms_routing_t *r):
+    """One thread's workspace of a table call, rounded up to whole cache lines (the threads' blocks sit side by side)."""
+    return (max(ms_che_table_workspace_size(r), 64) + 63) // 64 * 64
 
 
 cdef tuple _first_bad(const int32_t[::1] codes):
@@ -179,14 +184,14 @@ def che_table(rt, batches, tokens_per_step, int slots, int policy, int64_t steps
     cdef ms_routing_t r
     keep = {}
     _fill_routing(&r, check_routing(rt), keep)
-    b_arr, t_arr = _table_rows(rt, batches, tokens_per_step, "ms_che_table()")
+    b_arr, t_arr = _table_rows(batches, tokens_per_step, "ms_che_table()")
     cdef const int32_t[::1] b = b_arr
     cdef const int32_t[::1] t = t_arr
     cdef Py_ssize_t n = b.shape[0], i
     out = np.zeros((n, max(r.n_layers, 1), MS_CHE_FIELDS), dtype=np.float64)
     cdef double[:, :, ::1] v = out
     cdef int32_t[::1] codes = np.zeros(n, dtype=np.int32)
-    cdef int64_t wsb = (max(ms_che_table_workspace_size(&r), 64) + 63) // 64 * 64     # per thread, cache-line apart
+    cdef int64_t wsb = _table_workspace_bytes(&r)
     cdef int nt = _threads(min(n_threads, max(<int> n, 1)))
     cdef char *ws = <char *> malloc(wsb * nt)
     if ws == NULL:
@@ -209,14 +214,14 @@ def page_table(rt, batches, tokens_per_step, int page_slots, int n_threads=1):
     cdef ms_routing_t r
     keep = {}
     _fill_routing(&r, check_routing(rt), keep)
-    b_arr, t_arr = _table_rows(rt, batches, tokens_per_step, "ms_page_table()")
+    b_arr, t_arr = _table_rows(batches, tokens_per_step, "ms_page_table()")
     cdef const int32_t[::1] b = b_arr
     cdef const int32_t[::1] t = t_arr
     cdef Py_ssize_t n = b.shape[0], i
     out = np.zeros((n, max(r.n_layers, 1)), dtype=np.float64)
     cdef double[:, ::1] v = out
     cdef int32_t[::1] codes = np.zeros(n, dtype=np.int32)
-    cdef int64_t wsb = (max(ms_che_table_workspace_size(&r), 64) + 63) // 64 * 64
+    cdef int64_t wsb = _table_workspace_bytes(&r)
     cdef int nt = _threads(min(n_threads, max(<int> n, 1)))
     cdef char *ws = <char *> malloc(wsb * nt)
     if ws == NULL:

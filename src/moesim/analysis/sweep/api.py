@@ -6,6 +6,7 @@ import gc
 import os
 import sys
 import threading
+import types
 from pathlib import Path
 
 from ... import __version__
@@ -44,7 +45,8 @@ def _in_memory(plan: Plan, fmt: str, threads: int, scheduler, local_workers, pro
 # first website grid (bench/bench_grids.py) and the full ones they trigger, 12 of them, walk every table kept so far
 SWEEP_GC_THRESHOLD = 10_000
 _gc_lock = threading.Lock()
-_gc_state: list = [0, None, False]       # sweeps running, the thresholds before the first, whether it froze
+# sweeps running in this process, the collector's thresholds before the first of them, whether it froze the heap
+_gc_state = types.SimpleNamespace(running=0, thresholds=None, froze=False)
 
 
 @contextlib.contextmanager
@@ -54,22 +56,23 @@ def _collector_relaxed():
     lowerings, which a full collection would otherwise walk every other warm website sweep); the last sweep to end
     puts both back. It still runs: a long sweep's own cyclic garbage is collected as it goes. Objects the caller
     froze stay frozen (no freeze then: unfreeze would thaw theirs)."""
+    st = _gc_state
     with _gc_lock:
-        if _gc_state[0] == 0:
-            _gc_state[1] = gc.get_threshold()
-            _gc_state[2] = gc.get_freeze_count() == 0
-            if _gc_state[2]:
+        if st.running == 0:
+            st.thresholds = gc.get_threshold()
+            st.froze = gc.get_freeze_count() == 0
+            if st.froze:
                 gc.freeze()
-            gc.set_threshold(max(_gc_state[1][0], SWEEP_GC_THRESHOLD), *_gc_state[1][1:])
-        _gc_state[0] += 1
+            gc.set_threshold(max(st.thresholds[0], SWEEP_GC_THRESHOLD), *st.thresholds[1:])
+        st.running += 1
     try:
         yield
     finally:
         with _gc_lock:
-            _gc_state[0] -= 1
-            if _gc_state[0] == 0:
-                gc.set_threshold(*_gc_state[1])
-                if _gc_state[2]:
+            st.running -= 1
+            if st.running == 0:
+                gc.set_threshold(*st.thresholds)
+                if st.froze:
                     gc.unfreeze()
 
 
